@@ -1,0 +1,162 @@
+"""LightningDataModule over SMolInstruct: the Hub archive, a local copy, or the bundled sample."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import lightning as L
+from torch.utils.data import DataLoader, Dataset
+
+from llasmol.data.collate import PadCollator
+from llasmol.data.formatting import PromptFormatter
+from llasmol.data.sampler import ShardedShuffleSampler
+from llasmol.data.smolinstruct import SMolInstructSplit
+from llasmol.data.tasks import TASKS, check_tasks
+from llasmol.errors import UserError
+
+DEFAULT_SPLITS = {"train": "train", "validation": "dev", "test": "test"}
+
+
+class SMolInstructDataset(Dataset):
+    """Formatted, tokenized samples of one split; each item is read and tokenized on demand."""
+
+    def __init__(self, split: SMolInstructSplit, formatter: PromptFormatter) -> None:
+        self.split = split
+        self.formatter = formatter
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, i: int) -> dict:
+        sample = self.split[i]
+        enc = self.formatter.encode(sample["input"], sample["output"])
+        return {"input_ids": enc.input_ids, "labels": enc.labels, "truncated": enc.truncated, "index": i}
+
+
+class SMolInstructDataModule(L.LightningDataModule):
+    """Serves the `train`, `validation` and `test` splits of the chosen tasks.
+
+    `path` is the root of a copy in the official layout; when it is null the archive of `hub_id` is fetched
+    once into the cache. Split names map to the archive's folder names through `splits`.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        path: Optional[str] = None,
+        hub_id: str = "osunlp/SMolInstruct",
+        tasks: list[str] = TASKS,
+        splits: Optional[dict] = None,
+        sample_group: str = "instruction_tuning",
+        insert_core_tags: bool = True,
+        representation: str = "smiles",
+        prompt_template: str = "[INST] {input} [/INST]",
+        max_length: int = 512,
+        train_on_inputs: bool = True,
+        micro_batch_size: int = 4,
+        effective_batch_size: int = 512,
+        eval_batch_size: Optional[int] = None,
+        max_samples_per_task: Optional[dict] = None,
+        num_workers: int = 0,
+        seed: int = 13,
+    ) -> None:
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.path = path
+        self.hub_id = hub_id
+        self.tasks = check_tasks(tasks)
+        self.splits = dict(splits or DEFAULT_SPLITS)
+        self.sample_group = sample_group
+        self.insert_core_tags = insert_core_tags
+        self.representation = representation
+        self.formatter = PromptFormatter(tokenizer, prompt_template, max_length, train_on_inputs)
+        if micro_batch_size < 1 or effective_batch_size < 1:
+            raise UserError(
+                f"batch sizes must be positive: data.micro_batch_size={micro_batch_size}, "
+                f"data.effective_batch_size={effective_batch_size}"
+            )
+        self.micro_batch_size = micro_batch_size
+        self.effective_batch_size = effective_batch_size
+        self.eval_batch_size = eval_batch_size or micro_batch_size
+        self.max_samples_per_task = dict(max_samples_per_task or {})
+        self.num_workers = num_workers
+        self.seed = seed
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.collate = PadCollator(pad)
+        self.datasets: dict[str, SMolInstructDataset] = {}
+
+    def gradient_accumulation(self, world_size: int) -> int:
+        """Micro-batches per optimizer step so that micro × accumulation × world = effective batch."""
+        per_step = self.micro_batch_size * world_size
+        if self.effective_batch_size % per_step:
+            raise UserError(
+                f"data.effective_batch_size={self.effective_batch_size} is not a multiple of "
+                f"data.micro_batch_size={self.micro_batch_size} × {world_size} device(s): "
+                "change one of them so the product divides the effective batch"
+            )
+        return self.effective_batch_size // per_step
+
+    def root(self):
+        if self.path:
+            return self.path
+        from llasmol.data.hub import fetch_smolinstruct
+
+        self.path = str(fetch_smolinstruct(self.hub_id))
+        return self.path
+
+    def split(self, name: str) -> SMolInstructDataset:
+        """The dataset of split `name` (train, validation or test), built on first use."""
+        if name not in self.datasets:
+            if name not in self.splits:
+                raise UserError(f"unknown split {name!r}: data.splits defines {sorted(self.splits)}")
+            table = SMolInstructSplit(
+                self.root(),
+                self.splits[name],
+                self.tasks,
+                sample_group=self.sample_group,
+                insert_core_tags=self.insert_core_tags,
+                representation=self.representation,
+                max_samples_per_task=self.max_samples_per_task.get(name),
+            )
+            self.datasets[name] = SMolInstructDataset(table, self.formatter)
+        return self.datasets[name]
+
+    def prepare_data(self) -> None:
+        self.root()  # a Hub download happens once, on the main process of each node
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        wanted = {"fit": ["train", "validation"], "validate": ["validation"], "test": ["test"]}.get(
+            stage, ["train", "validation", "test"]
+        )
+        for name in wanted:
+            self.split(name)
+
+    def _rank_world(self) -> tuple[Optional[int], Optional[int]]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return None, None
+        return trainer.global_rank, trainer.world_size
+
+    def dataloader(self, name: str, shuffle: bool, batch_size: int, rank=None, world_size=None) -> DataLoader:
+        data = self.split(name)
+        if rank is None:
+            rank, world_size = self._rank_world()
+        sampler = ShardedShuffleSampler(
+            len(data), seed=self.seed, shuffle=shuffle, rank=rank, world_size=world_size, even=shuffle
+        )
+        return DataLoader(
+            data,
+            batch_size=batch_size,
+            sampler=sampler,
+            collate_fn=self.collate,
+            num_workers=self.num_workers,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self.dataloader("train", shuffle=True, batch_size=self.micro_batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.dataloader("validation", shuffle=False, batch_size=self.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.dataloader("test", shuffle=False, batch_size=self.eval_batch_size)

@@ -1,0 +1,70 @@
+"""Deterministic, rank-aware sample order.
+
+Lightning's automatic DistributedSampler is switched off (`use_distributed_sampler: false` in every
+trainer preset) so that this one sampler owns the order: the same seed gives the same order on any number
+of devices, each rank takes a disjoint stride of it, and DataLoader workers split a rank's batches between
+them, so every (rank, worker) pair sees disjoint samples.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+
+def _dist_rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class ShardedShuffleSampler(Sampler[int]):
+    """Shuffles `range(num_samples)` from `seed + epoch` and gives rank `r` the positions r, r+W, ...
+
+    With `even=True` (training) every rank gets the same count, so DDP steps stay in lock-step; the at most
+    W-1 samples left over change from epoch to epoch because the order does. With `even=False` (evaluation)
+    every sample is seen exactly once across ranks.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        seed: int = 13,
+        shuffle: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        even: bool = True,
+    ) -> None:
+        if rank is None or world_size is None:
+            rank, world_size = _dist_rank_world()
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world of size {world_size}")
+        self.num_samples = num_samples
+        self.seed = seed
+        self.shuffle = shuffle
+        self.rank = rank
+        self.world_size = world_size
+        self.even = even
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _order(self) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.num_samples)
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples)
+
+    def __iter__(self) -> Iterator[int]:
+        order = self._order()
+        if self.even:
+            order = order[: len(order) - len(order) % self.world_size]
+        return iter(order[self.rank :: self.world_size].tolist())
+
+    def __len__(self) -> int:
+        if self.even:
+            return self.num_samples // self.world_size
+        return len(range(self.rank, self.num_samples, self.world_size))

@@ -1,0 +1,43 @@
+"""User-facing errors: a mistake the user can fix, reported as one line without a traceback."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any, Callable
+
+
+class UserError(Exception):
+    """Bad input or an unavailable resource; the message names the bad value and the fix."""
+
+
+def report_user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn a `UserError` raised by `fn` into one line on stderr and exit status 2.
+
+    `HYDRA_FULL_ERROR=1` keeps the traceback, as it does for Hydra's own errors.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:
+            user_error = _find_user_error(err)
+            if user_error is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            print(f"error: {user_error}", file=sys.stderr, flush=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+def _find_user_error(err: BaseException) -> UserError | None:
+    """The `UserError` in `err`'s chain; Hydra's `instantiate` wraps what constructors raise."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, UserError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None

@@ -1,0 +1,1 @@
+"""Base models (bundled architecture facts, tokenizers, weights) and their LoRA adapters."""

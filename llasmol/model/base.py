@@ -1,0 +1,110 @@
+"""Build or load base causal LMs.
+
+Every supported base model ships its Hugging Face `config.json` facts in `llasmol/model/arch/`, so shapes
+and parameter counts are known offline (on the `meta` device). Real weights come from `model.path` or the
+Hugging Face cache/Hub; when neither has them the user gets one line saying how to point at local weights.
+The tiny model is built from its bundled config with random weights and uses the bundled tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from llasmol.config import PACKAGE_DIR
+from llasmol.errors import UserError
+
+ARCH_DIR = PACKAGE_DIR / "model" / "arch"
+TINY_TOKENIZER_DIR = PACKAGE_DIR / "model" / "tiny_tokenizer"
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def arch_config(arch: str, **overrides: Any):
+    """The bundled `transformers` config of architecture `arch` (a file stem in `llasmol/model/arch/`)."""
+    from transformers import AutoConfig
+
+    path = ARCH_DIR / f"{arch}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in ARCH_DIR.glob("*.json")))
+        raise UserError(f"unknown model.arch {arch!r}: bundled architectures are {known}")
+    facts = json.loads(path.read_text())
+    facts.update(overrides)
+    return AutoConfig.for_model(facts.pop("model_type"), **facts)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise UserError(f"unknown model.dtype {name!r}: use one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def _weights_source(model_cfg) -> str:
+    return model_cfg.get("path") or model_cfg.hf_id
+
+
+def _offline_error(model_cfg, what: str) -> UserError:
+    if model_cfg.get("path"):
+        return UserError(
+            f"no {what} for {model_cfg.hf_id} at model.path={model_cfg.path}: point model.path at a folder "
+            "with config.json, tokenizer files and *.safetensors"
+        )
+    return UserError(
+        f"{what} of {model_cfg.hf_id} are not available offline (not in the Hugging Face cache and no "
+        f"model.path): run `huggingface-cli download {model_cfg.hf_id}` where the Hub is reachable, or set "
+        "model.path=<local folder with the weights>"
+    )
+
+
+def load_tokenizer(model_cfg):
+    """The tokenizer of the base model; the tiny model's ships with the package."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if model_cfg.get("tokenizer") == "tiny":
+        return PreTrainedTokenizerFast.from_pretrained(str(TINY_TOKENIZER_DIR))
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            _weights_source(model_cfg), trust_remote_code=bool(model_cfg.get("trust_remote_code", False))
+        )
+    except (OSError, ValueError) as err:
+        raise _offline_error(model_cfg, "the tokenizer files") from err
+    if tok.pad_token_id is None:
+        # Llama-family tokenizers have no pad token; padding positions never reach the loss anyway.
+        tok.pad_token = tok.unk_token or tok.eos_token
+    return tok
+
+
+def build_meta_model(model_cfg, vocab_size: Optional[int] = None):
+    """The model's modules on the `meta` device: exact shapes and counts, no memory, no download."""
+    from transformers import AutoModelForCausalLM
+
+    overrides = {"vocab_size": vocab_size} if vocab_size else {}
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(arch_config(model_cfg.arch, **overrides))
+
+
+def load_base_model(model_cfg, tokenizer):
+    """Weights for training: random for the tiny model, pretrained (in `model.dtype`) for the others."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch_dtype(model_cfg.get("dtype", "float32"))
+    if model_cfg.get("random_init"):
+        config = arch_config(model_cfg.arch, vocab_size=len(tokenizer))
+        config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+        config.pad_token_id = tokenizer.pad_token_id
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            _weights_source(model_cfg),
+            dtype=dtype,
+            use_safetensors=True,  # never unpickle downloaded weights
+            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+        )
+    except (OSError, ValueError) as err:
+        raise _offline_error(model_cfg, "base weights") from err
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model

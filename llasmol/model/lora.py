@@ -1,0 +1,64 @@
+"""LoRA adapters chosen by role (q, k, v, o, gate, up, down) and mapped to each family's module names."""
+
+from __future__ import annotations
+
+import logging
+
+from llasmol.errors import UserError
+
+# PEFT imports bitsandbytes, whose CPU backend warns on every start that an optional Hub kernel is absent;
+# on CPU we use no 4-bit kernels, so the warning is noise.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+ROLES = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def target_modules(model_cfg, lora_cfg) -> list[str]:
+    """Module names that get adapters: the LoRA group names roles, the model config maps them to names.
+
+    A role the family does not have (OPT/Galactica has no gate projection) is skipped.
+    """
+    names = []
+    mapping = model_cfg.lora_targets
+    for role in lora_cfg.targets:
+        if role not in ROLES:
+            raise UserError(f"unknown LoRA role {role!r} in lora.targets: use some of {', '.join(ROLES)}")
+        name = mapping.get(role)
+        if name:
+            names.append(name)
+    if not names:
+        raise UserError(f"lora.targets {list(lora_cfg.targets)} match no module of model {model_cfg.name}")
+    return names
+
+
+def lora_config(model_cfg, lora_cfg):
+    from peft import LoraConfig, TaskType
+
+    return LoraConfig(
+        task_type=TaskType.CAUSAL_LM,
+        r=lora_cfg.r,
+        lora_alpha=lora_cfg.alpha,
+        lora_dropout=lora_cfg.dropout,
+        target_modules=target_modules(model_cfg, lora_cfg),
+        # `plus`: a trainable, saved copy of the output head, as PEFT's modules_to_save does it.
+        modules_to_save=[model_cfg.head] if lora_cfg.get("train_head") else None,
+    )
+
+
+def apply_lora(model, model_cfg, lora_cfg):
+    """Wrap `model` with freshly initialised adapters; only adapter (and saved-head) weights train."""
+    from peft import get_peft_model
+
+    return get_peft_model(model, lora_config(model_cfg, lora_cfg))
+
+
+def count_parameters(model) -> dict:
+    """Trainable and total parameters; `total` includes the adapters, as the paper's percentages do."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return {"trainable": trainable, "total": total, "percent": round(100.0 * trainable / total, 4)}
+
+
+def modules_with_adapters(model) -> set[str]:
+    """Qualified names of the modules that received LoRA weights (for tests and reports)."""
+    return {name for name, module in model.named_modules() if hasattr(module, "lora_A") and len(module.lora_A)}

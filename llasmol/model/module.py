@@ -1,0 +1,66 @@
+"""The LightningModule: a causal LM with LoRA adapters, trained on next-token loss."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import lightning as L
+import torch
+
+from llasmol.data.formatting import IGNORE_INDEX
+
+
+class LoRACausalLM(L.LightningModule):
+    """Trains the adapters of `model` (a PEFT model); the optimizer and scheduler come from config.
+
+    Checkpoints keep only the trainable tensors: the frozen base is reloaded from its source, so a 7B
+    run's checkpoint is tens of MB, not 14 GB.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        scheduler: Optional[Callable[..., Any]] = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.strict_loading = False  # frozen base weights are not in our checkpoints
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
+        ).loss
+
+    @staticmethod
+    def _target_tokens(batch: dict) -> int:
+        # Tokens that carry loss after the causal shift: every label but each row's first.
+        return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self(batch)
+        n = batch["input_ids"].shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=n)
+        self.log("train/truncated", batch["truncated"].sum().float(), reduce_fx="sum", on_step=False, on_epoch=True)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=n)
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss = self(batch)
+        # Weighted by target tokens, so val/loss is the per-token loss of the whole split.
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=self._target_tokens(batch))
+        self.log("val/truncated", batch["truncated"].sum().float(), reduce_fx="sum", sync_dist=True)
+
+    def configure_optimizers(self) -> Any:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = self.optimizer_factory(params)
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer, num_training_steps=self.trainer.estimated_stepping_batches)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        trainable = {f"model.{name}" for name, p in self.model.named_parameters() if p.requires_grad}
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}

@@ -1,0 +1,44 @@
+"""`python -m llasmol.params model=<m> lora=<l>`: trainable-parameter count on the meta device.
+
+Nothing is downloaded or allocated: the model is built from its bundled config.json facts. The last line
+printed is a JSON object `{"trainable": int, "total": int, "percent": float}`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import hydra
+from omegaconf import DictConfig
+
+from llasmol.config import CONFIG_DIR
+from llasmol.errors import report_user_errors
+
+
+def count_trainable(cfg: DictConfig) -> dict:
+    """Parameter counts of `cfg.model` with the adapters of `cfg.lora`, built on the meta device."""
+    import torch
+
+    from llasmol.model.base import build_meta_model, load_tokenizer
+    from llasmol.model.lora import apply_lora, count_parameters
+
+    # The tiny model's vocabulary is its bundled tokenizer's; real bases carry theirs in config.json.
+    vocab = len(load_tokenizer(cfg.model)) if cfg.model.get("tokenizer") == "tiny" else None
+    with torch.device("meta"):
+        model = apply_lora(build_meta_model(cfg.model, vocab_size=vocab), cfg.model, cfg.lora)
+    return count_parameters(model)
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="params")
+@report_user_errors
+def main(cfg: DictConfig) -> None:
+    counts = count_trainable(cfg)
+    print(
+        f"{cfg.model.name} + LoRA {cfg.lora.name}: {counts['trainable'] / 1e6:.1f}M trainable "
+        f"of {counts['total'] / 1e6:.1f}M ({counts['percent']:.2f}%)"
+    )
+    print(json.dumps(counts))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""`python -m llasmol.train [overrides]`: LoRA fine-tuning on SMolInstruct.
+
+`train(cfg)` is a plain function (the tests call it); `main` is the thin Hydra shell around it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from llasmol.config import CONFIG_DIR
+from llasmol.errors import report_user_errors
+
+log = logging.getLogger("llasmol.train")
+
+
+def _instantiate_all(group: DictConfig | None) -> list:
+    """Instantiate every `_target_` entry of a config group such as `callbacks` or `logger`."""
+    if not group:
+        return []
+    return [hydra.utils.instantiate(node) for node in group.values() if node and "_target_" in node]
+
+
+def build_model(cfg: DictConfig, tokenizer):
+    """Base model with adapters, and its parameter counts."""
+    from llasmol.model.base import load_base_model
+    from llasmol.model.lora import apply_lora, count_parameters
+
+    model = apply_lora(load_base_model(cfg.model, tokenizer), cfg.model, cfg.lora)
+    return model, count_parameters(model)
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Fit one run; returns its final metrics, parameter counts and best checkpoint."""
+    import lightning as L
+
+    from llasmol.model.base import load_tokenizer
+    from llasmol.model.module import LoRACausalLM
+
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    out = Path(cfg.paths.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    # Tokenizer first: a missing base model is the most likely mistake and should fail before data work.
+    tokenizer = load_tokenizer(cfg.model)
+    datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
+    model, params = build_model(cfg, tokenizer)
+    params = {"model": cfg.model.name, "lora": cfg.lora.name, **params}
+    log.info(
+        "%s + LoRA %s: %s trainable of %s parameters (%.2f%%)",
+        params["model"], params["lora"], f"{params['trainable']:,}", f"{params['total']:,}", params["percent"],
+    )
+    (out / "params.json").write_text(json.dumps(params, indent=2) + "\n")
+
+    module = LoRACausalLM(
+        model,
+        optimizer=hydra.utils.instantiate(cfg.optimizer),
+        scheduler=hydra.utils.instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
+    )
+    trainer = hydra.utils.instantiate(
+        cfg.trainer, callbacks=_instantiate_all(cfg.get("callbacks")), logger=_instantiate_all(cfg.get("logger"))
+    )
+    # Accumulation depends on how many processes the trainer runs, known only once it exists.
+    accumulation = datamodule.gradient_accumulation(trainer.world_size)
+    trainer.accumulate_grad_batches = accumulation
+    trainer.val_check_interval = cfg.val_every_n_steps * accumulation
+    log.info(
+        "effective batch %d = micro-batch %d × accumulation %d × %d process(es)",
+        datamodule.effective_batch_size, datamodule.micro_batch_size, accumulation, trainer.world_size,
+    )
+    for logger in trainer.loggers:
+        logger.log_hyperparams(
+            {**OmegaConf.to_container(cfg, resolve=True), "params": params, "accumulate_grad_batches": accumulation}
+        )
+
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    checkpoint = trainer.checkpoint_callback
+    result = {
+        "metrics": metrics,
+        "params": params,
+        "best_checkpoint": checkpoint.best_model_path if checkpoint else None,
+        "output_dir": str(out),
+        "global_step": trainer.global_step,
+    }
+    if trainer.is_global_zero:
+        (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
+@report_user_errors
+def main(cfg: DictConfig) -> None:
+    result = train(cfg)
+    print(f"run directory: {result['output_dir']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

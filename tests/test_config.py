@@ -1,0 +1,78 @@
+"""Config composition: every model × lora combination, the paper's recipe, and command-line overrides."""
+
+from __future__ import annotations
+
+import hydra
+import pytest
+
+from conftest import compose_config
+
+MODELS = ["tiny", "mistral", "llama2", "llama2_13b", "codellama", "galactica"]
+LORAS = ["lite", "attn", "ffn", "full", "plus", "large"]
+HF_IDS = {
+    "mistral": "mistralai/Mistral-7B-v0.1",
+    "llama2": "meta-llama/Llama-2-7b-hf",
+    "llama2_13b": "meta-llama/Llama-2-13b-hf",
+    "codellama": "codellama/CodeLlama-7b-hf",
+    "galactica": "facebook/galactica-6.7b",
+}
+
+
+@pytest.mark.parametrize("lora", LORAS)
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_lora_combination_composes(model, lora):
+    cfg = compose_config([f"model={model}", f"lora={lora}", "paths.output_dir=/tmp/unused"])
+    # Choosing lora=large switches the base unless the command line names a model itself.
+    assert cfg.model.name == model
+    assert cfg.lora.name == lora
+    assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout) == (16, 16, 0.05)
+    assert cfg.lora.train_head == (lora == "plus")
+    for role in cfg.lora.targets:
+        assert role in cfg.model.lora_targets
+
+
+def test_large_switches_the_base_to_llama2_13b():
+    cfg = compose_config(["lora=large", "paths.output_dir=/tmp/unused"])
+    assert cfg.model.name == "llama2_13b"
+    assert cfg.model.hf_id == "meta-llama/Llama-2-13b-hf"
+    assert list(cfg.lora.targets) == ["q", "k", "v", "o", "gate", "up", "down"]
+    assert cfg.optimizer.lr == 1e-4  # the 13B base brings the paper's recipe with it
+
+
+@pytest.mark.parametrize("model", [m for m in MODELS if m != "tiny"])
+def test_real_bases_get_the_paper_recipe(model):
+    cfg = compose_config([f"model={model}", "lora=full", "paths.output_dir=/tmp/unused"])
+    assert cfg.model.hf_id == HF_IDS[model]
+    assert cfg.model.dtype == "bfloat16"
+    assert cfg.model.prompt_template == "[INST] {input} [/INST]"
+    assert cfg.data._target_.endswith("SMolInstructDataModule") and cfg.data.path is None
+    assert cfg.data.hub_id == "osunlp/SMolInstruct"
+    assert len(cfg.data.tasks) == 14
+    assert (cfg.data.micro_batch_size, cfg.data.effective_batch_size, cfg.data.max_length) == (4, 512, 512)
+    assert cfg.data.train_on_inputs is True
+    assert cfg.optimizer._target_ == "bitsandbytes.optim.AdamW8bit" and cfg.optimizer.lr == 1e-4
+    assert cfg.scheduler._target_ == "transformers.get_cosine_schedule_with_warmup"
+    assert cfg.scheduler.num_warmup_steps == 1000
+    assert cfg.trainer.max_epochs == 3 and cfg.trainer.precision == "bf16-mixed"
+    assert cfg.seed == 13 and cfg.val_every_n_steps == 200
+    assert cfg.callbacks.model_checkpoint.monitor == "val/loss" and cfg.callbacks.model_checkpoint.mode == "min"
+
+
+def test_default_is_the_embedded_cpu_demo():
+    cfg = compose_config(["paths.output_dir=/tmp/unused"])
+    assert cfg.model.name == "tiny" and cfg.lora.name == "full"
+    assert cfg.trainer.accelerator == "cpu"
+    assert cfg.data.path.endswith("llasmol/data/sample")
+    assert cfg.data.prompt_template == cfg.model.prompt_template
+
+
+def test_targets_of_the_configs_resolve():
+    cfg = compose_config(["model=mistral", "paths.output_dir=/tmp/unused"])
+    for node in (cfg.optimizer, cfg.scheduler, cfg.data, cfg.trainer, cfg.callbacks.model_checkpoint):
+        assert callable(hydra.utils.get_object(node._target_))
+
+
+def test_trainer_and_hydra_overrides_pass_through():
+    cfg = compose_config(["trainer.max_steps=3", "trainer.devices=2", "data.micro_batch_size=2", "paths.output_dir=/x"])
+    assert cfg.trainer.max_steps == 3 and cfg.trainer.devices == 2 and cfg.data.micro_batch_size == 2
+    assert cfg.callbacks.model_checkpoint.dirpath == "/x/checkpoints"

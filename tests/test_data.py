@@ -1,0 +1,207 @@
+"""The DataModule on official-layout data: prompt text, truncation, label masking, sharding, order."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import hydra
+import pytest
+import torch
+from rdkit import Chem
+
+from conftest import compose_config
+from llasmol.data.datamodule import SMolInstructDataModule
+from llasmol.data.formatting import IGNORE_INDEX
+from llasmol.data.sampler import ShardedShuffleSampler
+from llasmol.data.smolinstruct import SMolInstructSplit
+from llasmol.errors import UserError
+from llasmol.model.base import load_tokenizer
+from smolinstruct_fixture import MOLECULES, TASKS, split_of
+
+FIXTURE_TASKS = list(TASKS)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(compose_config(["paths.output_dir=/tmp/unused"]).model)
+
+
+def make_dm(tokenizer, root, **kw) -> SMolInstructDataModule:
+    return SMolInstructDataModule(tokenizer, path=str(root), tasks=kw.pop("tasks", FIXTURE_TASKS), **kw)
+
+
+def test_samples_render_templates_with_core_tags(smol_root):
+    split = SMolInstructSplit(smol_root, "train", ["name_conversion-s2f", "property_prediction-sider"])
+    first = split[0]
+    # Molecule 0 (CCO) uses template 0 of the formula task.
+    assert first["input"] == "Give the formula of <SMILES> CCO </SMILES> ."
+    assert first["output"] == "Its formula is <MOLFORMULA> C2H6O </MOLFORMULA> ."
+    assert (first["raw_input"], first["raw_output"]) == ("CCO", "C2H6O")
+    # SIDER's raw output is a dict; the sample list picks the target.
+    n_formula = split.counts()["name_conversion-s2f"]
+    sider = split[n_formula + 1]  # the second train molecule, k=1: odd -> hepatobiliary target
+    assert sider["task"] == "property_prediction-sider"
+    assert sider["output"] == "<BOOLEAN> Yes </BOOLEAN>"
+
+
+def test_core_tags_can_be_left_out_and_selfies_switched_on(smol_root):
+    plain = SMolInstructSplit(smol_root, "train", ["name_conversion-s2f"], insert_core_tags=False)[0]
+    assert plain["input"] == "Give the formula of CCO ." and "<" not in plain["output"]
+    selfies = SMolInstructSplit(smol_root, "train", ["name_conversion-s2f"], representation="selfies")[0]
+    assert selfies["input"] == "Give the formula of <SELFIES> [C][C][O] </SELFIES> ."
+    assert selfies["output"] == "Its formula is <MOLFORMULA> C2H6O </MOLFORMULA> ."  # only SMILES becomes SELFIES
+
+
+def test_prompt_follows_the_paper_format(tokenizer, smol_root):
+    dm = make_dm(tokenizer, smol_root, tasks=["name_conversion-s2f"])
+    item = dm.split("train")[0]
+    text = tokenizer.decode(item["input_ids"])
+    assert text == (
+        "<s>[INST] Give the formula of <SMILES> CCO </SMILES> . [/INST] "
+        "Its formula is <MOLFORMULA> C2H6O </MOLFORMULA> .</s>"
+    )
+    assert item["labels"] == item["input_ids"]  # the paper trains on inputs too
+    assert item["truncated"] is False
+
+
+def test_truncation_at_the_limit_is_counted(tokenizer, smol_root):
+    full = make_dm(tokenizer, smol_root, tasks=["forward_synthesis"]).split("train")
+    limit = 12
+    cut = make_dm(tokenizer, smol_root, tasks=["forward_synthesis"], max_length=limit).split("train")
+    for i in range(len(full)):
+        long, short = full[i]["input_ids"], cut[i]["input_ids"]
+        if len(long) <= limit:
+            assert short == long and not cut[i]["truncated"]
+        else:
+            # Cut at the limit, EOS dropped (as the paper's scripts do), and flagged.
+            assert short == long[:limit] and cut[i]["truncated"]
+            assert short[-1] != tokenizer.eos_token_id
+    assert sum(cut[i]["truncated"] for i in range(len(cut))) > 0
+
+
+def test_prompt_tokens_are_masked_when_not_training_on_inputs(tokenizer, smol_root):
+    dm = make_dm(tokenizer, smol_root, tasks=["property_prediction-esol"], train_on_inputs=False)
+    data = dm.split("train")
+    for i in range(len(data)):
+        item = data[i]
+        sample = data.split[i]
+        kept = [t for t, lab in zip(item["input_ids"], item["labels"]) if lab != IGNORE_INDEX]
+        masked = [lab for lab in item["labels"] if lab == IGNORE_INDEX]
+        assert masked and kept[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(kept[:-1]).strip() == sample["output"]
+        prompt_ids = item["input_ids"][: len(masked)]
+        assert tokenizer.decode(prompt_ids, skip_special_tokens=False).startswith("<s>[INST]")
+
+
+def collect(dm, name, shuffle, world, workers):
+    seen = []
+    for rank in range(world):
+        dm.num_workers = workers
+        loader = dm.dataloader(name, shuffle=shuffle, batch_size=3, rank=rank, world_size=world)
+        seen.append([int(i) for batch in loader for i in batch["index"]])
+    return seen
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_two_ranks_two_workers_see_disjoint_and_complete_shares(tokenizer, smol_root, shuffle):
+    dm = make_dm(tokenizer, smol_root)
+    n = len(dm.split("train"))
+    shares = collect(dm, "train", shuffle, world=2, workers=2)
+    flat = shares[0] + shares[1]
+    assert len(flat) == len(set(flat))  # no sample twice, across ranks or workers
+    if shuffle:  # training: equal shares for lock-step DDP; at most world-1 samples left for next epoch
+        assert len(shares[0]) == len(shares[1]) == n // 2
+    else:  # evaluation: every sample exactly once
+        assert sorted(flat) == list(range(n))
+    # Two workers per rank return exactly what one process would.
+    assert collect(dm, "train", shuffle, world=2, workers=0) == shares
+
+
+def test_order_is_deterministic_for_a_seed_and_changes_with_epoch():
+    a = ShardedShuffleSampler(100, seed=13, rank=0, world_size=1)
+    b = ShardedShuffleSampler(100, seed=13, rank=0, world_size=1)
+    assert list(a) == list(b) and list(a) != list(range(100))
+    assert list(ShardedShuffleSampler(100, seed=14, rank=0, world_size=1)) != list(a)
+    b.set_epoch(1)
+    assert list(b) != list(a) and sorted(b) == sorted(a)
+    # The global order does not depend on the number of ranks: rank shares interleave it.
+    two = [list(ShardedShuffleSampler(100, seed=13, rank=r, world_size=2)) for r in range(2)]
+    assert [x for pair in zip(*two) for x in pair] == list(a)
+
+
+def test_batches_pad_right_and_mask_padding(tokenizer, smol_root):
+    dm = make_dm(tokenizer, smol_root, micro_batch_size=4, effective_batch_size=8)
+    batch = next(iter(dm.dataloader("train", shuffle=True, batch_size=4, rank=0, world_size=1)))
+    lengths = batch["attention_mask"].sum(1)
+    assert batch["input_ids"].shape[1] == int(lengths.max())
+    pad = batch["attention_mask"] == 0
+    assert torch.all(batch["labels"][pad] == IGNORE_INDEX)
+    assert torch.all(batch["input_ids"][pad] == tokenizer.pad_token_id)
+
+
+def test_gradient_accumulation_is_computed_from_the_effective_batch(tokenizer, smol_root):
+    dm = make_dm(tokenizer, smol_root, micro_batch_size=4, effective_batch_size=512)
+    assert dm.gradient_accumulation(1) == 128
+    assert dm.gradient_accumulation(4) == 32
+    with pytest.raises(UserError, match="data.effective_batch_size=512 is not a multiple"):
+        dm.gradient_accumulation(3)
+
+
+def test_unknown_task_is_named(tokenizer, smol_root):
+    with pytest.raises(UserError, match="unknown task 'forward_synthesys'"):
+        make_dm(tokenizer, smol_root, tasks=["forward_synthesys"])
+
+
+def test_missing_task_file_is_named(tokenizer, smol_root):
+    dm = make_dm(tokenizer, smol_root, tasks=["molecule_captioning"])
+    with pytest.raises(UserError, match="molecule_captioning"):
+        dm.split("train")
+
+
+# -- the bundled sample (issue: embedded sample of SMolInstruct) ------------------------------------
+
+TAGGED = re.compile(r"<(SMILES|IUPAC|MOLFORMULA|NUMBER|BOOLEAN)> (.+?) </\1>")
+
+
+def provenance_counts(root) -> dict[str, dict[str, int]]:
+    counts = {}
+    for line in (root / "PROVENANCE.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[1].isdigit():
+            counts[cells[0]] = {"train": int(cells[1]), "validation": int(cells[2]), "test": int(cells[3])}
+    return counts
+
+
+def test_bundled_sample_loads_through_the_datamodule(tokenizer):
+    cfg = compose_config(["paths.output_dir=/tmp/unused"])
+    dm = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
+    from pathlib import Path
+
+    expected = provenance_counts(Path(cfg.data.path))
+    assert set(expected) == set(cfg.data.tasks)
+    # Related tasks share one split assignment: the four name conversions share molecules; each
+    # property task is split on its own (a molecule may be in lipo-train and bbbp-test).
+    molecules_by_split: dict[str, set[tuple[str, str]]] = {}
+    for name in ("train", "validation", "test"):
+        data = dm.split(name)
+        assert data.split.counts() == {t: expected[t][name] for t in cfg.data.tasks}
+        smiles_here = set()
+        for i in range(len(data.split)):
+            sample = data.split[i]
+            tagged = TAGGED.findall(sample["output"])
+            assert len(tagged) == 1, sample["output"]  # every answer is inside exactly one tag pair
+            for tag, value in TAGGED.findall(sample["input"]) + tagged:
+                if tag == "SMILES":
+                    assert Chem.MolToSmiles(Chem.MolFromSmiles(value)) == value  # canonical
+                    if sample["task"].startswith(("name_conversion", "property_prediction")):
+                        group = "name_conversion" if sample["task"].startswith("name") else sample["task"]
+                        smiles_here.add((group, value))
+                if tag == "BOOLEAN":
+                    assert value in ("Yes", "No")
+                if tag == "NUMBER":
+                    float(value)
+        molecules_by_split[name] = smiles_here
+    assert not molecules_by_split["train"] & molecules_by_split["validation"]
+    assert not molecules_by_split["train"] & molecules_by_split["test"]
+    assert not molecules_by_split["validation"] & molecules_by_split["test"]

@@ -1,0 +1,113 @@
+"""Which modules get adapters for each `lora` group, and the paper's parameter counts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import compose_config
+from llasmol.model.base import arch_config
+from llasmol.model.lora import apply_lora, count_parameters, modules_with_adapters
+from llasmol.params import count_trainable
+
+# A tiny in-process model of each family the paper uses (Mistral; Llama 2 / Code Llama; Galactica = OPT).
+FAMILIES = {
+    "mistral": ("mistral-7b", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=64)),
+    "llama2": ("llama2-7b", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=4, vocab_size=64)),
+    "galactica": ("galactica-6.7b", dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                                         word_embed_proj_dim=32, vocab_size=64)),
+}
+LLAMA_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+               "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+OPT_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+             "o": "self_attn.out_proj", "up": "fc1", "down": "fc2"}
+GROUP_ROLES = {
+    "lite": ["q", "v"],
+    "attn": ["q", "k", "v", "o"],
+    "ffn": ["gate", "up", "down"],
+    "full": ["q", "k", "v", "o", "gate", "up", "down"],
+    "plus": ["q", "k", "v", "o", "gate", "up", "down"],
+}
+
+
+def tiny_peft_model(family: str, lora: str):
+    cfg = compose_config([f"model={family}", f"lora={lora}", "paths.output_dir=/tmp/unused"])
+    arch, dims = FAMILIES[family]
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(arch_config(arch, **dims))
+    return apply_lora(base, cfg.model, cfg.lora)
+
+
+def expected_modules(family: str, lora: str) -> set[str]:
+    if family == "galactica":
+        prefix, names = "base_model.model.model.decoder.layers", OPT_NAMES
+    else:
+        prefix, names = "base_model.model.model.layers", LLAMA_NAMES
+    return {f"{prefix}.{layer}.{names[role]}" for layer in range(2) for role in GROUP_ROLES[lora] if role in names}
+
+
+@pytest.mark.parametrize("lora", list(GROUP_ROLES))
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_exactly_the_named_modules_get_adapters(family, lora):
+    model = tiny_peft_model(family, lora)
+    assert modules_with_adapters(model) == expected_modules(family, lora)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    adapter_params = {n for n in trainable if ".lora_A." in n or ".lora_B." in n}
+    assert len(adapter_params) == 2 * len(expected_modules(family, lora))
+    head_params = trainable - adapter_params
+    if lora == "plus":
+        # The output head is trained as a saved copy; the original stays frozen.
+        assert head_params and all(n.startswith("base_model.model.lm_head.modules_to_save.") for n in head_params)
+    else:
+        assert head_params == set()
+
+
+def test_galactica_ffn_has_no_gate_and_adapts_fc1_fc2():
+    model = tiny_peft_model("galactica", "ffn")
+    assert {name.rsplit(".", 1)[1] for name in modules_with_adapters(model)} == {"fc1", "fc2"}
+
+
+# The paper's Section 5.4 table (trainable parameters in millions, percent of all parameters).
+PAPER = [
+    ("llama2", "lite", 8.4, 0.12),
+    ("llama2", "attn", 16.8, 0.25),
+    ("llama2", "ffn", 23.2, 0.34),
+    ("llama2", "full", 40.0, 0.59),
+    ("llama2", "plus", 171.0, 2.48),
+    ("llama2_13b", "large", 62.6, 0.48),
+    ("mistral", "full", 41.9, 0.58),
+]
+
+
+@pytest.mark.parametrize("model,lora,millions,percent", PAPER)
+def test_meta_device_counts_reproduce_the_paper(model, lora, millions, percent):
+    counts = count_trainable(compose_config([f"model={model}", f"lora={lora}"], config_name="params"))
+    assert round(counts["trainable"] / 1e6, 1) == millions
+    assert round(counts["percent"], 2) == percent
+
+
+def test_exact_llama2_full_count():
+    counts = count_trainable(compose_config(["model=llama2", "lora=full"], config_name="params"))
+    # 32 layers × r=16 × (4 attention projections of 4096→4096 + 3 FFN projections 4096↔11008)
+    assert counts["trainable"] == 32 * 16 * (4 * (4096 + 4096) + 3 * (4096 + 11008))
+    assert counts["total"] == 6_738_415_616 + counts["trainable"]
+
+
+def test_params_command_prints_json_last(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "llasmol.params", "model=mistral", "lora=full"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert last["trainable"] == 41_943_040
+    assert round(last["percent"], 2) == 0.58
+    assert list(tmp_path.iterdir()) == []  # counting writes no run folder

@@ -1,0 +1,117 @@
+"""End to end: the default CPU run learns and checkpoints; multirun; one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from llasmol.errors import UserError
+from llasmol.params import count_trainable
+from llasmol.train import train
+
+SHORT = ["data.max_samples_per_task={validation:12}", "trainer.enable_progress_bar=false"]
+
+
+def val_losses(run_dir: Path) -> list[float]:
+    with (run_dir / "csv" / "metrics.csv").open() as fh:
+        return [float(row["val/loss"]) for row in csv.DictReader(fh) if row["val/loss"]]
+
+
+def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=timeout)
+
+
+def test_default_run_learns_and_writes_peft_checkpoints(cfg_factory, tmp_path):
+    cfg = cfg_factory("trainer.max_steps=150", "val_every_n_steps=50", *SHORT)
+    result = train(cfg)
+    losses = val_losses(tmp_path)
+    assert len(losses) == 3
+    assert losses[-1] < losses[0] - 0.3, losses  # it learns, not just runs
+    assert result["global_step"] == 150
+
+    # The trainable count is logged at start and equals the meta-device count.
+    params = json.loads((tmp_path / "params.json").read_text())
+    meta = count_trainable(cfg)
+    assert (params["trainable"], params["total"]) == (meta["trainable"], meta["total"])
+
+    # Best checkpoint by val/loss, plus last; each with a PEFT adapter folder beside it.
+    best = Path(result["best_checkpoint"])
+    assert best.is_file() and f"val_loss{min(losses):.4f}" in best.name
+    for ckpt in (best, tmp_path / "checkpoints" / "last.ckpt"):
+        adapter = ckpt.with_name(ckpt.stem + ".adapter")
+        assert (adapter / "adapter_config.json").is_file()
+        assert (adapter / "adapter_model.safetensors").is_file()
+
+    # Lightning state holds only the trainable tensors, plus what resuming needs.
+    state = torch.load(best, map_location="cpu", weights_only=False)
+    assert state["state_dict"] and all(".lora_" in k for k in state["state_dict"])
+    assert state["optimizer_states"] and state["lr_schedulers"]
+
+    # The adapter loads with plain PEFT on a fresh base and carries the checkpoint's weights.
+    from peft import PeftModel
+
+    from llasmol.model.base import load_base_model, load_tokenizer
+
+    tok = load_tokenizer(cfg.model)
+    peft_model = PeftModel.from_pretrained(load_base_model(cfg.model, tok), str(best.with_name(best.stem + ".adapter")))
+    loaded = {k: v for k, v in peft_model.state_dict().items() if ".lora_" in k}
+    saved = {k.removeprefix("model."): v for k, v in state["state_dict"].items()}
+    assert set(saved) == {k.replace(".lora_A.", ".lora_A.default.").replace(".lora_B.", ".lora_B.default.")
+                          for k in loaded} or set(saved) == set(loaded)
+    for key, value in saved.items():
+        torch.testing.assert_close(peft_model.state_dict()[key], value)
+
+
+def test_multirun_of_two_variants_records_each_count(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_cli(
+        ["llasmol.train", "--multirun", "lora=lite,attn", f"hydra.sweep.dir={sweep}", "trainer.max_steps=2",
+         "val_every_n_steps=1", "data.max_samples_per_task={train:8,validation:2}", "trainer.enable_progress_bar=false"],
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [p.name for p in runs] == ["0_tiny_lite", "1_tiny_attn"]
+    from conftest import compose_config
+
+    for run, lora in zip(runs, ["lite", "attn"]):
+        params = json.loads((run / "params.json").read_text())
+        assert params["lora"] == lora
+        expected = count_trainable(compose_config([f"lora={lora}"], config_name="params"))
+        assert params["trainable"] == expected["trainable"]
+        assert (run / "checkpoints" / "last.adapter" / "adapter_model.safetensors").is_file()
+        assert f"run directory: {run}" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["model=mistral"], "mistralai/Mistral-7B-v0.1"),
+        (["model=llama2", "model.path=/nonexistent/llama"], "model.path=/nonexistent/llama"),
+        (["data.micro_batch_size=3"], "data.effective_batch_size=8 is not a multiple of data.micro_batch_size=3"),
+        (["data.tasks=[forward_synthesis,retro]"], "unknown task 'retro'"),
+    ],
+)
+def test_mistakes_end_with_one_clear_line(tmp_path, overrides, needle):
+    proc = run_cli(["llasmol.train", *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and needle in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    if overrides[0].startswith("model="):
+        assert "model.path=" in errors[0]  # says how to point at local weights
+
+
+def test_user_errors_raise_from_the_plain_function(cfg_factory):
+    with pytest.raises(UserError, match="micro_batch_size=3"):
+        train(cfg_factory("data.micro_batch_size=3", *SHORT))
