@@ -205,3 +205,35 @@ def test_bundled_sample_loads_through_the_datamodule(tokenizer):
     assert not molecules_by_split["train"] & molecules_by_split["validation"]
     assert not molecules_by_split["train"] & molecules_by_split["test"]
     assert not molecules_by_split["validation"] & molecules_by_split["test"]
+
+
+# -- the Hub archive -----------------------------------------------------------------------------
+
+
+def test_hub_archive_is_fetched_once_and_read_like_a_local_copy(tokenizer, smol_root, tmp_path, monkeypatch):
+    import shutil
+
+    import huggingface_hub
+
+    archive = shutil.make_archive(str(tmp_path / "data"), "zip", root_dir=smol_root.parent, base_dir=smol_root.name)
+    calls = []
+
+    def fake_download(repo_id, filename, repo_type):
+        calls.append((repo_id, filename, repo_type))
+        return archive
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setenv("LLASMOL_CACHE", str(tmp_path / "cache"))
+    for _ in range(2):
+        dm = SMolInstructDataModule(tokenizer, path=None, tasks=FIXTURE_TASKS)
+        dm.prepare_data()
+        local = make_dm(tokenizer, smol_root)
+        assert [dm.split("validation").split[i] for i in range(5)] == [local.split("validation").split[i] for i in range(5)]
+    assert calls == [("osunlp/SMolInstruct", "data.zip", "dataset")]  # the second run reads the cache
+
+
+def test_unreachable_hub_says_how_to_use_a_local_copy(tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("LLASMOL_CACHE", str(tmp_path / "cache"))
+    dm = SMolInstructDataModule(tokenizer, path=None, hub_id="osunlp/SMolInstruct", tasks=FIXTURE_TASKS)
+    with pytest.raises(UserError, match=r"cannot fetch dataset osunlp/SMolInstruct .*data.path="):
+        dm.prepare_data()

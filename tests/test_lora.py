@@ -111,3 +111,16 @@ def test_params_command_prints_json_last(tmp_path):
     assert last["trainable"] == 41_943_040
     assert round(last["percent"], 2) == 0.58
     assert list(tmp_path.iterdir()) == []  # counting writes no run folder
+
+
+def test_tiny_random_base_is_rebuilt_identically():
+    from llasmol.model.base import load_base_model, load_tokenizer
+
+    cfg = compose_config(["paths.output_dir=/tmp/unused"])
+    tok = load_tokenizer(cfg.model)
+    first = load_base_model(cfg.model, tok).state_dict()
+    torch.rand(100)  # unrelated random draws must not change the base
+    second = load_base_model(cfg.model, tok).state_dict()
+    assert first.keys() == second.keys()
+    for key in first:
+        torch.testing.assert_close(first[key], second[key])

@@ -115,3 +115,22 @@ def test_mistakes_end_with_one_clear_line(tmp_path, overrides, needle):
 def test_user_errors_raise_from_the_plain_function(cfg_factory):
     with pytest.raises(UserError, match="micro_batch_size=3"):
         train(cfg_factory("data.micro_batch_size=3", *SHORT))
+
+
+def test_paper_recipe_runs_on_the_tiny_model(cfg_factory, tmp_path):
+    """The paper's optimizer (8-bit AdamW), warm-up and computed accumulation, on CPU."""
+    cfg = cfg_factory("recipe=paper", "data.effective_batch_size=16", "trainer.max_steps=3", "val_every_n_steps=2",
+                      "data.max_samples_per_task={validation:2}", "trainer.enable_progress_bar=false",
+                      "trainer.log_every_n_steps=1")
+    result = train(cfg)
+    assert result["global_step"] == 3
+    hparams = (tmp_path / "csv" / "hparams.yaml").read_text()
+    assert "accumulate_grad_batches: 4" in hparams  # 16 = micro-batch 4 × 4 × 1 process
+    assert "bitsandbytes.optim.AdamW8bit" in hparams
+    with (tmp_path / "csv" / "metrics.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    lrs = [float(r["train/lr"]) for r in rows if r["train/lr"]]
+    # Linear warm-up over 1000 steps towards 1e-4, logged after steps 0, 1, 2.
+    assert lrs == pytest.approx([1e-7 * k for k in range(3)], abs=1e-12)
+    # Validation every 2 optimizer steps = every 8 micro-batches.
+    assert [int(r["step"]) for r in rows if r["val/loss"]] == [1]

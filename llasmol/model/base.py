@@ -95,7 +95,11 @@ def load_base_model(model_cfg, tokenizer):
         config = arch_config(model_cfg.arch, vocab_size=len(tokenizer))
         config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
         config.pad_token_id = tokenizer.pad_token_id
-        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+        # A fixed seed of its own: the random base is never saved, so evaluating an adapter rebuilds the
+        # very same base from this seed, whatever else consumed random numbers before.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(model_cfg.get("init_seed", 0)))
+            return AutoModelForCausalLM.from_config(config, dtype=dtype)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             _weights_source(model_cfg),
