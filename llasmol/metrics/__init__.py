@@ -1,0 +1,30 @@
+"""The LlaSMol paper's chemistry metrics: answer extraction, additive per-sample statistics,
+corpus-level metrics from their sums, and a torchmetrics wrapper for DDP.
+
+`ChemistryMetrics` is imported lazily (it pulls in torch); everything else is pure Python plus
+RDKit, with NLTK/WordNet/rouge-score loaded only when captioning is scored.
+"""
+
+from __future__ import annotations
+
+from llasmol.metrics.extract import ANSWER_TAG, extract_answer
+from llasmol.metrics.scoring import STATS, add_stats, finalize, sample_stats, score_records
+
+__all__ = [
+    "ANSWER_TAG",
+    "STATS",
+    "ChemistryMetrics",
+    "add_stats",
+    "extract_answer",
+    "finalize",
+    "sample_stats",
+    "score_records",
+]
+
+
+def __getattr__(name: str):
+    if name == "ChemistryMetrics":
+        from llasmol.metrics.metric import ChemistryMetrics
+
+        return ChemistryMetrics
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

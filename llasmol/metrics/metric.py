@@ -1,0 +1,75 @@
+"""`ChemistryMetrics`: the additive statistics of `llasmol.metrics.scoring` as torchmetrics states.
+
+Every state is a float64 scalar with ``dist_reduce_fx="sum"``, one per (task, statistic), so
+under DDP each rank updates with its own samples, torchmetrics' sync sums the states, and
+`compute` gives the same numbers as one process scoring everything.  (float64 keeps counts
+exact well past 2**24 samples; run it on CPU or CUDA, not MPS, which has no float64.)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torchmetrics import Metric
+
+from llasmol.metrics.scoring import STATS, finalize
+
+
+def state_name(task: str, stat: str) -> str:
+    """The attribute name of one state: ``<task with '-' as '_'>__<stat>``."""
+    return f"{task.replace('-', '_')}__{stat}"
+
+
+class ChemistryMetrics(Metric):
+    """Sums per-sample statistics of the given tasks; `compute` returns ``{task: {metric: value}}``."""
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = None
+
+    def __init__(self, tasks: list[str], **kwargs) -> None:
+        super().__init__(**kwargs)
+        tasks = list(tasks)
+        for task in tasks:
+            if task not in STATS:
+                raise ValueError(f"unknown task {task!r}: choose from {', '.join(STATS)}")
+        if len(set(tasks)) != len(tasks):
+            raise ValueError(f"a task is listed twice: {tasks}")
+        self.tasks = tasks
+        for task in tasks:
+            for stat in STATS[task]:
+                self.add_state(
+                    state_name(task, stat),
+                    default=torch.tensor(0.0, dtype=torch.float64),
+                    dist_reduce_fx="sum",
+                )
+
+    def update(self, tasks: list[str], stats: list[dict[str, float]]) -> None:
+        """Add the per-sample `stats` (from `sample_stats`) of samples of the given `tasks`."""
+        if len(tasks) != len(stats):
+            raise ValueError(f"{len(tasks)} tasks but {len(stats)} stats")
+        sums: dict[str, float] = defaultdict(float)
+        for task, sample in zip(tasks, stats):
+            if task not in self.tasks:
+                raise ValueError(f"task {task!r} is not one of this metric's tasks {self.tasks}")
+            allowed = STATS[task]
+            for stat, value in sample.items():
+                if stat not in allowed:
+                    raise ValueError(f"{stat!r} is not a statistic of {task!r}: {allowed}")
+                sums[state_name(task, stat)] += float(value)
+        for name, value in sums.items():
+            state = getattr(self, name)
+            setattr(self, name, state + torch.tensor(value, dtype=torch.float64, device=state.device))
+
+    def summed_stats(self) -> dict[str, dict[str, float]]:
+        """The current (local, unsynced) sums: ``{task: {stat: value}}``."""
+        return {task: {stat: float(getattr(self, state_name(task, stat))) for stat in STATS[task]} for task in self.tasks}
+
+    def compute(self) -> dict[str, dict[str, float]]:
+        """Metrics of every task that saw at least one sample (states already synced)."""
+        results = {}
+        for task, stats in self.summed_stats().items():
+            if stats["num_samples"] > 0:
+                results[task] = finalize(task, stats)
+        return results

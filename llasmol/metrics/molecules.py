@@ -1,0 +1,108 @@
+"""SMILES parsing, molecule identity and fingerprint similarity (RDKit).
+
+Rules (LlaSMol paper, Appendix A.4):
+
+- ``';'`` is read as ``'.'``; the answer is split on ``'.'`` into parts, each stripped.  The
+  answer is *valid* when every part parses with RDKit (with sanitisation, i.e. valence rules)
+  into a molecule with at least one atom.  An empty part (``"CCO..O"``, ``"CCO."``), a part
+  with whitespace inside (RDKit would silently read ``"CC O"`` as ``"CC"`` named ``"O"``) or an
+  answer longer than `MAX_SMILES_CHARS` is invalid.
+- Identity: the set of standard InChI strings of the parts (a part whose InChI RDKit cannot
+  make, e.g. with dummy atoms, is keyed by its canonical SMILES instead).  So Kekulé vs
+  aromatic spelling, fragment order and repeated fragments do not matter; stereo does.
+- Fingerprints are of the whole (dotted) molecule: Morgan radius 2 unfolded count fingerprint
+  (rdFingerprintGenerator's sparse count fingerprint, the same as the legacy
+  ``GetMorganFingerprint(mol, 2)``), MACCS keys, and ``RDKFingerprint``; similarity is
+  RDKit's Tanimoto.
+
+Golds are parsed through an ``lru_cache`` (InChI keys and fingerprints only; molecules are not
+kept).  RDKit's log is silenced on import of this module.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+from rdkit import Chem, DataStructs, RDLogger
+from rdkit.Chem import MACCSkeys, rdFingerprintGenerator
+
+RDLogger.DisableLog("rdApp.*")
+
+MAX_SMILES_CHARS = 4096
+"""Answers longer than this are invalid without parsing (no SMolInstruct molecule comes close)."""
+
+FINGERPRINTS: tuple[str, ...] = ("morgan", "maccs", "rdk")
+
+_MORGAN = rdFingerprintGenerator.GetMorganGenerator(radius=2)
+
+
+class Molecule(NamedTuple):
+    """A parsed SMILES answer: identity keys and, when asked for, fingerprints."""
+
+    keys: frozenset[str]
+    fingerprints: dict[str, object] | None
+
+
+def _part_key(mol: Chem.Mol) -> str:
+    try:
+        inchi = Chem.MolToInchi(mol)
+    except Exception:
+        inchi = ""
+    if inchi:
+        return inchi
+    return "smiles:" + Chem.MolToSmiles(mol)
+
+
+def _fingerprints(mol: Chem.Mol) -> dict[str, object]:
+    return {
+        "morgan": _MORGAN.GetSparseCountFingerprint(mol),
+        "maccs": MACCSkeys.GenMACCSKeys(mol),
+        "rdk": Chem.RDKFingerprint(mol),
+    }
+
+
+def parse_molecule(text: str | None, fingerprints: bool = False) -> Molecule | None:
+    """Parse a SMILES answer; ``None`` when it is not valid (see the module docstring)."""
+    if not isinstance(text, str) or not text or len(text) > MAX_SMILES_CHARS:
+        return None
+    parts = [part.strip() for part in text.replace(";", ".").split(".")]
+    mols = []
+    for part in parts:
+        if not part or any(ch.isspace() for ch in part):
+            return None
+        try:
+            mol = Chem.MolFromSmiles(part)
+        except Exception:
+            return None
+        if mol is None or mol.GetNumAtoms() == 0:
+            return None
+        mols.append(mol)
+    try:
+        keys = frozenset(_part_key(mol) for mol in mols)
+        fps = None
+        if fingerprints:
+            whole = mols[0] if len(mols) == 1 else Chem.MolFromSmiles(".".join(parts))
+            if whole is None:
+                return None
+            fps = _fingerprints(whole)
+    except Exception:
+        return None
+    return Molecule(keys, fps)
+
+
+@functools.lru_cache(maxsize=16384)
+def parse_gold_molecule(text: str) -> Molecule | None:
+    """`parse_molecule` with fingerprints, cached: golds repeat across samples and ranks."""
+    return parse_molecule(text, fingerprints=True)
+
+
+def tanimoto(a: object, b: object) -> float:
+    """RDKit Tanimoto similarity clamped to [0, 1]; 0.0 when RDKit cannot compute it."""
+    try:
+        value = float(DataStructs.TanimotoSimilarity(a, b))
+    except Exception:
+        return 0.0
+    if not value == value:  # NaN
+        return 0.0
+    return min(max(value, 0.0), 1.0)

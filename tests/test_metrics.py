@@ -1,0 +1,413 @@
+"""Known-answer tests of the chemistry metrics: extraction, SMILES, formula, IUPAC, number, boolean."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from llasmol.data.tasks import TASKS
+from llasmol.metrics import ANSWER_TAG, STATS, add_stats, extract_answer, finalize, sample_stats, score_records
+from llasmol.metrics.formula import parse_formula
+from llasmol.metrics.molecules import parse_molecule
+
+
+def smiles(text: str) -> str:
+    return f"The answer is <SMILES> {text} </SMILES> ."
+
+
+def tagged(task: str, text: str) -> str:
+    tag = ANSWER_TAG[task]
+    return f"Here: <{tag}> {text} </{tag}>"
+
+
+def score(task: str, samples: list[tuple[list[str], list[str]]]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for predictions, golds in samples:
+        add_stats(total, sample_stats(task, predictions, golds))
+    return finalize(task, total)
+
+
+# --------------------------------------------------------------------------- extraction
+
+
+def test_tags_cover_every_task():
+    assert set(ANSWER_TAG) == set(TASKS) == set(STATS)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The product is <SMILES> CC(=O)O </SMILES> .", "CC(=O)O"),
+        ("<SMILES>CCO</SMILES>", "CCO"),
+        ("<SMILES> A </SMILES> and <SMILES> B </SMILES>", "A"),  # the first pair
+        ("<SMILES> a <SMILES> b </SMILES>", "b"),  # a pair never holds a tag
+        ("</SMILES> x <SMILES> CCO </SMILES>", "CCO"),  # a stray closing tag first
+        ("<SMILES> CCO", None),  # unclosed
+        ("CCO </SMILES>", None),  # unopened
+        ("no tags at all", None),
+        ("", None),
+        ("<SMILES>   </SMILES>", None),  # empty answer
+        ("<smiles> CCO </smiles>", None),  # tags are case-sensitive
+        ("<MOLFORMULA> C2H6O </MOLFORMULA>", None),  # another task's tag
+    ],
+)
+def test_extract_smiles(text, expected):
+    assert extract_answer("forward_synthesis", text) == expected
+
+
+def test_extract_other_tags_and_captioning():
+    assert extract_answer("name_conversion-s2f", "<MOLFORMULA> C2H6O </MOLFORMULA>") == "C2H6O"
+    assert extract_answer("name_conversion-s2i", "<IUPAC> ethanol </IUPAC>") == "ethanol"
+    assert extract_answer("property_prediction-esol", "<NUMBER> -1.41 </NUMBER>") == "-1.41"
+    assert extract_answer("property_prediction-hiv", "<BOOLEAN> No </BOOLEAN>") == "No"
+    assert extract_answer("molecule_captioning", "  The molecule is an acid.\n") == "The molecule is an acid."
+    assert extract_answer("molecule_captioning", " \n ") is None
+    assert extract_answer("forward_synthesis", None) is None  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown task"):
+        extract_answer("no_such_task", "x")
+
+
+def test_extract_huge_text_is_fast():
+    text = "<SMILES> " * 200_000 + "CCO </SMILES>" + "x" * 1_000_000
+    assert extract_answer("forward_synthesis", text) == "CCO"
+
+
+# --------------------------------------------------------------------------- SMILES tasks
+
+
+@pytest.mark.parametrize(
+    "pred, gold",
+    [
+        ("C1=CC=CC=C1", "c1ccccc1"),  # Kekulé vs aromatic
+        ("OCC", "CCO"),  # another spelling
+        ("CCO;O", "O.CCO"),  # ';' is '.' and fragment order does not matter
+        ("O . CCO", "CCO.O"),  # spaces around the dot
+        ("N[C@@H](C)C(=O)O", "C[C@H](N)C(=O)O"),  # the same enantiomer, written differently
+    ],
+)
+def test_smiles_same_molecule(pred, gold):
+    metrics = score("forward_synthesis", [([smiles(pred)], [gold])])
+    assert metrics["exact_match"] == 1.0
+    assert metrics["validity"] == 1.0
+    assert metrics["fts"] == pytest.approx(1.0)
+    assert metrics["fts_maccs"] == pytest.approx(1.0)
+    assert metrics["fts_rdk"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "pred, gold",
+    [
+        ("N[C@@H](C)C(=O)O", "N[C@H](C)C(=O)O"),  # enantiomers
+        ("NC(C)C(=O)O", "N[C@H](C)C(=O)O"),  # unspecified vs specified stereo
+        ("C/C=C/C", "C/C=C\\C"),  # E vs Z
+        ("CCO", "CCO.O"),  # a missing fragment
+        ("CCN", "CCO"),
+    ],
+)
+def test_smiles_different_molecule(pred, gold):
+    metrics = score("retrosynthesis", [([smiles(pred)], [gold])])
+    assert metrics["exact_match"] == 0.0
+    assert metrics["validity"] == 1.0
+
+
+def test_enantiomers_have_full_morgan_similarity_but_no_match():
+    metrics = score("molecule_generation", [([smiles("N[C@@H](C)C(=O)O")], ["N[C@H](C)C(=O)O"])])
+    assert metrics["exact_match"] == 0.0
+    assert metrics["fts"] == pytest.approx(1.0)  # Morgan without chirality, as the paper's code
+
+
+def test_smiles_any_gold_matches():
+    golds = ["CCN", "CCO", "not a smiles ((("]
+    assert score("forward_synthesis", [([smiles("OCC")], golds)])["exact_match"] == 1.0
+    assert score("forward_synthesis", [([smiles("CCC")], golds)])["exact_match"] == 0.0
+
+
+def test_smiles_validity_and_no_answer():
+    samples = [
+        ([smiles("CCO")], ["CCO"]),  # valid, right
+        ([smiles("c1cccc1")], ["CCO"]),  # invalid (kekulization fails)
+        ([smiles("C(C)(C)(C)(C)C")], ["CCO"]),  # invalid (valence)
+        ([smiles("CC O")], ["CCO"]),  # whitespace inside a part: invalid
+        ([smiles("CCO..O")], ["CCO.O"]),  # empty part: invalid
+        (["I cannot answer that."], ["CCO"]),  # no answer
+        ([], ["CCO"]),  # no prediction at all
+        ([smiles("CCN")], ["CCO"]),  # valid, wrong
+    ]
+    metrics = score("name_conversion-i2s", samples)
+    assert metrics["num_samples"] == 8
+    assert metrics["num_no_answer"] == 2
+    assert metrics["num_valid"] == 2
+    assert metrics["validity"] == pytest.approx(2 / 6)
+    assert metrics["exact_match"] == pytest.approx(1 / 8)  # over all samples
+
+
+def test_smiles_fts_known_value():
+    from rdkit import Chem, DataStructs
+    from rdkit.Chem import MACCSkeys, rdFingerprintGenerator
+
+    pred, gold = "CCOc1ccccc1", "CCNc1ccccc1"
+    gen = rdFingerprintGenerator.GetMorganGenerator(radius=2)
+    p, g = Chem.MolFromSmiles(pred), Chem.MolFromSmiles(gold)
+    morgan = DataStructs.TanimotoSimilarity(gen.GetSparseCountFingerprint(p), gen.GetSparseCountFingerprint(g))
+    maccs = DataStructs.TanimotoSimilarity(MACCSkeys.GenMACCSKeys(p), MACCSkeys.GenMACCSKeys(g))
+    rdk = DataStructs.TanimotoSimilarity(Chem.RDKFingerprint(p), Chem.RDKFingerprint(g))
+    # an invalid second sample must not enter the FTS mean; a perfect one enters with 1
+    metrics = score(
+        "forward_synthesis",
+        [([smiles(pred)], [gold]), ([smiles("C1CC")], [gold]), ([smiles(gold)], [gold])],
+    )
+    assert metrics["fts"] == pytest.approx((morgan + 1) / 2)
+    assert metrics["fts_maccs"] == pytest.approx((maccs + 1) / 2)
+    assert metrics["fts_rdk"] == pytest.approx((rdk + 1) / 2)
+    assert 0 < morgan < 1
+
+
+def test_smiles_fts_best_gold_and_multifragment():
+    # the best of several golds is used
+    one = score("forward_synthesis", [([smiles("CCO")], ["c1ccccc1", "CCO"])])
+    assert one["fts"] == pytest.approx(1.0)
+    # multi-fragment: the fingerprint of the whole molecule, so a missing fragment lowers it
+    partial = score("retrosynthesis", [([smiles("CCO")], ["CCO.c1ccccc1"])])
+    assert 0 < partial["fts"] < 1
+
+
+def test_smiles_topk():
+    preds = [smiles("CCC"), smiles("CCN"), smiles("CCO"), smiles("C"), smiles("N")]
+    metrics = score("retrosynthesis", [(preds, ["OCC"])])
+    assert metrics["top1_exact_match"] == metrics["exact_match"] == 0.0
+    assert metrics["top3_exact_match"] == 1.0
+    assert metrics["top5_exact_match"] == 1.0
+    assert "top10_exact_match" not in metrics  # only 5 predictions were given
+    single = score("retrosynthesis", [([smiles("CCO")], ["CCO"])])
+    assert set(k for k in single if k.startswith("top")) == {"top1_exact_match"}
+    # samples with fewer predictions than k use all they have
+    mixed = score("retrosynthesis", [(preds, ["OCC"]), ([smiles("CCO")], ["CCO"]), ([smiles("C")], ["CCO"])])
+    assert mixed["top3_exact_match"] == pytest.approx(2 / 3)
+    assert mixed["exact_match"] == pytest.approx(1 / 3)
+    # only the first 10 predictions count
+    many = [smiles("C")] * 10 + [smiles("CCO")]
+    assert score("retrosynthesis", [(many, ["CCO"])])["top10_exact_match"] == 0.0
+
+
+def test_parse_molecule_edge_cases():
+    assert parse_molecule("") is None
+    assert parse_molecule("C" * 5000) is None  # over the length cap
+    assert parse_molecule("C\x00C") is None
+    assert parse_molecule("*C") is not None  # dummy atom: parses, keyed by canonical SMILES
+    assert parse_molecule("[Na+].[Cl-]").keys == parse_molecule("[Cl-];[Na+]").keys
+
+
+# --------------------------------------------------------------------------- formula tasks
+
+
+@pytest.mark.parametrize(
+    "a, b, same",
+    [
+        ("C2H6O", "H6C2O", True),
+        ("C2H6O", "C2 H6 O", True),
+        ("C2H6O", "CH3CH2OH", True),
+        ("C3H9N", "(CH3)3N", True),
+        ("C2H3O2-", "C2H3O2-1", True),
+        ("C2H3O2-", "C2H3O2", False),  # charge matters
+        ("Fe+3", "Fe+++", True),
+        ("Fe+3", "Fe+2", False),
+        ("C2H6O", "C2H6O2", False),
+        ("CO", "Co", False),  # carbon monoxide is not cobalt
+        ("CH4", "[13C]H4", False),  # an isotope is another atom
+        ("CD4", "C[2H]4", True),
+        ("C2H8O2", "C2H6O.H2O", True),
+        ("C2H10O3", "C2H6O.2H2O", True),
+        ("C2H6O", "C2H6ON0", True),  # a zero count drops out
+    ],
+)
+def test_formula_matching(a, b, same):
+    pa, pb = parse_formula(a), parse_formula(b)
+    assert pa is not None and pb is not None
+    assert (pa == pb) is same
+
+
+@pytest.mark.parametrize("text", ["", "Xx2", "C2H6O(", "C2)H6", "c2h6o", "C2H6O!", "[0C]", "+", "2", "CCO;O", None])
+def test_formula_unparseable(text):
+    assert parse_formula(text) is None
+
+
+def test_formula_task_metrics():
+    task = "name_conversion-s2f"
+    samples = [
+        ([tagged(task, "H6C2O")], ["C2H6O"]),  # right, reordered
+        ([tagged(task, "C2H6O2"), tagged(task, "OC2H6"), "x"], ["C2H6O"]),  # right at rank 2
+        ([tagged(task, "banana")], ["C2H6O"]),  # unparseable: wrong
+        (["no tags"], ["C2H6O"]),  # no answer
+    ]
+    metrics = score(task, samples)
+    assert metrics["exact_match"] == pytest.approx(1 / 4)
+    assert "top3_exact_match" in metrics and metrics["top3_exact_match"] == pytest.approx(2 / 4)
+    assert metrics["num_invalid"] == 1
+    assert metrics["num_no_answer"] == 1
+    assert score("name_conversion-i2f", [([tagged(task, "C2H6O")], ["C2H4O", "C2H6O"])])["exact_match"] == 1.0
+
+
+# --------------------------------------------------------------------------- IUPAC
+
+
+def test_iupac_set_matching():
+    task = "name_conversion-s2i"
+    gold = ["sodium;2-hydroxypropanoate"]
+    assert score(task, [([tagged(task, "2-hydroxypropanoate;sodium")], gold)])["exact_match"] == 1.0
+    assert score(task, [([tagged(task, " sodium ; 2-hydroxypropanoate ;")], gold)])["exact_match"] == 1.0
+    assert score(task, [([tagged(task, "sodium;sodium;2-hydroxypropanoate")], gold)])["exact_match"] == 1.0
+    assert score(task, [([tagged(task, "sodium")], gold)])["exact_match"] == 0.0
+    assert score(task, [([tagged(task, "Sodium;2-hydroxypropanoate")], gold)])["exact_match"] == 0.0
+    assert score(task, [([tagged(task, "ethanol")], ["methanol", "ethanol"])])["exact_match"] == 1.0
+    top = score(task, [([tagged(task, "methanol"), tagged(task, "x"), tagged(task, "ethanol")], ["ethanol"])])
+    assert top["exact_match"] == 0.0 and top["top3_exact_match"] == 1.0
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def test_rmse_known_value():
+    task = "property_prediction-esol"
+    samples = [
+        ([tagged(task, "-1.0")], ["-2.0"]),  # error 1
+        ([tagged(task, "3")], ["1"]),  # error 2
+        ([tagged(task, "\u22120.5")], ["-0.5"]),  # Unicode minus, error 0
+        ([tagged(task, "about 3")], ["1"]),  # invalid
+        ([tagged(task, "nan")], ["1"]),  # not finite: invalid
+        ([tagged(task, "1e999")], ["1"]),  # overflows to inf: invalid
+        ([tagged(task, "-inf")], ["1"]),
+        (["I do not know"], ["1"]),  # no answer
+    ]
+    metrics = score(task, samples)
+    assert metrics["rmse"] == pytest.approx(math.sqrt((1 + 4 + 0) / 3))
+    assert metrics["num_valid"] == 3
+    assert metrics["num_invalid"] == 4
+    assert metrics["num_no_answer"] == 1
+    assert metrics["num_valid"] + metrics["num_invalid"] + metrics["num_no_answer"] == metrics["num_samples"]
+
+
+def test_rmse_closest_gold_and_no_valid():
+    task = "property_prediction-lipo"
+    assert score(task, [([tagged(task, "2.0")], ["0.0", "2.5"])])["rmse"] == pytest.approx(0.5)
+    assert math.isnan(score(task, [([tagged(task, "x")], ["1"])])["rmse"])
+
+
+# --------------------------------------------------------------------------- booleans
+
+
+def test_classification_known_confusion():
+    task = "property_prediction-bbbp"
+    yes, no = tagged(task, "Yes"), tagged(task, "No")
+    samples = (
+        [([yes], ["Yes"])] * 3  # tp 3
+        + [([no], ["Yes"])] * 1  # fn 1
+        + [([tagged(task, "maybe")], ["Yes"])]  # invalid on a Yes sample: fn
+        + [([no], ["No"])] * 2  # tn 2
+        + [([yes], ["No"])] * 1  # fp 1
+        + [(["no tag here"], ["No"])]  # missing on a No sample: fp
+        + [([tagged(task, " yes. ")], ["Yes"])]  # case, spaces and a period are fine: tp
+    )
+    metrics = score(task, samples)
+    tp, fn, tn, fp = 4, 2, 2, 2
+    assert (metrics["tp"], metrics["fn"], metrics["tn"], metrics["fp"]) == (tp, fn, tn, fp)
+    assert metrics["num_samples"] == 10
+    assert metrics["num_invalid"] == 1
+    assert metrics["num_no_answer"] == 1
+    assert metrics["accuracy"] == pytest.approx(6 / 10)
+    assert metrics["f1"] == pytest.approx(2 * tp / (2 * tp + fp + fn))  # 8 / 12
+    mcc = (tp * tn - fp * fn) / math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    assert metrics["mcc"] == pytest.approx(mcc)  # 4 / sqrt(6*6*4*4) = 1/6
+    assert metrics["mcc"] == pytest.approx(1 / 6)
+
+
+def test_classification_degenerate():
+    task = "property_prediction-hiv"
+    metrics = score(task, [([tagged(task, "No")], ["No"])] * 5)
+    assert metrics["accuracy"] == 1.0 and metrics["f1"] == 0.0 and metrics["mcc"] == 0.0
+    # several golds: a match with any is correct
+    assert score(task, [([tagged(task, "Yes")], ["No", "Yes"])])["accuracy"] == 1.0
+
+
+# --------------------------------------------------------------------------- whole files, additivity
+
+RECORDS = [
+    {"task": "forward_synthesis", "input": "A", "gold": "CCO", "predictions": [smiles("OCC")]},
+    {"task": "forward_synthesis", "input": "A", "gold": "CCN", "predictions": [smiles("CCN")]},
+    {"task": "forward_synthesis", "input": "B", "gold": ["c1ccccc1"], "predictions": [smiles("C1=CC=CC=C1")]},
+    {"task": "forward_synthesis", "input": "C", "gold": "CCO", "predictions": ["nothing"]},
+    {"task": "retrosynthesis", "input": "A", "gold": "CCO.O", "predictions": [smiles("CC"), smiles("O.CCO")]},
+    {"task": "molecule_generation", "input": "d", "gold": "CC", "predictions": [smiles("C1CC")]},
+    {"task": "name_conversion-i2s", "input": "n", "gold": "CC", "predictions": [smiles("CC")]},
+    {"task": "name_conversion-i2f", "input": "ethanol", "gold": "C2H6O", "predictions": [tagged("name_conversion-i2f", "OH6C2")]},
+    {"task": "name_conversion-s2f", "input": "CCO", "gold": "C2H6O", "predictions": [tagged("name_conversion-s2f", "C2H6")]},
+    {"task": "name_conversion-s2i", "input": "CCO", "gold": "ethanol", "predictions": [tagged("name_conversion-s2i", "ethanol")]},
+    {"task": "property_prediction-esol", "input": "CCO", "gold": "0.5", "predictions": [tagged("property_prediction-esol", "1.5")]},
+    {"task": "property_prediction-lipo", "input": "CCO", "gold": "-1.4", "predictions": [tagged("property_prediction-lipo", "x")]},
+    {"task": "property_prediction-bbbp", "input": "CCO", "gold": "Yes", "predictions": [tagged("property_prediction-bbbp", "Yes")]},
+    {"task": "property_prediction-clintox", "input": "CCO", "gold": "No", "predictions": [tagged("property_prediction-clintox", "Yes")]},
+    {"task": "property_prediction-hiv", "input": "CCO", "gold": "No", "predictions": ["?"]},
+    {"task": "property_prediction-sider", "input": "CCO", "gold": "Yes", "predictions": [tagged("property_prediction-sider", "yes")]},
+    {"task": "molecule_captioning", "input": "CCO", "gold": "The molecule is ethanol.", "predictions": ["The molecule is ethanol."]},
+    {"task": "molecule_captioning", "input": "CC", "gold": "The molecule is ethane, a gas.", "predictions": ["It is an alkane gas."]},
+]
+
+
+def test_score_records_pools_golds_by_input():
+    results = score_records(RECORDS)
+    assert set(results) == {r["task"] for r in RECORDS}
+    fs = results["forward_synthesis"]
+    assert fs["num_samples"] == 4
+    assert fs["exact_match"] == pytest.approx(3 / 4)
+    assert fs["num_no_answer"] == 1
+    assert fs["validity"] == 1.0
+    assert results["retrosynthesis"]["top1_exact_match"] == 0.0
+    assert "top3_exact_match" not in results["retrosynthesis"]  # 2 predictions only
+    assert results["molecule_generation"]["validity"] == 0.0
+    assert results["name_conversion-i2f"]["exact_match"] == 1.0
+    assert results["name_conversion-s2f"]["exact_match"] == 0.0
+    assert results["property_prediction-esol"]["rmse"] == pytest.approx(1.0)
+    assert results["property_prediction-lipo"]["num_invalid"] == 1
+    assert results["property_prediction-sider"]["accuracy"] == 1.0
+    assert results["property_prediction-hiv"]["accuracy"] == 0.0
+    for task, metrics in results.items():
+        assert {"num_samples", "num_no_answer"} <= set(metrics)
+        assert all(isinstance(v, float) for v in metrics.values()), task
+
+
+def _sum(stats_list):
+    total: dict[str, float] = {}
+    for stats in stats_list:
+        add_stats(total, stats)
+    return total
+
+
+def test_stats_of_halves_add_up_to_the_whole():
+    golds = {}
+    for r in RECORDS:
+        golds.setdefault((r["task"], r["input"]), []).extend([r["gold"]] if isinstance(r["gold"], str) else r["gold"])
+    per_sample = [(r["task"], sample_stats(r["task"], r["predictions"], golds[(r["task"], r["input"])])) for r in RECORDS]
+    for stats_task, stats in per_sample:
+        assert tuple(stats) == STATS[stats_task]
+    whole = score_records(RECORDS)
+    for task in whole:
+        mine = [s for t, s in per_sample if t == task]
+        first, second = _sum(mine[::2]), _sum(mine[1::2])
+        merged = add_stats(dict(first), second)
+        assert merged == pytest.approx(_sum(mine))
+        got = finalize(task, merged)
+        for key, value in whole[task].items():
+            assert got[key] == pytest.approx(value, nan_ok=True), (task, key)
+
+
+def test_unknown_task_raises():
+    with pytest.raises(ValueError, match="unknown task"):
+        sample_stats("nope", ["x"], ["y"])
+    with pytest.raises(ValueError, match="unknown task"):
+        finalize("nope", {})
+
+
+def test_finalize_with_no_samples_is_zero_not_an_error():
+    for task in STATS:
+        metrics = finalize(task, {})
+        assert metrics["num_samples"] == 0
