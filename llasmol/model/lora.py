@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import logging
-
 from llasmol.errors import UserError
-
-# PEFT imports bitsandbytes, whose CPU backend warns on every start that an optional Hub kernel is absent;
-# on CPU we use no 4-bit kernels, so the warning is noise.
-logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 

@@ -1,0 +1,90 @@
+"""At each validation: beam-search generation on a fixed, task-balanced validation subset, scored with
+the paper's chemistry metrics, logged as `val/<task>/<metric>` and written to the run directory:
+
+    predictions/val-epoch{E}-step{S}.jsonl   one line per sample (task, input, gold, predictions, answers)
+    metrics/val-epoch{E}-step{S}.json        {task: {metric: value}}
+
+Under DDP each rank generates its stride of the subset; the metric sums are torchmetrics states, so
+2 ranks give the same numbers as 1, and rank 0 gathers the records to write one file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+
+from llasmol.evaluation import balanced_subset, generate_records, golds_by_input
+from llasmol.generation import BeamGenerator
+from llasmol.io import write_json, write_jsonl
+
+
+def gather_to_all(records: list[dict]) -> list[dict]:
+    """Every rank's records on every rank (a no-op without torch.distributed)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return records
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, records)
+    return [r for part in parts for r in part]
+
+
+def score(records: list[dict], tasks: list[str], device) -> dict[str, dict[str, float]]:
+    """Synchronised metrics of this rank's `records` (every rank must call it)."""
+    from llasmol.metrics.metric import ChemistryMetrics
+    from llasmol.metrics.scoring import sample_stats
+
+    metric = ChemistryMetrics(tasks).to(device)
+    skipped = {t: 0 for t in tasks}
+    for record in records:
+        metric.update([record["task"]], [sample_stats(record["task"], record["predictions"] or [], record["gold"])])
+        skipped[record["task"]] += int(record["skipped"])
+    results = metric.compute()
+    counts = torch.tensor([skipped[t] for t in tasks], dtype=torch.long, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(counts)
+    for task, n in zip(tasks, counts.tolist()):
+        if task in results:
+            results[task]["num_skipped"] = float(n)
+    return results
+
+
+class GenerationEvaluator(Callback):
+    def __init__(self, generation: dict, samples_per_task: Optional[int] = 20, seed: int = 13,
+                 output_dir: Optional[str] = None) -> None:
+        self.generation = generation
+        self.samples_per_task = samples_per_task
+        self.seed = seed
+        self.output_dir = output_dir
+        self._subset: Optional[list[int]] = None
+        self._golds: Optional[dict] = None
+
+    def _prepare(self, trainer) -> None:
+        data = trainer.datamodule.split("validation").split
+        self._subset = balanced_subset(data, self.samples_per_task, self.seed)
+        self._golds = golds_by_input(data, data.tasks)
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        if self._subset is None:
+            self._prepare(trainer)
+        dm = trainer.datamodule
+        data = dm.split("validation").split
+        share = self._subset[trainer.global_rank :: trainer.world_size]
+        generator = BeamGenerator(pl_module.model, dm.tokenizer, dm.formatter,
+                                  self.generation["max_prompt_tokens"], self.generation["batch_size"])
+        records = generate_records(generator, data, share, self._golds, self.generation)
+        results = score(records, list(data.tasks), pl_module.device)
+        for task, values in results.items():
+            for name, value in values.items():
+                if isinstance(value, (int, float)):
+                    pl_module.log(f"val/{task}/{name}", float(value), sync_dist=False)
+        everything = gather_to_all(records)
+        if trainer.is_global_zero:
+            out = Path(self.output_dir or trainer.default_root_dir)
+            stem = f"val-epoch{trainer.current_epoch}-step{trainer.global_step}"
+            write_jsonl(out / "predictions" / f"{stem}.jsonl", sorted(everything, key=lambda r: r["index"]))
+            write_json(out / "metrics" / f"{stem}.json", results)

@@ -1,0 +1,132 @@
+"""`python -m llasmol.evaluate`: the paper's metrics for a predictions file or a trained model.
+
+    python -m llasmol.evaluate predictions=<file.jsonl>                     # no model needed
+    python -m llasmol.evaluate ckpt=<run dir | adapter dir> data.split=test  # generate, then score
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from llasmol.config import CONFIG_DIR
+from llasmol.errors import UserError, report_user_errors
+
+REQUIRED = ("task", "gold", "predictions")
+
+
+def read_predictions(path: str | Path) -> list[dict]:
+    """Records of a predictions JSONL file, checked line by line."""
+    from llasmol.data.tasks import TASKS
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"predictions file {path} does not exist: pass predictions=<file.jsonl>")
+    records = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UserError(f"{path} line {lineno} is not valid JSON ({err.msg})") from None
+            missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
+            if missing:
+                raise UserError(f"{path} line {lineno} lacks {', '.join(missing)}: each line needs task, gold, predictions")
+            if record["task"] not in TASKS:
+                raise UserError(f"{path} line {lineno} has unknown task {record['task']!r}: use one of " + ", ".join(TASKS))
+            if record["predictions"] is None:  # a prompt the generator skipped
+                record["predictions"] = []
+            elif isinstance(record["predictions"], str):
+                record["predictions"] = [record["predictions"]]
+            records.append(record)
+    if not records:
+        raise UserError(f"predictions file {path} is empty: it needs one JSON object per line")
+    return records
+
+
+def format_table(results: dict[str, dict[str, Any]]) -> str:
+    """A per-task text table: one row per task, its metrics as `name=value`."""
+    lines = []
+    width = max((len(t) for t in results), default=4)
+    for task, metrics in results.items():
+        cells = [f"{k}={v:.4f}" if isinstance(v, float) and not float(v).is_integer() else f"{k}={v:g}"
+                 if isinstance(v, (int, float)) else f"{k}={v}" for k, v in metrics.items()]
+        lines.append(f"{task:<{width}}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def score_file(cfg: DictConfig) -> tuple[dict, Path]:
+    from llasmol.io import write_json
+    from llasmol.metrics.scoring import score_records
+
+    records = read_predictions(cfg.predictions)
+    results = score_records(records)
+    for record in records:
+        if "skipped" in record and record["task"] in results:
+            counts = results[record["task"]]
+            counts["num_skipped"] = counts.get("num_skipped", 0.0) + float(bool(record["skipped"]))
+    src = Path(cfg.predictions)
+    out = Path(cfg.output) if cfg.output else src.with_name(src.stem + ".metrics.json")
+    write_json(out, results)
+    return results, out
+
+
+def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
+    import torch
+
+    from llasmol.callbacks.generation import score
+    from llasmol.evaluation import balanced_subset, generate_records, golds_by_input
+    from llasmol.generation import BeamGenerator
+    from llasmol.io import write_json, write_jsonl
+    from llasmol.loading import load_model, resolve_checkpoint
+
+    model_cfg, adapter, run_data = resolve_checkpoint(cfg.ckpt, cfg)
+    data_cfg = OmegaConf.merge(run_data if run_data is not None else cfg.data, {"split": cfg.data.split})
+    if run_data is not None and cfg.data.get("max_samples_per_task") is not None:
+        data_cfg.max_samples_per_task = cfg.data.max_samples_per_task
+    split_name = data_cfg.pop("split")
+    data_cfg.prompt_template = model_cfg.prompt_template
+    data_cfg.seed = cfg.seed
+    model, tokenizer = load_model(model_cfg, adapter)
+    device = "cuda" if cfg.device == "auto" and torch.cuda.is_available() else ("cpu" if cfg.device == "auto" else cfg.device)
+    model.to(device)
+    dm = hydra.utils.instantiate(data_cfg, tokenizer=tokenizer, _convert_="all")
+    split = dm.split(split_name).split
+    generator = BeamGenerator(model, tokenizer, dm.formatter, cfg.generation.max_prompt_tokens, cfg.generation.batch_size)
+    indices = balanced_subset(split, None, cfg.seed)
+    records = generate_records(generator, split, indices, golds_by_input(split, split.tasks), cfg.generation)
+    results = score(records, list(split.tasks), torch.device(device))
+    out_dir = Path(cfg.paths.output_dir)
+    write_jsonl(out_dir / "predictions" / f"{split_name}.jsonl", records)
+    out = Path(cfg.output) if cfg.output else out_dir / "metrics" / f"{split_name}.json"
+    write_json(out, results)
+    return results, out
+
+
+def evaluate(cfg: DictConfig) -> dict:
+    """Score `cfg.predictions`, or generate with `cfg.ckpt` on `cfg.data.split` and score that."""
+    if cfg.predictions:
+        results, out = score_file(cfg)
+    elif cfg.ckpt:
+        results, out = generate_and_score(cfg)
+    else:
+        raise UserError("nothing to evaluate: pass predictions=<file.jsonl> or ckpt=<run dir | adapter dir>")
+    return {"metrics": results, "output": str(out)}
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="evaluate")
+@report_user_errors
+def main(cfg: DictConfig) -> None:
+    result = evaluate(cfg)
+    print(format_table(result["metrics"]))
+    print(f"metrics written to {result['output']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

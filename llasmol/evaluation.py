@@ -1,0 +1,71 @@
+"""Generate for a set of samples and score the answers with the paper's metrics.
+
+Shared by the validation callback (a fixed, task-balanced subset of the validation split, every
+validation) and `python -m llasmol.evaluate` (a whole split). Each sample's `gold` is the list of gold
+answers of every sample of its task that shares its core input, as the paper counts a prediction right
+when it matches any of them; a predictions file therefore re-scores to the same numbers on its own.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Iterable, Optional
+
+import numpy as np
+
+from llasmol.generation import BeamGenerator, task_settings
+
+
+def golds_by_input(split, tasks: Iterable[str]) -> dict[tuple[str, str], list[str]]:
+    """(task, core input) -> gold answers of all samples of `split` with that input."""
+    wanted = set(tasks)
+    golds: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for i in range(len(split)):
+        if split.tasks[split.task_index(i)] not in wanted:
+            continue
+        sample = split[i]
+        answers = golds[(sample["task"], sample["raw_input"])]
+        if sample["raw_output"] not in answers:
+            answers.append(sample["raw_output"])
+    return dict(golds)
+
+
+def balanced_subset(split, per_task: Optional[int], seed: int) -> list[int]:
+    """Up to `per_task` sample indices of each task, drawn once from `seed` (all when None)."""
+    chosen = []
+    start = 0
+    for task, count in split.counts().items():
+        idx = np.arange(start, start + count)
+        if per_task is not None and count > per_task:
+            idx = np.sort(np.random.default_rng([seed, len(chosen)]).choice(idx, per_task, replace=False))
+        chosen.extend(int(i) for i in idx)
+        start += count
+    return chosen
+
+
+def generate_records(generator: BeamGenerator, split, indices: list[int], golds: dict, gen_cfg) -> list[dict]:
+    """One record per sample: task, index, input, gold, predictions (best first), answers; None if skipped."""
+    from llasmol.metrics.extract import extract_answer
+
+    by_task: dict[str, list[int]] = defaultdict(list)
+    samples = {i: split[i] for i in indices}
+    for i in indices:
+        by_task[samples[i]["task"]].append(i)
+    records = []
+    for task, rows in by_task.items():
+        outputs = generator.generate([samples[i]["input"] for i in rows], task_settings(gen_cfg, task))
+        for i, predictions in zip(rows, outputs):
+            sample = samples[i]
+            records.append(
+                {
+                    "task": task,
+                    "index": i,
+                    "input": sample["input"],
+                    "raw_input": sample["raw_input"],
+                    "gold": golds[(task, sample["raw_input"])],
+                    "predictions": predictions,
+                    "answers": None if predictions is None else [extract_answer(task, p) for p in predictions],
+                    "skipped": predictions is None,
+                }
+            )
+    return records

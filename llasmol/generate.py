@@ -1,0 +1,87 @@
+"""`python -m llasmol.generate "<query>" [ckpt=<run dir | adapter dir>]`: ask a trained model one question.
+
+SMILES inside <SMILES> … </SMILES> are canonicalised first (the model was trained on canonical SMILES).
+Prints the response(s), best first, and the answer extracted from between the response's tags. Runs on
+CPU as well as GPU.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Optional
+
+import hydra
+from omegaconf import DictConfig
+
+from llasmol.config import CONFIG_DIR
+from llasmol.errors import UserError, report_user_errors
+
+SMILES_SPAN = re.compile(r"(<SMILES>\s*)(.*?)(\s*</SMILES>)", re.S)
+ANY_ANSWER = re.compile(r"<(SMILES|IUPAC|MOLFORMULA|NUMBER|BOOLEAN|SELFIES)>\s*(.*?)\s*</\1>", re.S)
+OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
+
+
+def canonicalize_query(query: str) -> str:
+    """The query with each tagged SMILES written canonically (left as is when RDKit cannot parse it)."""
+    from rdkit import Chem, RDLogger
+
+    RDLogger.DisableLog("rdApp.*")
+
+    def canon(match: re.Match) -> str:
+        mol = Chem.MolFromSmiles(match.group(2).strip().replace(";", "."))
+        return match.group(1) + (Chem.MolToSmiles(mol) if mol is not None else match.group(2)) + match.group(3)
+
+    return SMILES_SPAN.sub(canon, query)
+
+
+def answer_of(response: str) -> Optional[str]:
+    """The text between the first complete pair of answer tags in `response`."""
+    match = ANY_ANSWER.search(response)
+    return match.group(2) if match else None
+
+
+def generate(cfg: DictConfig) -> list[str]:
+    import torch
+
+    from llasmol.data.formatting import PromptFormatter
+    from llasmol.generation import BeamGenerator, task_settings
+    from llasmol.loading import load_model, resolve_checkpoint
+
+    if not cfg.query:
+        raise UserError('no query: run python -m llasmol.generate "<your question>" [ckpt=<run dir>]')
+    model_cfg, adapter, _ = resolve_checkpoint(cfg.ckpt, cfg)
+    model, tokenizer = load_model(model_cfg, adapter)
+    device = "cuda" if cfg.device == "auto" and torch.cuda.is_available() else ("cpu" if cfg.device == "auto" else cfg.device)
+    model.to(device)
+    formatter = PromptFormatter(tokenizer, model_cfg.prompt_template)
+    generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, 1)
+    settings = task_settings(cfg.generation, cfg.task) if cfg.task else task_settings(
+        {**cfg.generation, "tasks": {}}, "")
+    responses = generator.generate([canonicalize_query(cfg.query)], settings)[0]
+    if responses is None:
+        raise UserError(f"the query is longer than generation.max_prompt_tokens={cfg.generation.max_prompt_tokens} tokens")
+    return responses
+
+
+def _split_query(argv: list[str]) -> list[str]:
+    """Hydra takes only key=value overrides: move the first plain argument into `query=`."""
+    for i, arg in enumerate(argv[1:], 1):
+        if not OVERRIDE.match(arg) and not arg.startswith("-"):
+            quoted = arg.replace("\\", "\\\\").replace("'", "\\'")
+            return argv[:i] + [f"query='{quoted}'"] + argv[i + 1 :]
+    return argv
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="generate")
+@report_user_errors
+def main(cfg: DictConfig) -> None:
+    responses = generate(cfg)
+    for rank, response in enumerate(responses, 1):
+        print(f"[{rank}] {response}")
+    print(f"answer: {answer_of(responses[0]) if responses else None}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.argv = _split_query(sys.argv)
+    main()

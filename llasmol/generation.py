@@ -1,0 +1,80 @@
+"""Batched beam-search generation with the paper's per-task settings.
+
+Prompts are formatted exactly as in training (`<s>[INST] {query} [/INST]`), sorted by length so each
+batch wastes little padding, left-padded (so every row's next token is at the same position) and decoded
+without the prompt. Prompts longer than `max_prompt_tokens` are skipped and reported as skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class BeamSettings:
+    num_beams: int
+    num_return_sequences: int
+    max_new_tokens: int
+
+
+def task_settings(gen_cfg, task: str) -> BeamSettings:
+    """The default settings overlaid with the task's own, capped by `max_new_tokens_limit`."""
+    merged = {**gen_cfg["default"], **(gen_cfg["tasks"].get(task) or {})}
+    limit = gen_cfg.get("max_new_tokens_limit")
+    if limit:
+        merged["max_new_tokens"] = min(merged["max_new_tokens"], limit)
+    return BeamSettings(int(merged["num_beams"]), int(merged["num_return_sequences"]), int(merged["max_new_tokens"]))
+
+
+class BeamGenerator:
+    """Generates responses for many queries of one task at a time."""
+
+    def __init__(self, model, tokenizer, formatter, max_prompt_tokens: int = 512, batch_size: int = 8) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.formatter = formatter
+        self.max_prompt_tokens = max_prompt_tokens
+        self.batch_size = batch_size
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def encode(self, query: str) -> list[int]:
+        return self.tokenizer(self.formatter.prompt(query), add_special_tokens=True)["input_ids"]
+
+    @torch.no_grad()
+    def generate(self, queries: list[str], settings: BeamSettings) -> list[Optional[list[str]]]:
+        """Responses (best first) per query; None where the prompt was too long and skipped."""
+        encoded = [self.encode(q) for q in queries]
+        results: list[Optional[list[str]]] = [None] * len(queries)
+        todo = sorted((i for i, ids in enumerate(encoded) if len(ids) <= self.max_prompt_tokens),
+                      key=lambda i: len(encoded[i]), reverse=True)
+        for start in range(0, len(todo), self.batch_size):
+            rows = todo[start : start + self.batch_size]
+            for i, texts in zip(rows, self._generate_batch([encoded[i] for i in rows], settings)):
+                results[i] = texts
+        return results
+
+    def _generate_batch(self, prompts: list[list[int]], settings: BeamSettings) -> list[list[str]]:
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention_mask[row, width - len(ids) :] = 1
+        out = self.model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            num_beams=settings.num_beams,
+            num_return_sequences=settings.num_return_sequences,
+            max_new_tokens=settings.max_new_tokens,
+            do_sample=False,
+            early_stopping=True,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.tokenizer.eos_token_id,
+        )
+        texts = self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+        k = settings.num_return_sequences
+        return [[t.strip() for t in texts[row * k : (row + 1) * k]] for row in range(len(prompts))]

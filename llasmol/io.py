@@ -1,0 +1,48 @@
+"""Files written so that an interruption leaves either the old file or the complete new one."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+
+def _atomic_write(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _strict(value):
+    # Strict JSON has no NaN/Infinity (an RMSE with no valid prediction is NaN): write null instead.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
+def write_json(path: str | os.PathLike, data) -> None:
+    text = json.dumps(_strict(data), indent=2, ensure_ascii=False, allow_nan=False)
+    _atomic_write(Path(path), lambda fh: fh.write(text + "\n"))
+
+
+def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> None:
+    def write(fh):
+        for record in records:
+            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    _atomic_write(Path(path), write)

@@ -1,0 +1,66 @@
+"""Load a trained model for evaluation or generation from a run directory, an adapter folder or a Hub id."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from llasmol.callbacks.checkpoint import adapter_dir
+from llasmol.errors import UserError
+
+
+def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig, Optional[str], Optional[DictConfig]]:
+    """(model config, adapter location or None, the run's data config or None) for `ckpt`.
+
+    - a run directory (has `.hydra/config.yaml`): its model, and the adapter of its best checkpoint
+      (by validation loss), else of `last.ckpt`;
+    - a PEFT adapter folder (has `adapter_config.json`) or a Hub adapter id: the adapter over `cfg.model`;
+    - None: the bare base model of `cfg.model`.
+    """
+    if ckpt is None:
+        return cfg.model, None, None
+    path = Path(ckpt)
+    if (path / ".hydra" / "config.yaml").is_file():
+        run_cfg = OmegaConf.load(path / ".hydra" / "config.yaml")
+        return run_cfg.model, str(_best_adapter(path)), run_cfg.data
+    if (path / "adapter_config.json").is_file():
+        return cfg.model, str(path), None
+    if path.exists() or str(ckpt).startswith((".", "/")):
+        raise UserError(
+            f"ckpt={ckpt} holds no adapter: give a run directory (with .hydra/config.yaml) or a folder "
+            "with adapter_config.json and adapter_model.safetensors"
+        )
+    return cfg.model, str(ckpt), None  # a Hub id such as osunlp/LlaSMol-Mistral-7B
+
+
+def _best_adapter(run_dir: Path) -> Path:
+    result = run_dir / "result.json"
+    candidates = []
+    if result.is_file():
+        best = json.loads(result.read_text()).get("best_checkpoint")
+        if best:
+            candidates.append(adapter_dir(best))
+    candidates.append(run_dir / "checkpoints" / "last.adapter")
+    for candidate in candidates:
+        if (candidate / "adapter_config.json").is_file():
+            return candidate
+    raise UserError(f"run directory {run_dir} has no adapter checkpoint yet (looked for {candidates[-1]})")
+
+
+def load_model(model_cfg: DictConfig, adapter: Optional[str]):
+    """(model in eval mode, tokenizer): the base with the adapter loaded on top."""
+    from llasmol.model.base import load_base_model, load_tokenizer
+
+    tokenizer = load_tokenizer(model_cfg)
+    model = load_base_model(model_cfg, tokenizer)
+    if adapter:
+        from peft import PeftModel
+
+        try:
+            model = PeftModel.from_pretrained(model, adapter)
+        except (OSError, ValueError) as err:
+            raise UserError(f"cannot load the adapter {adapter} ({type(err).__name__}): check ckpt=") from None
+    return model.eval(), tokenizer

@@ -1,0 +1,166 @@
+"""Generation at validation, the evaluate and generate commands, on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import compose_config
+from llasmol.evaluate import evaluate
+from llasmol.generate import canonicalize_query
+from llasmol.train import train
+
+def same(a, b) -> bool:
+    """Equal metric values; NaN (logged) and null (strict JSON) both mean 'undefined'."""
+    undefined = lambda v: v is None or v != v  # noqa: E731
+    return (undefined(a) and undefined(b)) or a == pytest.approx(b)
+
+
+FAST_GEN = ["generation.max_new_tokens_limit=8", "callbacks.generation_evaluator.samples_per_task=2",
+            "trainer.enable_progress_bar=false"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A short tiny-model run with two validations (so two prediction/metric files)."""
+    out = tmp_path_factory.mktemp("run")
+    cfg = compose_config([f"paths.output_dir={out}", "trainer.max_steps=4", "val_every_n_steps=2",
+                          "data.max_samples_per_task={validation:6}", *FAST_GEN])
+    result = train(cfg)
+    # What `python -m llasmol.train` leaves for later commands: the resolved config in .hydra/.
+    (out / ".hydra").mkdir()
+    from omegaconf import OmegaConf
+
+    OmegaConf.save(cfg, out / ".hydra" / "config.yaml")
+    (out / "callback_metrics.json").write_text(json.dumps(result["metrics"]))
+    return out
+
+
+def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+def test_each_validation_writes_predictions_and_metrics(run_dir):
+    tasks = compose_config(["paths.output_dir=/x"]).data.tasks
+    for step in (2, 4):
+        lines = (run_dir / "predictions" / f"val-epoch0-step{step}.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        assert sorted(r["task"] for r in records) == sorted(t for t in tasks for _ in range(2))  # 2 per task
+        for r in records:
+            assert set(r) >= {"task", "input", "gold", "predictions", "answers"}
+            assert isinstance(r["gold"], list) and r["gold"]
+            assert r["skipped"] or len(r["predictions"]) == len(r["answers"]) >= 1
+        metrics = json.loads((run_dir / "metrics" / f"val-epoch0-step{step}.json").read_text())
+        assert set(metrics) == set(tasks)
+        for task, values in metrics.items():
+            assert values["num_samples"] == 2 and 0 <= values["num_no_answer"] <= 2
+    # The same subset every validation.
+    first = [json.loads(x)["index"] for x in (run_dir / "predictions" / "val-epoch0-step2.jsonl").read_text().splitlines()]
+    last = [json.loads(x)["index"] for x in (run_dir / "predictions" / "val-epoch0-step4.jsonl").read_text().splitlines()]
+    assert first == last
+    # Logged as val/<task>/<metric>, equal to the file.
+    logged = json.loads((run_dir / "callback_metrics.json").read_text())
+    metrics = json.loads((run_dir / "metrics" / "val-epoch0-step4.json").read_text())
+    for task, values in metrics.items():
+        for name, value in values.items():
+            assert same(logged[f"val/{task}/{name}"], value), (task, name)
+
+
+def test_a_predictions_file_rescores_to_the_logged_numbers(run_dir, tmp_path):
+    src = run_dir / "predictions" / "val-epoch0-step4.jsonl"
+    out = tmp_path / "m.json"
+    result = evaluate(compose_config(["paths.output_dir=/x", f"predictions={src}", f"output={out}"], "evaluate"))
+    logged = json.loads((run_dir / "metrics" / "val-epoch0-step4.json").read_text())
+    written = json.loads(out.read_text())
+    for task, values in logged.items():
+        for name, value in values.items():
+            assert same(result["metrics"][task][name], value), (task, name)
+            assert same(written[task][name], value), (task, name)
+
+
+def test_evaluate_command_scores_a_hand_written_file(tmp_path):
+    records = [
+        {"task": "forward_synthesis", "input": "a", "gold": "OCC", "predictions": ["<SMILES> C(O)C </SMILES>", "x"]},
+        {"task": "forward_synthesis", "input": "b", "gold": "c1ccccc1", "predictions": ["no tags here"]},
+        {"task": "name_conversion-s2f", "input": "c", "gold": "C2H6O", "predictions": ["<MOLFORMULA> H6C2O </MOLFORMULA>"]},
+        {"task": "property_prediction-bbbp", "input": "d", "gold": "Yes", "predictions": ["<BOOLEAN> No </BOOLEAN>"]},
+    ]
+    path = tmp_path / "preds.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    proc = run_cli(["llasmol.evaluate", f"predictions={path}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = json.loads((tmp_path / "preds.metrics.json").read_text())
+    assert metrics["forward_synthesis"]["exact_match"] == 0.5
+    assert metrics["forward_synthesis"]["num_no_answer"] == 1
+    assert metrics["name_conversion-s2f"]["exact_match"] == 1.0
+    assert metrics["property_prediction-bbbp"]["accuracy"] == 0.0
+    assert "forward_synthesis" in proc.stdout and "exact_match=0.5" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (None, "does not exist"),
+        ("", "is empty"),
+        ('{"task": "forward_synthesis", "gold": "C"}\n', "line 1 lacks predictions"),
+        ('{"task": "forward_synth", "gold": "C", "predictions": []}\n', "unknown task 'forward_synth'"),
+        ('{"task": "forward_synthesis", "gold": "C", "predictions": []}\nnot json\n', "line 2 is not valid JSON"),
+    ],
+)
+def test_bad_predictions_files_end_with_one_line(tmp_path, content, needle):
+    path = tmp_path / "p.jsonl"
+    if content is not None:
+        path.write_text(content)
+    proc = run_cli(["llasmol.evaluate", f"predictions={path}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and needle in errors[0] and "Traceback" not in proc.stderr, proc.stderr[-1500:]
+
+
+def test_evaluate_a_run_directory_on_the_test_split(run_dir, tmp_path):
+    cfg = compose_config([f"paths.output_dir={tmp_path}", f"ckpt={run_dir}", "data.split=test",
+                          "data.max_samples_per_task={test:2}", "generation.max_new_tokens_limit=8"], "evaluate")
+    result = evaluate(cfg)
+    metrics = json.loads((tmp_path / "metrics" / "test.json").read_text())
+    assert set(metrics) == set(result["metrics"]) and len(metrics) == 11
+    assert all(v["num_samples"] == 2 for v in metrics.values())
+    records = [json.loads(x) for x in (tmp_path / "predictions" / "test.jsonl").read_text().splitlines()]
+    assert len(records) == 22
+
+
+def test_generate_command_answers_on_cpu(run_dir, tmp_path):
+    proc = run_cli(["llasmol.generate", "Is <SMILES> C1=CC=CC=C1O </SMILES> toxic?", f"ckpt={run_dir}",
+                    "task=property_prediction-clintox", "generation.max_new_tokens_limit=8"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[0].startswith("[1] ")
+    assert proc.stdout.splitlines()[-1].startswith("answer: ")
+
+
+def test_query_smiles_are_canonicalised():
+    assert canonicalize_query("Is <SMILES> C1=CC=CC=C1O </SMILES> toxic?") == "Is <SMILES> Oc1ccccc1 </SMILES> toxic?"
+    assert canonicalize_query("<SMILES> not-a-smiles </SMILES>") == "<SMILES> not-a-smiles </SMILES>"
+
+
+def test_batched_generation_equals_one_at_a_time(run_dir):
+    from llasmol.generation import BeamGenerator, task_settings
+    from llasmol.loading import load_model, resolve_checkpoint
+    from llasmol.data.formatting import PromptFormatter
+
+    cfg = compose_config(["paths.output_dir=/x", "generation.max_new_tokens_limit=12"], "evaluate")
+    model_cfg, adapter, _ = resolve_checkpoint(str(run_dir), cfg)
+    model, tok = load_model(model_cfg, adapter)
+    gen = BeamGenerator(model, tok, PromptFormatter(tok), batch_size=4)
+    queries = ["What is <SMILES> CCO </SMILES> ?", "Name <SMILES> c1ccccc1Cl </SMILES> please, in full.",
+               "Formula of <IUPAC> ethanol </IUPAC> ?", "Is <SMILES> CC(=O)O </SMILES> soluble in water at all?"]
+    settings = task_settings(cfg.generation, "forward_synthesis")
+    batched = gen.generate(queries, settings)
+    single = [gen.generate([q], settings)[0] for q in queries]
+    assert batched == single
+    assert all(len(r) == 5 for r in batched)
