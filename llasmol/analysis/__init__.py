@@ -1,0 +1,48 @@
+"""Analysis of training runs: tables, charts and the paper's numbers (see `llasmol.report`).
+
+    from llasmol import analysis
+    run = analysis.load_run("outputs/train/<date>_<time>")
+    analysis.metric_table(run)                      # per-task metrics of the latest validation
+    analysis.plot_topk(analysis.topk_curves(run))   # top-k exact match curves
+    analysis.compare_table("outputs/train/multirun/<date>_<time>")   # variants beside the paper
+"""
+
+from llasmol.analysis.compare import ablation_data, compare_table, variant_label, variant_labels
+from llasmol.analysis.paper import PAPER_MODELS, PAPER_RESULTS, PAPER_TRAINABLE, paper_metric
+from llasmol.analysis.plots import (
+    PNGImage,
+    draw_examples,
+    plot_ablation,
+    plot_failures,
+    plot_topk,
+    plot_trends,
+    png,
+)
+from llasmol.analysis.runs import (
+    Run,
+    Validation,
+    is_multirun_dir,
+    is_run_dir,
+    load_run,
+    load_sweep,
+    read_csv_log,
+    read_predictions,
+    variant_dirs,
+)
+from llasmol.analysis.tables import (
+    FAILURE_CATEGORIES,
+    HEADLINE,
+    Table,
+    failure_counts,
+    failure_table,
+    judge_sample,
+    judged_samples,
+    metric_table,
+    metric_trends,
+    topk_curves,
+    topk_table,
+    worst_examples,
+    worst_table,
+)
+
+__all__ = [name for name in dir() if not name.startswith("_")]

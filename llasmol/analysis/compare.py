@@ -1,0 +1,94 @@
+"""Comparing the variants of a multirun (e.g. the LoRA ablation) with each other and the paper."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+from llasmol.analysis.paper import PAPER_MODELS, PAPER_RESULTS, PAPER_TRAINABLE
+from llasmol.analysis.runs import PathLike, Run, load_sweep
+from llasmol.analysis.tables import HEADLINE, Table
+
+
+def _runs(source: Union[PathLike, Sequence[Run]]) -> list[Run]:
+    if isinstance(source, (list, tuple)):
+        return list(source)
+    return load_sweep(source)
+
+
+def comparison_columns(runs: Sequence[Run], metrics: Optional[dict[str, Sequence[str]]] = None) -> list[tuple[str, str]]:
+    """(task, metric) pairs to compare: every task any run's latest validation has, in first-seen
+    order, with its headline metric (or the metrics `metrics[task]` names)."""
+    columns: list[tuple[str, str]] = []
+    for run in runs:
+        if run.latest is None:
+            continue
+        for task in run.latest.metrics:
+            wanted = (metrics or {}).get(task) or [HEADLINE.get(task)]
+            for m in wanted:
+                if m and (task, m) not in columns:
+                    columns.append((task, m))
+    return columns
+
+
+def variant_label(run: Run) -> str:
+    """A short name for a variant: ``<model>/<lora>`` when known, else the folder name."""
+    if run.params.get("model") and run.params.get("lora"):
+        return f"{run.params['model']}/{run.params['lora']}"
+    return run.name
+
+
+def variant_labels(runs: Sequence[Run]) -> list[str]:
+    """`variant_label` of each run; the folder name where two runs would share a label."""
+    labels = [variant_label(run) for run in runs]
+    return [run.name if labels.count(label) > 1 else label for run, label in zip(runs, labels)]
+
+
+def compare_table(
+    source: Union[PathLike, Sequence[Run]],
+    metrics: Optional[dict[str, Sequence[str]]] = None,
+    paper_models: Sequence[str] = PAPER_MODELS,
+) -> Table:
+    """One row per variant (its latest validation), then one row per paper model.
+
+    Columns: ``variant``, ``source`` (``run`` or ``paper``), ``lora``, ``trainable``, ``percent``
+    (of all parameters, in percent), ``paper_trainable``, ``paper_percent`` (Section 5.4's counts
+    for the same `lora=` setting on Llama-2-7B), ``validation``, then ``<task>/<metric>`` for each
+    task's headline metric.  Paper rows carry the reported test-set numbers (fractions) and are
+    blank where the paper's number is not available.
+    """
+    runs = _runs(source)
+    columns = comparison_columns(runs, metrics)
+    head = ["variant", "source", "lora", "trainable", "percent", "paper_trainable", "paper_percent", "validation"]
+    rows = []
+    for run, label in zip(runs, variant_labels(runs)):
+        paper = PAPER_TRAINABLE.get(run.lora or "", {})
+        latest = run.latest
+        rows.append(
+            [label, "run", run.lora, run.params.get("trainable"), run.params.get("percent"),
+             paper.get("trainable"), paper.get("percent"), latest.name if latest else None]
+            + [latest.metrics.get(t, {}).get(m) if latest else None for t, m in columns]
+        )
+    for model in paper_models:
+        results = PAPER_RESULTS[model]
+        full = PAPER_TRAINABLE["full"]  # the main-table models use the basic (full) LoRA setting
+        rows.append(
+            [model, "paper", "full", None, None, full["trainable"], full["percent"], "test"]
+            + [results.get(t, {}).get(m) for t, m in columns]
+        )
+    return Table(head + [f"{t}/{m}" for t, m in columns], rows, title="Variants beside the paper")
+
+
+def ablation_data(
+    source: Union[PathLike, Sequence[Run]], metrics: Optional[dict[str, str]] = None
+) -> dict[str, dict[str, Optional[float]]]:
+    """``{task: {variant label: value}}`` of each task's headline metric (or ``metrics[task]``) at
+    each variant's latest validation; the input of `llasmol.analysis.plots.plot_ablation`."""
+    runs = _runs(source)
+    wanted = {t: [m] for t, m in (metrics or {}).items()}
+    data: dict[str, dict[str, Optional[float]]] = {}
+    for task, metric in comparison_columns(runs, wanted):
+        data[f"{task}/{metric}"] = {
+            label: run.latest.metrics.get(task, {}).get(metric) if run.latest else None
+            for run, label in zip(runs, variant_labels(runs))
+        }
+    return data

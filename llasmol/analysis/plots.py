@@ -1,0 +1,214 @@
+"""Charts (matplotlib, rendered by Agg without pyplot's global state) and molecule drawings (RDKit).
+
+Every `plot_*` function returns a `matplotlib.figure.Figure` and, given `path`, also writes it as
+PNG.  `png(fig)` / the drawing functions return `PNGImage` bytes, which notebooks display inline.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from llasmol.analysis.tables import FAILURE_CATEGORIES, Table
+
+PathLike = Union[str, Path]
+
+_CATEGORY_COLOURS = {
+    "correct": "#2e7d32",
+    "wrong": "#ef6c00",
+    "invalid": "#c62828",
+    "no_answer": "#9e9e9e",
+    "skipped": "#5d4037",
+    "scored": "#1565c0",
+}
+
+
+class PNGImage(bytes):
+    """PNG bytes that Jupyter shows as an image."""
+
+    def _repr_png_(self) -> bytes:
+        return bytes(self)
+
+    def save(self, path: PathLike) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self)
+        return path
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _finish(fig: Figure, path: Optional[PathLike]) -> Figure:
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png", dpi=100)
+    return fig
+
+
+def png(fig: Figure, dpi: int = 100) -> PNGImage:
+    """A figure as PNG bytes (displayable in a notebook)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return PNGImage(buf.getvalue())
+
+
+def _empty(ax, message: str) -> None:
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
+    ax.set_axis_off()
+
+
+def plot_topk(curves: dict[str, list[tuple[int, float]]], path: Optional[PathLike] = None) -> Figure:
+    """Top-k exact match against k, one line per task (input: `tables.topk_curves`)."""
+    fig = _figure(6.5, 4)
+    ax = fig.add_subplot()
+    if not curves:
+        _empty(ax, "no task reports top-k exact match")
+        return _finish(fig, path)
+    for task, points in curves.items():
+        ks, values = zip(*points)
+        ax.plot(ks, values, marker="o", label=task)
+    ks = sorted({k for points in curves.values() for k, _ in points})
+    ax.set_xticks(ks)
+    ax.set_xlabel("k (predictions considered)")
+    ax.set_ylabel("top-k exact match")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _finish(fig, path)
+
+
+def plot_failures(counts: dict[str, dict[str, int]], path: Optional[PathLike] = None) -> Figure:
+    """Stacked horizontal bars: each task's samples split by top-1 outcome, as shares of the task
+    (input: `tables.failure_counts`)."""
+    tasks = list(counts)
+    fig = _figure(8, 1.2 + 0.4 * max(len(tasks), 1))
+    ax = fig.add_subplot()
+    if not tasks:
+        _empty(ax, "no predictions")
+        return _finish(fig, path)
+    left = [0.0] * len(tasks)
+    for category in FAILURE_CATEGORIES:
+        shares = []
+        for task in tasks:
+            total = sum(counts[task].values())
+            shares.append(counts[task].get(category, 0) / total if total else 0.0)
+        if any(shares):
+            ax.barh(tasks, shares, left=left, color=_CATEGORY_COLOURS[category], label=category)
+            left = [a + b for a, b in zip(left, shares)]
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of samples (top-1 answer)")
+    fig.legend(fontsize="small", ncols=len(FAILURE_CATEGORIES), loc="outside lower center")
+    return _finish(fig, path)
+
+
+def plot_trends(trends: Table, path: Optional[PathLike] = None) -> Figure:
+    """Each ``<task>/<metric>`` column of `tables.metric_trends` against the step; RMSE (not a
+    fraction) on its own axis."""
+    steps = trends.column("step") if "step" in trends.columns else []
+    series = [c for c in trends.columns if c not in ("epoch", "step")]
+    lower = [c for c in series if c.endswith("/rmse")]
+    fractions = [c for c in series if c not in lower]
+    fig = _figure(9 if lower else 6.5, 4)
+    axes = fig.subplots(1, 2) if lower else [fig.add_subplot()]
+    if not series or not steps:
+        _empty(axes[0], "no validation")
+        return _finish(fig, path)
+    for ax, names, ylabel in ((axes[0], fractions, "value (fraction)"), (axes[-1], lower, "RMSE (lower is better)")):
+        if not names:
+            continue
+        for name in names:
+            values = [math.nan if v is None else v for v in trends.column(name)]
+            ax.plot(steps, values, marker="o", label=name)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    return _finish(fig, path)
+
+
+def plot_ablation(data: dict[str, dict[str, Optional[float]]], path: Optional[PathLike] = None,
+                  title: str = "LoRA variants") -> Figure:
+    """One bar group per task (``<task>/<metric>``), one bar per variant (input:
+    `compare.ablation_data`); a missing value leaves a gap."""
+    groups = list(data)
+    variants = list(dict.fromkeys(v for values in data.values() for v in values))
+    fig = _figure(min(14.0, max(6.0, 1.0 * len(groups) + 2.5)), 5)
+    ax = fig.add_subplot()
+    if not groups or not variants:
+        _empty(ax, "no variant has a validation")
+        return _finish(fig, path)
+    width = 0.8 / len(variants)
+    for i, variant in enumerate(variants):
+        xs = [g + (i - (len(variants) - 1) / 2) * width for g in range(len(groups))]
+        values = [data[group].get(variant) for group in groups]
+        ax.bar(xs, [math.nan if v is None else v for v in values], width=width, label=variant)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=35, ha="right", fontsize="small")
+    ax.set_ylabel("value (fraction; RMSE: lower is better)", fontsize="small")
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small")
+    return _finish(fig, path)
+
+
+# --------------------------------------------------------------------------- molecule drawings
+
+
+def _mol(smiles: Optional[str]):
+    """An RDKit molecule for drawing (dotted SMILES as one picture), or None when it does not parse."""
+    from llasmol.metrics.molecules import parse_molecule
+    from rdkit import Chem
+
+    if parse_molecule(smiles) is None:
+        return None
+    return Chem.MolFromSmiles(smiles.replace(";", "."))
+
+
+def _clip(text: str, n: int = 38) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def draw_examples(examples: Sequence[dict], path: Optional[PathLike] = None, panel: int = 300) -> Optional[PNGImage]:
+    """A grid of molecule pairs, one row per example: gold (first gold answer) left, the top-1
+    predicted answer right (an empty panel, labelled, when it is missing or invalid).  Examples
+    are `tables.worst_examples` entries of SMILES tasks.  None when no example has a gold molecule."""
+    from rdkit import Chem
+    from rdkit.Chem.Draw import rdMolDraw2D
+
+    mols, legends = [], []
+    for ex in examples:
+        golds = ex.get("gold") or []
+        golds = [golds] if isinstance(golds, str) else list(golds)
+        gold = next((m for m in (_mol(g) for g in golds) if m is not None), None)
+        if gold is None:
+            continue
+        predicted = _mol(ex.get("answer"))
+        score = ex.get("score")
+        similarity = f", FTS {score:.2f}" if isinstance(score, float) and predicted is not None else ""
+        mols += [gold, predicted if predicted is not None else Chem.Mol()]
+        if predicted is not None:
+            legends += [f"#{ex.get('index')} gold", f"predicted ({ex.get('category')}{similarity})"]
+        else:  # RDKit draws no legend under an empty panel: say it under the gold one
+            answer = f" {_clip(repr(ex['answer']), 30)}" if ex.get("answer") else ""
+            legends += [f"#{ex.get('index')} gold; predicted: {ex.get('category')}{answer}", ""]
+    if not mols:
+        return None
+    rows = len(mols) // 2
+    drawer = rdMolDraw2D.MolDraw2DCairo(2 * panel, rows * panel, panel, panel)
+    drawer.drawOptions().legendFontSize = 14
+    drawer.DrawMolecules(mols, legends=legends)
+    drawer.FinishDrawing()
+    image = PNGImage(drawer.GetDrawingText())
+    if path is not None:
+        image.save(path)
+    return image

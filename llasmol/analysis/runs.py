@@ -1,0 +1,241 @@
+"""Reading run directories (single runs and multiruns) written by `python -m llasmol.train`.
+
+A run directory holds ``params.json``, ``metrics/val-epoch{E}-step{S}.json`` (one per validation),
+``predictions/val-epoch{E}-step{S}.jsonl`` and ``csv/metrics.csv``; a multirun directory holds one
+run directory per job, named ``<n>_<model>_<lora>``.  Everything here only reads files: nothing is
+imported from torch or Lightning.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Union
+
+from llasmol.errors import UserError
+
+_VALIDATION_NAME = re.compile(r"^val-epoch(\d+)-step(\d+)$")
+_VARIANT_NAME = re.compile(r"^(\d+)_")
+
+PathLike = Union[str, Path]
+
+
+def _finite_or_none(value):
+    """JSON numbers as floats; NaN/inf (older files, result.json) and non-numbers become None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot read {path}: {err}") from None
+
+
+@dataclass
+class Validation:
+    """One validation of a run: its metrics and (read on demand) its predictions."""
+
+    epoch: int
+    step: int
+    metrics_path: Path
+    predictions_path: Optional[Path]
+    metrics: dict[str, dict[str, Optional[float]]]
+    _records: Optional[list[dict]] = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"val-epoch{self.epoch}-step{self.step}"
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(self.metrics)
+
+    def predictions(self) -> list[dict]:
+        """The prediction records (one per sample), or ``[]`` when the file is missing."""
+        if self._records is None:
+            self._records = read_predictions(self.predictions_path) if self.predictions_path else []
+        return self._records
+
+
+@dataclass
+class Run:
+    """A run directory: parameter counts, validations in order (oldest first), the CSV log."""
+
+    path: Path
+    params: dict
+    validations: list[Validation]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def lora(self) -> Optional[str]:
+        return self.params.get("lora") or _name_part(self.path.name, -1)
+
+    @property
+    def model(self) -> Optional[str]:
+        return self.params.get("model") or _name_part(self.path.name, -2)
+
+    @property
+    def latest(self) -> Optional[Validation]:
+        return self.validations[-1] if self.validations else None
+
+    def validation(self, which: Union[None, int, str] = None) -> Validation:
+        """The latest validation (``None``), the one at a list position (``-1``, ``0``) or by name
+        (``"val-epoch0-step2"`` or its step as a string ``"step2"``)."""
+        if not self.validations:
+            raise UserError(f"{self.path} has no validation yet (no metrics/val-epoch*-step*.json)")
+        if which is None:
+            return self.validations[-1]
+        if isinstance(which, int):
+            try:
+                return self.validations[which]
+            except IndexError:
+                raise UserError(f"{self.path} has {len(self.validations)} validations; no index {which}") from None
+        for val in self.validations:
+            if which in (val.name, f"step{val.step}", val.metrics_path.name):
+                return val
+        names = ", ".join(v.name for v in self.validations)
+        raise UserError(f"{self.path} has no validation {which!r}; it has: {names}")
+
+    def csv_log(self) -> list[dict[str, Optional[float]]]:
+        """Rows of ``csv/metrics.csv`` with numbers as floats and empty cells as None."""
+        return read_csv_log(self.path / "csv" / "metrics.csv")
+
+
+def _name_part(name: str, index: int) -> Optional[str]:
+    parts = name.split("_")
+    if len(parts) >= 3 and _VARIANT_NAME.match(name):
+        return parts[index]
+    return None
+
+
+def read_predictions(path: PathLike) -> list[dict]:
+    """Records of a predictions JSONL file (blank lines ignored)."""
+    path = Path(path)
+    records = []
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except ValueError as err:
+                        raise UserError(f"{path}:{number} is not JSON: {err}") from None
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err}") from None
+    return records
+
+
+def read_csv_log(path: PathLike) -> list[dict[str, Optional[float]]]:
+    """A Lightning CSVLogger file as rows of floats (empty, 'nan' or non-numeric cells -> None).
+
+    Returns ``[]`` when the file does not exist.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows = []
+    with path.open(newline="", encoding="utf-8") as fh:
+        for row in csv.DictReader(fh):
+            parsed = {}
+            for key, text in row.items():
+                try:
+                    parsed[key] = _finite_or_none(float(text)) if text not in (None, "") else None
+                except ValueError:
+                    parsed[key] = None
+            rows.append(parsed)
+    return rows
+
+
+def _load_validations(path: Path) -> list[Validation]:
+    out = []
+    metrics_dir = path / "metrics"
+    if not metrics_dir.is_dir():
+        return out
+    for file in metrics_dir.glob("val-epoch*-step*.json"):
+        match = _VALIDATION_NAME.match(file.stem)
+        if not match:
+            continue
+        data = _read_json(file)
+        if not isinstance(data, dict):
+            raise UserError(f"{file} is not a {{task: {{metric: value}}}} object")
+        metrics = {
+            task: {name: _finite_or_none(v) for name, v in values.items()}
+            for task, values in data.items()
+            if isinstance(values, dict)
+        }
+        predictions = path / "predictions" / f"{file.stem}.jsonl"
+        out.append(
+            Validation(
+                epoch=int(match.group(1)),
+                step=int(match.group(2)),
+                metrics_path=file,
+                predictions_path=predictions if predictions.is_file() else None,
+                metrics=metrics,
+            )
+        )
+    out.sort(key=lambda v: (v.step, v.epoch))
+    return out
+
+
+def is_run_dir(path: PathLike) -> bool:
+    """Whether `path` looks like a training run directory."""
+    path = Path(path)
+    return path.is_dir() and any(
+        (path / name).exists() for name in ("params.json", "metrics", "predictions", "result.json", "csv/metrics.csv")
+    )
+
+
+def variant_dirs(path: PathLike) -> list[Path]:
+    """The job folders of a multirun directory, in job order: run directories directly inside
+    `path` named as Hydra numbers jobs (``<n>_...``, e.g. ``0_tiny_lite``)."""
+    path = Path(path)
+    if not path.is_dir():
+        return []
+    found = [p for p in path.iterdir() if p.is_dir() and _VARIANT_NAME.match(p.name) and is_run_dir(p)]
+    return sorted(found, key=lambda p: (int(_VARIANT_NAME.match(p.name).group(1)), p.name))
+
+
+def is_multirun_dir(path: PathLike) -> bool:
+    """Whether `path` holds run directories (and is not itself a run directory)."""
+    return Path(path).is_dir() and not is_run_dir(path) and bool(variant_dirs(path))
+
+
+def load_run(path: PathLike, require_validation: bool = False) -> Run:
+    """Read a run directory; a `UserError` when it is not one (or has no validation, if required)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"{path} is not a directory")
+    if not is_run_dir(path):
+        raise UserError(
+            f"{path} is not a run directory (no params.json, metrics/, predictions/ or csv/metrics.csv)"
+        )
+    params_file = path / "params.json"
+    params = _read_json(params_file) if params_file.is_file() else {}
+    if not isinstance(params, dict):
+        params = {}
+    run = Run(path=path, params=params, validations=_load_validations(path))
+    if require_validation and not run.validations:
+        raise UserError(f"{path} has no validation yet (no metrics/val-epoch*-step*.json)")
+    return run
+
+
+def load_sweep(path: PathLike) -> list[Run]:
+    """Every run of a multirun directory, in job order; a `UserError` when there is none."""
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"{path} is not a directory")
+    dirs = variant_dirs(path)
+    if not dirs:
+        raise UserError(f"{path} is not a multirun directory (no run directories named <n>_... inside)")
+    return [load_run(p) for p in dirs]

@@ -1,0 +1,353 @@
+"""Tables from a run: per-task metrics, top-k curves, failure breakdowns, worst examples, trends.
+
+Tables are plain `Table` objects (column names + rows of cells) that render to Markdown and CSV;
+in a notebook they display as Markdown.  Per-sample judgements reuse
+`llasmol.metrics.scoring.sample_stats` (golds pooled over samples sharing an input, as the metrics
+do), so a table's "correct" count over its samples equals ``exact_match`` (or ``accuracy``) x
+``num_samples`` of the same validation.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence, Union
+
+from llasmol.analysis.runs import Run, Validation
+from llasmol.metrics.extract import extract_answer
+from llasmol.metrics.scoring import (
+    BOOLEAN_TASKS,
+    CAPTION_TASKS,
+    FORMULA_TASKS,
+    IUPAC_TASKS,
+    NUMBER_TASKS,
+    SMILES_TASKS,
+    TOPK,
+    group_golds,
+    sample_stats,
+)
+
+Cell = Union[str, int, float, None]
+
+# The metric the paper's main tables (Tables 2 and 3) report first for each task.
+HEADLINE: dict[str, str] = {
+    **{t: "exact_match" for t in SMILES_TASKS + FORMULA_TASKS + IUPAC_TASKS},
+    **{t: "rmse" for t in NUMBER_TASKS},
+    **{t: "accuracy" for t in BOOLEAN_TASKS},
+    **{t: "meteor" for t in CAPTION_TASKS},
+}
+
+LOWER_IS_BETTER = frozenset({"rmse"})
+
+# Column order of the per-task table: scores first, then counts; unknown names go last.
+METRIC_ORDER: tuple[str, ...] = (
+    "exact_match",
+    *(f"top{k}_exact_match" for k in TOPK),
+    "validity",
+    "fts",
+    "fts_maccs",
+    "fts_rdk",
+    "rmse",
+    "accuracy",
+    "f1",
+    "mcc",
+    "meteor",
+    "bleu2",
+    "bleu4",
+    "rouge1",
+    "rouge2",
+    "rougeL",
+    "num_samples",
+    "num_no_answer",
+    "num_skipped",
+    "num_valid",
+    "num_invalid",
+    "tp",
+    "fp",
+    "tn",
+    "fn",
+    "tokenizer_scibert",
+)
+
+FAILURE_CATEGORIES: tuple[str, ...] = ("correct", "wrong", "invalid", "no_answer", "skipped", "scored")
+"""Per-sample outcome of the top-1 answer:
+
+- ``correct``: right by the task's metric (exact match; for yes/no tasks, the right label);
+- ``wrong``: a well-formed answer that is not right (for SMILES tasks: a valid molecule that is
+  not a gold one);
+- ``invalid``: an answer is there but does not parse (SMILES RDKit cannot read, a formula that
+  is not one, a number that is not one, a word other than yes/no);
+- ``no_answer``: no answer between the task's tags (the model was asked and did not answer);
+- ``skipped``: not generated (prompt over the token limit);
+- ``scored``: a well-formed answer with no right/wrong verdict, only a continuous score
+  (ESOL/Lipo numbers for RMSE, captions for METEOR/BLEU/ROUGE).
+"""
+
+
+@dataclass
+class Table:
+    """Column names and rows; `to_markdown`, `to_csv`, and `records` (list of dicts)."""
+
+    columns: list[str]
+    rows: list[list[Cell]]
+    title: str = ""
+
+    def records(self) -> list[dict[str, Cell]]:
+        return [dict(zip(self.columns, row)) for row in self.rows]
+
+    def column(self, name: str) -> list[Cell]:
+        i = self.columns.index(name)
+        return [row[i] for row in self.rows]
+
+    def row(self, first_cell: Cell) -> dict[str, Cell]:
+        """The row whose first cell is `first_cell` (e.g. a task name), as a dict."""
+        for row in self.rows:
+            if row[0] == first_cell:
+                return dict(zip(self.columns, row))
+        raise KeyError(first_cell)
+
+    def to_markdown(self, digits: int = 3, max_chars: Optional[int] = 80) -> str:
+        def fmt(cell: Cell) -> str:
+            text = format_cell(cell, digits)
+            if max_chars and len(text) > max_chars:
+                text = text[: max_chars - 1] + "…"
+            return text.replace("|", "\\|").replace("\n", " ")
+
+        lines = []
+        if self.title:
+            lines += [f"**{self.title}**", ""]
+        lines.append("| " + " | ".join(self.columns) + " |")
+        lines.append("|" + "|".join("---" for _ in self.columns) + "|")
+        for row in self.rows:
+            lines.append("| " + " | ".join(fmt(c) for c in row) + " |")
+        return "\n".join(lines) + "\n"
+
+    def to_csv(self) -> str:
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(self.columns)
+        for row in self.rows:
+            writer.writerow(["" if c is None else c for c in row])
+        return buf.getvalue()
+
+    def _repr_markdown_(self) -> str:
+        return self.to_markdown()
+
+    def __str__(self) -> str:
+        return self.to_markdown()
+
+
+def format_cell(cell: Cell, digits: int = 3) -> str:
+    """Markdown text of a cell: None -> '-', whole floats as integers, others rounded."""
+    if cell is None:
+        return "-"
+    if isinstance(cell, float):
+        if not math.isfinite(cell):
+            return "-"
+        if cell.is_integer() and abs(cell) >= 1:
+            return str(int(cell))
+        return f"{cell:.{digits}f}"
+    return str(cell)
+
+
+def _validation(source: Union[Run, Validation], which=None) -> Validation:
+    return source if isinstance(source, Validation) else source.validation(which)
+
+
+def _ordered_metrics(names: Iterable[str]) -> list[str]:
+    names = list(dict.fromkeys(names))
+    known = [m for m in METRIC_ORDER if m in names]
+    return known + [m for m in names if m not in METRIC_ORDER]
+
+
+# --------------------------------------------------------------------------- metric table
+
+
+def metric_table(
+    source: Union[Run, Validation], validation=None, metrics: Optional[Sequence[str]] = None
+) -> Table:
+    """One row per task of a validation (the latest unless `validation` picks one), one column per
+    metric (all metrics any task reports, scores first; or those in `metrics`)."""
+    val = _validation(source, validation)
+    names = list(metrics) if metrics else _ordered_metrics(m for values in val.metrics.values() for m in values)
+    rows = [[task] + [values.get(m) for m in names] for task, values in val.metrics.items()]
+    return Table(["task"] + names, rows, title=f"Metrics at {val.name}")
+
+
+# --------------------------------------------------------------------------- top-k curves
+
+
+def topk_curves(source: Union[Run, Validation], validation=None) -> dict[str, list[tuple[int, float]]]:
+    """``{task: [(k, top-k exact match), ...]}`` for tasks reporting top-k exact match, k ascending."""
+    val = _validation(source, validation)
+    curves = {}
+    for task, values in val.metrics.items():
+        points = [(k, values[f"top{k}_exact_match"]) for k in TOPK if values.get(f"top{k}_exact_match") is not None]
+        if points:
+            curves[task] = points
+    return curves
+
+
+def topk_table(source: Union[Run, Validation], validation=None) -> Table:
+    """The top-k curves as a table: one row per task, one column per k (blank where not generated)."""
+    curves = topk_curves(source, validation)
+    ks = sorted({k for points in curves.values() for k, _ in points})
+    rows = [[task] + [dict(points).get(k) for k in ks] for task, points in curves.items()]
+    return Table(["task"] + [f"top{k}" for k in ks], rows, title="Top-k exact match")
+
+
+# --------------------------------------------------------------------------- per-sample judgement
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return list(value)
+
+
+def judge_sample(task: str, predictions: Sequence[str], golds: Sequence[str]) -> tuple[str, Optional[float]]:
+    """The failure category (`FAILURE_CATEGORIES`, except ``skipped``) of one sample's top-1 answer,
+    and a per-sample score where one exists: Morgan Tanimoto similarity to the closest gold for
+    SMILES tasks, absolute error for ESOL/Lipo, METEOR for captions (None otherwise)."""
+    from llasmol.metrics.molecules import parse_molecule
+
+    stats = sample_stats(task, list(predictions), list(golds))
+    answer = extract_answer(task, predictions[0]) if predictions else None
+    if stats["num_no_answer"]:
+        return "no_answer", None
+    if task in SMILES_TASKS:
+        if stats["hit_top1"]:
+            return "correct", stats["fts_morgan_sum"]
+        if parse_molecule(answer) is None:
+            return "invalid", None
+        return "wrong", stats["fts_morgan_sum"]
+    if task in FORMULA_TASKS:
+        if stats["num_invalid"]:
+            return "invalid", None
+        return ("correct" if stats["hit_top1"] else "wrong"), None
+    if task in IUPAC_TASKS:
+        return ("correct" if stats["hit_top1"] else "wrong"), None
+    if task in BOOLEAN_TASKS:
+        if stats["num_invalid"]:
+            return "invalid", None
+        return ("correct" if stats["tp"] or stats["tn"] else "wrong"), None
+    if task in NUMBER_TASKS:
+        if stats["num_valid"]:
+            return "scored", math.sqrt(stats["sq_err_sum"])
+        return "invalid", None
+    if task in CAPTION_TASKS:
+        return "scored", stats["meteor_sum"]
+    raise ValueError(f"unknown task {task!r}")
+
+
+def judged_samples(source: Union[Run, Validation], validation=None) -> list[dict]:
+    """Every prediction record of a validation with ``category``, ``score`` and ``answer`` (the
+    extracted top-1 answer) added; golds pooled over records sharing (task, input)."""
+    val = _validation(source, validation)
+    records = val.predictions()
+    golds = group_golds(records)
+    out = []
+    for record in records:
+        task = record["task"]
+        predictions = _as_list(record.get("predictions"))
+        if record.get("skipped") or record.get("predictions") is None:
+            category, score = "skipped", None
+        else:
+            category, score = judge_sample(task, predictions, golds[(task, record["input"])])
+        out.append(
+            {
+                **record,
+                "gold": golds[(task, record["input"])],
+                "answer": extract_answer(task, predictions[0]) if predictions else None,
+                "category": category,
+                "score": score,
+            }
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- failure breakdown
+
+
+def failure_counts(source: Union[Run, Validation], validation=None) -> dict[str, dict[str, int]]:
+    """``{task: {category: count}}`` over the validation's prediction records (every category of
+    `FAILURE_CATEGORIES` present, zeros included), tasks in file order."""
+    counts: dict[str, dict[str, int]] = {}
+    for sample in judged_samples(source, validation):
+        row = counts.setdefault(sample["task"], dict.fromkeys(FAILURE_CATEGORIES, 0))
+        row[sample["category"]] += 1
+    return counts
+
+
+def failure_table(source: Union[Run, Validation], validation=None) -> Table:
+    """`failure_counts` as a table: task, num_samples, then one column per category."""
+    counts = failure_counts(source, validation)
+    rows = [[task, sum(row.values())] + [row[c] for c in FAILURE_CATEGORIES] for task, row in counts.items()]
+    return Table(["task", "num_samples", *FAILURE_CATEGORIES], rows, title="Top-1 answer outcomes")
+
+
+# --------------------------------------------------------------------------- worst examples
+
+_CATEGORY_RANK = {"wrong": 0, "scored": 0, "invalid": 1, "no_answer": 2, "skipped": 3}
+
+
+def _badness(sample: dict) -> tuple:
+    score = sample["score"]
+    rank = _CATEGORY_RANK[sample["category"]]
+    if score is None:
+        return (rank, 0.0)
+    if sample["task"] in NUMBER_TASKS:  # absolute error: larger is worse
+        return (rank, -score)
+    return (rank, score)  # similarity / METEOR: smaller is worse
+
+
+def worst_examples(
+    source: Union[Run, Validation], validation=None, n: int = 5, tasks: Optional[Sequence[str]] = None
+) -> dict[str, list[dict]]:
+    """Up to `n` samples per task that are not correct, worst first: well-formed but wrong (or
+    scored) answers ordered by lowest similarity to the gold (SMILES), largest error (ESOL/Lipo)
+    or lowest METEOR (captions); then invalid answers, then missing answers, then skipped."""
+    worst: dict[str, list[dict]] = {}
+    for sample in judged_samples(source, validation):
+        if sample["category"] == "correct" or (tasks and sample["task"] not in tasks):
+            continue
+        worst.setdefault(sample["task"], []).append(sample)
+    return {task: sorted(samples, key=_badness)[:n] for task, samples in worst.items()}
+
+
+def worst_table(worst: dict[str, list[dict]]) -> Table:
+    """The `worst_examples` as one table: task, index, category, score, input (the core input),
+    answer (extracted top-1), gold (all, '; '-joined), prediction (the raw top-1 text)."""
+    rows = []
+    for task, samples in worst.items():
+        for s in samples:
+            rows.append(
+                [task, s.get("index"), s["category"], s["score"], s.get("raw_input") or s.get("input"),
+                 s["answer"], "; ".join(_as_list(s["gold"])), (_as_list(s.get("predictions")) or [None])[0]]
+            )
+    columns = ["task", "index", "category", "score", "input", "answer", "gold", "prediction"]
+    return Table(columns, rows, title="Worst examples")
+
+
+# --------------------------------------------------------------------------- trends
+
+
+def metric_trends(run: Run, metrics: Union[None, str, Sequence[str]] = None) -> Table:
+    """One row per validation, oldest first (epoch, step), one column ``<task>/<metric>`` per task
+    and metric: each task's headline metric (`HEADLINE`) by default, or the given metric name(s)
+    for every task that reports them."""
+    if isinstance(metrics, str):
+        metrics = [metrics]
+    columns: list[tuple[str, str]] = []
+    for val in run.validations:
+        for task, values in val.metrics.items():
+            wanted = metrics if metrics else [HEADLINE.get(task)]
+            for m in wanted:
+                if m in values and (task, m) not in columns:
+                    columns.append((task, m))
+    rows = [[val.epoch, val.step] + [val.metrics.get(t, {}).get(m) for t, m in columns] for val in run.validations]
+    return Table(["epoch", "step"] + [f"{t}/{m}" for t, m in columns], rows, title="Metric trends")

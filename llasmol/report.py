@@ -1,0 +1,118 @@
+"""Write an analysis report of a run (or a multirun) into its `report/` folder.
+
+    python -m llasmol.report <run_dir>        # metrics, failures, trends, top-k, worst examples
+    python -m llasmol.report <multirun_dir>   # the variants beside the paper + the ablation chart
+    python -m llasmol.report <run_dir> --validation val-epoch0-step200 --worst 8
+
+A run's report (of its latest validation unless ``--validation`` picks one):
+``metrics.md``/``.csv`` (per task), ``topk.csv``, ``failures.md``/``.csv``, ``worst.md``,
+``trends.csv``, ``topk.png``, ``failures.png``, ``trends.png`` and ``worst_<task>.png`` for SMILES
+tasks with gold molecules.  A multirun's: ``comparison.md``/``.csv`` and ``ablation.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Optional, Sequence
+
+from llasmol import analysis
+from llasmol.errors import UserError, report_user_errors
+from llasmol.metrics.scoring import SMILES_TASKS
+
+
+def _write(path: Path, text: str, written: list[Path]) -> None:
+    path.write_text(text, encoding="utf-8")
+    written.append(path)
+
+
+def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[Path]:
+    """Write a run's report; returns the files written."""
+    run = analysis.load_run(run_dir, require_validation=True)
+    val = run.validation(validation)
+    out = Path(out_dir) if out_dir else run.path / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+
+    metrics = analysis.metric_table(val)
+    metrics.title = f"{run.name}: metrics at {val.name}"
+    _write(out / "metrics.md", metrics.to_markdown(), written)
+    _write(out / "metrics.csv", metrics.to_csv(), written)
+    _write(out / "topk.csv", analysis.topk_table(val).to_csv(), written)
+    analysis.plot_topk(analysis.topk_curves(val), out / "topk.png")
+    written.append(out / "topk.png")
+
+    trends = analysis.metric_trends(run)
+    _write(out / "trends.csv", trends.to_csv(), written)
+    analysis.plot_trends(trends, out / "trends.png")
+    written.append(out / "trends.png")
+
+    if val.predictions_path is None:
+        print(f"note: {run.path} has no predictions/{val.name}.jsonl: no failure breakdown or worst examples")
+        return written
+    counts = analysis.failure_counts(val)
+    failures = analysis.failure_table(val)
+    _write(out / "failures.md", failures.to_markdown(), written)
+    _write(out / "failures.csv", failures.to_csv(), written)
+    analysis.plot_failures(counts, out / "failures.png")
+    written.append(out / "failures.png")
+
+    worst_by_task = analysis.worst_examples(val, n=worst)
+    _write(out / "worst.md", analysis.worst_table(worst_by_task).to_markdown(), written)
+    for task, examples in worst_by_task.items():
+        if task in SMILES_TASKS and analysis.draw_examples(examples, out / f"worst_{task}.png") is not None:
+            written.append(out / f"worst_{task}.png")
+    return written
+
+
+def report_sweep(sweep_dir, out_dir=None) -> list[Path]:
+    """Write a multirun's comparison; returns the files written."""
+    runs = analysis.load_sweep(sweep_dir)
+    if not any(run.validations for run in runs):
+        raise UserError(f"{sweep_dir}: no run has a validation yet (no metrics/val-epoch*-step*.json)")
+    out = Path(out_dir) if out_dir else Path(sweep_dir) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    table = analysis.compare_table(runs)
+    note = (
+        "Run rows: each variant's latest validation (a subset of the validation split). Paper rows: "
+        "LlaSMol's reported test-set numbers (fractions); '-' where not available.\n\n"
+    )
+    _write(out / "comparison.md", note + table.to_markdown(), written)
+    _write(out / "comparison.csv", table.to_csv(), written)
+    analysis.plot_ablation(analysis.ablation_data(runs), out / "ablation.png")
+    written.append(out / "ablation.png")
+    return written
+
+
+def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
+    parser = argparse.ArgumentParser(prog="python -m llasmol.report", description=__doc__.splitlines()[0])
+    parser.add_argument("path", help="a run directory or a multirun directory")
+    parser.add_argument("--validation", help="a run's validation to report, e.g. val-epoch0-step200 (default: latest)")
+    parser.add_argument("--worst", type=int, default=5, help="worst examples per task (default 5)")
+    parser.add_argument("--out", help="folder to write into (default: <path>/report)")
+    args = parser.parse_args(argv)
+    return _run(args)
+
+
+@report_user_errors
+def _run(args) -> list[Path]:
+    path = Path(args.path)
+    if not path.is_dir():
+        raise UserError(f"{path} is not a directory (give a run directory or a multirun directory)")
+    if analysis.is_run_dir(path):
+        written = report_run(path, args.out, args.validation, args.worst)
+    elif analysis.is_multirun_dir(path):
+        written = report_sweep(path, args.out)
+    else:
+        raise UserError(
+            f"{path} is neither a run directory (params.json, metrics/, predictions/) "
+            "nor a multirun directory (run directories inside)"
+        )
+    for file in written:
+        print(f"wrote {file}")
+    return written
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,381 @@
+"""llasmol.analysis, `python -m llasmol.report` and the two analysis notebooks.
+
+Known-answer tests use small hand-made run directories; the report and the notebooks also run on a
+real short training run (trained once for this module) and a two-variant sweep made from it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llasmol import analysis
+from llasmol.analysis.paper import PAPER_RESULTS, PAPER_TRAINABLE
+from llasmol.io import write_json, write_jsonl
+from llasmol.metrics.scoring import score_records
+from llasmol.report import main as report_main
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def smiles(s: str) -> str:
+    return f"The product is <SMILES> {s} </SMILES> ."
+
+
+# Hand-made validation: each sample's expected top-1 outcome is noted.
+RECORDS = [
+    # forward_synthesis: correct (5 predictions, so top-5 is reported), valid-but-wrong with the
+    # right answer second, invalid SMILES, no answer, skipped.
+    {"task": "forward_synthesis", "index": 0, "input": "q0", "raw_input": "A.B", "gold": ["CCO"],
+     "predictions": [smiles("OCC"), smiles("CC"), smiles("C"), smiles("N"), smiles("O")]},
+    {"task": "forward_synthesis", "index": 1, "input": "q1", "raw_input": "C.D", "gold": ["c1ccccc1"],
+     "predictions": [smiles("CCN"), smiles("C1=CC=CC=C1")]},
+    {"task": "forward_synthesis", "index": 2, "input": "q2", "raw_input": "E.F", "gold": ["CCO"],
+     "predictions": [smiles("C1CC")]},
+    {"task": "forward_synthesis", "index": 3, "input": "q3", "raw_input": "G.H", "gold": ["CC(=O)O"],
+     "predictions": ["I do not know"]},
+    {"task": "forward_synthesis", "index": 4, "input": "q4", "raw_input": "I.J", "gold": ["CCCC"],
+     "predictions": None, "skipped": True},
+    # name_conversion-s2f: correct, wrong, invalid.
+    {"task": "name_conversion-s2f", "index": 5, "input": "f0", "gold": ["C2H6O"],
+     "predictions": ["<MOLFORMULA> C2H6O </MOLFORMULA>"]},
+    {"task": "name_conversion-s2f", "index": 6, "input": "f1", "gold": ["C2H6O"],
+     "predictions": ["<MOLFORMULA> C2H5O </MOLFORMULA>"]},
+    {"task": "name_conversion-s2f", "index": 7, "input": "f2", "gold": ["C2H6O"],
+     "predictions": ["<MOLFORMULA> xyz </MOLFORMULA>"]},
+    # property_prediction-bbbp: correct, wrong, invalid, no answer.
+    {"task": "property_prediction-bbbp", "index": 8, "input": "b0", "gold": ["Yes"],
+     "predictions": ["<BOOLEAN> Yes </BOOLEAN>"]},
+    {"task": "property_prediction-bbbp", "index": 9, "input": "b1", "gold": ["No"],
+     "predictions": ["<BOOLEAN> Yes </BOOLEAN>"]},
+    {"task": "property_prediction-bbbp", "index": 10, "input": "b2", "gold": ["No"],
+     "predictions": ["<BOOLEAN> maybe </BOOLEAN>"]},
+    {"task": "property_prediction-bbbp", "index": 11, "input": "b3", "gold": ["Yes"], "predictions": [""]},
+    # property_prediction-esol: scored (|error| 0.5 and 2.0), invalid.
+    {"task": "property_prediction-esol", "index": 12, "input": "e0", "gold": ["-1.5"],
+     "predictions": ["<NUMBER> -1.0 </NUMBER>"]},
+    {"task": "property_prediction-esol", "index": 13, "input": "e1", "gold": ["0.5"],
+     "predictions": ["<NUMBER> 2.5 </NUMBER>"]},
+    {"task": "property_prediction-esol", "index": 14, "input": "e2", "gold": ["0.0"],
+     "predictions": ["<NUMBER> abc </NUMBER>"]},
+]
+
+
+def write_run(path: Path, lora: str = "lite", trainable: int = 100, scale: float = 1.0) -> Path:
+    """A run directory: params, an early validation (metrics only) and a later one (both files)."""
+    records = [{"skipped": False, **r} for r in RECORDS]
+    write_json(path / "params.json", {"model": "tiny", "lora": lora, "trainable": trainable,
+                                      "total": 1000, "percent": trainable / 10})
+    metrics = score_records([{**r, "predictions": r["predictions"] or []} for r in records])
+    for task in metrics:
+        metrics[task]["num_skipped"] = float(sum(1 for r in records if r["task"] == task and r["skipped"]))
+    metrics["forward_synthesis"]["exact_match"] *= scale
+    early = {task: {**values, "exact_match": 0.0} for task, values in metrics.items()}
+    # step 10 must sort after step 2 (numerically, not as text).
+    write_json(path / "metrics" / "val-epoch0-step2.json", early)
+    write_json(path / "metrics" / "val-epoch0-step10.json", metrics)
+    write_jsonl(path / "predictions" / "val-epoch0-step10.jsonl", records)
+    return path
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> Path:
+    return write_run(tmp_path / "run")
+
+
+@pytest.fixture
+def sweep_dir(tmp_path) -> Path:
+    write_run(tmp_path / "sweep" / "0_tiny_lite", "lite", 100)
+    write_run(tmp_path / "sweep" / "1_tiny_attn", "attn", 200, scale=2.0)
+    return tmp_path / "sweep"
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def test_load_run_orders_validations_by_step(run_dir):
+    run = analysis.load_run(run_dir)
+    assert [v.name for v in run.validations] == ["val-epoch0-step2", "val-epoch0-step10"]
+    assert run.latest.step == 10 and run.lora == "lite" and run.params["trainable"] == 100
+    assert run.validation("val-epoch0-step2").predictions() == []  # no file for the early one
+    assert len(run.latest.predictions()) == len(RECORDS)
+    # NaN-free: an RMSE with no valid prediction is null in the file and None here.
+    assert run.validation(0).metrics["property_prediction-esol"]["rmse"] is not None
+
+
+def test_metric_table_known_values(run_dir):
+    table = analysis.metric_table(analysis.load_run(run_dir))
+    assert table.column("task") == ["forward_synthesis", "name_conversion-s2f",
+                                    "property_prediction-bbbp", "property_prediction-esol"]
+    fs = table.row("forward_synthesis")
+    assert fs["exact_match"] == pytest.approx(0.2)
+    assert fs["validity"] == pytest.approx(2 / 3)  # 3 answers, 2 valid molecules
+    assert fs["num_skipped"] == 1
+    assert table.row("name_conversion-s2f")["exact_match"] == pytest.approx(1 / 3)
+    assert table.row("property_prediction-bbbp")["accuracy"] == pytest.approx(0.25)
+    assert table.row("property_prediction-esol")["rmse"] == pytest.approx(((0.5**2 + 2.0**2) / 2) ** 0.5)
+    assert table.row("property_prediction-esol")["exact_match"] is None
+    assert table.columns.index("exact_match") < table.columns.index("num_samples")
+
+    md = table.to_markdown().splitlines()
+    assert md[2].startswith("| task | exact_match |") and len(md) == 4 + 4
+    assert "| forward_synthesis | 0.200 |" in table.to_markdown()
+    rows = list(csv.DictReader(io.StringIO(table.to_csv())))
+    assert rows[0]["task"] == "forward_synthesis" and float(rows[0]["exact_match"]) == pytest.approx(0.2)
+    assert rows[3]["exact_match"] == ""
+
+    early = analysis.metric_table(analysis.load_run(run_dir), validation="val-epoch0-step2")
+    assert early.row("forward_synthesis")["exact_match"] == 0.0
+
+
+def test_topk_curves_known_values(run_dir):
+    curves = analysis.topk_curves(analysis.load_run(run_dir))
+    fs = dict(curves["forward_synthesis"])
+    assert sorted(fs) == [1, 3, 5]  # no sample has 10 predictions
+    assert fs[1] == pytest.approx(0.2) and fs[3] == pytest.approx(0.4) and fs[5] == pytest.approx(0.4)
+    assert [k for k, _ in curves["name_conversion-s2f"]] == [1]
+    assert "property_prediction-bbbp" not in curves
+    table = analysis.topk_table(analysis.load_run(run_dir))
+    assert table.columns == ["task", "top1", "top3", "top5"]
+    assert table.row("name_conversion-s2f")["top3"] is None
+
+
+def test_failure_counts_known_values(run_dir):
+    run = analysis.load_run(run_dir)
+    counts = analysis.failure_counts(run)
+    zero = dict.fromkeys(analysis.FAILURE_CATEGORIES, 0)
+    assert counts["forward_synthesis"] == {**zero, "correct": 1, "wrong": 1, "invalid": 1, "no_answer": 1, "skipped": 1}
+    assert counts["name_conversion-s2f"] == {**zero, "correct": 1, "wrong": 1, "invalid": 1}
+    assert counts["property_prediction-bbbp"] == {**zero, "correct": 1, "wrong": 1, "invalid": 1, "no_answer": 1}
+    assert counts["property_prediction-esol"] == {**zero, "scored": 2, "invalid": 1}
+    # "correct" agrees with the metrics of the same validation.
+    for task in ("forward_synthesis", "name_conversion-s2f"):
+        m = run.latest.metrics[task]
+        assert counts[task]["correct"] == round(m["exact_match"] * m["num_samples"])
+    table = analysis.failure_table(run)
+    assert table.row("forward_synthesis")["num_samples"] == 5
+    assert len(table.to_markdown().splitlines()) == 4 + len(counts)
+
+
+def test_worst_examples_order(run_dir):
+    worst = analysis.worst_examples(analysis.load_run(run_dir), n=10)
+    assert [s["category"] for s in worst["forward_synthesis"]] == ["wrong", "invalid", "no_answer", "skipped"]
+    wrong = worst["forward_synthesis"][0]
+    assert wrong["answer"] == "CCN" and 0.0 <= wrong["score"] < 1.0
+    assert [s["index"] for s in worst["property_prediction-esol"]] == [13, 12, 14]  # largest error first
+    assert worst["property_prediction-esol"][0]["score"] == pytest.approx(2.0)
+    assert all(s["category"] != "correct" for samples in worst.values() for s in samples)
+    assert len(analysis.worst_examples(analysis.load_run(run_dir), n=1)["forward_synthesis"]) == 1
+    table = analysis.worst_table(worst)
+    assert "CCN" in table.to_markdown() and "prediction" in table.columns
+
+
+def test_metric_trends_order_and_columns(run_dir):
+    trends = analysis.metric_trends(analysis.load_run(run_dir))
+    assert trends.column("step") == [2, 10]
+    assert trends.columns[:3] == ["epoch", "step", "forward_synthesis/exact_match"]
+    assert "property_prediction-esol/rmse" in trends.columns
+    assert "property_prediction-bbbp/accuracy" in trends.columns
+    assert trends.column("forward_synthesis/exact_match") == [0.0, pytest.approx(0.2)]
+    fts = analysis.metric_trends(analysis.load_run(run_dir), metrics="validity")
+    assert fts.columns == ["epoch", "step", "forward_synthesis/validity"]
+
+
+def test_plots_and_drawings(run_dir, tmp_path):
+    run = analysis.load_run(run_dir)
+    for name, fig in {
+        "topk": analysis.plot_topk(analysis.topk_curves(run)),
+        "failures": analysis.plot_failures(analysis.failure_counts(run)),
+        "trends": analysis.plot_trends(analysis.metric_trends(run)),
+        "ablation": analysis.plot_ablation({"fs/exact_match": {"a": 0.1, "b": None}}),
+        "empty": analysis.plot_topk({}),
+    }.items():
+        assert analysis.png(fig).startswith(PNG_MAGIC), name
+    image = analysis.draw_examples(analysis.worst_examples(run)["forward_synthesis"], tmp_path / "w.png")
+    assert image.startswith(PNG_MAGIC) and (tmp_path / "w.png").read_bytes() == bytes(image)
+    assert analysis.draw_examples([{"gold": ["not a smiles ("], "answer": None}]) is None
+
+
+# --------------------------------------------------------------------------- comparison and paper
+
+
+def test_paper_numbers():
+    assert PAPER_RESULTS["LlaSMol-Mistral"]["forward_synthesis"]["exact_match"] == pytest.approx(0.635)
+    assert PAPER_RESULTS["LlaSMol-Llama 2"]["retrosynthesis"]["fts"] == pytest.approx(0.652)
+    assert PAPER_RESULTS["LlaSMol-Mistral"]["molecule_captioning"]["meteor"] == pytest.approx(0.452)
+    assert PAPER_RESULTS["LlaSMol-Llama 2"]["property_prediction-bbbp"]["mcc"] == pytest.approx(-0.048)
+    for model in PAPER_RESULTS.values():
+        for values in model.values():
+            assert all(-1.0 <= v <= 1.0 for v in values.values())
+    assert PAPER_TRAINABLE["full"] == {"trainable": 40.0e6, "percent": 0.59}
+    assert PAPER_TRAINABLE["lite"]["trainable"] == 8.4e6 and PAPER_TRAINABLE["plus"]["percent"] == 2.48
+
+
+def test_compare_table_rows_and_paper_columns(sweep_dir):
+    table = analysis.compare_table(sweep_dir)
+    assert table.column("variant") == ["tiny/lite", "tiny/attn", "LlaSMol-Mistral", "LlaSMol-Llama 2"]
+    assert table.column("source") == ["run", "run", "paper", "paper"]
+    lite, attn, mistral, llama = table.records()
+    assert lite["trainable"] == 100 and attn["trainable"] == 200
+    assert lite["paper_trainable"] == 8.4e6 and attn["paper_trainable"] == 16.8e6
+    assert lite["paper_percent"] == 0.12 and attn["paper_percent"] == 0.25
+    assert lite["forward_synthesis/exact_match"] == pytest.approx(0.2)
+    assert attn["forward_synthesis/exact_match"] == pytest.approx(0.4)
+    assert lite["property_prediction-esol/rmse"] is not None
+    assert mistral["forward_synthesis/exact_match"] == pytest.approx(0.635)
+    assert mistral["name_conversion-s2f/exact_match"] == pytest.approx(0.945)
+    assert llama["property_prediction-bbbp/accuracy"] == pytest.approx(0.685)
+    assert mistral["property_prediction-esol/rmse"] is None  # not read from the paper
+    assert mistral["paper_trainable"] == 40.0e6
+    data = analysis.ablation_data(sweep_dir)
+    assert data["forward_synthesis/exact_match"] == {"tiny/lite": pytest.approx(0.2), "tiny/attn": pytest.approx(0.4)}
+
+
+# --------------------------------------------------------------------------- report errors
+
+
+def test_report_errors(tmp_path, capsys):
+    cases = {
+        tmp_path / "missing": "is not a directory",
+        tmp_path: "is neither a run directory",
+    }
+    (tmp_path / "fresh").mkdir()
+    write_json(tmp_path / "fresh" / "params.json", {"model": "tiny", "lora": "full", "trainable": 1, "total": 2})
+    cases[tmp_path / "fresh"] = "has no validation yet"
+    write_json(tmp_path / "sw" / "0_tiny_full" / "params.json", {"model": "tiny", "lora": "full"})
+    cases[tmp_path / "sw"] = "no run has a validation yet"
+    for path, message in cases.items():
+        with pytest.raises(SystemExit) as exit_info:
+            report_main([str(path)])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], (path, err)
+    assert not (tmp_path / "report").exists()
+
+
+def test_report_command_line_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "llasmol.report", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_report_on_hand_made_run(run_dir, capsys):
+    written = report_main([str(run_dir)])
+    out = capsys.readouterr().out
+    names = {p.name for p in written}
+    assert {"metrics.md", "metrics.csv", "failures.md", "failures.csv", "trends.csv", "topk.png",
+            "failures.png", "trends.png", "worst_forward_synthesis.png"} <= names
+    assert all(f"wrote {p}" in out for p in written)
+    md = (run_dir / "report" / "metrics.md").read_text()
+    assert "| forward_synthesis | 0.200 |" in md
+
+
+# --------------------------------------------------------------------------- a real sweep
+
+
+@pytest.fixture(scope="module")
+def real_sweep(tmp_path_factory) -> Path:
+    """A multirun-shaped folder from one short real run (tiny model, LoRA `lite`, two validations).
+
+    To keep this module quick, the second variant is that run's files relabelled as `attn` (its
+    params.json rewritten), not a second training run: the analysis only reads the files.
+    """
+    from conftest import compose_config
+    from llasmol.train import train
+
+    sweep = tmp_path_factory.mktemp("real") / "sweep"
+    train(compose_config([
+        f"paths.output_dir={sweep / '0_tiny_lite'}", "lora=lite", "trainer.max_steps=4", "val_every_n_steps=2",
+        "data.max_samples_per_task={validation:6}", "generation.max_new_tokens_limit=8",
+        "callbacks.generation_evaluator.samples_per_task=2", "trainer.enable_progress_bar=false", "logger=csv",
+    ]))
+    shutil.copytree(sweep / "0_tiny_lite", sweep / "1_tiny_attn", ignore=shutil.ignore_patterns("checkpoints"))
+    params = json.loads((sweep / "1_tiny_attn" / "params.json").read_text())
+    write_json(sweep / "1_tiny_attn" / "params.json", {**params, "lora": "attn", "trainable": 2 * params["trainable"]})
+    return sweep
+
+
+def test_report_on_real_run(real_sweep, capsys):
+    run_dir = real_sweep / "0_tiny_lite"
+    written = report_main([str(run_dir)])
+    capsys.readouterr()
+    report = run_dir / "report"
+    for name in ("metrics.md", "metrics.csv", "failures.md", "failures.csv", "trends.csv",
+                 "topk.png", "failures.png", "trends.png"):
+        assert (report / name).is_file(), name
+    for png in report.glob("*.png"):
+        assert png.read_bytes().startswith(PNG_MAGIC), png
+    assert any(p.name.startswith("worst_") for p in written)  # the sample's SMILES tasks have golds
+    run = analysis.load_run(run_dir)
+    tasks = run.latest.tasks
+    md_rows = [line for line in (report / "metrics.md").read_text().splitlines() if line.startswith("| ")]
+    assert len(md_rows) == 1 + len(tasks)  # header + one row per task
+    assert sorted(line.split(" | ")[0][2:] for line in md_rows[1:]) == sorted(tasks)
+    # The failure breakdown agrees with the logged metrics.
+    counts = analysis.failure_counts(run)
+    for task in tasks:
+        m = run.latest.metrics[task]
+        assert sum(counts[task].values()) == m["num_samples"]
+        if "exact_match" in m:
+            assert counts[task]["correct"] == round(m["exact_match"] * m["num_samples"])
+    trends = list(csv.DictReader((report / "trends.csv").open()))
+    assert [int(r["step"]) for r in trends] == [v.step for v in run.validations] == [2, 4]
+
+
+def test_report_on_real_sweep(real_sweep, capsys):
+    written = report_main([str(real_sweep)])
+    capsys.readouterr()
+    report = real_sweep / "report"
+    assert {p.name for p in written} == {"comparison.md", "comparison.csv", "ablation.png"}
+    assert (report / "ablation.png").read_bytes().startswith(PNG_MAGIC)
+    rows = list(csv.DictReader((report / "comparison.csv").open()))
+    assert [r["variant"] for r in rows] == ["tiny/lite", "tiny/attn", "LlaSMol-Mistral", "LlaSMol-Llama 2"]
+    params = [json.loads((real_sweep / d / "params.json").read_text()) for d in ("0_tiny_lite", "1_tiny_attn")]
+    assert [int(rows[i]["trainable"]) for i in range(2)] == [p["trainable"] for p in params]
+    assert float(rows[2]["forward_synthesis/exact_match"]) == pytest.approx(0.635)
+
+
+# --------------------------------------------------------------------------- notebooks
+
+
+def _execute_notebook(name: str, parameter: str, value: Path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.read(REPO / "notebooks" / name, as_version=4)
+    # Committed without outputs.
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, name
+    params = [c for c in nb.cells if c.cell_type == "code" and c.source.lstrip().startswith(f"{parameter} =")]
+    assert len(params) == 1, f"{name} needs one parameter cell starting with '{parameter} ='"
+    params[0].source = f"{parameter} = {str(value)!r}"
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+    texts = []
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            assert output.output_type != "error", output
+            data = output.get("data", {})
+            texts.append(str(output.get("text", "")) + str(data.get("text/markdown", "")) + str(data.get("text/plain", "")))
+    images = sum(1 for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {}))
+    return "\n".join(texts), images
+
+
+def test_analyze_predictions_notebook(real_sweep):
+    text, images = _execute_notebook("analyze_predictions.ipynb", "RUN_DIR", real_sweep / "0_tiny_lite")
+    assert "| forward_synthesis |" in text and "exact_match" in text and "validity" in text
+    assert "no_answer" in text  # the failure breakdown
+    assert images >= 4
+
+
+def test_compare_runs_notebook(real_sweep):
+    text, images = _execute_notebook("compare_runs.ipynb", "SWEEP_DIR", real_sweep)
+    assert "tiny/lite" in text and "LlaSMol-Mistral" in text and "forward_synthesis/exact_match" in text
+    assert images >= 1
