@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -11,10 +13,35 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR.parent / "conf"
 
 
+def _sweep_group() -> str | None:
+    """The W&B group of a multirun job: the sweep folder's name, shared by all its jobs; None otherwise."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return f"{HydraConfig.get().job.name}-{Path(HydraConfig.get().sweep.dir).name}"
+
+
+def _interactive() -> bool:
+    return sys.stdout.isatty()
+
+
+RESOLVERS = {
+    # `${llasmol_asset:data/sample}`: a path inside the installed package.
+    "llasmol_asset": lambda rel: str(PACKAGE_DIR / rel),
+    # W&B stays offline (no account, no network) unless the user asks for online, by config or WANDB_MODE.
+    "llasmol_wandb_offline": lambda: os.environ.get("WANDB_MODE", "offline") != "online",
+    "llasmol_sweep_group": _sweep_group,
+    # Progress bars only on a terminal; logs and CI stay quiet.
+    "llasmol_interactive": _interactive,
+}
+
+
 def register_resolvers() -> None:
-    """`${llasmol_asset:data/sample}` resolves to a path inside the installed package."""
-    if not OmegaConf.has_resolver("llasmol_asset"):
-        OmegaConf.register_new_resolver("llasmol_asset", lambda rel: str(PACKAGE_DIR / rel))
+    for name, fn in RESOLVERS.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
 
 
 register_resolvers()

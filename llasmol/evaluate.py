@@ -85,14 +85,17 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     from llasmol.generation import BeamGenerator
     from llasmol.io import write_json, write_jsonl
     from llasmol.loading import load_model, resolve_checkpoint
+    from llasmol.progress import generation_progress
 
     model_cfg, adapter, run_data = resolve_checkpoint(cfg.ckpt, cfg)
-    data_cfg = OmegaConf.merge(run_data if run_data is not None else cfg.data, {"split": cfg.data.split})
-    if run_data is not None and cfg.data.get("max_samples_per_task") is not None:
-        data_cfg.max_samples_per_task = cfg.data.max_samples_per_task
-    split_name = data_cfg.pop("split")
-    data_cfg.prompt_template = model_cfg.prompt_template
-    data_cfg.seed = cfg.seed
+    # A run directory brings the data it was trained on; this command's split and sample cap apply.
+    data_cfg = OmegaConf.to_container(run_data if run_data is not None else cfg.data, resolve=True)
+    split_name = cfg.data.split
+    data_cfg.pop("split", None)
+    cap = cfg.data.get("max_samples_per_task")
+    if run_data is None or cap is not None:
+        data_cfg["max_samples_per_task"] = OmegaConf.to_container(cap) if isinstance(cap, DictConfig) else cap
+    data_cfg.update(prompt_template=model_cfg.prompt_template, seed=cfg.seed)
     model, tokenizer = load_model(model_cfg, adapter)
     device = "cuda" if cfg.device == "auto" and torch.cuda.is_available() else ("cpu" if cfg.device == "auto" else cfg.device)
     model.to(device)
@@ -100,7 +103,8 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     split = dm.split(split_name).split
     generator = BeamGenerator(model, tokenizer, dm.formatter, cfg.generation.max_prompt_tokens, cfg.generation.batch_size)
     indices = balanced_subset(split, None, cfg.seed)
-    records = generate_records(generator, split, indices, golds_by_input(split, split.tasks), cfg.generation)
+    with generation_progress(f"Generating on {split_name}", len(indices)) as advance:
+        records = generate_records(generator, split, indices, golds_by_input(split, split.tasks), cfg.generation, advance)
     results = score(records, list(split.tasks), torch.device(device))
     out_dir = Path(cfg.paths.output_dir)
     write_jsonl(out_dir / "predictions" / f"{split_name}.jsonl", records)

@@ -9,7 +9,7 @@ when it matches any of them; a predictions file therefore re-scores to the same 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import numpy as np
 
@@ -43,8 +43,12 @@ def balanced_subset(split, per_task: Optional[int], seed: int) -> list[int]:
     return chosen
 
 
-def generate_records(generator: BeamGenerator, split, indices: list[int], golds: dict, gen_cfg) -> list[dict]:
-    """One record per sample: task, index, input, gold, predictions (best first), answers; None if skipped."""
+def generate_records(generator: BeamGenerator, split, indices: list[int], golds: dict, gen_cfg,
+                     advance: Optional[Callable[[int], None]] = None) -> list[dict]:
+    """One record per sample: task, index, input, gold, predictions (best first), answers; None if skipped.
+
+    `advance(n)` is called as samples finish (for a progress bar).
+    """
     from llasmol.metrics.extract import extract_answer
 
     by_task: dict[str, list[int]] = defaultdict(list)
@@ -54,6 +58,8 @@ def generate_records(generator: BeamGenerator, split, indices: list[int], golds:
     records = []
     for task, rows in by_task.items():
         outputs = generator.generate([samples[i]["input"] for i in rows], task_settings(gen_cfg, task))
+        if advance is not None:
+            advance(len(rows))
         for i, predictions in zip(rows, outputs):
             sample = samples[i]
             records.append(

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from llasmol.config import CONFIG_DIR
 from llasmol.errors import report_user_errors
+from llasmol.io import write_json
 
 log = logging.getLogger("llasmol.train")
 
@@ -55,16 +55,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "%s + LoRA %s: %s trainable of %s parameters (%.2f%%)",
         params["model"], params["lora"], f"{params['trainable']:,}", f"{params['total']:,}", params["percent"],
     )
-    (out / "params.json").write_text(json.dumps(params, indent=2) + "\n")
+    write_json(out / "params.json", params)
 
     module = LoRACausalLM(
         model,
         optimizer=hydra.utils.instantiate(cfg.optimizer),
         scheduler=hydra.utils.instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
     )
-    trainer = hydra.utils.instantiate(
-        cfg.trainer, callbacks=_instantiate_all(cfg.get("callbacks")), logger=_instantiate_all(cfg.get("logger"))
-    )
+    callbacks = _instantiate_all(cfg.get("callbacks"))
+    if not cfg.trainer.get("enable_progress_bar", True):
+        from lightning.pytorch.callbacks import ProgressBar
+
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
+    trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=_instantiate_all(cfg.get("logger")))
     # Accumulation depends on how many processes the trainer runs, known only once it exists.
     accumulation = datamodule.gradient_accumulation(trainer.world_size)
     trainer.accumulate_grad_batches = accumulation
@@ -90,8 +93,16 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "global_step": trainer.global_step,
     }
     if trainer.is_global_zero:
-        (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_json(out / "result.json", result)
+    _finish_loggers(trainer)
     return result
+
+
+def _finish_loggers(trainer) -> None:
+    """Close W&B runs, so the next job of a multirun (same process) starts its own run."""
+    for logger in trainer.loggers:
+        if type(logger).__name__ == "WandbLogger" and logger._experiment is not None:
+            logger.experiment.finish()
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")

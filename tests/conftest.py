@@ -39,6 +39,8 @@ def cfg_factory(tmp_path):
     """Compose the train config with overrides, writing into this test's temporary folder."""
 
     def make(*overrides: str) -> DictConfig:
-        return compose_config([f"paths.output_dir={tmp_path}", *overrides])
+        # W&B costs seconds per run; its own tests ask for it.
+        logger = [] if any(o.startswith("logger=") for o in overrides) else ["logger=csv"]
+        return compose_config([f"paths.output_dir={tmp_path}", *logger, *overrides])
 
     return make

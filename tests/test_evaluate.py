@@ -21,7 +21,7 @@ def same(a, b) -> bool:
     return (undefined(a) and undefined(b)) or a == pytest.approx(b)
 
 
-FAST_GEN = ["generation.max_new_tokens_limit=8", "callbacks.generation_evaluator.samples_per_task=2",
+FAST_GEN = ["logger=csv", "generation.max_new_tokens_limit=8", "callbacks.generation_evaluator.samples_per_task=2",
             "trainer.enable_progress_bar=false"]
 
 
@@ -164,3 +164,27 @@ def test_batched_generation_equals_one_at_a_time(run_dir):
     single = [gen.generate([q], settings)[0] for q in queries]
     assert batched == single
     assert all(len(r) == 5 for r in batched)
+
+
+def test_evaluate_an_adapter_folder_over_a_named_base(run_dir, tmp_path):
+    adapter = run_dir / "checkpoints" / "last.adapter"
+    cfg = compose_config([f"paths.output_dir={tmp_path}", f"ckpt={adapter}", "model=tiny", "data.split=validation",
+                          "data.max_samples_per_task={validation:1}", "generation.max_new_tokens_limit=4"], "evaluate")
+    metrics = evaluate(cfg)["metrics"]
+    assert all(v["num_samples"] == 1 for v in metrics.values())
+    assert (tmp_path / "predictions" / "validation.jsonl").is_file()
+
+
+def test_prompts_over_the_limit_are_skipped_and_counted(run_dir, tmp_path):
+    cfg = compose_config([f"paths.output_dir={tmp_path}", f"ckpt={run_dir}", "data.max_samples_per_task={test:2}",
+                          "generation.max_prompt_tokens=5"], "evaluate")
+    metrics = evaluate(cfg)["metrics"]
+    for values in metrics.values():
+        assert values["num_skipped"] == values["num_samples"] == values["num_no_answer"] == 2
+    records = [json.loads(x) for x in (tmp_path / "predictions" / "test.jsonl").read_text().splitlines()]
+    assert all(r["skipped"] and r["predictions"] is None for r in records)
+
+
+def test_a_path_without_an_adapter_is_named(tmp_path):
+    proc = run_cli(["llasmol.evaluate", f"ckpt={tmp_path}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
+    assert proc.returncode == 2 and f"ckpt={tmp_path} holds no adapter" in proc.stderr

@@ -76,7 +76,7 @@ def test_multirun_of_two_variants_records_each_count(tmp_path):
     sweep = tmp_path / "sweep"
     proc = run_cli(
         ["llasmol.train", "--multirun", "lora=lite,attn", f"hydra.sweep.dir={sweep}", "trainer.max_steps=2",
-         "val_every_n_steps=1", "data.max_samples_per_task={train:8,validation:2}", "trainer.enable_progress_bar=false"],
+         "val_every_n_steps=1", "data.max_samples_per_task={train:8,validation:2}", "logger=csv"],
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

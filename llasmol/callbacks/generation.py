@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import Callback
 from llasmol.evaluation import balanced_subset, generate_records, golds_by_input
 from llasmol.generation import BeamGenerator
 from llasmol.io import write_json, write_jsonl
+from llasmol.progress import generation_progress
 
 
 def gather_to_all(records: list[dict]) -> list[dict]:
@@ -76,15 +77,29 @@ class GenerationEvaluator(Callback):
         share = self._subset[trainer.global_rank :: trainer.world_size]
         generator = BeamGenerator(pl_module.model, dm.tokenizer, dm.formatter,
                                   self.generation["max_prompt_tokens"], self.generation["batch_size"])
-        records = generate_records(generator, data, share, self._golds, self.generation)
+        with generation_progress("Generation", len(share), trainer) as advance:
+            records = generate_records(generator, data, share, self._golds, self.generation, advance)
         results = score(records, list(data.tasks), pl_module.device)
-        for task, values in results.items():
-            for name, value in values.items():
-                if isinstance(value, (int, float)):
-                    pl_module.log(f"val/{task}/{name}", float(value), sync_dist=False)
+        flat = {f"val/{task}/{name}": float(value) for task, values in results.items()
+                for name, value in values.items() if isinstance(value, (int, float))}
+        for key, value in flat.items():
+            pl_module.log(key, value, sync_dist=False)
         everything = gather_to_all(records)
         if trainer.is_global_zero:
+            from llasmol.tracking import log_predictions_table, update_best_summary, wandb_loggers
+
+            if wandb_loggers(trainer):
+                log_predictions_table(trainer, sorted(everything, key=lambda r: r["index"]))
+                update_best_summary(trainer, flat)
             out = Path(self.output_dir or trainer.default_root_dir)
             stem = f"val-epoch{trainer.current_epoch}-step{trainer.global_step}"
             write_jsonl(out / "predictions" / f"{stem}.jsonl", sorted(everything, key=lambda r: r["index"]))
             write_json(out / "metrics" / f"{stem}.json", results)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        # val/loss is aggregated only after the epoch-end hooks, so its best value is kept here.
+        from llasmol.tracking import update_best_summary, wandb_loggers
+
+        loss = trainer.callback_metrics.get("val/loss")
+        if not trainer.sanity_checking and trainer.is_global_zero and loss is not None and wandb_loggers(trainer):
+            update_best_summary(trainer, {"val/loss": float(loss)})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Optional
 
 import lightning as L
@@ -39,13 +40,23 @@ class LoRACausalLM(L.LightningModule):
         # Tokens that carry loss after the causal shift: every label but each row's first.
         return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
 
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        self._batch_started = time.perf_counter()
+
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss = self(batch)
         n = batch["input_ids"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=n)
         self.log("train/truncated", batch["truncated"].sum().float(), reduce_fx="sum", on_step=False, on_epoch=True)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=n)
+        self._batch_tokens = int(batch["attention_mask"].sum())
         return loss
+
+    def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
+        # Useful (non-padding) tokens per second of this process, forward + backward (+ step) included.
+        elapsed = time.perf_counter() - self._batch_started
+        if elapsed > 0:
+            self.log("train/tokens_per_sec", self._batch_tokens / elapsed, batch_size=batch["input_ids"].shape[0])
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         loss = self(batch)

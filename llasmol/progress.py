@@ -1,0 +1,40 @@
+"""Progress for generation and evaluation: a rich bar (samples done / total, rate) on a terminal only."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+
+def _columns():
+    from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TextColumn, TimeRemainingColumn
+    from rich.text import Text
+
+    class Rate(ProgressColumn):
+        def render(self, task) -> Text:
+            return Text(f"{task.speed:.1f} samples/s" if task.speed else "")
+
+    return TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(), TimeRemainingColumn()
+
+
+@contextmanager
+def generation_progress(description: str, total: int, trainer=None) -> Iterator[Callable[[int], None]]:
+    """Yields `advance(n)`. Inside a Lightning run with a rich bar, adds a row to it (rich allows one live
+    display at a time); elsewhere opens its own bar; off a terminal it does nothing."""
+    live = getattr(getattr(trainer, "progress_bar_callback", None), "progress", None) if trainer else None
+    if live is not None:
+        task = live.add_task(description, total=total)
+        try:
+            yield lambda n=1: live.advance(task, n)
+        finally:
+            live.remove_task(task)
+        return
+    if not sys.stdout.isatty():
+        yield lambda n=1: None
+        return
+    from rich.progress import Progress
+
+    with Progress(*_columns(), transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n=1: bar.advance(task, n)

@@ -1,0 +1,59 @@
+"""Offline W&B runs: what they record, the multirun group, and that the API key never lands in files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from llasmol.train import train
+
+FAKE_KEY = "local-0123456789abcdef0123456789abcdef0123456789ab"
+RUN = ["trainer.max_steps=4", "val_every_n_steps=2", "data.max_samples_per_task={validation:6}",
+       "generation.max_new_tokens_limit=8", "callbacks.generation_evaluator.samples_per_task=2",
+       "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1"]
+
+
+def wandb_run_files(run_dir: Path) -> list[Path]:
+    return sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+
+
+def test_offline_wandb_run_holds_metrics_config_table_and_best(cfg_factory, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # offline by our config, not by the environment
+    train(cfg_factory("logger=[csv,wandb]", *RUN))
+    (record,) = wandb_run_files(tmp_path)
+    blob = record.read_bytes()
+    for key in (b"train/loss", b"train/lr", b"train/tokens_per_sec", b"val/loss",
+                b"val/forward_synthesis/exact_match", b"val/property_prediction-bbbp/accuracy",
+                b"val/forward_synthesis/exact_match_best", b"val/loss_best", b"trainable", b"lora"):
+        assert key in blob, key
+    tables = sorted(record.parent.glob("files/media/table/val/predictions_*.table.json"))
+    assert len(tables) == 2  # one per validation
+    table = json.loads(tables[-1].read_text())
+    assert table["columns"] == ["task", "input", "gold", "predictions", "answer", "correct"]
+    assert len(table["data"]) == 11 * 2
+    # The API key reaches no file of the run.
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert FAKE_KEY.encode() not in path.read_bytes(), path
+
+
+def test_multirun_jobs_share_one_wandb_group(tmp_path):
+    sweep = tmp_path / "sweep"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("WANDB_MODE", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "llasmol.train", "--multirun", "lora=lite,attn", f"hydra.sweep.dir={sweep}",
+         "logger=[csv,wandb]", *[o for o in RUN if "max_samples" not in o],
+         "data.max_samples_per_task={train:8,validation:2}"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    group = f"train-{sweep.name}".encode()
+    records = [wandb_run_files(run) for run in sorted(p for p in sweep.iterdir() if p.is_dir())]
+    assert [len(r) for r in records] == [1, 1]
+    for (record,) in records:
+        assert group in record.read_bytes()
