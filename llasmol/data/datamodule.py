@@ -59,6 +59,7 @@ class SMolInstructDataModule(L.LightningDataModule):
         max_samples_per_task: Optional[dict] = None,
         num_workers: int = 0,
         seed: int = 13,
+        skip_bad_lines: bool = False,
     ) -> None:
         super().__init__()
         self.tokenizer = tokenizer
@@ -81,6 +82,7 @@ class SMolInstructDataModule(L.LightningDataModule):
         self.max_samples_per_task = dict(max_samples_per_task or {})
         self.num_workers = num_workers
         self.seed = seed
+        self.skip_bad_lines = skip_bad_lines
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.collate = PadCollator(pad)
         self.datasets: dict[str, SMolInstructDataset] = {}
@@ -117,6 +119,7 @@ class SMolInstructDataModule(L.LightningDataModule):
                 insert_core_tags=self.insert_core_tags,
                 representation=self.representation,
                 max_samples_per_task=self.max_samples_per_task.get(name),
+                skip_bad_lines=self.skip_bad_lines,
             )
             self.datasets[name] = SMolInstructDataset(table, self.formatter)
         return self.datasets[name]

@@ -15,6 +15,7 @@ raw record is read on demand, so a worker process touches only the lines it is g
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ from typing import Any, Optional
 import numpy as np
 
 from llasmol.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,15 +51,21 @@ def _read_json(path: Path, what: str) -> Any:
         raise UserError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}): fix or re-extract it") from None
 
 
-def _line_offsets(path: Path) -> np.ndarray:
-    offsets = []
+def _line_offsets(path: Path, check_json: bool = False) -> tuple[np.ndarray, set[int]]:
+    """Byte offset of every non-empty line; with `check_json`, also which lines do not parse."""
+    offsets, bad = [], set()
     pos = 0
     with path.open("rb") as fh:
         for line in fh:
             if line.strip():
+                if check_json:
+                    try:
+                        json.loads(line)
+                    except ValueError:
+                        bad.add(len(offsets))
                 offsets.append(pos)
             pos += len(line)
-    return np.asarray(offsets, dtype=np.int64)
+    return np.asarray(offsets, dtype=np.int64), bad
 
 
 def _smiles_to_selfies(smiles: str) -> str:
@@ -77,6 +86,7 @@ class SMolInstructSplit:
         insert_core_tags: bool = True,
         representation: str = "smiles",
         max_samples_per_task: Optional[int] = None,
+        skip_bad_lines: bool = False,
     ) -> None:
         if representation not in ("smiles", "selfies"):
             raise UserError(f"unknown data.representation {representation!r}: use smiles or selfies")
@@ -88,6 +98,8 @@ class SMolInstructSplit:
         # SELFIES comes from the archive's raw_selfies/ when present, else is encoded on the fly.
         self._raw_dir = "raw_selfies" if self.selfies and (self.root / "raw_selfies").is_dir() else "raw"
         self._encode_selfies = self.selfies and self._raw_dir == "raw"
+        self.skip_bad_lines = skip_bad_lines
+        self.skipped: dict[str, int] = {}
         self._tables = [self._load_task(t, sample_group, max_samples_per_task) for t in self.tasks]
         self._ends = np.cumsum([len(t.sample_idx) for t in self._tables])
         self._handles: dict[int, Any] = {}
@@ -105,7 +117,12 @@ class SMolInstructSplit:
         raw_path = self.root / self._raw_dir / self.split / f"{task}.jsonl"
         if not raw_path.is_file():
             raise UserError(f"missing raw data file {raw_path} for task {task}: is data.path complete?")
-        offsets = _line_offsets(raw_path)
+        offsets, bad_lines = _line_offsets(raw_path, check_json=self.skip_bad_lines)
+        if bad_lines:
+            # data.skip_bad_lines: drop the samples of malformed raw lines, and say how many.
+            kept = [s for s in samples if s["idx"] not in bad_lines]
+            self.skipped[task], samples = len(samples) - len(kept), kept
+            log.warning("%s: skipped %d sample(s) on %d malformed line(s)", raw_path, self.skipped[task], len(bad_lines))
         idx = np.fromiter((s["idx"] for s in samples), dtype=np.int64, count=len(samples))
         if len(idx) and (idx.max() >= len(offsets) or idx.min() < 0):
             bad = int(idx[(idx >= len(offsets)) | (idx < 0)][0])
@@ -173,7 +190,10 @@ class SMolInstructSplit:
         try:
             return json.loads(text)
         except json.JSONDecodeError as err:
-            raise UserError(f"{table.raw_path} line {line + 1} is not valid JSON ({err.msg})") from None
+            raise UserError(
+                f"{table.raw_path} line {line + 1} is not valid JSON ({err.msg}): fix the line, or set "
+                "data.skip_bad_lines=true to skip and count such lines"
+            ) from None
 
     def __getitem__(self, i: int) -> dict:
         if not 0 <= i < len(self):

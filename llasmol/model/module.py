@@ -9,6 +9,7 @@ import lightning as L
 import torch
 
 from llasmol.data.formatting import IGNORE_INDEX
+from llasmol.errors import UserError
 
 
 class LoRACausalLM(L.LightningModule):
@@ -45,6 +46,14 @@ class LoRACausalLM(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss = self(batch)
+        if not torch.isfinite(loss):
+            # Stop before a non-finite update reaches the weights; checkpoints so far stay the last good ones.
+            last = getattr(self.trainer.checkpoint_callback, "last_model_path", "")
+            resume = f"resume from the last good checkpoint with ckpt_path={last}" if last else "start again"
+            raise UserError(
+                f"training loss became {loss.item()} at step {self.global_step}: lower optimizer.lr "
+                f"(now {self.optimizers().param_groups[0]['lr']:g}) or set trainer.gradient_clip_val=1.0, then {resume}"
+            )
         n = batch["input_ids"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=n)
         self.log("train/truncated", batch["truncated"].sum().float(), reduce_fx="sum", on_step=False, on_epoch=True)

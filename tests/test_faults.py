@@ -1,0 +1,184 @@
+"""Bad input ends with one line; interruptions lose nothing; nothing unsafe is run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from llasmol.data.smolinstruct import SMolInstructSplit
+from smolinstruct_fixture import write_smolinstruct
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = "data.tasks=[name_conversion-s2f,property_prediction-esol]"
+QUICK = ["trainer.max_steps=2", "val_every_n_steps=1", "logger=csv", "trainer.enable_progress_bar=false",
+         "callbacks.generation_evaluator.samples_per_task=1", "generation.max_new_tokens_limit=4"]
+
+
+def run_cli(args: list[str], cwd: Path, **kw):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=300, **kw)
+
+
+def one_error_line(proc) -> str:
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    return errors[0]
+
+
+@pytest.fixture
+def broken_root(tmp_path) -> Path:
+    return write_smolinstruct(tmp_path / "data")
+
+
+def corrupt_template(root: Path) -> str:
+    path = root / "template" / "instruction_tuning" / "name_conversion-s2f.json"
+    templates = json.loads(path.read_text())
+    templates[1]["input"] = "formula please"
+    path.write_text(json.dumps(templates))
+    return "template 1 of name_conversion-s2f"
+
+
+def corrupt_raw_line(root: Path) -> str:
+    # Raw lines are read when used: the validation split is read whole at the first validation.
+    path = root / "raw" / "dev" / "name_conversion-s2f.jsonl"
+    lines = path.read_text().splitlines()
+    lines[2] = '{"input": "CCO", "output": '
+    path.write_text("\n".join(lines) + "\n")
+    return f"{path} line 3 is not valid JSON"
+
+
+def index_beyond_raw(root: Path) -> str:
+    path = root / "sample" / "instruction_tuning" / "train" / "name_conversion-s2f.json"
+    record = json.loads(path.read_text())
+    record["samples"][0]["idx"] = 999
+    path.write_text(json.dumps(record))
+    return "sample index 999"
+
+
+def missing_split(root: Path) -> str:
+    import shutil
+
+    shutil.rmtree(root / "sample" / "instruction_tuning" / "dev")
+    return "split 'dev' not found"
+
+
+@pytest.mark.parametrize("corrupt", [corrupt_template, corrupt_raw_line, index_beyond_raw, missing_split])
+def test_bad_data_ends_with_one_line_naming_it(broken_root, tmp_path, corrupt):
+    needle = corrupt(broken_root)
+    proc = run_cli(["llasmol.train", f"data.path={broken_root}", TASKS, f"hydra.run.dir={tmp_path / 'run'}", *QUICK],
+                   tmp_path)
+    assert proc.returncode == 2
+    assert needle in one_error_line(proc)
+
+
+def test_malformed_lines_can_be_skipped_and_counted(broken_root):
+    corrupt_raw_line(broken_root)
+    strict = SMolInstructSplit(broken_root, "dev", ["name_conversion-s2f"])
+    lenient = SMolInstructSplit(broken_root, "dev", ["name_conversion-s2f"], skip_bad_lines=True)
+    assert len(lenient) == len(strict) - 1 and lenient.skipped == {"name_conversion-s2f": 1}
+    assert all(lenient[i]["raw_input"] for i in range(len(lenient)))
+
+
+def test_unknown_config_option_lists_the_choices(tmp_path):
+    proc = run_cli(["llasmol.train", "model=mistrall", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "mistrall" in proc.stderr and "mistral" in proc.stderr.replace("mistrall", "")
+
+
+def test_missing_checkpoint_path_is_named(tmp_path):
+    proc = run_cli(["llasmol.evaluate", "ckpt=/nonexistent/run", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
+    assert proc.returncode == 2 and "ckpt=/nonexistent/run holds no adapter" in one_error_line(proc)
+
+
+def test_non_finite_loss_stops_training_with_one_line(tmp_path):
+    proc = run_cli(["llasmol.train", "optimizer.lr=1e30", f"hydra.run.dir={tmp_path / 'run'}", *QUICK,
+                    "trainer.max_steps=30", "val_every_n_steps=1"], tmp_path)
+    assert proc.returncode == 2
+    line = one_error_line(proc)
+    assert "training loss became" in line and "optimizer.lr" in line
+    # The checkpoints written before are whole: each loads and has its adapter.
+    for ckpt in (tmp_path / "run" / "checkpoints").glob("*.ckpt"):
+        torch.load(ckpt, map_location="cpu", weights_only=False)
+        assert (ckpt.with_name(ckpt.stem + ".adapter") / "adapter_model.safetensors").is_file()
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path, cfg_factory):
+    run = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llasmol.train", f"hydra.run.dir={run}", "trainer.max_steps=100000",
+         "val_every_n_steps=1000", "logger=csv", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    metrics = run / "csv" / "metrics.csv"
+    deadline = time.time() + 240
+    while time.time() < deadline and (not metrics.is_file() or len(metrics.read_text().splitlines()) < 4):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    ckpt = run / "checkpoints" / "interrupted.ckpt"
+    assert ckpt.is_file(), err[-2000:]
+    assert (run / "checkpoints" / "interrupted.adapter" / "adapter_model.safetensors").is_file()
+    step = torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"]
+    assert step >= 1
+    from llasmol.train import train
+
+    resumed = train(cfg_factory(f"ckpt_path={ckpt}", f"trainer.max_steps={step + 2}", "val_every_n_steps=1000",
+                                "trainer.enable_progress_bar=false"))
+    assert resumed["global_step"] == step + 2
+
+
+WRITER = """
+import sys, time
+from llasmol.io import write_jsonl
+def records():
+    for i in range(10**6):
+        if i == 50:
+            print("writing", flush=True)
+        time.sleep(0.001)
+        yield {"i": i, "text": "x" * 100}
+write_jsonl(sys.argv[1], records())
+"""
+
+
+def test_a_kill_while_writing_predictions_leaves_the_old_file_whole(tmp_path):
+    target = tmp_path / "predictions" / "val.jsonl"
+    target.parent.mkdir()
+    target.write_text('{"old": true}\n')
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    assert target.read_text() == '{"old": true}\n'
+    # The partial data only ever lived in a hidden temporary file, never under the real name.
+    assert [p.name for p in target.parent.iterdir() if not p.name.startswith(".")] == ["val.jsonl"]
+
+
+def test_the_package_never_evaluates_text():
+    pattern = re.compile(r"(?<![\w.])(eval|exec)\s*\(")
+    offenders = [f"{p}:{n}" for p in (ROOT / "llasmol").rglob("*.py")
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
+
+
+def test_remote_code_is_off_and_weights_load_from_safetensors():
+    from conftest import compose_config
+
+    for model in ("mistral", "llama2", "llama2_13b", "codellama", "galactica", "tiny"):
+        assert compose_config([f"model={model}", "paths.output_dir=/x"]).model.trust_remote_code is False
+    source = (ROOT / "llasmol" / "model" / "base.py").read_text()
+    assert "use_safetensors=True" in source
