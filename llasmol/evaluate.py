@@ -96,7 +96,7 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     if run_data is None or cap is not None:
         data_cfg["max_samples_per_task"] = OmegaConf.to_container(cap) if isinstance(cap, DictConfig) else cap
     data_cfg.update(prompt_template=model_cfg.prompt_template, seed=cfg.seed)
-    model, tokenizer = load_model(model_cfg, adapter)
+    model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"))
     device = "cuda" if cfg.device == "auto" and torch.cuda.is_available() else ("cpu" if cfg.device == "auto" else cfg.device)
     model.to(device)
     dm = hydra.utils.instantiate(data_cfg, tokenizer=tokenizer, _convert_="all")

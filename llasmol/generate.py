@@ -51,7 +51,7 @@ def generate(cfg: DictConfig) -> list[str]:
     if not cfg.query:
         raise UserError('no query: run python -m llasmol.generate "<your question>" [ckpt=<run dir>]')
     model_cfg, adapter, _ = resolve_checkpoint(cfg.ckpt, cfg)
-    model, tokenizer = load_model(model_cfg, adapter)
+    model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"))
     device = "cuda" if cfg.device == "auto" and torch.cuda.is_available() else ("cpu" if cfg.device == "auto" else cfg.device)
     model.to(device)
     formatter = PromptFormatter(tokenizer, model_cfg.prompt_template)

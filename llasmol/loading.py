@@ -50,12 +50,12 @@ def _best_adapter(run_dir: Path) -> Path:
     raise UserError(f"run directory {run_dir} has no adapter checkpoint yet (looked for {candidates[-1]})")
 
 
-def load_model(model_cfg: DictConfig, adapter: Optional[str]):
-    """(model in eval mode, tokenizer): the base with the adapter loaded on top."""
+def load_model(model_cfg: DictConfig, adapter: Optional[str], quant_cfg: Optional[DictConfig] = None):
+    """(model in eval mode, tokenizer): the base (quantised by `quant_cfg`) with the adapter loaded on top."""
     from llasmol.model.base import load_base_model, load_tokenizer
 
     tokenizer = load_tokenizer(model_cfg)
-    model = load_base_model(model_cfg, tokenizer)
+    model = load_base_model(model_cfg, tokenizer, quant_cfg)
     if adapter:
         from peft import PeftModel
 

@@ -31,7 +31,7 @@ def build_model(cfg: DictConfig, tokenizer):
     from llasmol.model.base import load_base_model
     from llasmol.model.lora import apply_lora, count_parameters
 
-    model = apply_lora(load_base_model(cfg.model, tokenizer), cfg.model, cfg.lora)
+    model = apply_lora(load_base_model(cfg.model, tokenizer, cfg.get("quantization")), cfg.model, cfg.lora)
     return model, count_parameters(model)
 
 
@@ -39,14 +39,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit one run; returns its final metrics, parameter counts and best checkpoint."""
     import lightning as L
 
-    from llasmol.model.base import load_tokenizer
+    from llasmol.model.base import load_tokenizer, quantization_config
     from llasmol.model.module import LoRACausalLM
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    # Tokenizer first: a missing base model is the most likely mistake and should fail before data work.
+    # Cheap checks first: a quantisation the machine cannot run, then a missing base model.
+    quantization_config(cfg.get("quantization"), bool(cfg.model.get("random_init")))
     tokenizer = load_tokenizer(cfg.model)
     datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
     model, params = build_model(cfg, tokenizer)

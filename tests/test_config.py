@@ -76,3 +76,17 @@ def test_trainer_and_hydra_overrides_pass_through():
     cfg = compose_config(["trainer.max_steps=3", "trainer.devices=2", "data.micro_batch_size=2", "paths.output_dir=/x"])
     assert cfg.trainer.max_steps == 3 and cfg.trainer.devices == 2 and cfg.data.micro_batch_size == 2
     assert cfg.callbacks.model_checkpoint.dirpath == "/x/checkpoints"
+
+
+@pytest.mark.parametrize("quantization", ["none", "8bit", "4bit"])
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_quantization_combination_composes(model, quantization):
+    cfg = compose_config([f"model={model}", f"quantization={quantization}", "paths.output_dir=/tmp/unused"])
+    if quantization == "none":
+        assert cfg.quantization.bits is None
+    else:
+        assert cfg.quantization.bits == int(quantization[0])
+        assert cfg.optimizer._target_ == "bitsandbytes.optim.PagedAdamW8bit"  # paged 8-bit AdamW with k-bit bases
+    if quantization == "4bit":
+        assert (cfg.quantization.quant_type, cfg.quantization.double_quant, cfg.quantization.compute_dtype) == (
+            "nf4", True, "bfloat16")

@@ -182,3 +182,13 @@ def test_remote_code_is_off_and_weights_load_from_safetensors():
         assert compose_config([f"model={model}", "paths.output_dir=/x"]).model.trust_remote_code is False
     source = (ROOT / "llasmol" / "model" / "base.py").read_text()
     assert "use_safetensors=True" in source
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+@pytest.mark.parametrize("bits", ["8bit", "4bit"])
+def test_quantisation_without_cuda_ends_with_one_line(tmp_path, bits):
+    proc = run_cli(["llasmol.train", "model=mistral", f"quantization={bits}", f"hydra.run.dir={tmp_path / 'run'}"],
+                   tmp_path)
+    assert proc.returncode == 2
+    line = one_error_line(proc)
+    assert f"quantization={bits} needs a CUDA GPU" in line and "quantization=none" in line

@@ -86,11 +86,39 @@ def build_meta_model(model_cfg, vocab_size: Optional[int] = None):
         return AutoModelForCausalLM.from_config(arch_config(model_cfg.arch, **overrides))
 
 
-def load_base_model(model_cfg, tokenizer):
-    """Weights for training: random for the tiny model, pretrained (in `model.dtype`) for the others."""
+def quantization_config(quant_cfg, random_init: bool = False):
+    """bitsandbytes settings for `quantization=8bit|4bit`; None for `none`. Needs CUDA."""
+    bits = quant_cfg.get("bits") if quant_cfg else None
+    if not bits:
+        return None
+    if bits not in (4, 8):
+        raise UserError(f"quantization.bits={bits} is not supported: use quantization=none, 8bit or 4bit")
+    if not torch.cuda.is_available():
+        raise UserError(
+            f"quantization={bits}bit needs a CUDA GPU (bitsandbytes kernels) and none is visible: "
+            "use quantization=none on this machine"
+        )
+    if random_init:
+        raise UserError(f"quantization={bits}bit needs pretrained weights; the tiny model is built randomly: use quantization=none")
+    from transformers import BitsAndBytesConfig
+
+    if bits == 8:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=quant_cfg.get("quant_type", "nf4"),
+        bnb_4bit_use_double_quant=bool(quant_cfg.get("double_quant", True)),
+        bnb_4bit_compute_dtype=torch_dtype(quant_cfg.get("compute_dtype", "bfloat16")),
+    )
+
+
+def load_base_model(model_cfg, tokenizer, quant_cfg=None):
+    """Weights for training: random for the tiny model, pretrained (in `model.dtype`, or quantised by
+    `quant_cfg`) for the others."""
     from transformers import AutoModelForCausalLM
 
     dtype = torch_dtype(model_cfg.get("dtype", "float32"))
+    quantization = quantization_config(quant_cfg, bool(model_cfg.get("random_init")))
     if model_cfg.get("random_init"):
         config = arch_config(model_cfg.arch, vocab_size=len(tokenizer))
         config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
@@ -104,6 +132,7 @@ def load_base_model(model_cfg, tokenizer):
         model = AutoModelForCausalLM.from_pretrained(
             _weights_source(model_cfg),
             dtype=dtype,
+            quantization_config=quantization,
             use_safetensors=True,  # never unpickle downloaded weights
             trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
         )
@@ -111,4 +140,8 @@ def load_base_model(model_cfg, tokenizer):
         raise _offline_error(model_cfg, "base weights") from err
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
+    if quantization is not None:
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model)
     return model
