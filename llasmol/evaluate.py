@@ -50,15 +50,19 @@ def read_predictions(path: str | Path) -> list[dict]:
     return records
 
 
+def _cell(value: Any) -> str:
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:.4f}"
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
 def format_table(results: dict[str, dict[str, Any]]) -> str:
     """A per-task text table: one row per task, its metrics as `name=value`."""
-    lines = []
     width = max((len(t) for t in results), default=4)
-    for task, metrics in results.items():
-        cells = [f"{k}={v:.4f}" if isinstance(v, float) and not float(v).is_integer() else f"{k}={v:g}"
-                 if isinstance(v, (int, float)) else f"{k}={v}" for k, v in metrics.items()]
-        lines.append(f"{task:<{width}}  " + "  ".join(cells))
-    return "\n".join(lines)
+    return "\n".join(
+        f"{task:<{width}}  " + "  ".join(f"{k}={_cell(v)}" for k, v in metrics.items())
+        for task, metrics in results.items()
+    )
 
 
 def score_file(cfg: DictConfig) -> tuple[dict, Path]:
@@ -80,8 +84,7 @@ def score_file(cfg: DictConfig) -> tuple[dict, Path]:
 def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     import torch
 
-    from llasmol.callbacks.generation import score
-    from llasmol.evaluation import balanced_subset, generate_records, golds_by_input
+    from llasmol.evaluation import balanced_subset, generate_records, golds_by_input, score
     from llasmol.generation import BeamGenerator
     from llasmol.io import write_json, write_jsonl
     from llasmol.loading import load_model, resolve_checkpoint

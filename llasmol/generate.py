@@ -56,8 +56,7 @@ def generate(cfg: DictConfig) -> list[str]:
     model.to(device)
     formatter = PromptFormatter(tokenizer, model_cfg.prompt_template)
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, 1)
-    settings = task_settings(cfg.generation, cfg.task) if cfg.task else task_settings(
-        {**cfg.generation, "tasks": {}}, "")
+    settings = task_settings(cfg.generation, cfg.task or "")  # no task: the default beam settings
     responses = generator.generate([canonicalize_query(cfg.query)], settings)[0]
     if responses is None:
         raise UserError(f"the query is longer than generation.max_prompt_tokens={cfg.generation.max_prompt_tokens} tokens")

@@ -21,8 +21,7 @@ def _evaluate(rank: int, world: int, init_file: str, out: str) -> None:
     import hydra
 
     from conftest import compose_config
-    from llasmol.callbacks.generation import gather_to_all, score
-    from llasmol.evaluation import balanced_subset, generate_records, golds_by_input
+    from llasmol.evaluation import balanced_subset, gather_to_all, generate_records, golds_by_input, score
     from llasmol.generation import BeamGenerator
     from llasmol.loading import load_model
 

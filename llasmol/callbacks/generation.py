@@ -13,43 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
-from llasmol.evaluation import balanced_subset, generate_records, golds_by_input
+from llasmol.evaluation import balanced_subset, gather_to_all, generate_records, golds_by_input, score
 from llasmol.generation import BeamGenerator
 from llasmol.io import write_json, write_jsonl
 from llasmol.progress import generation_progress
-
-
-def gather_to_all(records: list[dict]) -> list[dict]:
-    """Every rank's records on every rank (a no-op without torch.distributed)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return records
-    parts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, records)
-    return [r for part in parts for r in part]
-
-
-def score(records: list[dict], tasks: list[str], device) -> dict[str, dict[str, float]]:
-    """Synchronised metrics of this rank's `records` (every rank must call it)."""
-    from llasmol.metrics.metric import ChemistryMetrics
-    from llasmol.metrics.scoring import sample_stats
-
-    metric = ChemistryMetrics(tasks).to(device)
-    skipped = {t: 0 for t in tasks}
-    for record in records:
-        metric.update([record["task"]], [sample_stats(record["task"], record["predictions"] or [], record["gold"])])
-        skipped[record["task"]] += int(record["skipped"])
-    results = metric.compute()
-    counts = torch.tensor([skipped[t] for t in tasks], dtype=torch.long, device=device)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(counts)
-    for task, n in zip(tasks, counts.tolist()):
-        if task in results:
-            results[task]["num_skipped"] = float(n)
-    return results
 
 
 class GenerationEvaluator(Callback):
