@@ -109,8 +109,11 @@ def _finish_loggers(trainer) -> None:
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 @report_user_errors
 def main(cfg: DictConfig) -> None:
+    from lightning.pytorch.utilities import rank_zero_only
+
     result = train(cfg)
-    print(f"run directory: {result['output_dir']}", flush=True)
+    if rank_zero_only.rank == 0:  # once, not once per DDP process
+        print(f"run directory: {result['output_dir']}", flush=True)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,8 @@ class GenerationEvaluator(Callback):
         flat = {f"val/{task}/{name}": float(value) for task, values in results.items()
                 for name, value in values.items() if isinstance(value, (int, float))}
         for key, value in flat.items():
-            pl_module.log(key, value, sync_dist=False)
+            # Already synchronised (equal on every rank); sync_dist keeps Lightning's DDP bookkeeping quiet.
+            pl_module.log(key, value, sync_dist=True)
         everything = gather_to_all(records)
         if trainer.is_global_zero:
             from llasmol.tracking import log_predictions_table, update_best_summary, wandb_loggers

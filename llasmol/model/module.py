@@ -56,7 +56,8 @@ class LoRACausalLM(L.LightningModule):
             )
         n = batch["input_ids"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=n)
-        self.log("train/truncated", batch["truncated"].sum().float(), reduce_fx="sum", on_step=False, on_epoch=True)
+        self.log("train/truncated", batch["truncated"].sum().float(), reduce_fx="sum", on_step=False, on_epoch=True,
+                 sync_dist=True)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=n)
         self._batch_tokens = int(batch["attention_mask"].sum())
         return loss
