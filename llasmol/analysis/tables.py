@@ -25,6 +25,7 @@ from llasmol.metrics.scoring import (
     NUMBER_TASKS,
     SMILES_TASKS,
     TOPK,
+    as_list,
     group_golds,
     sample_stats,
 )
@@ -201,14 +202,6 @@ def topk_table(source: Union[Run, Validation], validation=None) -> Table:
 # --------------------------------------------------------------------------- per-sample judgement
 
 
-def _as_list(value) -> list:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    return list(value)
-
-
 def judge_sample(task: str, predictions: Sequence[str], golds: Sequence[str]) -> tuple[str, Optional[float]]:
     """The failure category (`FAILURE_CATEGORIES`, except ``skipped``) of one sample's top-1 answer,
     and a per-sample score where one exists: Morgan Tanimoto similarity to the closest gold for
@@ -253,7 +246,7 @@ def judged_samples(source: Union[Run, Validation], validation=None) -> list[dict
     out = []
     for record in records:
         task = record["task"]
-        predictions = _as_list(record.get("predictions"))
+        predictions = as_list(record.get("predictions"))
         if record.get("skipped") or record.get("predictions") is None:
             category, score = "skipped", None
         else:
@@ -327,7 +320,7 @@ def worst_table(worst: dict[str, list[dict]]) -> Table:
         for s in samples:
             rows.append(
                 [task, s.get("index"), s["category"], s["score"], s.get("raw_input") or s.get("input"),
-                 s["answer"], "; ".join(_as_list(s["gold"])), (_as_list(s.get("predictions")) or [None])[0]]
+                 s["answer"], "; ".join(as_list(s["gold"])), (as_list(s.get("predictions")) or [None])[0]]
             )
     columns = ["task", "index", "category", "score", "input", "answer", "gold", "prediction"]
     return Table(columns, rows, title="Worst examples")

@@ -103,7 +103,8 @@ def _check_task(task: str) -> None:
         raise ValueError(f"unknown task {task!r}: choose from {', '.join(STATS)}")
 
 
-def _as_list(value) -> list:
+def as_list(value) -> list:
+    """None -> [], a string -> [it], any other iterable -> a list (golds and predictions come in all three)."""
     if value is None:
         return []
     if isinstance(value, str):
@@ -239,8 +240,8 @@ def sample_stats(task: str, predictions: list[str], golds: list[str]) -> dict[st
     answers of all samples sharing this sample's input.  Model output never raises.
     """
     _check_task(task)
-    answers = [extract_answer(task, p) for p in _as_list(predictions)]
-    golds = [g.strip() for g in _as_list(golds) if isinstance(g, str)]
+    answers = [extract_answer(task, p) for p in as_list(predictions)]
+    golds = [g.strip() for g in as_list(golds) if isinstance(g, str)]
     stats = dict.fromkeys(STATS[task], 0.0)
     stats["num_samples"] = 1.0
     if not answers or answers[0] is None:
@@ -317,7 +318,7 @@ def group_golds(records: Iterable[dict]) -> dict[tuple[str, str], list[str]]:
     groups: dict[tuple[str, str], list[str]] = defaultdict(list)
     for record in records:
         bucket = groups[(record["task"], record["input"])]
-        for gold in _as_list(record["gold"]):
+        for gold in as_list(record["gold"]):
             if gold not in bucket:
                 bucket.append(gold)
     return dict(groups)
@@ -335,6 +336,6 @@ def score_records(records: Iterable[dict]) -> dict[str, dict[str, float]]:
     totals: dict[str, dict[str, float]] = {}
     for record in records:
         task = record["task"]
-        stats = sample_stats(task, _as_list(record["predictions"]), golds[(task, record["input"])])
+        stats = sample_stats(task, as_list(record["predictions"]), golds[(task, record["input"])])
         add_stats(totals.setdefault(task, {}), stats)
     return {task: finalize(task, total) for task, total in totals.items()}
