@@ -60,6 +60,7 @@ class SMolInstructDataModule(L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 13,
         skip_bad_lines: bool = False,
+        group_by_length: bool = True,
     ) -> None:
         super().__init__()
         self.tokenizer = tokenizer
@@ -83,6 +84,7 @@ class SMolInstructDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.seed = seed
         self.skip_bad_lines = skip_bad_lines
+        self.group_by_length = group_by_length
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.collate = PadCollator(pad)
         self.datasets: dict[str, SMolInstructDataset] = {}
@@ -144,8 +146,10 @@ class SMolInstructDataModule(L.LightningDataModule):
         data = self.split(name)
         if rank is None:
             rank, world_size = self._rank_world()
+        lengths = data.split.length_hints() if (shuffle and self.group_by_length) else None
         sampler = ShardedShuffleSampler(
-            len(data), seed=self.seed, shuffle=shuffle, rank=rank, world_size=world_size, even=shuffle
+            len(data), seed=self.seed, shuffle=shuffle, rank=rank, world_size=world_size, even=shuffle,
+            lengths=lengths, batch_size=batch_size,
         )
         return DataLoader(
             data,

@@ -8,7 +8,7 @@ them, so every (rank, worker) pair sees disjoint samples.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional
 
 import numpy as np
 import torch.distributed as dist
@@ -37,6 +37,9 @@ class ShardedShuffleSampler(Sampler[int]):
         rank: int | None = None,
         world_size: int | None = None,
         even: bool = True,
+        lengths: Optional[np.ndarray] = None,
+        batch_size: int = 1,
+        group_window: int = 64,
     ) -> None:
         if rank is None or world_size is None:
             rank, world_size = _dist_rank_world()
@@ -48,6 +51,9 @@ class ShardedShuffleSampler(Sampler[int]):
         self.rank = rank
         self.world_size = world_size
         self.even = even
+        self.lengths = lengths
+        self.batch_size = batch_size
+        self.group_window = group_window
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -62,7 +68,28 @@ class ShardedShuffleSampler(Sampler[int]):
         order = self._order()
         if self.even:
             order = order[: len(order) - len(order) % self.world_size]
-        return iter(order[self.rank :: self.world_size].tolist())
+        share = order[self.rank :: self.world_size]
+        if self.lengths is not None and self.shuffle and self.batch_size > 1:
+            share = self._group_by_length(share)
+        return iter(share.tolist())
+
+    def _group_by_length(self, share: np.ndarray) -> np.ndarray:
+        """Within each window of `group_window` micro-batches of the shuffled share, sort by length and cut
+        into micro-batches, then shuffle those batches: each batch pads little, the epoch's samples and
+        their rough order stay those of the shuffle."""
+        rng = np.random.default_rng([self.seed, self.epoch, self.rank, 1])
+        window = self.batch_size * self.group_window
+        out = []
+        for start in range(0, len(share), window):
+            chunk = share[start : start + window]
+            chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
+            batches = [chunk[i : i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+            # A short final batch stays last, so every other batch is full.
+            full = [b for b in batches if len(b) == self.batch_size]
+            rest = [b for b in batches if len(b) < self.batch_size]
+            out.extend(full[i] for i in rng.permutation(len(full)))
+            out.extend(rest)
+        return np.concatenate(out) if out else share
 
     def __len__(self) -> int:
         if self.even:
