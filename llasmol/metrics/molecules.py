@@ -15,8 +15,9 @@ Rules (LlaSMol paper, Appendix A.4):
   ``GetMorganFingerprint(mol, 2)``), MACCS keys, and ``RDKFingerprint``; similarity is
   RDKit's Tanimoto.
 
-Golds are parsed through an ``lru_cache`` (InChI keys and fingerprints only; molecules are not
-kept).  RDKit's log is silenced on import of this module.
+Parsing is cached by text (``lru_cache``; InChI keys and fingerprints only, molecules are not
+kept): golds repeat across samples and ranks, and answers repeat across beams, samples and golds
+(a right answer is usually the gold string itself).  RDKit's log is silenced on import of this module.
 """
 
 from __future__ import annotations
@@ -93,8 +94,15 @@ def parse_molecule(text: str | None, fingerprints: bool = False) -> Molecule | N
 
 @functools.lru_cache(maxsize=16384)
 def parse_gold_molecule(text: str) -> Molecule | None:
-    """`parse_molecule` with fingerprints, cached: golds repeat across samples and ranks."""
+    """`parse_molecule` with fingerprints, cached: for golds and top-1 answers (they are often equal)."""
     return parse_molecule(text, fingerprints=True)
+
+
+@functools.lru_cache(maxsize=65536)
+def molecule_keys(text: str | None) -> frozenset[str] | None:
+    """The identity keys of `parse_molecule(text)` (None when invalid), cached: for lower-ranked answers."""
+    mol = parse_molecule(text)
+    return None if mol is None else mol.keys
 
 
 def tanimoto(a: object, b: object) -> float:

@@ -53,7 +53,7 @@ from typing import Iterable, Sequence
 
 from llasmol.metrics.extract import ANSWER_TAG, extract_answer
 from llasmol.metrics.formula import parse_formula
-from llasmol.metrics.molecules import FINGERPRINTS, parse_gold_molecule, parse_molecule, tanimoto
+from llasmol.metrics.molecules import FINGERPRINTS, molecule_keys, parse_gold_molecule, tanimoto
 
 TOPK: tuple[int, ...] = (1, 3, 5, 10)
 
@@ -154,11 +154,12 @@ def _topk_stats(hits: Sequence[bool], stats: dict[str, float]) -> None:
 def _smiles_stats(answers: list[str | None], golds: list[str], stats: dict[str, float]) -> None:
     gold_mols = [parse_gold_molecule(g) for g in golds if isinstance(g, str)]
     gold_keys = {m.keys for m in gold_mols if m is not None}
-    top1 = parse_molecule(answers[0], fingerprints=True) if answers else None
+    # Parsed through the caches: answers repeat across beams and samples, and right ones equal a gold.
+    top1 = parse_gold_molecule(answers[0]) if answers and isinstance(answers[0], str) else None
     hits = []
     for i, answer in enumerate(answers[: max(TOPK)]):
-        mol = top1 if i == 0 else parse_molecule(answer)
-        hits.append(mol is not None and mol.keys in gold_keys)
+        keys = (top1.keys if top1 is not None else None) if i == 0 else molecule_keys(answer)
+        hits.append(keys is not None and keys in gold_keys)
     _topk_stats(hits, stats)
     if top1 is not None:
         stats["num_valid"] = 1.0
