@@ -45,3 +45,14 @@ def register_resolvers() -> None:
 
 
 register_resolvers()
+
+
+def compose_config(overrides: list[str] | None = None, config_name: str = "train"):
+    """The config a command line with these overrides would get (without Hydra's run folder); for tests,
+    benchmarks and notebooks."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides or []))

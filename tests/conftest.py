@@ -13,19 +13,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
-from llasmol.config import CONFIG_DIR
+from llasmol.config import compose_config  # noqa: F401  (tests import it from here)
 from smolinstruct_fixture import write_smolinstruct
-
-
-def compose_config(overrides: list[str] | None = None, config_name: str = "train") -> DictConfig:
-    """The config a command line with these overrides would get (without Hydra's run folder)."""
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides or []))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,35 @@
+"""Helpers shared by the benchmarks: offline settings, the composed default config, result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+from llasmol.config import compose_config  # noqa: E402,F401  (after the offline settings above)
+
+
+def machine() -> dict:
+    return {"nproc": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0]}
+
+
+def write_result(name: str, result: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result = {"benchmark": name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": machine(), **result}
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"result written to {path}")
+    return path
