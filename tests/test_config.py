@@ -90,3 +90,16 @@ def test_every_model_quantization_combination_composes(model, quantization):
     if quantization == "4bit":
         assert (cfg.quantization.quant_type, cfg.quantization.double_quant, cfg.quantization.compute_dtype) == (
             "nf4", True, "bfloat16")
+
+
+def test_the_ablation_experiment_sweeps_the_paper_variants_on_llama2():
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from llasmol.config import CONFIG_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["experiment=lora_ablation"], return_hydra_config=True)
+    assert cfg.model.name == "llama2" and cfg.optimizer.lr == 1e-4
+    assert cfg.hydra.sweeper.params.lora == "lite,attn,ffn,full,plus"
