@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import compose_config, write_result  # noqa: E402
+from _common import write_result  # noqa: E402
 
 TASKS = {
     "forward_synthesis": (["<SMILES>", "</SMILES>"], ["<SMILES>", "</SMILES>"]),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 import hydra
@@ -17,7 +16,7 @@ from llasmol.data.sampler import ShardedShuffleSampler
 from llasmol.data.smolinstruct import SMolInstructSplit
 from llasmol.errors import UserError
 from llasmol.model.base import load_tokenizer
-from smolinstruct_fixture import MOLECULES, TASKS, split_of
+from smolinstruct_fixture import TASKS
 
 FIXTURE_TASKS = list(TASKS)
 

@@ -11,7 +11,7 @@ import torch
 
 from conftest import compose_config
 from llasmol.model.base import arch_config
-from llasmol.model.lora import apply_lora, count_parameters, modules_with_adapters
+from llasmol.model.lora import apply_lora, modules_with_adapters
 from llasmol.params import count_trainable
 
 # A tiny in-process model of each family the paper uses (Mistral; Llama 2 / Code Llama; Galactica = OPT).

@@ -9,7 +9,6 @@ The tiny model is built from its bundled config with random weights and uses the
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
