@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import os
+import socket
 
 # Tests never download: the Hub is off, W&B stays local. Set before anything imports huggingface_hub.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["WANDB_MODE"] = "offline"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# gloo process groups in tests talk over loopback only.
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 from pathlib import Path
 
 import pytest
 from omegaconf import DictConfig
+from smolinstruct_fixture import write_smolinstruct
 
 from llasmol.config import compose_config  # noqa: F401  (tests import it from here)
-from smolinstruct_fixture import write_smolinstruct
+
+
+def free_port() -> int:
+    """A free local TCP port for a gloo process group's rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -9,19 +9,36 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import free_port
 
 TESTS = Path(__file__).resolve().parent
 
 
-def _evaluate(rank: int, world: int, init_file: str, out: str) -> None:
+def _evaluate(rank: int, world: int, port: int, out: str) -> None:
     sys.path.insert(0, str(TESTS))
     if world > 1:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        # A TCP store, not a file store: the file store's last-one-out cleanup raced at exit in CI (SIGABRT).
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        _evaluate_rank(rank, world, out)
+    finally:
+        if world > 1:
+            dist.barrier()  # neither rank tears gloo down while the other still talks to it
+            dist.destroy_process_group()
+
+
+def _evaluate_rank(rank: int, world: int, out: str) -> None:
     torch.set_num_threads(1)
     import hydra
-
     from conftest import compose_config
-    from llasmol.evaluation import balanced_subset, gather_to_all, generate_records, golds_by_input, score
+
+    from llasmol.evaluation import (
+        balanced_subset,
+        gather_to_all,
+        generate_records,
+        golds_by_input,
+        score,
+    )
     from llasmol.generation import BeamGenerator
     from llasmol.loading import load_model
 
@@ -36,13 +53,11 @@ def _evaluate(rank: int, world: int, init_file: str, out: str) -> None:
     results = score(records, list(split.tasks), torch.device("cpu"))
     everything = sorted(gather_to_all(records), key=lambda r: r["index"])
     Path(out).with_suffix(f".{rank}.json").write_text(json.dumps({"metrics": results, "records": everything}))
-    if world > 1:
-        dist.destroy_process_group()
 
 
 def test_two_processes_match_one(tmp_path):
-    _evaluate(0, 1, "", str(tmp_path / "single"))
-    mp.spawn(_evaluate, args=(2, str(tmp_path / "store"), str(tmp_path / "ddp")), nprocs=2, join=True)
+    _evaluate(0, 1, 0, str(tmp_path / "single"))
+    mp.spawn(_evaluate, args=(2, free_port(), str(tmp_path / "ddp")), nprocs=2, join=True)
     single = json.loads((tmp_path / "single.0.json").read_text())
     for rank in (0, 1):
         ddp = json.loads((tmp_path / f"ddp.{rank}.json").read_text())

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import math
-import os
-import socket
 
 import pytest
 import torch
+from conftest import free_port
+from test_metrics import RECORDS
 
 from llasmol.metrics import STATS, ChemistryMetrics, sample_stats, score_records
 from llasmol.metrics.metric import state_name
 from llasmol.metrics.scoring import group_golds
-from test_metrics import RECORDS
 
 TASKS = sorted({r["task"] for r in RECORDS})
 
@@ -89,12 +88,6 @@ def test_update_rejects_bad_input():
     assert metric.compute() == {}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
@@ -120,8 +113,7 @@ def test_real_ddp_two_ranks_equal_one(tmp_path):
     import torch.multiprocessing as mp
 
     out = str(tmp_path / "result.pt")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_ddp_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+    mp.spawn(_ddp_worker, args=(2, free_port(), out), nprocs=2, join=True)
     split, lopsided = torch.load(out)
     _assert_same(split, score_records(RECORDS))
     _assert_same(lopsided, score_records(RECORDS))
