@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from llasmol.config import CONFIG_DIR
 from llasmol.errors import report_user_errors
 from llasmol.io import write_json
+from llasmol.resume import resolve_resume
 
 log = logging.getLogger("llasmol.train")
 
@@ -29,9 +30,15 @@ def _instantiate_all(group: DictConfig | None) -> list:
 def build_model(cfg: DictConfig, tokenizer):
     """Base model with adapters, and its parameter counts."""
     from llasmol.model.base import load_base_model
+    from llasmol.model.blocks import compile_blocks, enable_gradient_checkpointing
     from llasmol.model.lora import apply_lora, count_parameters
 
     model = apply_lora(load_base_model(cfg.model, tokenizer, cfg.get("quantization")), cfg.model, cfg.lora)
+    if cfg.get("gradient_checkpointing"):
+        enable_gradient_checkpointing(model)
+    if cfg.get("compile") and cfg.compile.enabled:
+        n = compile_blocks(model, cfg.compile.backend, cfg.compile.get("mode"))
+        log.info("torch.compile (%s): %d transformer blocks, compiled at their first batch", cfg.compile.backend, n)
     return model, count_parameters(model)
 
 
@@ -39,6 +46,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit one run; returns its final metrics, parameter counts and best checkpoint."""
     import lightning as L
 
+    from llasmol.distributed import check_trainer
     from llasmol.model.base import load_tokenizer, quantization_config
     from llasmol.model.module import LoRACausalLM
 
@@ -46,7 +54,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    # Cheap checks first: a quantisation the machine cannot run, then a missing base model.
+    # Cheap checks first: a missing checkpoint to resume, a strategy or quantisation the machine cannot
+    # run, then a missing base model.
+    resume_from = resolve_resume(cfg.get("ckpt_path"), out, cfg.model.name, cfg.lora.name)
+    check_trainer(cfg.trainer)
     quantization_config(cfg.get("quantization"), bool(cfg.model.get("random_init")))
     tokenizer = load_tokenizer(cfg.model)
     datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
@@ -62,6 +73,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         model,
         optimizer=hydra.utils.instantiate(cfg.optimizer),
         scheduler=hydra.utils.instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
+        seed=cfg.seed,
     )
     callbacks = _instantiate_all(cfg.get("callbacks"))
     if not cfg.trainer.get("enable_progress_bar", True):
@@ -82,7 +94,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             {**OmegaConf.to_container(cfg, resolve=True), "params": params, "accumulate_grad_batches": accumulation}
         )
 
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    if resume_from:
+        log.info("resuming from %s", resume_from)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     checkpoint = trainer.checkpoint_callback
@@ -92,6 +106,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "best_checkpoint": checkpoint.best_model_path if checkpoint else None,
         "output_dir": str(out),
         "global_step": trainer.global_step,
+        "resumed_from": resume_from,
     }
     if trainer.is_global_zero:
         write_json(out / "result.json", result)

@@ -6,7 +6,9 @@ adapter is written in PEFT's own format to `X.adapter/` (`adapter_config.json` a
 goes first, into a temporary folder renamed into place, and Lightning writes `X.ckpt` through a
 temporary file too: a `.ckpt` that exists is complete and so is its adapter.
 
-Ctrl-C during training leaves `interrupted.ckpt` (+ adapter) to resume from with `ckpt_path=`.
+Two instances run by default (conf/callbacks/default.yaml): one keeps the best adapter by validation loss,
+the other (`resume=True`) rewrites `last.ckpt` every few optimizer steps and at the end of training, and
+on Ctrl-C writes `interrupted.ckpt`. `python -m llasmol.train ckpt_path=last` continues from these.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from llasmol.distributed import module_state_dict
+
 log = logging.getLogger(__name__)
 
 
@@ -27,11 +31,11 @@ def adapter_dir(ckpt_path: str | Path) -> Path:
     return path.with_name(path.stem + ".adapter")
 
 
-def save_adapter_atomically(model, target: Path) -> None:
+def save_adapter_atomically(model, target: Path, state_dict: dict | None = None) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     try:
-        model.save_pretrained(str(tmp))
+        model.save_pretrained(str(tmp), state_dict=state_dict)
         old = None
         if target.exists():
             old = target.with_name(f".{target.name}.old")
@@ -45,9 +49,22 @@ def save_adapter_atomically(model, target: Path) -> None:
 
 
 class AdapterModelCheckpoint(ModelCheckpoint):
+    """`ModelCheckpoint` that writes the PEFT adapter beside each checkpoint.
+
+    `resume=True` makes it the resume checkpoint: Ctrl-C saves `interrupted.ckpt`, and the end of
+    training saves the last state even when the step count is not a multiple of `every_n_train_steps`.
+    """
+
+    def __init__(self, *args, resume: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.resume = resume
+
     def _save_checkpoint(self, trainer, filepath: str) -> None:
+        module = trainer.lightning_module
+        # Every process takes part: under FSDP the adapters are sharded and gathering them is collective.
+        state = module_state_dict(trainer)
         if trainer.is_global_zero:
-            save_adapter_atomically(trainer.lightning_module.model, adapter_dir(filepath))
+            save_adapter_atomically(module.model, adapter_dir(filepath), module.adapter_state_dict(state))
         super()._save_checkpoint(trainer, filepath)
 
     def _remove_checkpoint(self, trainer, filepath: str) -> None:
@@ -55,8 +72,13 @@ class AdapterModelCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             shutil.rmtree(adapter_dir(filepath), ignore_errors=True)
 
+    def on_train_end(self, trainer, pl_module) -> None:
+        super().on_train_end(trainer, pl_module)
+        if self.resume and self._last_global_step_saved != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        if isinstance(exception, KeyboardInterrupt) and self.dirpath:
+        if self.resume and isinstance(exception, KeyboardInterrupt) and self.dirpath:
             path = str(Path(self.dirpath) / "interrupted.ckpt")
             self._save_checkpoint(trainer, path)
             if trainer.is_global_zero:

@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from llasmol.data.collate import PadCollator
 from llasmol.data.formatting import PromptFormatter
+from llasmol.data.resumable import ResumableDataLoader
 from llasmol.data.sampler import ShardedShuffleSampler
 from llasmol.data.smolinstruct import SMolInstructSplit
 from llasmol.data.tasks import TASKS, check_tasks
@@ -88,6 +89,8 @@ class SMolInstructDataModule(L.LightningDataModule):
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.collate = PadCollator(pad)
         self.datasets: dict[str, SMolInstructDataset] = {}
+        self._train_loader: Optional[ResumableDataLoader] = None
+        self._resume_position: Optional[dict] = None
 
     def gradient_accumulation(self, world_size: int) -> int:
         """Micro-batches per optimizer step so that micro × accumulation × world = effective batch."""
@@ -151,7 +154,9 @@ class SMolInstructDataModule(L.LightningDataModule):
             len(data), seed=self.seed, shuffle=shuffle, rank=rank, world_size=world_size, even=shuffle,
             lengths=lengths, batch_size=batch_size,
         )
-        return DataLoader(
+        # Training remembers its place in the epoch (exact resume); evaluation always runs whole.
+        loader = ResumableDataLoader if shuffle else DataLoader
+        return loader(
             data,
             batch_size=batch_size,
             sampler=sampler,
@@ -160,7 +165,24 @@ class SMolInstructDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        return self.dataloader("train", shuffle=True, batch_size=self.micro_batch_size)
+        loader = self.dataloader("train", shuffle=True, batch_size=self.micro_batch_size)
+        if self._resume_position is not None:
+            loader.load_state_dict(self._resume_position)
+            self._resume_position = None
+        self._train_loader = loader
+        return loader
+
+    # The training data position travels in checkpoints through the DataModule's state, which Lightning
+    # restores before it first builds the train loader (the loader's own state would come too late: the
+    # trainer builds the loader while setting up the scheduler, before it restores loop states).
+    def state_dict(self) -> dict:
+        return {"train_position": self._train_loader.state_dict()} if self._train_loader is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume_position = state.get("train_position")
+        if self._train_loader is not None and self._resume_position is not None:
+            self._train_loader.load_state_dict(self._resume_position)
+            self._resume_position = None
 
     def val_dataloader(self) -> DataLoader:
         return self.dataloader("validation", shuffle=False, batch_size=self.eval_batch_size)

@@ -55,6 +55,7 @@ class ShardedShuffleSampler(Sampler[int]):
         self.batch_size = batch_size
         self.group_window = group_window
         self.epoch = 0
+        self.start = 0  # positions of this epoch's share to skip once (resuming mid-epoch)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -71,7 +72,8 @@ class ShardedShuffleSampler(Sampler[int]):
         share = order[self.rank :: self.world_size]
         if self.lengths is not None and self.shuffle and self.batch_size > 1:
             share = self._group_by_length(share)
-        return iter(share.tolist())
+        start, self.start = self.start, 0
+        return iter(share[start:].tolist())
 
     def _group_by_length(self, share: np.ndarray) -> np.ndarray:
         """Within each window of `group_window` micro-batches of the shuffled share, sort by length and cut
@@ -92,6 +94,7 @@ class ShardedShuffleSampler(Sampler[int]):
         return np.concatenate(out) if out else share
 
     def __len__(self) -> int:
+        # The whole epoch, even while resuming: the trainer counts the skipped batches as done already.
         if self.even:
             return self.num_samples // self.world_size
         return len(range(self.rank, self.num_samples, self.world_size))

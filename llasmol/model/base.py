@@ -142,5 +142,7 @@ def load_base_model(model_cfg, tokenizer, quant_cfg=None):
     if quantization is not None:
         from peft import prepare_model_for_kbit_training
 
-        model = prepare_model_for_kbit_training(model)
+        # Casts norms to fp32 for stable k-bit training; checkpointing is the `gradient_checkpointing`
+        # switch's business (the quantization presets turn it on, as QLoRA does).
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     return model

@@ -6,9 +6,11 @@ import time
 from typing import Any, Callable, Optional
 
 import lightning as L
+import numpy as np
 import torch
 
 from llasmol.data.formatting import IGNORE_INDEX
+from llasmol.distributed import clean_name
 from llasmol.errors import UserError
 
 
@@ -24,9 +26,11 @@ class LoRACausalLM(L.LightningModule):
         model: torch.nn.Module,
         optimizer: Callable[..., torch.optim.Optimizer],
         scheduler: Optional[Callable[..., Any]] = None,
+        seed: Optional[int] = None,
     ) -> None:
         super().__init__()
         self.model = model
+        self.seed = seed
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.strict_loading = False  # frozen base weights are not in our checkpoints
@@ -42,13 +46,18 @@ class LoRACausalLM(L.LightningModule):
         return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        if self.seed is not None:
+            # Random draws (LoRA dropout) are a function of (seed, epoch, batch, rank), not of the run's
+            # history, so a run resumed from a checkpoint draws what the uninterrupted run would have.
+            entropy = [self.seed, self.current_epoch, batch_idx, self.global_rank]
+            torch.manual_seed(int(np.random.SeedSequence(entropy).generate_state(1)[0]))
         self._batch_started = time.perf_counter()
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss = self(batch)
         if not torch.isfinite(loss):
             # Stop before a non-finite update reaches the weights; checkpoints so far stay the last good ones.
-            last = getattr(self.trainer.checkpoint_callback, "last_model_path", "")
+            last = next((c.last_model_path for c in self.trainer.checkpoint_callbacks if c.last_model_path), "")
             resume = f"resume from the last good checkpoint with ckpt_path={last}" if last else "start again"
             raise UserError(
                 f"training loss became {loss.item()} at step {self.global_step}: lower optimizer.lr "
@@ -82,6 +91,28 @@ class LoRACausalLM(L.LightningModule):
         scheduler = self.scheduler_factory(optimizer, num_training_steps=self.trainer.estimated_stepping_batches)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def _trainable_keys(self) -> set[str]:
+        # Clean names: under FSDP or activation checkpointing the modules are wrapped, the state dict is not.
+        return {f"model.{clean_name(name)}" for name, p in self.model.named_parameters() if p.requires_grad}
+
+    def adapter_state_dict(self, state_dict: dict) -> dict:
+        """The trainable tensors of a Lightning state dict, keyed as the PEFT model names them."""
+        trainable = self._trainable_keys()
+        return {k[len("model."):]: v for k, v in state_dict.items() if k in trainable}
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        trainable = {f"model.{name}" for name, p in self.model.named_parameters() if p.requires_grad}
+        trainable = self._trainable_keys()
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # Loading is not strict (the frozen base is not in the file), so check here that the checkpoint
+        # holds exactly this model's adapters: another LoRA variant or base would silently load nothing.
+        if "state_dict" not in checkpoint:
+            return  # DeepSpeed restores module weights through its own engine files
+        saved, wanted = set(checkpoint["state_dict"]), self._trainable_keys()
+        if saved != wanted:
+            example = sorted(wanted - saved or saved - wanted)[0]
+            raise UserError(
+                f"the checkpoint's adapters do not match this model ({len(saved)} saved tensors, {len(wanted)} "
+                f"trainable; e.g. {example}): resume with the run's model= and lora= options"
+            )

@@ -1,0 +1,58 @@
+"""A training DataLoader that remembers its place in the epoch, so a resumed run continues from there.
+
+Lightning stores `state_dict()` of a loader that has one in every checkpoint (`fit_loop.combined_loader`)
+and hands it back through `load_state_dict()` before the first batch of the resumed run. The state is the
+epoch and the number of micro-batches served in it; on resume the sampler skips exactly those positions of
+the epoch's (deterministic) order, so no sample is seen twice or missed, on one device or many.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from torch.utils.data import DataLoader
+
+from llasmol.data.sampler import ShardedShuffleSampler
+from llasmol.errors import UserError
+
+
+class ResumableDataLoader(DataLoader):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.sampler, ShardedShuffleSampler):
+            raise TypeError("ResumableDataLoader needs a ShardedShuffleSampler")
+        self._epoch = self.sampler.epoch
+        self._served = 0
+        self._pending: dict | None = None
+
+    def _shape(self) -> dict:
+        """What the saved position means: the same numbers must hold when it is restored."""
+        s = self.sampler
+        return {"num_samples": s.num_samples, "batch_size": self.batch_size, "world_size": s.world_size,
+                "seed": s.seed, "group_by_length": s.lengths is not None}
+
+    def state_dict(self) -> dict:
+        return {"epoch": self._epoch, "batches": self._served, **self._shape()}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = {k: state.get(k) for k in self._shape()}
+        if saved != self._shape():
+            changed = ", ".join(f"{k} {saved[k]} -> {v}" for k, v in self._shape().items() if saved[k] != v)
+            raise UserError(
+                f"cannot resume at the checkpoint's data position: the training data changed ({changed}); "
+                "resume with the run's data, seed, micro-batch size and device count, or start a new run"
+            )
+        self._pending = state
+
+    def __iter__(self) -> Iterator:
+        # A generator: the body runs at the first batch, after the trainer has set the sampler's epoch.
+        epoch = self.sampler.epoch
+        skip = 0
+        if self._pending is not None and self._pending["epoch"] == epoch:
+            skip = self._pending["batches"]
+        self._pending = None
+        self.sampler.start = skip * self.batch_size
+        self._epoch, self._served = epoch, skip
+        for batch in super().__iter__():
+            self._served += 1
+            yield batch

@@ -1,0 +1,24 @@
+"""A test callback that writes, per training micro-batch, the step, learning rate, samples and loss."""
+
+from __future__ import annotations
+
+import json
+
+from lightning.pytorch.callbacks import Callback
+
+
+class StepRecorder(Callback):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._record: dict = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._record = {
+            "step": trainer.global_step, "epoch": trainer.current_epoch, "batch_idx": batch_idx,
+            "lr": trainer.optimizers[0].param_groups[0]["lr"], "indices": batch["index"].tolist(),
+        }
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._record["loss"] = float(outputs["loss"])
+        with open(self.path, "a") as f:  # one flushed line per micro-batch: a kill loses at most the current one
+            f.write(json.dumps(self._record) + "\n")

@@ -1,0 +1,176 @@
+"""Exact resume: optimizer, scheduler, step and data position continue as if the run had never stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from llasmol.data.resumable import ResumableDataLoader
+from llasmol.data.sampler import ShardedShuffleSampler
+from llasmol.errors import UserError
+from llasmol.resume import resolve_resume
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _loader(n=50, batch=4, world=1, rank=0, lengths=None) -> ResumableDataLoader:
+    sampler = ShardedShuffleSampler(n, seed=3, rank=rank, world_size=world, lengths=lengths, batch_size=batch)
+    return ResumableDataLoader(list(range(n)), batch_size=batch, sampler=sampler)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_restored_loader_serves_the_rest_of_the_epoch_then_whole_epochs(world):
+    import numpy as np
+
+    lengths = np.random.default_rng(0).integers(5, 60, size=50)
+    for rank in range(world):
+        whole = _loader(world=world, rank=rank, lengths=lengths)
+        whole.sampler.set_epoch(1)
+        reference = [b.tolist() for b in whole]
+        first = _loader(world=world, rank=rank, lengths=lengths)
+        first.sampler.set_epoch(1)
+        it = iter(first)
+        seen = [next(it).tolist() for _ in range(3)]
+        state = first.state_dict()
+        assert state["batches"] == 3 and state["epoch"] == 1
+        resumed = _loader(world=world, rank=rank, lengths=lengths)
+        resumed.load_state_dict(state)
+        resumed.sampler.set_epoch(1)
+        assert len(resumed) == len(reference)  # the trainer still counts the whole epoch
+        rest = [b.tolist() for b in resumed]
+        assert seen + rest == reference
+        assert resumed.state_dict()["batches"] == len(reference)
+        # the skip applies once: the next epoch is whole and reshuffled
+        resumed.sampler.set_epoch(2)
+        nxt = [b.tolist() for b in resumed]
+        assert len(nxt) == len(reference) and nxt != reference
+
+
+def test_a_state_for_another_epoch_skips_nothing():
+    loader = _loader()
+    loader.load_state_dict({**_loader().state_dict(), "epoch": 0, "batches": 5})
+    loader.sampler.set_epoch(1)
+    assert sum(len(b) for b in loader) == 50
+
+
+def test_changed_data_or_devices_cannot_resume_at_a_position():
+    state = _loader(world=2).state_dict()
+    with pytest.raises(UserError, match="world_size 2 -> 1"):
+        _loader(world=1).load_state_dict(state)
+    with pytest.raises(UserError, match="num_samples 50 -> 40"):
+        _loader(n=40, world=2).load_state_dict(state)
+
+
+def _run_dir(root: Path, name: str, model="tiny", lora="full", ckpts=("last.ckpt",)) -> Path:
+    run = root / name
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "params.json").write_text(json.dumps({"model": model, "lora": lora}))
+    for i, c in enumerate(ckpts):
+        (run / "checkpoints" / c).write_bytes(b"x")
+        os.utime(run / "checkpoints" / c, ns=(10**18 + i, 10**18 + i))
+    return run
+
+
+def test_ckpt_path_last_finds_this_run_then_the_newest_run_of_the_same_variant(tmp_path):
+    older = _run_dir(tmp_path, "a")
+    newer = _run_dir(tmp_path, "b", ckpts=("last.ckpt", "interrupted.ckpt"))
+    other_variant = _run_dir(tmp_path, "c", lora="lite")
+    os.utime(other_variant / "checkpoints" / "last.ckpt", ns=(2 * 10**18, 2 * 10**18))
+    os.utime(older / "checkpoints" / "last.ckpt", ns=(10**17, 10**17))
+    current = tmp_path / "now"
+    current.mkdir()
+    assert resolve_resume("last", current, "tiny", "full") == str(newer / "checkpoints" / "interrupted.ckpt")
+    assert resolve_resume("last", older, "tiny", "full") == str(older / "checkpoints" / "last.ckpt")
+    assert resolve_resume(str(older), current, "tiny", "full") == str(older / "checkpoints" / "last.ckpt")
+    assert resolve_resume(None, current, "tiny", "full") is None
+    assert resolve_resume("auto", current, "tiny", "full") is None  # nothing here yet: start fresh
+    assert resolve_resume("auto", older, "tiny", "full") == str(older / "checkpoints" / "last.ckpt")
+    with pytest.raises(UserError, match="ckpt_path=last: no checkpoints/last.ckpt .* tiny\\+attn"):
+        resolve_resume("last", current, "tiny", "attn")
+    with pytest.raises(UserError, match="ckpt_path=/nope/x.ckpt does not exist"):
+        resolve_resume("/nope/x.ckpt", current, "tiny", "full")
+    with pytest.raises(UserError, match="is a folder without"):
+        resolve_resume(str(current), current, "tiny", "full")
+
+
+# Two tasks × 48 training samples, micro-batch 4, accumulation 2: 12 optimizer steps an epoch, 2 epochs;
+# the resume checkpoint every 3 steps; validation (no generation) once, mid-run.
+RUN = ["data.tasks=[name_conversion-s2f,property_prediction-esol]", "data.max_samples_per_task={train:48}",
+       "data.micro_batch_size=4", "data.effective_batch_size=8", "trainer.max_epochs=2",
+       "scheduler.num_warmup_steps=4", "checkpoint_every_n_steps=3", "val_every_n_steps=10",
+       "callbacks.generation_evaluator.samples_per_task=0", "trainer.log_every_n_steps=1",
+       "trainer.enable_progress_bar=false", "logger=csv", "+callbacks.recorder._target_=resume_probe.StepRecorder"]
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_run_killed_mid_epoch_resumes_exactly(tmp_path, cfg_factory):
+    from llasmol.train import train
+
+    reference_dir = tmp_path / "reference"
+    reference = train(cfg_factory(*RUN, f"paths.output_dir={reference_dir}",
+                                  f"+callbacks.recorder.path={tmp_path / 'reference.jsonl'}"))
+    assert reference["global_step"] == 24
+    expected = _records(tmp_path / "reference.jsonl")
+
+    run = tmp_path / "run"
+    killed_log = tmp_path / "killed.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llasmol.train", f"hydra.run.dir={run}", *RUN, f"+callbacks.recorder.path={killed_log}"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    # Kill (no chance to clean up) in the first epoch, some micro-batches after a resume checkpoint.
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if killed_log.is_file() and len(killed_log.read_text().splitlines()) >= 15:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read()[-2000:]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed = _records(killed_log)
+    saved_step = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
+    assert 3 <= saved_step < 12 and saved_step % 3 == 0
+    assert killed[-1]["step"] > saved_step  # work after the checkpoint was lost and must be redone
+
+    # Restart in place: `ckpt_path=last` finds the run's own last.ckpt.
+    resumed_log = tmp_path / "resumed.jsonl"
+    resumed = train(cfg_factory(*RUN, f"paths.output_dir={run}", "ckpt_path=last",
+                                f"+callbacks.recorder.path={resumed_log}"))
+    assert resumed["resumed_from"] == str(run / "checkpoints" / "last.ckpt")
+    assert resumed["global_step"] == reference["global_step"]
+    combined = [r for r in killed if r["step"] < saved_step] + _records(resumed_log)
+
+    assert [(r["step"], r["batch_idx"]) for r in combined] == [(r["step"], r["batch_idx"]) for r in expected]
+    assert [r["lr"] for r in combined] == pytest.approx([r["lr"] for r in expected], rel=1e-12)
+    for epoch in (0, 1):
+        seen = [i for r in combined if r["epoch"] == epoch for i in r["indices"]]
+        assert sorted(seen) == sorted(i for r in expected if r["epoch"] == epoch for i in r["indices"])
+        assert len(seen) == len(set(seen)) == 96  # every sample once, none twice
+    # Same adapters, optimizer state and dropout draws: the losses after the restart are those of the
+    # uninterrupted run.
+    assert [r["loss"] for r in combined] == pytest.approx([r["loss"] for r in expected], rel=1e-5)
+    assert resumed["metrics"]["val/loss"] == pytest.approx(reference["metrics"]["val/loss"], rel=1e-5)
+
+
+def test_resuming_another_lora_variant_stops_in_one_line(tmp_path, cfg_factory):
+    from llasmol.train import train
+
+    quick = ["trainer.max_steps=2", "val_every_n_steps=100", "callbacks.generation_evaluator.samples_per_task=0",
+             "trainer.enable_progress_bar=false", "data.max_samples_per_task={train:16}"]
+    train(cfg_factory(*quick, f"paths.output_dir={tmp_path / 'full'}"))
+    ckpt = tmp_path / "full" / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file()
+    with pytest.raises(UserError, match="adapters do not match this model .* model= and lora="):
+        train(cfg_factory(*quick, "lora=lite", f"ckpt_path={ckpt}", f"paths.output_dir={tmp_path / 'lite'}"))

@@ -1,0 +1,180 @@
+"""Scale-out presets: every trainer × quantization composes; FSDP wraps LoRA-aware; switches keep the math."""
+
+from __future__ import annotations
+
+import hydra
+import pytest
+import torch
+
+from conftest import compose_config
+from llasmol.distributed import LoRAFSDPStrategy, check_trainer, clean_name, lora_wrap_policy
+from llasmol.errors import UserError
+from llasmol.model.blocks import compile_blocks, decoder_layer_types, enable_gradient_checkpointing
+from test_lora import tiny_peft_model
+
+TRAINERS = {  # preset: (strategy, precision)
+    "cpu": ("auto", "32-true"),
+    "gpu": ("auto", "bf16-mixed"),
+    "ddp": ("ddp", "bf16-mixed"),
+    "fsdp": ("llasmol.distributed.LoRAFSDPStrategy", "bf16-mixed"),
+    "deepspeed": ("lightning.pytorch.strategies.DeepSpeedStrategy", "bf16-mixed"),
+}
+QUANT = {"none": (None, "bitsandbytes.optim.AdamW8bit", False),
+         "8bit": (8, "bitsandbytes.optim.PagedAdamW8bit", True),
+         "4bit": (4, "bitsandbytes.optim.PagedAdamW8bit", True)}
+
+
+@pytest.mark.parametrize("quant", list(QUANT))
+@pytest.mark.parametrize("trainer", list(TRAINERS))
+def test_every_trainer_and_quantization_composes(trainer, quant):
+    cfg = compose_config(["model=mistral", f"trainer={trainer}", f"quantization={quant}", "paths.output_dir=/x"])
+    strategy, precision = TRAINERS[trainer]
+    got = cfg.trainer.get("strategy", "auto")
+    assert (got["_target_"] if hasattr(got, "get") else got) == strategy
+    assert cfg.trainer.precision == precision
+    bits, optimizer, checkpointing = QUANT[quant]
+    assert cfg.quantization.bits == bits
+    assert cfg.optimizer._target_ == optimizer and cfg.optimizer.lr == 1e-4  # the recipe's settings survive
+    assert cfg.gradient_checkpointing is checkpointing
+    assert cfg.data.effective_batch_size == 512 and cfg.model.dtype == "bfloat16"
+    assert cfg.trainer.use_distributed_sampler is False  # our sampler shards by rank on every preset
+
+
+def test_accumulation_follows_devices_times_nodes():
+    cfg = compose_config(["model=mistral", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=4",
+                          "trainer.num_nodes=2", "paths.output_dir=/x", "logger=none"])
+    trainer = hydra.utils.instantiate(cfg.trainer, callbacks=[], logger=False)
+    assert trainer.world_size == 8
+    from transformers import PreTrainedTokenizerFast
+
+    from llasmol.model.base import TINY_TOKENIZER_DIR
+
+    dm = hydra.utils.instantiate(cfg.data, tokenizer=PreTrainedTokenizerFast.from_pretrained(str(TINY_TOKENIZER_DIR)))
+    assert dm.gradient_accumulation(trainer.world_size) == 16  # 512 = micro-batch 4 × 16 × 8 processes
+
+
+def test_sharded_strategies_stop_in_one_line_without_gpus():
+    fsdp = compose_config(["model=mistral", "trainer=fsdp", "paths.output_dir=/x"]).trainer
+    with pytest.raises(UserError, match="trainer=fsdp shards the model over GPUs .* trainer=ddp trainer.accelerator=cpu"):
+        check_trainer(fsdp)
+    deepspeed = compose_config(["model=mistral", "trainer=deepspeed", "paths.output_dir=/x"]).trainer
+    with pytest.raises(UserError, match="deepspeed"):
+        check_trainer(deepspeed)
+    check_trainer(compose_config(["paths.output_dir=/x"]).trainer)  # cpu: fine
+
+
+def test_fsdp_preset_builds_its_strategy():
+    cfg = compose_config(["model=mistral", "trainer=fsdp", "paths.output_dir=/x"])
+    strategy = hydra.utils.instantiate(cfg.trainer.strategy)
+    assert isinstance(strategy, LoRAFSDPStrategy)
+    assert strategy.kwargs["use_orig_params"] is True  # frozen and trainable tensors side by side
+
+
+@pytest.mark.parametrize("family", ["mistral", "galactica"])
+@pytest.mark.parametrize("lora", ["lite", "plus"])
+def test_fsdp_wraps_each_block_and_each_adapter_and_nothing_else(family, lora):
+    model = tiny_peft_model(family, lora)
+    policy = lora_wrap_policy(decoder_layer_types(model))
+    units = {name for name, m in model.named_modules() if name and policy(m, recurse=False, nonwrapped_numel=0)}
+    layers = "base_model.model.model.decoder.layers" if family == "galactica" else "base_model.model.model.layers"
+    blocks = {f"{layers}.{i}" for i in range(2)}
+    adapters = {name for name, m in model.named_modules() if name.endswith((".lora_A.default", ".lora_B.default"))}
+    head = {"base_model.model.lm_head.modules_to_save.default"} if lora == "plus" else set()
+    assert units == blocks | adapters | head
+    assert len(adapters) == 2 * 2 * (2 if lora == "lite" else 6 if family == "galactica" else 7)
+    # Inside a unit nothing trainable is left over: every trainable tensor is in an adapter unit.
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert all(any(n.startswith(u + ".") for u in adapters | head) for n in trainable)
+
+
+def test_wrapper_prefixes_do_not_reach_checkpoint_names():
+    assert clean_name("model._fsdp_wrapped_module.layers.0._checkpoint_wrapped_module.q_proj.lora_A.default.weight") \
+        == "model.layers.0.q_proj.lora_A.default.weight"
+
+
+def _loss_and_grads(model, batch):
+    torch.manual_seed(1)  # same dropout masks for both models
+    model.zero_grad()
+    loss = model(**batch).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _batch(model):
+    torch.manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (2, 12))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
+    plain, checkpointed = tiny_peft_model("mistral", "full"), tiny_peft_model("mistral", "full")
+    plain.train(), checkpointed.train()
+    enable_gradient_checkpointing(checkpointed)
+    assert checkpointed.base_model.model.model.gradient_checkpointing
+    batch = _batch(plain)
+    loss_a, grads_a = _loss_and_grads(plain, batch)
+    loss_b, grads_b = _loss_and_grads(checkpointed, batch)
+    assert torch.equal(loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) == 2 * 2 * 7
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-7)
+
+
+def test_compiled_blocks_keep_names_and_numbers():
+    plain, compiled = tiny_peft_model("mistral", "lite"), tiny_peft_model("mistral", "lite")
+    assert compile_blocks(compiled, backend="eager") == 2  # the eager backend traces without generating code
+    assert list(plain.state_dict()) == list(compiled.state_dict())
+    batch = _batch(plain)
+    loss_a, grads_a = _loss_and_grads(plain, batch)
+    loss_b, grads_b = _loss_and_grads(compiled, batch)
+    torch.testing.assert_close(loss_a, loss_b)
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name])
+
+
+def test_switches_reach_the_training_model(cfg_factory):
+    from llasmol.model.base import load_tokenizer
+    from llasmol.train import build_model
+
+    cfg = cfg_factory("gradient_checkpointing=true", "compile.enabled=true", "compile.backend=eager")
+    model, params = build_model(cfg, load_tokenizer(cfg.model))
+    assert model.base_model.model.model.gradient_checkpointing
+    blocks = model.base_model.model.model.layers
+    assert all(b._compiled_call_impl is not None for b in blocks)
+    assert params["trainable"] == 65_536  # compiling and checkpointing add no parameters
+
+
+def test_slurm_launcher_maps_the_trainer_onto_jobs():
+    from hydra import compose, initialize_config_dir
+
+    from llasmol.config import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["hydra/launcher=slurm", "model=mistral", "trainer.num_nodes=2",
+                                          "hydra.launcher.partition=a100", "hydra.launcher.gpus_per_node=8"],
+                      return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert (launcher.partition, launcher.nodes, launcher.gpus_per_node, launcher.tasks_per_node) == ("a100", 2, 8, 8)
+
+
+def test_multirun_through_the_submitit_launcher(tmp_path):
+    """The launcher the SLURM preset builds on, in its local mode: each variant a job of its own process."""
+    import json
+
+    from test_train import run_cli
+
+    sweep = tmp_path / "sweep"
+    proc = run_cli(["llasmol.train", "--multirun", "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep}",
+                    "lora=lite,attn", "trainer.max_steps=2", "val_every_n_steps=2", "logger=csv",
+                    "trainer.enable_progress_bar=false", "callbacks.generation_evaluator.samples_per_task=1",
+                    "generation.max_new_tokens_limit=4", "data.max_samples_per_task={validation:4}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/result.json")}
+    assert sorted(results) == ["0_tiny_lite", "1_tiny_attn"]
+    from llasmol.params import count_trainable
+
+    expected = [count_trainable(compose_config([f"lora={v}"], config_name="params"))["trainable"] for v in ("lite", "attn")]
+    assert [results[k]["params"]["trainable"] for k in sorted(results)] == expected and expected[0] < expected[1]
+    assert all(r["global_step"] == 2 and "val/loss" in r["metrics"] for r in results.values())
+    assert (sweep / ".submitit").is_dir()  # the jobs really went through submitit
