@@ -1,0 +1,193 @@
+"""GPU check: a Mistral-7B-shaped model with random bf16 weights (nothing downloaded), the paper's LoRA
+(`full`, r=16) and 8-bit AdamW, 20 training steps on 512-token micro-batches, then one beam-search
+validation batch. Prints training tokens/s, peak GPU memory and model-FLOPs utilisation (MFU).
+
+    bash bench/gpu_check.sh                      # on a machine with an NVIDIA GPU; about a minute on an H200
+    python bench/gpu_check.py --help             # shapes, steps, switches
+
+MFU counts the FLOPs a LoRA step needs, not those of full fine-tuning: per token 2N (forward) + 2N
+(gradients with respect to activations; frozen weights get no weight gradients) over the N frozen matmul
+weights, 6 per adapter weight, and 12·layers·seq·hidden for attention scores (PaLM's count, forward and
+backward). Divided by the GPU's dense bf16 peak (table below, or --peak-tflops).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import compose_config  # noqa: E402  (sets offline mode before transformers loads)
+
+# Dense bf16 peak, TFLOP/s, by device-name fragment (vendor datasheets, without sparsity).
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0, "L4": 121.0}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", default="mistral-7b", help="bundled architecture (llasmol/model/arch/*.json)")
+    p.add_argument("--lora", default="full", help="LoRA variant (conf/lora)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (kernel selection, allocator)")
+    p.add_argument("--micro-batch", type=int, default=4, help="the paper's micro-batch")
+    p.add_argument("--seq-len", type=int, default=512, help="the paper's maximum length")
+    p.add_argument("--prompts", type=int, default=8, help="prompts in the beam-search batch")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=64, help="generated per beam (forced: no early stop)")
+    p.add_argument("--beams", type=int, default=8, help="forward synthesis: 8 beams, 5 returned")
+    p.add_argument("--returns", type=int, default=5)
+    p.add_argument("--optimizer", choices=["adamw8bit", "adamw"], default="adamw8bit")
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
+    p.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak, if not in the table")
+    p.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")
+    return p.parse_args(argv)
+
+
+def build(args, torch):
+    from transformers import AutoModelForCausalLM
+
+    from llasmol.model.base import arch_config
+    from llasmol.model.blocks import compile_blocks, enable_gradient_checkpointing
+    from llasmol.model.lora import apply_lora
+
+    cfg = compose_config(["model=mistral", f"lora={args.lora}", "paths.output_dir=/unused"])
+    config = arch_config(args.arch)
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        base = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = apply_lora(base, cfg.model, cfg.lora)
+    if args.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    if args.compile:
+        compile_blocks(model)
+    return model, config
+
+
+def flops_per_token(model, config, seq_len: int) -> float:
+    """Model FLOPs of one LoRA training token (see the module docstring)."""
+    frozen = trainable = 0
+    for name, p in model.named_parameters():
+        if "embed" in name or p.dim() < 2:
+            continue  # lookups and norms are not matmuls
+        if p.requires_grad:
+            trainable += p.numel()
+        else:
+            frozen += p.numel()
+    attention = 12 * config.num_hidden_layers * seq_len * config.hidden_size
+    return 4 * frozen + 6 * trainable + attention
+
+
+def peak_tflops(args, torch) -> float | None:
+    if args.peak_tflops:
+        return args.peak_tflops
+    if not args.device.startswith("cuda"):
+        return None
+    name = torch.cuda.get_device_name()
+    return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+
+
+def train_steps(model, args, torch, vocab: int) -> dict:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if args.optimizer == "adamw8bit":
+        import bitsandbytes as bnb
+
+        optimizer = bnb.optim.AdamW8bit(params, lr=1e-4, weight_decay=0.0)
+    else:
+        optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)
+    cuda = args.device.startswith("cuda")
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
+    generator = torch.Generator(device="cpu").manual_seed(1)
+    model.train()
+    losses = []
+
+    def step():
+        ids = torch.randint(0, vocab, (args.micro_batch, args.seq_len), generator=generator).to(args.device)
+        with autocast:
+            loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())  # no host sync per step
+
+    for _ in range(args.warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    tokens = args.steps * args.micro_batch * args.seq_len
+    return {"seconds": round(seconds, 3), "tokens_per_sec": round(tokens / seconds, 1),
+            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+            "first_loss": round(float(losses[0]), 4), "last_loss": round(float(losses[-1]), 4)}
+
+
+def beam_search(model, args, torch, vocab: int) -> dict:
+    cuda = args.device.startswith("cuda")
+    model.eval()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    ids = torch.randint(3, vocab, (args.prompts, args.prompt_len), generator=torch.Generator().manual_seed(2))
+    ids = ids.to(args.device)
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), num_beams=args.beams,
+            num_return_sequences=args.returns, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+            do_sample=False, pad_token_id=0,
+        )
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    new = out.shape[1] - args.prompt_len
+    return {"seconds": round(seconds, 3), "sequences": int(out.shape[0]), "new_tokens_per_sequence": int(new),
+            "beam_tokens_per_sec": round(args.prompts * args.beams * new / seconds, 1),
+            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None}
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit("error: --device cuda but no CUDA GPU is visible: run on a GPU machine (or --device cpu "
+                 "--arch tiny-mistral for a dry run)")
+    started = time.perf_counter()
+    model, config = build(args, torch)
+    built = time.perf_counter() - started
+    vocab = config.vocab_size
+    train = train_steps(model, args, torch, vocab)
+    per_token = flops_per_token(model, config, args.seq_len)
+    peak = peak_tflops(args, torch)
+    train["model_tflops_per_sec"] = round(train["tokens_per_sec"] * per_token / 1e12, 2)
+    train["mfu"] = round(train["model_tflops_per_sec"] / peak, 4) if peak else None
+    result = {
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
+        "arch": args.arch, "lora": args.lora, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
+        "optimizer": args.optimizer, "gradient_checkpointing": args.gradient_checkpointing,
+        "compile": args.compile, "peak_tflops": peak, "build_seconds": round(built, 1),
+        "flops_per_token": per_token, "train": train, "beam_search": beam_search(model, args, torch, vocab),
+        "total_seconds": round(time.perf_counter() - started, 1),
+    }
+    print(f"train: {train['tokens_per_sec']:,.0f} tokens/s, peak {train['peak_memory_gib']} GiB, "
+          f"MFU {train['mfu']}; beam search: {result['beam_search']['seconds']} s for {args.prompts} prompts "
+          f"x {args.beams} beams x {args.new_tokens} tokens")
+    print(json.dumps(result))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
