@@ -14,11 +14,13 @@ class StepRecorder(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._record = {
-            "step": trainer.global_step, "epoch": trainer.current_epoch, "batch_idx": batch_idx,
+            "rank": trainer.global_rank, "step": trainer.global_step, "epoch": trainer.current_epoch,
+            "batch_idx": batch_idx,
             "lr": trainer.optimizers[0].param_groups[0]["lr"], "indices": batch["index"].tolist(),
         }
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._record["loss"] = float(outputs["loss"])
-        with open(self.path, "a") as f:  # one flushed line per micro-batch: a kill loses at most the current one
+        # One flushed line per micro-batch (a kill loses at most the current one), one file per rank.
+        with open(f"{self.path}.{trainer.global_rank}", "a") as f:
             f.write(json.dumps(self._record) + "\n")

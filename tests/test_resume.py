@@ -110,35 +110,54 @@ RUN = ["data.tasks=[name_conversion-s2f,property_prediction-esol]", "data.max_sa
        "trainer.enable_progress_bar=false", "logger=csv", "+callbacks.recorder._target_=resume_probe.StepRecorder"]
 
 
-def _records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+def _records(path: Path, rank: int = 0) -> list[dict]:
+    return [json.loads(line) for line in Path(f"{path}.{rank}").read_text().splitlines()]
+
+
+def _start(run: Path, args: list[str], cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    # A session of its own, so the kill takes every process of the run (DDP starts one per device).
+    return subprocess.Popen([sys.executable, "-m", "llasmol.train", f"hydra.run.dir={run}", *args], cwd=cwd, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _kill_after(proc: subprocess.Popen, log: Path, records: int) -> None:
+    """SIGKILL the whole run once rank 0 has logged `records` micro-batches."""
+    deadline = time.time() + 240
+    rank0 = Path(f"{log}.0")
+    while time.time() < deadline and proc.poll() is None:
+        if rank0.is_file() and len(rank0.read_text().splitlines()) >= records:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read()[-2000:]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _assert_same_training(combined: dict[int, list[dict]], expected: dict[int, list[dict]], per_epoch: int) -> None:
+    for rank, records in expected.items():
+        got = combined[rank]
+        assert [(r["step"], r["batch_idx"]) for r in got] == [(r["step"], r["batch_idx"]) for r in records]
+        assert [r["lr"] for r in got] == pytest.approx([r["lr"] for r in records], rel=1e-12)
+        for epoch in (0, 1):
+            seen = [i for r in got if r["epoch"] == epoch for i in r["indices"]]
+            assert sorted(seen) == sorted(i for r in records if r["epoch"] == epoch for i in r["indices"])
+            assert len(seen) == len(set(seen)) == per_epoch  # every sample of the share once, none twice
+        # Same adapters, optimizer state and dropout draws: the losses after the restart are those of the
+        # uninterrupted run.
+        assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in records], rel=1e-5)
 
 
 def test_a_run_killed_mid_epoch_resumes_exactly(tmp_path, cfg_factory):
     from llasmol.train import train
 
-    reference_dir = tmp_path / "reference"
-    reference = train(cfg_factory(*RUN, f"paths.output_dir={reference_dir}",
+    reference = train(cfg_factory(*RUN, f"paths.output_dir={tmp_path / 'reference'}",
                                   f"+callbacks.recorder.path={tmp_path / 'reference.jsonl'}"))
     assert reference["global_step"] == 24
-    expected = _records(tmp_path / "reference.jsonl")
 
-    run = tmp_path / "run"
-    killed_log = tmp_path / "killed.jsonl"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llasmol.train", f"hydra.run.dir={run}", *RUN, f"+callbacks.recorder.path={killed_log}"],
-        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
-    # Kill (no chance to clean up) in the first epoch, some micro-batches after a resume checkpoint.
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if killed_log.is_file() and len(killed_log.read_text().splitlines()) >= 15:
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, proc.stderr.read()[-2000:]
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    run, killed_log = tmp_path / "run", tmp_path / "killed.jsonl"
+    # Killed (no chance to clean up) in the first epoch, some micro-batches after a resume checkpoint.
+    _kill_after(_start(run, [*RUN, f"+callbacks.recorder.path={killed_log}"], tmp_path), killed_log, 15)
     killed = _records(killed_log)
     saved_step = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
     assert 3 <= saved_step < 12 and saved_step % 3 == 0
@@ -151,17 +170,34 @@ def test_a_run_killed_mid_epoch_resumes_exactly(tmp_path, cfg_factory):
     assert resumed["resumed_from"] == str(run / "checkpoints" / "last.ckpt")
     assert resumed["global_step"] == reference["global_step"]
     combined = [r for r in killed if r["step"] < saved_step] + _records(resumed_log)
-
-    assert [(r["step"], r["batch_idx"]) for r in combined] == [(r["step"], r["batch_idx"]) for r in expected]
-    assert [r["lr"] for r in combined] == pytest.approx([r["lr"] for r in expected], rel=1e-12)
-    for epoch in (0, 1):
-        seen = [i for r in combined if r["epoch"] == epoch for i in r["indices"]]
-        assert sorted(seen) == sorted(i for r in expected if r["epoch"] == epoch for i in r["indices"])
-        assert len(seen) == len(set(seen)) == 96  # every sample once, none twice
-    # Same adapters, optimizer state and dropout draws: the losses after the restart are those of the
-    # uninterrupted run.
-    assert [r["loss"] for r in combined] == pytest.approx([r["loss"] for r in expected], rel=1e-5)
+    _assert_same_training({0: combined}, {0: _records(tmp_path / "reference.jsonl")}, per_epoch=96)
     assert resumed["metrics"]["val/loss"] == pytest.approx(reference["metrics"]["val/loss"], rel=1e-5)
+
+
+def test_a_two_process_ddp_run_killed_mid_epoch_resumes_exactly(tmp_path):
+    """Both ranks continue at their own place in their own share of the epoch."""
+    # 192 samples: 12 steps an epoch of micro-batch 4 × accumulation 2 × 2 processes.
+    ddp = [a.replace("{train:48}", "{train:96}") for a in RUN] + [
+        "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "data.effective_batch_size=16"]
+
+    def run_to_end(run: Path, log: Path, *extra: str) -> None:
+        proc = _start(run, [*ddp, f"+callbacks.recorder.path={log}", *extra], tmp_path)
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
+
+    run_to_end(tmp_path / "reference", tmp_path / "reference.jsonl")
+    run, killed_log = tmp_path / "run", tmp_path / "killed.jsonl"
+    _kill_after(_start(run, [*ddp, f"+callbacks.recorder.path={killed_log}"], tmp_path), killed_log, 2 * 8)
+    saved_step = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
+    assert 3 <= saved_step < 12 and saved_step % 3 == 0
+    run_to_end(run, tmp_path / "resumed.jsonl", "ckpt_path=last")
+
+    expected = {rank: _records(tmp_path / "reference.jsonl", rank) for rank in (0, 1)}
+    assert expected[0][-1]["step"] == 23
+    combined = {rank: [r for r in _records(killed_log, rank) if r["step"] < saved_step]
+                + _records(tmp_path / "resumed.jsonl", rank) for rank in (0, 1)}
+    _assert_same_training(combined, expected, per_epoch=96)
+    shares = [{i for r in expected[rank] if r["epoch"] == 0 for i in r["indices"]} for rank in (0, 1)]
+    assert not shares[0] & shares[1]  # the ranks' shares are disjoint
 
 
 def test_resuming_another_lora_variant_stops_in_one_line(tmp_path, cfg_factory):

@@ -154,3 +154,12 @@ def test_ddp_on_two_cpu_processes_runs_end_to_end(tmp_path):
     assert len(records) == 11 * 3 and len({r["index"] for r in records}) == 33
     metrics = json.loads((run / "metrics" / "val-epoch0-step4.json").read_text())
     assert all(v["num_samples"] == 3 for v in metrics.values())
+    # The two ranks' synchronised metrics are what one process scores from the same predictions.
+    from llasmol.evaluate import read_predictions
+    from llasmol.metrics.scoring import score_records
+
+    single = score_records(read_predictions(run / "predictions" / "val-epoch0-step4.jsonl"))
+    assert set(single) == set(metrics)
+    for task, values in single.items():
+        got = {k: float("nan") if metrics[task][k] is None else metrics[task][k] for k in values}  # JSON null = NaN
+        assert got == pytest.approx(values, abs=1e-9, nan_ok=True), task
