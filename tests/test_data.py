@@ -272,3 +272,60 @@ def test_length_hints_follow_token_lengths(tokenizer):
 
     rank = lambda a: np.argsort(np.argsort(a))  # noqa: E731
     assert np.corrcoef(rank(hints), rank(tokens))[0, 1] > 0.85  # Spearman correlation
+
+
+@pytest.mark.parametrize("window", [7, 1 << 16])  # 7 characters: every number and key cut somewhere
+def test_sample_lists_read_element_by_element_equal_json_load(window, monkeypatch):
+    import json
+
+    from llasmol.config import PACKAGE_DIR
+    from llasmol.data.smolinstruct import _JSONReader, _read_sample_list
+
+    monkeypatch.setattr(_JSONReader.__init__, "__defaults__", (window,))
+
+    files = sorted((PACKAGE_DIR / "data" / "sample" / "sample" / "instruction_tuning").glob("*/*.json"))
+    assert len(files) == 33  # 11 tasks × 3 splits
+    for path in files:
+        record = json.loads(path.read_text())
+        header, idx, template_id, targets = _read_sample_list(path, path.stem, None)
+        assert header == {k: v for k, v in record.items() if k != "samples"}
+        assert idx.tolist() == [s["idx"] for s in record["samples"]]
+        assert template_id.tolist() == [s["template_id"] for s in record["samples"]]
+        plain = [s.get("target") for s in record["samples"]]
+        assert targets == (plain if any(t is not None for t in plain) else None)
+        assert _read_sample_list(path, path.stem, 7)[1].tolist() == idx[:7].tolist()
+
+
+@pytest.mark.parametrize("text", [
+    '{"samples": [{"idx": 0, "template_id": 0},]}', '{"samples": []} trailing', '{"samples": [', '[]', '{}',
+    '{"samples": [{"template_id": 0}]}', '{"samples": [{"idx": 0, "template_id": 0}]',
+])
+def test_a_broken_sample_list_is_one_line_naming_the_file(tmp_path, text):
+    from llasmol.data.smolinstruct import _read_sample_list
+
+    path = tmp_path / "task.json"
+    path.write_text(text)
+    with pytest.raises(UserError, match=re.escape(str(path))):
+        _read_sample_list(path, "task", None)
+
+
+def test_raw_line_index_equals_a_line_by_line_scan(tmp_path, monkeypatch):
+    import random
+
+    from llasmol.data import smolinstruct
+
+    monkeypatch.setattr(smolinstruct, "_CHUNK", 4096)  # many chunk boundaries, lines longer than a chunk
+    rng = random.Random(3)
+    lines = [rng.choice([b"", b"  ", b"\t", b'{"input": "' + b"C" * rng.randint(0, 9000) + b'"}']) for _ in range(400)]
+    for ending in (b"\n", b""):
+        path = tmp_path / "raw.jsonl"
+        path.write_bytes(b"\n".join(lines) + ending)
+        offsets, sizes, _ = smolinstruct._line_offsets(path)
+        expected, pos = [], 0
+        for line in path.read_bytes().splitlines(keepends=True):
+            if line.strip():
+                expected.append((pos, len(line)))
+            pos += len(line)
+        assert list(zip(offsets.tolist(), sizes.tolist())) == expected
+        checked = smolinstruct._line_offsets_checked(path)
+        assert checked[0].tolist() == offsets.tolist() and checked[1].tolist() == sizes.tolist()

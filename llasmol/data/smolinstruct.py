@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -52,22 +54,187 @@ def _read_json(path: Path, what: str) -> Any:
         raise UserError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}): fix or re-extract it") from None
 
 
+_WHITESPACE = np.frombuffer(b" \t\r\n", dtype=np.uint8)
+_CHUNK = 1 << 18  # numpy temporaries per chunk are several times its size
+
+
 def _line_offsets(path: Path, check_json: bool = False) -> tuple[np.ndarray, np.ndarray, set[int]]:
-    """Byte offset and length of every non-empty line; with `check_json`, also which lines do not parse."""
-    offsets, lengths, bad = [], [], set()
+    """Byte offset and length of every non-empty line; with `check_json`, also which lines do not parse.
+
+    Scans 256 KiB at a time with numpy, so memory stays flat for raw files of any size (a Python list per
+    line cost ~70 bytes a line, 14 MiB for 200,000 lines).
+    """
+    if check_json:
+        return _line_offsets_checked(path)
+    starts, lengths = [], []
+    base, carry = 0, b""
+    with path.open("rb") as fh:
+        while True:
+            chunk = fh.read(_CHUNK)
+            buf = carry + chunk if carry else chunk
+            unterminated = not chunk and buf and not buf.endswith(b"\n")
+            if unterminated:
+                buf += b"\n"  # the last line, without its newline (counted without it below)
+            if not buf:
+                break
+            a = np.frombuffer(buf, dtype=np.uint8)
+            ends = np.flatnonzero(a == 10) + 1  # one past each newline
+            if len(ends) == 0:
+                carry = buf
+                continue
+            begins = np.concatenate(([0], ends[:-1]))
+            visible = np.add.reduceat((~np.isin(a[: ends[-1]], _WHITESPACE)).astype(np.int32), begins)
+            keep = visible > 0  # blank lines are not samples
+            starts.append(base + begins[keep])
+            lengths.append((ends - begins)[keep].astype(np.int32))
+            if unterminated and keep[-1]:
+                lengths[-1][-1] -= 1
+            carry, base = buf[ends[-1]:], base + int(ends[-1])
+            if not chunk:
+                break
+    offsets = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+    sizes = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int32)
+    return offsets, sizes, set()
+
+
+def _line_offsets_checked(path: Path) -> tuple[np.ndarray, np.ndarray, set[int]]:
+    """`_line_offsets` that also parses every line (data.skip_bad_lines), line by line."""
+    offsets, lengths, bad = array("q"), array("i"), set()
     pos = 0
     with path.open("rb") as fh:
         for line in fh:
             if line.strip():
-                if check_json:
-                    try:
-                        json.loads(line)
-                    except ValueError:
-                        bad.add(len(offsets))
+                try:
+                    json.loads(line)
+                except ValueError:
+                    bad.add(len(offsets))
                 offsets.append(pos)
                 lengths.append(len(line))
             pos += len(line)
-    return np.asarray(offsets, dtype=np.int64), np.asarray(lengths, dtype=np.int32), bad
+    return np.frombuffer(offsets, dtype=np.int64).copy(), np.frombuffer(lengths, dtype=np.int32).copy(), bad
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+class _JSONReader:
+    """Reads one JSON document piece by piece from a text file, holding only a small window of it."""
+
+    def __init__(self, fh, chunk_chars: int = 1 << 16) -> None:
+        self.fh, self.chunk_chars = fh, chunk_chars
+        self.buf, self.pos, self.eof, self.line = "", 0, False, 1
+        self._decode = json.JSONDecoder().raw_decode
+
+    def _more(self) -> bool:
+        if self.eof:
+            return False
+        chunk = self.fh.read(self.chunk_chars)
+        if not chunk:
+            self.eof = True
+            return False
+        self.line += self.buf.count("\n", 0, self.pos)  # lines of the part dropped from the window
+        self.buf, self.pos = self.buf[self.pos:] + chunk, 0
+        return True
+
+    def error(self, msg: str) -> json.JSONDecodeError:
+        err = json.JSONDecodeError(msg, self.buf, self.pos)
+        err.lineno += self.line - 1
+        return err
+
+    def peek(self) -> str:
+        """The next non-space character ('' at the end)."""
+        while True:
+            self.pos = _SPACE.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf) or not self._more():
+                return self.buf[self.pos : self.pos + 1]
+
+    def take(self, chars: str) -> str:
+        char = self.peek()
+        if not char or char not in chars:
+            raise self.error(f"expecting {' or '.join(map(repr, chars))}")
+        self.pos += 1
+        return char
+
+    def value(self) -> Any:
+        while True:
+            self.peek()
+            try:
+                item, end = self._decode(self.buf, self.pos)
+            except json.JSONDecodeError as err:
+                if self._more():
+                    continue  # cut off at the window's end: read on and decode again
+                err.lineno += self.line - 1
+                raise
+            if end == len(self.buf) and self._more():
+                continue  # a number may go on in the next piece
+            self.pos = end
+            return item
+
+
+def _read_sample_list(path: Path, task: str, limit: Optional[int]) -> tuple[dict, np.ndarray, np.ndarray, Optional[list]]:
+    """(header, idx, template_id, targets or None) of a sample list, `limit` samples at most.
+
+    Decoded one sample at a time straight into integer arrays: `json.load` would hold the file's text
+    and a dict per sample (200,000 per task in the full dataset, ~250 bytes each) at once.
+    """
+    if not path.is_file():
+        raise UserError(f"missing sample list for task {task} file {path}: is data.path the root of a SMolInstruct copy?")
+    header: dict = {}
+    idx, template_id = array("q"), array("i")
+    targets: Optional[list] = None
+    n, has_samples = 0, False
+
+    def add(sample: Any) -> None:
+        nonlocal targets
+        try:
+            idx.append(sample["idx"])
+            template_id.append(sample["template_id"])
+        except (KeyError, TypeError):
+            raise UserError(f"sample {n} of {path} lacks idx or template_id: re-extract the sample lists") from None
+        target = sample.get("target")
+        if target is not None and targets is None:
+            targets = [None] * (len(idx) - 1)  # only multi-target tasks keep a list
+        if targets is not None:
+            targets.append(target)
+
+    def items(reader: _JSONReader, close: str):
+        """Yield once per comma-separated item up to `close` (no trailing comma); the caller reads it."""
+        if reader.peek() == close:
+            reader.take(close)
+            return
+        while True:
+            yield
+            if reader.take(f",{close}") == close:
+                return
+            if reader.peek() == close:
+                raise reader.error("trailing comma")
+
+    try:
+        with path.open(encoding="utf-8") as fh:
+            reader = _JSONReader(fh)
+            reader.take("{")
+            for _ in items(reader, "}"):
+                key = reader.value()
+                if not isinstance(key, str):
+                    raise reader.error("expecting a key")
+                reader.take(":")
+                if key != "samples":
+                    header[key] = reader.value()
+                    continue
+                has_samples = True
+                reader.take("[")
+                for _ in items(reader, "]"):
+                    sample = reader.value()
+                    if limit is None or n < limit:
+                        add(sample)
+                    n += 1
+            if reader.peek():
+                raise reader.error("extra data")
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}): fix or re-extract it") from None
+    if not has_samples:
+        raise UserError(f"{path} has no \"samples\" list: re-extract the sample lists")
+    return header, np.frombuffer(idx, dtype=np.int64).copy(), np.frombuffer(template_id, dtype=np.int32).copy(), targets
 
 
 def _smiles_to_selfies(smiles: str) -> str:
@@ -114,25 +281,26 @@ class SMolInstructSplit:
             raise UserError(
                 f"split {self.split!r} not found: {split_dir} does not exist (check data.path and data.splits)"
             )
-        record = _read_json(split_dir / f"{task}.json", f"sample list for task {task}")
-        samples = record["samples"][:limit] if limit else record["samples"]
+        header, idx, template_id, targets = _read_sample_list(split_dir / f"{task}.json", task, limit)
         raw_path = self.root / self._raw_dir / self.split / f"{task}.jsonl"
         if not raw_path.is_file():
             raise UserError(f"missing raw data file {raw_path} for task {task}: is data.path complete?")
         offsets, line_bytes, bad_lines = _line_offsets(raw_path, check_json=self.skip_bad_lines)
         if bad_lines:
             # data.skip_bad_lines: drop the samples of malformed raw lines, and say how many.
-            kept = [s for s in samples if s["idx"] not in bad_lines]
-            self.skipped[task], samples = len(samples) - len(kept), kept
+            keep = ~np.isin(idx, np.fromiter(bad_lines, dtype=np.int64))
+            self.skipped[task] = int((~keep).sum())
+            idx, template_id = idx[keep], template_id[keep]
+            targets = [t for t, k in zip(targets, keep) if k] if targets is not None else None
             log.warning("%s: skipped %d sample(s) on %d malformed line(s)", raw_path, self.skipped[task], len(bad_lines))
-        idx = np.fromiter((s["idx"] for s in samples), dtype=np.int64, count=len(samples))
         if len(idx) and (idx.max() >= len(offsets) or idx.min() < 0):
             bad = int(idx[(idx >= len(offsets)) | (idx < 0)][0])
             raise UserError(
                 f"sample index {bad} in {split_dir / (task + '.json')} is beyond {raw_path} "
                 f"({len(offsets)} lines): the sample list and raw file come from different versions"
             )
-        template_name = record.get("template_name", sample_group)
+        idx = idx.astype(np.int32)  # checked above: a line number of the raw file (4 bytes a sample, not 8)
+        template_name = header.get("template_name", sample_group)
         templates = _read_json(self.root / "template" / template_name / f"{task}.json", f"templates of {task}")
         for i, tpl in enumerate(templates):
             if "<INPUT>" not in tpl.get("input", "") or "<OUTPUT>" not in tpl.get("output", ""):
@@ -140,10 +308,9 @@ class SMolInstructSplit:
                     f"template {i} of {task} in template/{template_name}/{task}.json lacks <INPUT> or <OUTPUT>: "
                     "every query needs <INPUT> and every response <OUTPUT>"
                 )
-        template_id = np.fromiter((s["template_id"] for s in samples), dtype=np.int32, count=len(samples))
         if len(template_id) and template_id.max() >= len(templates):
             raise UserError(f"template_id {int(template_id.max())} of {task} has no template ({len(templates)} exist)")
-        targets = [s.get("target") for s in samples]
+        template_id = template_id.astype(np.int16)  # a handful of templates per task
         tags = _read_json(self.root / "core_tag" / f"{task}.json", f"core tags of {task}")
         if self.selfies:
             templates = [{k: v.replace("SMILES", "SELFIES") for k, v in t.items()} for t in templates]
@@ -154,7 +321,7 @@ class SMolInstructSplit:
             line_bytes=line_bytes,
             sample_idx=idx,
             template_id=template_id,
-            targets=targets if any(t is not None for t in targets) else None,
+            targets=targets,
             templates=templates,
             input_tags=self._tags(tags["input"]),
             output_tags=self._tags(tags["output"]),
@@ -181,9 +348,9 @@ class SMolInstructSplit:
         counts on the bundled sample: 0.91)."""
         hints = []
         for t in self._tables:
-            template_chars = np.asarray([len(x["input"]) + len(x["output"]) for x in t.templates], dtype=np.int64)
-            hints.append(2 * t.line_bytes[t.sample_idx].astype(np.int64) + template_chars[t.template_id])
-        return np.concatenate(hints) if hints else np.zeros(0, dtype=np.int64)
+            template_chars = np.asarray([len(x["input"]) + len(x["output"]) for x in t.templates], dtype=np.int32)
+            hints.append(2 * t.line_bytes[t.sample_idx] + template_chars[t.template_id])
+        return np.concatenate(hints) if hints else np.zeros(0, dtype=np.int32)
 
     def counts(self) -> dict[str, int]:
         return {t.task: len(t.sample_idx) for t in self._tables}
