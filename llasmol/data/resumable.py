@@ -1,9 +1,10 @@
 """A training DataLoader that remembers its place in the epoch, so a resumed run continues from there.
 
-Lightning stores `state_dict()` of a loader that has one in every checkpoint (`fit_loop.combined_loader`)
-and hands it back through `load_state_dict()` before the first batch of the resumed run. The state is the
-epoch and the number of micro-batches served in it; on resume the sampler skips exactly those positions of
-the epoch's (deterministic) order, so no sample is seen twice or missed, on one device or many.
+Its state is the epoch and the number of micro-batches served in it. The DataModule puts that state in
+every checkpoint and hands it back before the resumed run's first batch (see `SMolInstructDataModule.
+state_dict`); the sampler then skips exactly those positions of the epoch's deterministic order, so no
+sample is seen twice or missed, on one device or many. Having `state_dict`/`load_state_dict` also tells
+Lightning that the loader is resumable mid-epoch.
 """
 
 from __future__ import annotations

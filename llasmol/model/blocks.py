@@ -39,7 +39,8 @@ def compile_blocks(model: torch.nn.Module, backend: str = "inductor", mode: Opti
     Per block rather than the whole model (as torchtune does): identical blocks share one compiled graph,
     so compiling takes seconds, not minutes, and parameter names (checkpoints, adapters) do not change.
     """
-    blocks = [m for m in model.modules() if isinstance(m, decoder_layer_types(model))]
+    types = decoder_layer_types(model)
+    blocks = [m for m in model.modules() if isinstance(m, types)]
     for block in blocks:
         block.compile(backend=backend, mode=mode)
     return len(blocks)
