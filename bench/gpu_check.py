@@ -127,7 +127,7 @@ def train_steps(model, args, torch, vocab: int) -> dict:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     tokens = args.steps * args.micro_batch * args.seq_len
-    return {"seconds": round(seconds, 3), "tokens_per_sec": round(tokens / seconds, 1),
+    return {"seconds": round(seconds, 6), "tokens_per_sec": round(tokens / seconds, 1),
             "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
             "first_loss": round(float(losses[0]), 4), "last_loss": round(float(losses[-1]), 4)}
 
@@ -150,7 +150,7 @@ def beam_search(model, args, torch, vocab: int) -> dict:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     new = out.shape[1] - args.prompt_len
-    return {"seconds": round(seconds, 3), "sequences": int(out.shape[0]), "new_tokens_per_sequence": int(new),
+    return {"seconds": round(seconds, 6), "sequences": int(out.shape[0]), "new_tokens_per_sequence": int(new),
             "beam_tokens_per_sec": round(args.prompts * args.beams * new / seconds, 1),
             "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None}
 
