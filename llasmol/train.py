@@ -47,7 +47,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     import lightning as L
 
     from llasmol.distributed import check_trainer
-    from llasmol.model.base import load_tokenizer, quantization_config
+    from llasmol.model.base import check_packing, load_tokenizer, quantization_config
     from llasmol.model.module import LoRACausalLM
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -58,6 +58,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # run, then a missing base model.
     resume_from = resolve_resume(cfg.get("ckpt_path"), out, cfg.model.name, cfg.lora.name)
     check_trainer(cfg.trainer)
+    if cfg.data.get("packing"):
+        check_packing(cfg.model)
     quantization_config(cfg.get("quantization"), bool(cfg.model.get("random_init")))
     tokenizer = load_tokenizer(cfg.model)
     datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")

@@ -31,3 +31,27 @@ class PadCollator:
             "index": torch.tensor([it["index"] for it in items]),
             "truncated": torch.tensor([it["truncated"] for it in items], dtype=torch.bool),
         }
+
+
+class PackCollator:
+    """Concatenates a micro-batch into one row with no padding (`data.packing=true`).
+
+    Position ids restart at 0 for every sample; given position ids and no 2-D attention mask, transformers
+    builds a block-diagonal causal mask from them, so no token attends across a sample boundary. Each
+    sample's first label is masked (it would be predicted from the previous sample's last token; in a
+    padded batch the shift drops it too), so the row's token-mean loss is the padded batch's exactly.
+    """
+
+    def __call__(self, items: list[dict]) -> dict:
+        labels = [torch.tensor(it["labels"]) for it in items]
+        for row in labels:
+            row[0] = IGNORE_INDEX
+        input_ids = torch.cat([torch.tensor(it["input_ids"]) for it in items])[None]
+        return {
+            "input_ids": input_ids,
+            "labels": torch.cat(labels)[None],
+            "position_ids": torch.cat([torch.arange(len(it["input_ids"])) for it in items])[None],
+            "attention_mask": torch.ones_like(input_ids),  # every token is real (counting only; not passed on)
+            "index": torch.tensor([it["index"] for it in items]),
+            "truncated": torch.tensor([it["truncated"] for it in items], dtype=torch.bool),
+        }

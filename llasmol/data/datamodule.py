@@ -7,7 +7,7 @@ from typing import Optional
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
-from llasmol.data.collate import PadCollator
+from llasmol.data.collate import PackCollator, PadCollator
 from llasmol.data.formatting import PromptFormatter
 from llasmol.data.resumable import ResumableDataLoader
 from llasmol.data.sampler import ShardedShuffleSampler
@@ -62,6 +62,7 @@ class SMolInstructDataModule(L.LightningDataModule):
         seed: int = 13,
         skip_bad_lines: bool = False,
         group_by_length: bool = True,
+        packing: bool = False,
     ) -> None:
         super().__init__()
         self.tokenizer = tokenizer
@@ -88,6 +89,9 @@ class SMolInstructDataModule(L.LightningDataModule):
         self.group_by_length = group_by_length
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.collate = PadCollator(pad)
+        # Training micro-batches as one unpadded row each; evaluation batches stay padded.
+        self.train_collate = PackCollator() if packing else self.collate
+        self.packing = packing
         self.datasets: dict[str, SMolInstructDataset] = {}
         self._train_loader: Optional[ResumableDataLoader] = None
         self._resume_position: Optional[dict] = None
@@ -145,7 +149,7 @@ class SMolInstructDataModule(L.LightningDataModule):
             return None, None
         return trainer.global_rank, trainer.world_size
 
-    def dataloader(self, name: str, shuffle: bool, batch_size: int, rank=None, world_size=None) -> DataLoader:
+    def dataloader(self, name: str, shuffle: bool, batch_size: int, rank=None, world_size=None, collate=None) -> DataLoader:
         data = self.split(name)
         if rank is None:
             rank, world_size = self._rank_world()
@@ -160,12 +164,12 @@ class SMolInstructDataModule(L.LightningDataModule):
             data,
             batch_size=batch_size,
             sampler=sampler,
-            collate_fn=self.collate,
+            collate_fn=collate or self.collate,
             num_workers=self.num_workers,
         )
 
     def train_dataloader(self) -> DataLoader:
-        loader = self.dataloader("train", shuffle=True, batch_size=self.micro_batch_size)
+        loader = self.dataloader("train", shuffle=True, batch_size=self.micro_batch_size, collate=self.train_collate)
         if self._resume_position is not None:
             loader.load_state_dict(self._resume_position)
             self._resume_position = None

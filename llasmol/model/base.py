@@ -35,6 +35,20 @@ def arch_config(arch: str, **overrides: Any):
     return AutoConfig.for_model(facts.pop("model_type"), **facts)
 
 
+# Families whose attention follows restarting position ids when no 2-D mask is given (data.packing).
+# OPT/Galactica derives its learned positions from the attention mask instead, so it cannot pack.
+PACKING_MODEL_TYPES = ("llama", "mistral")
+
+
+def check_packing(model_cfg) -> None:
+    model_type = json.loads((ARCH_DIR / f"{model_cfg.arch}.json").read_text())["model_type"]
+    if model_type not in PACKING_MODEL_TYPES:
+        raise UserError(
+            f"data.packing=true needs a Llama- or Mistral-family base; model={model_cfg.name} is {model_type}, "
+            "whose positions come from the attention mask: set data.packing=false"
+        )
+
+
 def torch_dtype(name: str) -> torch.dtype:
     if name not in _DTYPES:
         raise UserError(f"unknown model.dtype {name!r}: use one of {', '.join(_DTYPES)}")

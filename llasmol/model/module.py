@@ -36,6 +36,13 @@ class LoRACausalLM(L.LightningModule):
         self.strict_loading = False  # frozen base weights are not in our checkpoints
 
     def forward(self, batch: dict) -> torch.Tensor:
+        if "position_ids" in batch:
+            # A packed row (data.packing): no 2-D mask and no cache, so the model derives block-diagonal
+            # attention from the restarting position ids.
+            return self.model(
+                input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=batch["labels"],
+                use_cache=False,
+            ).loss
         return self.model(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
         ).loss
