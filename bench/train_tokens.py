@@ -8,10 +8,10 @@ Both train the tiny model (LoRA `full`) for the same samples, one thread, interl
 time of each is kept. Prints both figures, the ratio and the padding fractions; writes
 bench/results/train_tokens.json.
 
-`--packed` adds a third plan, for the record: each random micro-batch of 4 concatenated into one row
-without padding, positions restarting at every sample so that attention stays inside each sample
-(transformers builds the block-diagonal mask from the position ids), the first label of every sample
-masked. Its loss on a micro-batch is checked to equal the padded batch's before timing.
+`--packed` adds a third plan: the random micro-batches of 4 through `data.packing` (`PackCollator`: one
+row per micro-batch without padding, positions restarting at every sample so that attention stays inside
+each sample, each sample's first label masked). Its loss on a micro-batch is checked to equal the padded
+batch's before timing.
 """
 
 from __future__ import annotations
@@ -32,31 +32,13 @@ def batches_of(order: np.ndarray, size: int) -> list[np.ndarray]:
     return [order[i : i + size] for i in range(0, len(order) - size + 1, size)]
 
 
-def pack(items: list[dict]) -> dict:
-    """One row of several samples: no padding; attention and loss stay within each sample."""
-    labels = [torch.tensor(it["labels"]) for it in items]
-    for row in labels:
-        row[0] = -100  # the first token of a sample is not predicted from the previous sample
-    ids = torch.cat([torch.tensor(it["input_ids"]) for it in items])[None]
-    positions = torch.cat([torch.arange(len(it["input_ids"])) for it in items])[None]
-    return {"input_ids": ids, "position_ids": positions, "labels": torch.cat(labels)[None],
-            "attention_mask": torch.ones_like(ids)}
-
-
-def loss_of(model, batch: dict) -> torch.Tensor:
-    if "position_ids" in batch:  # packed: no 2-D mask, so transformers derives block-diagonal attention
-        return model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=batch["labels"],
-                     use_cache=False).loss
-    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
-
-
 def run(model, dataset, collate, batches, optimizer) -> tuple[float, int, int]:
     """Seconds, useful tokens and padded tokens for one pass of training steps over `batches`."""
     useful = padded = 0
     start = time.perf_counter()
     for rows in batches:
         batch = collate([dataset[int(i)] for i in rows])
-        loss = loss_of(model, batch)
+        loss = model(batch)  # LoRACausalLM.forward: padded batches and packed rows alike
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -75,7 +57,9 @@ def main() -> None:
 
     import hydra
 
+    from llasmol.data.collate import PackCollator
     from llasmol.data.sampler import ShardedShuffleSampler
+    from llasmol.model.module import LoRACausalLM
     from llasmol.model.base import load_tokenizer
     from llasmol.train import build_model
 
@@ -89,20 +73,17 @@ def main() -> None:
     plans = {"random (paper)": batches_of(subset, 4), "length-grouped (ours)": batches_of(sampler._group_by_length(subset), 4)}
     assert sorted(np.concatenate(plans["random (paper)"])) == sorted(np.concatenate(plans["length-grouped (ours)"]))
 
-    model, _ = build_model(cfg, tokenizer)
+    peft_model, _ = build_model(cfg, tokenizer)
+    model = LoRACausalLM(peft_model, optimizer=None)
     collates = {name: dm.collate for name in plans}
     if args.packed:
         plans["packed rows"] = plans["random (paper)"]
-        collates["packed rows"] = pack
+        collates["packed rows"] = PackCollator()
         first = [train[int(i)] for i in plans["packed rows"][0]]
         training = model.training
         model.eval()
         with torch.no_grad():
-            padded_batch = dm.collate(first)
-            logits = model(input_ids=padded_batch["input_ids"], attention_mask=padded_batch["attention_mask"]).logits
-            targets = padded_batch["labels"][:, 1:]
-            unpacked = torch.nn.functional.cross_entropy(logits[:, :-1][targets != -100], targets[targets != -100])
-            packed = loss_of(model, pack(first))
+            unpacked, packed = model(dm.collate(first)), model(PackCollator()(first))
         model.train(training)
         assert torch.allclose(unpacked, packed, rtol=1e-5), (unpacked, packed)
         print(f"packed loss {packed.item():.6f} = unpacked {unpacked.item():.6f} on the first micro-batch")
