@@ -84,20 +84,6 @@ _CAPTION_STATS = (
     + ("bleu_hyp_len", "bleu_ref_len")
 )
 
-STATS: dict[str, tuple[str, ...]] = {}
-for _tasks, _stats in (
-    (SMILES_TASKS, _SMILES_STATS),
-    (FORMULA_TASKS, _FORMULA_STATS),
-    (IUPAC_TASKS, _IUPAC_STATS),
-    (NUMBER_TASKS, _NUMBER_STATS),
-    (BOOLEAN_TASKS, _BOOLEAN_STATS),
-    (CAPTION_TASKS, _CAPTION_STATS),
-):
-    for _task in _tasks:
-        STATS[_task] = _stats
-assert set(STATS) == set(ANSWER_TAG)
-
-
 def _check_task(task: str) -> None:
     if task not in STATS:
         raise ValueError(f"unknown task {task!r}: choose from {', '.join(STATS)}")
@@ -218,17 +204,18 @@ def _caption_stats(answers: list[str | None], golds: list[str], stats: dict[str,
     stats.update(caption_stats(answers[0] if answers else None, golds))
 
 
-_FAMILY = {}
-for _tasks, _fn in (
-    (SMILES_TASKS, _smiles_stats),
-    (FORMULA_TASKS, _formula_stats),
-    (IUPAC_TASKS, _iupac_stats),
-    (NUMBER_TASKS, _number_stats),
-    (BOOLEAN_TASKS, _boolean_stats),
-    (CAPTION_TASKS, _caption_stats),
-):
-    for _task in _tasks:
-        _FAMILY[_task] = _fn
+# Each family of tasks: its tasks, the names of its statistics, and the function that fills them.
+_FAMILIES = (
+    (SMILES_TASKS, _SMILES_STATS, _smiles_stats),
+    (FORMULA_TASKS, _FORMULA_STATS, _formula_stats),
+    (IUPAC_TASKS, _IUPAC_STATS, _iupac_stats),
+    (NUMBER_TASKS, _NUMBER_STATS, _number_stats),
+    (BOOLEAN_TASKS, _BOOLEAN_STATS, _boolean_stats),
+    (CAPTION_TASKS, _CAPTION_STATS, _caption_stats),
+)
+STATS: dict[str, tuple[str, ...]] = {task: stats for tasks, stats, _ in _FAMILIES for task in tasks}
+_FAMILY = {task: fn for tasks, _, fn in _FAMILIES for task in tasks}
+assert set(STATS) == set(ANSWER_TAG)
 
 
 # --------------------------------------------------------------------------- public API

@@ -41,7 +41,7 @@ PACKING_MODEL_TYPES = ("llama", "mistral")
 
 
 def check_packing(model_cfg) -> None:
-    model_type = json.loads((ARCH_DIR / f"{model_cfg.arch}.json").read_text())["model_type"]
+    model_type = arch_config(model_cfg.arch).model_type  # bundled facts: no download, unknown arch named
     if model_type not in PACKING_MODEL_TYPES:
         raise UserError(
             f"data.packing=true needs a Llama- or Mistral-family base; model={model_cfg.name} is {model_type}, "
