@@ -16,7 +16,20 @@ from omegaconf import DictConfig, OmegaConf
 from llasmol.config import CONFIG_DIR
 from llasmol.errors import UserError, report_user_errors
 
-REQUIRED = ("task", "gold", "predictions")
+REQUIRED = ("task", "input", "gold", "predictions")
+
+
+def _texts(value, what: str, where: str, allow_none: bool = False) -> list[str]:
+    """A gold or predictions field as a list of strings; numbers become their JSON text."""
+    if value is None and allow_none:
+        return []
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+            raise UserError(f"{where}: {what} must be a string or a list of strings, not {json.dumps(item)[:60]}")
+        out.append(item if isinstance(item, str) else json.dumps(item))
+    return out
 
 
 def read_predictions(path: str | Path) -> list[dict]:
@@ -37,13 +50,15 @@ def read_predictions(path: str | Path) -> list[dict]:
                 raise UserError(f"{path} line {lineno} is not valid JSON ({err.msg})") from None
             missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
             if missing:
-                raise UserError(f"{path} line {lineno} lacks {', '.join(missing)}: each line needs task, gold, predictions")
+                raise UserError(
+                    f"{path} line {lineno} lacks {', '.join(missing)}: each line needs " + ", ".join(REQUIRED)
+                )
             if record["task"] not in TASKS:
                 raise UserError(f"{path} line {lineno} has unknown task {record['task']!r}: use one of " + ", ".join(TASKS))
-            if record["predictions"] is None:  # a prompt the generator skipped
-                record["predictions"] = []
-            elif isinstance(record["predictions"], str):
-                record["predictions"] = [record["predictions"]]
+            where = f"{path} line {lineno}"
+            record["skipped"] = bool(record.get("skipped")) or record["predictions"] is None
+            record["gold"] = _texts(record["gold"], "gold", where)
+            record["predictions"] = _texts(record["predictions"], "predictions", where, allow_none=True)
             records.append(record)
     if not records:
         raise UserError(f"predictions file {path} is empty: it needs one JSON object per line")
@@ -71,10 +86,10 @@ def score_file(cfg: DictConfig) -> tuple[dict, Path]:
 
     records = read_predictions(cfg.predictions)
     results = score_records(records)
+    for metrics in results.values():
+        metrics["num_skipped"] = 0.0
     for record in records:
-        if "skipped" in record and record["task"] in results:
-            counts = results[record["task"]]
-            counts["num_skipped"] = counts.get("num_skipped", 0.0) + float(bool(record["skipped"]))
+        results[record["task"]]["num_skipped"] += float(record["skipped"])
     src = Path(cfg.predictions)
     out = Path(cfg.output) if cfg.output else src.with_name(src.stem + ".metrics.json")
     write_json(out, results)

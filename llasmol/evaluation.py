@@ -2,8 +2,9 @@
 
 Shared by the validation callback (a fixed, task-balanced subset of the validation split, every
 validation) and `python -m llasmol.evaluate` (a whole split). Each sample's `gold` is the list of gold
-answers of every sample of its task that shares its core input, as the paper counts a prediction right
-when it matches any of them; a predictions file therefore re-scores to the same numbers on its own.
+answers of every sample of the split with its task, core input and target, for the tasks of
+`POOLED_TASKS` (the paper counts a prediction right when it matches any of them), and its own label
+for property tasks; a predictions file therefore re-scores to the same numbers on its own.
 """
 
 from __future__ import annotations
@@ -16,20 +17,28 @@ import torch
 import torch.distributed as dist
 
 from llasmol.generation import BeamGenerator, task_settings
+from llasmol.metrics.scoring import POOLED_TASKS, gold_key
 
 
-def golds_by_input(split, tasks: Iterable[str]) -> dict[tuple[str, str], list[str]]:
-    """(task, core input) -> gold answers of all samples of `split` with that input."""
-    wanted = set(tasks)
-    golds: dict[tuple[str, str], list[str]] = defaultdict(list)
+def golds_by_input(split, tasks: Iterable[str]) -> dict[tuple, list[str]]:
+    """`gold_key` -> gold answers of all samples of `split` with that key, for the pooled tasks."""
+    wanted = set(tasks) & set(POOLED_TASKS)
+    golds: dict[tuple, list[str]] = defaultdict(list)
     for i in range(len(split)):
         if split.tasks[split.task_index(i)] not in wanted:
             continue
         sample = split[i]
-        answers = golds[(sample["task"], sample["raw_input"])]
+        answers = golds[gold_key(sample)]
         if sample["raw_output"] not in answers:
             answers.append(sample["raw_output"])
     return dict(golds)
+
+
+def sample_golds(golds: dict, sample: dict) -> list[str]:
+    """A sample's golds: pooled over its input for `POOLED_TASKS`, else its own answer."""
+    if sample["task"] in POOLED_TASKS:
+        return golds[gold_key(sample)]
+    return [sample["raw_output"]]
 
 
 def balanced_subset(split, per_task: Optional[int], seed: int) -> list[int]:
@@ -70,7 +79,8 @@ def generate_records(generator: BeamGenerator, split, indices: list[int], golds:
                     "index": i,
                     "input": sample["input"],
                     "raw_input": sample["raw_input"],
-                    "gold": golds[(task, sample["raw_input"])],
+                    **({"target": sample["target"]} if sample.get("target") is not None else {}),
+                    "gold": sample_golds(golds, sample),
                     "predictions": predictions,
                     "answers": None if predictions is None else [extract_answer(task, p) for p in predictions],
                     "skipped": predictions is None,

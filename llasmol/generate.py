@@ -35,8 +35,13 @@ def canonicalize_query(query: str) -> str:
     return SMILES_SPAN.sub(canon, query)
 
 
-def answer_of(response: str) -> Optional[str]:
-    """The text between the first complete pair of answer tags in `response`."""
+def answer_of(response: str, task: Optional[str] = None) -> Optional[str]:
+    """The answer the scorer would extract for `task`; without a task, the text between the first
+    complete pair of answer tags in `response`."""
+    if task:
+        from llasmol.metrics.extract import extract_answer
+
+        return extract_answer(task, response)
     match = ANY_ANSWER.search(response)
     return match.group(2) if match else None
 
@@ -48,8 +53,12 @@ def generate(cfg: DictConfig) -> list[str]:
     from llasmol.generation import BeamGenerator, task_settings
     from llasmol.loading import load_model, resolve_checkpoint
 
+    from llasmol.data.tasks import TASKS
+
     if not cfg.query:
         raise UserError('no query: run python -m llasmol.generate "<your question>" [ckpt=<run dir>]')
+    if cfg.task and cfg.task not in TASKS:
+        raise UserError(f"unknown task={cfg.task}: use one of {', '.join(TASKS)}, or leave task out")
     model_cfg, adapter, _ = resolve_checkpoint(cfg.ckpt, cfg)
     model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"))
     device = "cuda" if cfg.device == "auto" and torch.cuda.is_available() else ("cpu" if cfg.device == "auto" else cfg.device)
@@ -78,7 +87,7 @@ def main(cfg: DictConfig) -> None:
     responses = generate(cfg)
     for rank, response in enumerate(responses, 1):
         print(f"[{rank}] {response}")
-    print(f"answer: {answer_of(responses[0]) if responses else None}", flush=True)
+    print(f"answer: {answer_of(responses[0], cfg.task) if responses else None}", flush=True)
 
 
 if __name__ == "__main__":

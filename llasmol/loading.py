@@ -27,6 +27,7 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
         run_cfg = OmegaConf.load(path / ".hydra" / "config.yaml")
         return run_cfg.model, str(_best_adapter(path)), run_cfg.data
     if (path / "adapter_config.json").is_file():
+        _check_adapter_base(path, cfg.model)
         return cfg.model, str(path), None
     if path.exists() or str(ckpt).startswith((".", "/")):
         raise UserError(
@@ -34,6 +35,25 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
             "with adapter_config.json and adapter_model.safetensors"
         )
     return cfg.model, str(ckpt), None  # a Hub id such as osunlp/LlaSMol-Mistral-7B
+
+
+def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
+    """An adapter trained on one Hub base model must not be loaded onto another (PEFT would load
+    matching shapes silently or fail deep inside): name the model config to pass instead."""
+    base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base or model_cfg.get("path") or Path(base).is_absolute() or base.startswith("."):
+        return  # trained from a local folder: nothing to compare against
+    if base == model_cfg.get("hf_id"):
+        return
+    from llasmol.config import CONFIG_DIR
+
+    names = [f.stem for f in sorted((CONFIG_DIR / "model").glob("*.yaml"))
+             if OmegaConf.load(f).get("model", {}).get("hf_id") == base]
+    fix = f"model={names[0]}" if names else f"model.hf_id={base} with a model config of its architecture"
+    raise UserError(
+        f"adapter {adapter} was trained on {base}, but model={model_cfg.get('name')} is "
+        f"{model_cfg.get('hf_id') or 'the embedded tiny model'}: pass {fix}"
+    )
 
 
 def _best_adapter(run_dir: Path) -> Path:

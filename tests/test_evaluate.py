@@ -13,6 +13,7 @@ import pytest
 from conftest import compose_config
 from llasmol.evaluate import evaluate
 from llasmol.generate import canonicalize_query
+from llasmol.metrics import extract_answer
 from llasmol.train import train
 
 def same(a, b) -> bool:
@@ -101,7 +102,22 @@ def test_evaluate_command_scores_a_hand_written_file(tmp_path):
     assert metrics["forward_synthesis"]["num_no_answer"] == 1
     assert metrics["name_conversion-s2f"]["exact_match"] == 1.0
     assert metrics["property_prediction-bbbp"]["accuracy"] == 0.0
+    assert all(m["num_skipped"] == 0 for m in metrics.values())
     assert "forward_synthesis" in proc.stdout and "exact_match=0.5" in proc.stdout
+
+
+def test_numeric_golds_and_skipped_lines_in_a_predictions_file(tmp_path):
+    esol = "property_prediction-esol"
+    records = [
+        {"task": esol, "input": "CCO", "gold": 1.5, "predictions": ["<NUMBER> 0.5 </NUMBER>"]},
+        {"task": esol, "input": "CCC", "gold": -2, "predictions": None},  # a prompt the generator skipped
+    ]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    cfg = compose_config([f"paths.output_dir={tmp_path}", f"predictions={path}"], "evaluate")
+    metrics = evaluate(cfg)["metrics"][esol]
+    assert metrics["rmse"] == pytest.approx(1.0) and metrics["num_valid"] == 1
+    assert metrics["num_skipped"] == 1 and metrics["num_no_answer"] == 1 and metrics["num_samples"] == 2
 
 
 @pytest.mark.parametrize(
@@ -109,9 +125,12 @@ def test_evaluate_command_scores_a_hand_written_file(tmp_path):
     [
         (None, "does not exist"),
         ("", "is empty"),
-        ('{"task": "forward_synthesis", "gold": "C"}\n', "line 1 lacks predictions"),
-        ('{"task": "forward_synth", "gold": "C", "predictions": []}\n', "unknown task 'forward_synth'"),
-        ('{"task": "forward_synthesis", "gold": "C", "predictions": []}\nnot json\n', "line 2 is not valid JSON"),
+        ('{"task": "forward_synthesis", "input": "a", "gold": "C"}\n', "line 1 lacks predictions"),
+        ('{"task": "forward_synthesis", "gold": "C", "predictions": []}\n', "line 1 lacks input"),
+        ('{"task": "forward_synth", "input": "a", "gold": "C", "predictions": []}\n', "unknown task 'forward_synth'"),
+        ('{"task": "forward_synthesis", "input": "a", "gold": "C", "predictions": []}\nnot json\n', "line 2 is not valid JSON"),
+        ('{"task": "forward_synthesis", "input": "a", "gold": {"x": 1}, "predictions": []}\n', "gold must be a string"),
+        ('{"task": "forward_synthesis", "input": "a", "gold": "C", "predictions": [null]}\n', "predictions must be a string"),
     ],
 )
 def test_bad_predictions_files_end_with_one_line(tmp_path, content, needle):
@@ -141,6 +160,17 @@ def test_generate_command_answers_on_cpu(run_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[0].startswith("[1] ")
     assert proc.stdout.splitlines()[-1].startswith("answer: ")
+    assert not (tmp_path / "outputs").exists()  # one question leaves no run folder behind
+
+
+def test_generate_extracts_the_answer_as_the_scorer_does():
+    from llasmol.generate import answer_of
+
+    nested = "<SMILES> a <SMILES> CCO </SMILES>"
+    assert answer_of(nested, "forward_synthesis") == extract_answer("forward_synthesis", nested) == "CCO"
+    assert answer_of("It is <NUMBER> -1.2 </NUMBER> mol/L") == "-1.2"  # no task: the first tagged span
+    proc = run_cli(["llasmol.generate", "What is <SMILES> CCO </SMILES> ?", "task=forward_synth"], Path.cwd())
+    assert proc.returncode == 2 and "unknown task=forward_synth" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_query_smiles_are_canonicalised():
@@ -183,6 +213,17 @@ def test_prompts_over_the_limit_are_skipped_and_counted(run_dir, tmp_path):
         assert values["num_skipped"] == values["num_samples"] == values["num_no_answer"] == 2
     records = [json.loads(x) for x in (tmp_path / "predictions" / "test.jsonl").read_text().splitlines()]
     assert all(r["skipped"] and r["predictions"] is None for r in records)
+
+
+def test_an_adapter_of_another_base_model_is_refused_with_the_fix(run_dir, tmp_path):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    config = json.loads((run_dir / "checkpoints" / "last.adapter" / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "mistralai/Mistral-7B-v0.1"}))
+    proc = run_cli(["llasmol.evaluate", f"ckpt={adapter}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-1500:]
+    assert "trained on mistralai/Mistral-7B-v0.1" in errors[0] and "pass model=mistral" in errors[0]
 
 
 def test_a_path_without_an_adapter_is_named(tmp_path):

@@ -297,28 +297,59 @@ def test_rmse_closest_gold_and_no_valid():
 
 
 def test_classification_known_confusion():
+    """Accuracy over all samples; F1 and MCC over the yes/no answers only, as the paper's code."""
     task = "property_prediction-bbbp"
     yes, no = tagged(task, "Yes"), tagged(task, "No")
     samples = (
         [([yes], ["Yes"])] * 3  # tp 3
         + [([no], ["Yes"])] * 1  # fn 1
-        + [([tagged(task, "maybe")], ["Yes"])]  # invalid on a Yes sample: fn
+        + [([tagged(task, "maybe")], ["Yes"])]  # invalid: wrong, outside the confusion counts
         + [([no], ["No"])] * 2  # tn 2
         + [([yes], ["No"])] * 1  # fp 1
-        + [(["no tag here"], ["No"])]  # missing on a No sample: fp
+        + [(["no tag here"], ["No"])]  # missing: wrong, outside the confusion counts
         + [([tagged(task, " yes. ")], ["Yes"])]  # case, spaces and a period are fine: tp
     )
     metrics = score(task, samples)
-    tp, fn, tn, fp = 4, 2, 2, 2
-    assert (metrics["tp"], metrics["fn"], metrics["tn"], metrics["fp"]) == (tp, fn, tn, fp)
+    assert (metrics["tp"], metrics["fn"], metrics["tn"], metrics["fp"]) == (4, 1, 2, 1)
     assert metrics["num_samples"] == 10
     assert metrics["num_invalid"] == 1
     assert metrics["num_no_answer"] == 1
     assert metrics["accuracy"] == pytest.approx(6 / 10)
-    assert metrics["f1"] == pytest.approx(2 * tp / (2 * tp + fp + fn))  # 8 / 12
-    mcc = (tp * tn - fp * fn) / math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
-    assert metrics["mcc"] == pytest.approx(mcc)  # 4 / sqrt(6*6*4*4) = 1/6
-    assert metrics["mcc"] == pytest.approx(1 / 6)
+    assert metrics["f1"] == pytest.approx(8 / 10)  # 2tp / (2tp + fp + fn)
+    assert metrics["mcc"] == pytest.approx(7 / 15)  # (4*2 - 1*1) / sqrt(5*5*3*3)
+
+
+def test_sider_golds_are_per_target_not_pooled_over_the_molecule():
+    """Two side effects of one molecule are two questions: a wrong answer to one is not made right
+    by the other's label (the scorer pools golds only for the generation tasks)."""
+    task = "property_prediction-sider"
+    records = [
+        {"task": task, "input": f"Does CCO cause {t}?", "raw_input": "CCO", "target": t, "gold": gold,
+         "predictions": [tagged(task, "No" if gold == "Yes" else "Yes")]}
+        for t, gold in (("Eye disorders", "Yes"), ("Hepatobiliary disorders", "No"))
+    ]
+    metrics = score_records(records)[task]
+    assert metrics["accuracy"] == 0.0 and metrics["num_samples"] == 2
+    # the same two records with the right answers are both right
+    for r in records:
+        r["predictions"] = [tagged(task, r["gold"])]
+    assert score_records(records)[task]["accuracy"] == 1.0
+
+
+def test_property_golds_are_each_samples_own_but_generation_golds_pool():
+    esol = "property_prediction-esol"
+    records = [
+        {"task": esol, "input": "CCO", "gold": "1.0", "predictions": [tagged(esol, "3.0")]},
+        {"task": esol, "input": "CCO", "gold": "3.0", "predictions": [tagged(esol, "3.0")]},
+    ]
+    assert score_records(records)[esol]["rmse"] == pytest.approx(math.sqrt(4 / 2))
+    i2s = "name_conversion-i2s"
+    records = [
+        {"task": i2s, "input": "x", "raw_input": "ethanol", "gold": "CCO", "predictions": [smiles("OCC")]},
+        {"task": i2s, "input": "y", "raw_input": "ethanol", "gold": "C(O)C", "predictions": [smiles("CCO")]},
+        {"task": i2s, "input": "x", "raw_input": "methanol", "gold": "CO", "predictions": [smiles("CCO")]},
+    ]
+    assert score_records(records)[i2s]["exact_match"] == pytest.approx(2 / 3)
 
 
 def test_classification_degenerate():

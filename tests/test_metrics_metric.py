@@ -11,16 +11,14 @@ from test_metrics import RECORDS
 
 from llasmol.metrics import STATS, ChemistryMetrics, sample_stats, score_records
 from llasmol.metrics.metric import state_name
-from llasmol.metrics.scoring import group_golds
+from llasmol.metrics.scoring import record_golds
 
 TASKS = sorted({r["task"] for r in RECORDS})
 
 
 def _samples(records):
-    golds = group_golds(RECORDS)
-    return [r["task"] for r in records], [
-        sample_stats(r["task"], r["predictions"], golds[(r["task"], r["input"])]) for r in records
-    ]
+    golds = dict(zip(map(id, RECORDS), record_golds(RECORDS)))
+    return [r["task"] for r in records], [sample_stats(r["task"], r["predictions"], golds[id(r)]) for r in records]
 
 
 def _assert_same(got, want):

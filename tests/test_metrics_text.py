@@ -46,11 +46,16 @@ def test_disjoint_caption_scores_zero():
         assert metrics[key] == pytest.approx(0.0, abs=1e-9), key
 
 
-def test_empty_caption_is_no_answer_and_scores_zero():
-    metrics = caption([("   ", ["The molecule is an acid."]), ("The molecule is an acid.", ["The molecule is an acid."])])
-    assert metrics["num_no_answer"] == 1
-    assert metrics["meteor"] == pytest.approx(0.5, abs=0.01)
-    assert metrics["rouge1"] == pytest.approx(0.5)
+def test_empty_caption_is_no_answer_and_left_out_as_the_paper_does():
+    gold = "The molecule is an acid."
+    both = caption([("   ", [gold]), ("The molecule is an acid, a base.", [gold])])
+    alone = caption([("The molecule is an acid, a base.", [gold])])
+    assert both["num_no_answer"] == 1 and both["num_scored"] == 1 and both["num_samples"] == 2
+    for key in ("meteor", "bleu2", "bleu4", "rouge1", "rouge2", "rougeL"):
+        assert both[key] == pytest.approx(alone[key]), key
+    assert 0.3 < both["rouge1"] < 1.0
+    nothing = caption([("", [gold])])
+    assert nothing["meteor"] == 0.0 and nothing["bleu4"] == 0.0 and nothing["num_scored"] == 0
 
 
 def test_meteor_uses_wordnet_synonyms_and_stems():

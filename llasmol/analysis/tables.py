@@ -26,7 +26,7 @@ from llasmol.metrics.scoring import (
     SMILES_TASKS,
     TOPK,
     as_list,
-    group_golds,
+    record_golds,
     sample_stats,
 )
 
@@ -239,22 +239,21 @@ def judge_sample(task: str, predictions: Sequence[str], golds: Sequence[str]) ->
 
 def judged_samples(source: Union[Run, Validation], validation=None) -> list[dict]:
     """Every prediction record of a validation with ``category``, ``score`` and ``answer`` (the
-    extracted top-1 answer) added; golds pooled over records sharing (task, input)."""
+    extracted top-1 answer) added; golds pooled as the scorer pools them (`record_golds`)."""
     val = _validation(source, validation)
     records = val.predictions()
-    golds = group_golds(records)
     out = []
-    for record in records:
+    for record, golds in zip(records, record_golds(records)):
         task = record["task"]
         predictions = as_list(record.get("predictions"))
         if record.get("skipped") or record.get("predictions") is None:
             category, score = "skipped", None
         else:
-            category, score = judge_sample(task, predictions, golds[(task, record["input"])])
+            category, score = judge_sample(task, predictions, golds)
         out.append(
             {
                 **record,
-                "gold": golds[(task, record["input"])],
+                "gold": golds,
                 "answer": extract_answer(task, predictions[0]) if predictions else None,
                 "category": category,
                 "score": score,

@@ -384,8 +384,10 @@ class SMolInstructSplit:
         j = i - (int(self._ends[k - 1]) if k else 0)
         record = self.raw_record(k, int(table.sample_idx[j]))
         core_in, core_out = record["input"], record["output"]
+        target = None
         if isinstance(core_out, dict):  # multi-target tasks: the sample list says which target
-            core_out = core_out[table.targets[j]]
+            target = table.targets[j]
+            core_out = core_out[target]
         if self._encode_selfies:
             if table.input_tags[0] == "<SELFIES>":
                 core_in = _smiles_to_selfies(core_in)
@@ -398,6 +400,7 @@ class SMolInstructSplit:
             "output": template["output"].replace("<OUTPUT>", self._wrap(core_out, table.output_tags)),
             "raw_input": core_in,
             "raw_output": core_out,
+            "target": target,
         }
 
     def _wrap(self, text: str, tags: tuple[Optional[str], Optional[str]]) -> str:

@@ -5,8 +5,9 @@ across batches and processes (DDP) and still give exactly the corpus-level metri
 
 - `STATS[task]`: the names of the task's statistics, in a fixed order.
 - `sample_stats(task, predictions, golds)`: statistics of one sample; `predictions` are its raw
-  generated texts, best first (answers are extracted inside); `golds` are the plain gold answers
-  of *all* samples with the same input (a prediction is right when it matches any of them).
+  generated texts, best first (answers are extracted inside); `golds` are its gold answers
+  (`record_golds`: for the tasks of `POOLED_TASKS`, those of *all* samples with the same input,
+  as a prediction is right when it matches any of them; for property tasks its own label).
 - `finalize(task, stats)`: metric values from summed statistics.
 - `score_records(records)`: the above for a whole file of records.
 
@@ -34,15 +35,16 @@ Per task family (`extract_answer` defines "answer"):
   gold (normally there is one); ``num_valid`` + ``num_invalid`` + ``num_no_answer`` =
   ``num_samples``.
 - bbbp, clintox, hiv, sider: the top-1 answer is ``yes``/``no`` case-insensitively, after
-  stripping whitespace and one trailing period; ``accuracy`` = correct / all samples;
-  ``f1`` (positive class Yes) and ``mcc`` from the confusion counts ``tp fp tn fn``, where a
-  missing or non-yes/no answer enters as the *wrong* label (a false negative on a Yes sample,
-  a false positive on a No sample), so all three metrics come from the same four counts and
-  ``accuracy = (tp + tn) / num_samples``; ``num_invalid`` = answers other than yes/no.  With
-  a division by zero, f1 and mcc are 0.0 (scikit-learn's convention).
+  stripping whitespace and one trailing period; ``accuracy`` = correct / *all* samples (a
+  missing or non-yes/no answer is wrong); ``f1`` (positive class Yes) and ``mcc`` from the
+  confusion counts ``tp fp tn fn`` of the yes/no answers only, as the paper's code computes
+  them, so ``tp + fp + tn + fn + num_invalid + num_no_answer = num_samples`` and ``accuracy =
+  (tp + tn) / num_samples``; ``num_invalid`` = answers other than yes/no.  With a division by
+  zero, f1 and mcc are 0.0 (scikit-learn's convention).
 - molecule_captioning: ``meteor``, ``bleu2``, ``bleu4``, ``rouge1``, ``rouge2``, ``rougeL``
-  and ``tokenizer_scibert`` (1.0 when SciBERT tokenized the text, 0.0 for the fallback), see
-  `llasmol.metrics.text`.
+  over the samples with a non-empty response (``num_scored``; empty ones are left out, as the
+  paper's code leaves them out, and counted in ``num_no_answer``) and ``tokenizer_scibert``
+  (1.0 when SciBERT tokenized the text, 0.0 for the fallback), see `llasmol.metrics.text`.
 """
 
 from __future__ import annotations
@@ -69,6 +71,12 @@ BOOLEAN_TASKS = (
 )
 CAPTION_TASKS = ("molecule_captioning",)
 
+# Tasks whose input can have several right answers (reactant sets of one product, names of one
+# molecule, ...): a sample's golds are those of every sample with the same input and target, as the
+# paper's scorer reads them.  Property tasks are scored against each sample's own label; pooling
+# them would let one SIDER answer be right for another side effect of the same molecule.
+POOLED_TASKS = SMILES_TASKS + FORMULA_TASKS + IUPAC_TASKS + CAPTION_TASKS
+
 _TOPK_STATS = tuple(f"hit_top{k}" for k in TOPK) + tuple(f"has_top{k}" for k in TOPK)
 _COMMON = ("num_samples", "num_no_answer")
 _SMILES_STATS = _COMMON + ("num_valid",) + _TOPK_STATS + ("fts_morgan_sum", "fts_maccs_sum", "fts_rdk_sum")
@@ -78,7 +86,7 @@ _NUMBER_STATS = _COMMON + ("num_valid", "num_invalid", "sq_err_sum")
 _BOOLEAN_STATS = _COMMON + ("num_invalid", "tp", "fp", "tn", "fn")
 _CAPTION_STATS = (
     _COMMON
-    + ("num_scibert", "meteor_sum", "rouge1_sum", "rouge2_sum", "rougeL_sum")
+    + ("num_scored", "num_scibert", "meteor_sum", "rouge1_sum", "rouge2_sum", "rougeL_sum")
     + tuple(f"bleu_match{n}" for n in (1, 2, 3, 4))
     + tuple(f"bleu_total{n}" for n in (1, 2, 3, 4))
     + ("bleu_hyp_len", "bleu_ref_len")
@@ -185,16 +193,13 @@ def _number_stats(answers: list[str | None], golds: list[str], stats: dict[str, 
 def _boolean_stats(answers: list[str | None], golds: list[str], stats: dict[str, float]) -> None:
     gold_labels = {_parse_boolean(g) for g in golds if isinstance(g, str)} - {None}
     predicted = _parse_boolean(answers[0]) if answers else None
-    if answers and answers[0] is not None and predicted is None:
-        stats["num_invalid"] = 1.0
-    if predicted is not None and predicted in gold_labels:
-        truth = predicted
-    else:
-        # Conflicting golds cannot reach here with a yes/no answer; without one, Yes wins.
-        truth = "Yes" if "Yes" in gold_labels else "No"
     if predicted is None:
-        predicted = "No" if truth == "Yes" else "Yes"  # a missing answer is the wrong label
-    key = ("t" if predicted == truth else "f") + ("p" if predicted == "Yes" else "n")
+        if answers and answers[0] is not None:
+            stats["num_invalid"] = 1.0
+        return  # wrong for accuracy, outside the confusion counts (as in the paper's code)
+    if not gold_labels:
+        return  # a sample without a yes/no gold cannot be right
+    key = ("t" if predicted in gold_labels else "f") + ("p" if predicted == "Yes" else "n")
     stats[key] = 1.0
 
 
@@ -292,38 +297,47 @@ def finalize(task: str, stats: dict[str, float]) -> dict[str, float]:
     else:  # captioning
         from llasmol.metrics.text import bleu_from_stats
 
-        out["meteor"] = _ratio(stats["meteor_sum"], n)
+        scored = stats["num_scored"]
+        out["meteor"] = _ratio(stats["meteor_sum"], scored)
         out["bleu2"] = bleu_from_stats(stats, 2)
         out["bleu4"] = bleu_from_stats(stats, 4)
         for key in ("rouge1", "rouge2", "rougeL"):
-            out[key] = _ratio(stats[f"{key}_sum"], n)
+            out[key] = _ratio(stats[f"{key}_sum"], scored)
+        out["num_scored"] = scored
         out["tokenizer_scibert"] = _ratio(stats["num_scibert"], n)
     return out
 
 
-def group_golds(records: Iterable[dict]) -> dict[tuple[str, str], list[str]]:
-    """Gold answers of all records, grouped by (task, input), in first-seen order without repeats."""
-    groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+def gold_key(record: dict) -> tuple:
+    """What makes two samples "the same input": task, core input and (SIDER) target."""
+    return (record["task"], record.get("raw_input", record.get("input")), record.get("target"))
+
+
+def record_golds(records: Iterable[dict]) -> list[list[str]]:
+    """Each record's gold answers, in record order: for `POOLED_TASKS` the golds of all records
+    with its `gold_key` (first-seen order, no repeats), for the property tasks its own."""
+    records = list(records)
+    pooled: dict[tuple, list[str]] = defaultdict(list)
     for record in records:
-        bucket = groups[(record["task"], record["input"])]
-        for gold in as_list(record["gold"]):
-            if gold not in bucket:
-                bucket.append(gold)
-    return dict(groups)
+        if record["task"] in POOLED_TASKS:
+            bucket = pooled[gold_key(record)]
+            bucket.extend(g for g in as_list(record["gold"]) if g not in bucket)
+    return [
+        pooled[gold_key(r)] if r["task"] in POOLED_TASKS else as_list(r["gold"]) for r in records
+    ]
 
 
 def score_records(records: Iterable[dict]) -> dict[str, dict[str, float]]:
     """Metrics of a whole file: ``{task: {metric: value}}`` for every task in `records`.
 
     Each record has ``task``, ``input``, ``gold`` (a string or a list of strings) and
-    ``predictions`` (raw texts, best first); golds are pooled over records sharing
-    (task, input), as the paper does.
+    ``predictions`` (raw texts, best first); ``raw_input`` and ``target`` when present.  Golds
+    are pooled as `record_golds` says.
     """
     records = list(records)
-    golds = group_golds(records)
     totals: dict[str, dict[str, float]] = {}
-    for record in records:
+    for record, golds in zip(records, record_golds(records)):
         task = record["task"]
-        stats = sample_stats(task, as_list(record["predictions"]), golds[(task, record["input"])])
+        stats = sample_stats(task, as_list(record["predictions"]), golds)
         add_stats(totals.setdefault(task, {}), stats)
     return {task: finalize(task, total) for task, total in totals.items()}

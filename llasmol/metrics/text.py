@@ -23,8 +23,9 @@ The recipe follows MolT5's captioning evaluation, which the LlaSMol paper reuses
 - **ROUGE** is ``rouge_score``'s F-measure (its own lower-casing alphanumeric tokenizer on the
   raw text, no stemming, as MolT5 calls it), the best over golds, averaged over samples.
 
-A sample with no answer (empty response) scores 0 on METEOR and ROUGE and adds only reference
-length to BLEU; it stays in every denominator.  Responses longer than `MAX_CAPTION_CHARS` are
+A sample with no answer (empty response) is left out of all of them, as the paper's scorer
+leaves it out; it is counted in ``num_no_answer``, and ``num_scored`` counts the rest.  All golds
+of the input are references (the paper's scorer takes one of them).  Responses longer than `MAX_CAPTION_CHARS` are
 cut to that length before scoring (ROUGE-L is quadratic in length).
 """
 
@@ -276,14 +277,20 @@ def bleu_from_stats(stats: dict[str, float], max_order: int) -> float:
 
 
 def caption_stats(answer: str | None, golds: Sequence[str]) -> dict[str, float]:
-    """METEOR/ROUGE sums, BLEU statistics and the tokenizer flag for one sample."""
+    """METEOR/ROUGE sums, BLEU statistics and the tokenizer flag for one sample.
+
+    An empty response adds nothing but the flag: it is left out of every caption metric.
+    """
     hypothesis_text = (answer or "")[:MAX_CAPTION_CHARS]
+    if not hypothesis_text.strip():
+        return {"num_scibert": 1.0 if uses_scibert() else 0.0}
     gold_texts = [g[:MAX_CAPTION_CHARS] for g in golds if isinstance(g, str)]
-    hyp_tokens = tokenize(hypothesis_text) if hypothesis_text else []
+    hyp_tokens = tokenize(hypothesis_text)
     ref_tokens = [_gold_tokens(g) for g in gold_texts]
     stats = bleu_stats(ref_tokens, hyp_tokens)
     stats["meteor_sum"] = meteor(ref_tokens, hyp_tokens)
     for key, value in rouge(gold_texts, hypothesis_text).items():
         stats[f"{key}_sum"] = value
+    stats["num_scored"] = 1.0
     stats["num_scibert"] = 1.0 if uses_scibert() else 0.0
     return stats
