@@ -184,7 +184,7 @@ TEMPLATES: dict[str, list[tuple[str, str]]] = {
          "Sure, here it is: <OUTPUT> ."),
     ],
     "name_conversion-i2f": [
-        ("What is the molecular formula of <INPUT> ?",
+        ("From the name <INPUT> , which molecular formula follows?",
          "Its molecular formula is <OUTPUT> ."),
         ("Give the molecular formula of the compound named <INPUT> .",
          "The molecular formula is <OUTPUT> ."),
@@ -198,7 +198,7 @@ TEMPLATES: dict[str, list[tuple[str, str]]] = {
          "The formula of this molecule is <OUTPUT> ."),
     ],
     "name_conversion-s2f": [
-        ("What is the molecular formula of <INPUT> ?",
+        ("Write out the molecular formula of the SMILES <INPUT> .",
          "The molecular formula is <OUTPUT> ."),
         ("Give the molecular formula for the molecule with SMILES <INPUT> .",
          "Its molecular formula is <OUTPUT> ."),
@@ -254,7 +254,7 @@ TEMPLATES: dict[str, list[tuple[str, str]]] = {
          "The lipophilicity is <OUTPUT> ."),
     ],
     "property_prediction-bbbp": [
-        ("Can <INPUT> penetrate the blood-brain barrier?",
+        ("Is <INPUT> expected to get past the blood-brain barrier?",
          "<OUTPUT>"),
         ("Is the molecule <INPUT> able to cross the blood-brain barrier?",
          "The answer is <OUTPUT> ."),
@@ -268,7 +268,7 @@ TEMPLATES: dict[str, list[tuple[str, str]]] = {
          "<OUTPUT>"),
     ],
     "property_prediction-clintox": [
-        ("Is <INPUT> toxic?",
+        ("Is <INPUT> likely to prove toxic in humans?",
          "<OUTPUT>"),
         ("Would <INPUT> be likely to fail clinical trials because of toxicity?",
          "<OUTPUT>"),

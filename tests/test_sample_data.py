@@ -151,6 +151,28 @@ def test_templates(task: str) -> None:
         assert not TAG_PATTERN.search(leftover), template
 
 
+# Queries published with SMolInstruct and the paper (examples), reduced to words: our templates are our
+# own wording, so none of them may read as one of these.
+PUBLISHED_QUERIES = (
+    "is <INPUT> toxic",
+    "can <INPUT> penetrate the blood-brain barrier",
+    "what is the molecular formula of <INPUT>",
+    "how soluble is <INPUT>",
+    "identify possible reactants that could have been used to create the specified product",
+)
+
+
+def _words(text: str) -> str:
+    return " ".join(re.findall(r"<INPUT>|[\w-]+", text.lower().replace("<input>", "<INPUT>")))
+
+
+def test_templates_are_not_published_wording() -> None:
+    published = {_words(q) for q in PUBLISHED_QUERIES}
+    for task in TASKS:
+        for template in load_json("template", "instruction_tuning", f"{task}.json"):
+            assert _words(template["input"]) not in published, (task, template["input"])
+
+
 @pytest.mark.parametrize("task", TASKS)
 def test_sample_index_files(task: str) -> None:
     n_templates = len(load_json("template", "instruction_tuning", f"{task}.json"))
