@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 from typing import Any, Callable
@@ -27,9 +28,18 @@ def report_user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             if user_error is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
             print(f"error: {user_error}", file=sys.stderr, flush=True)
+            _log_to_files(f"error: {user_error}")
             sys.exit(2)
 
     return wrapper
+
+
+def _log_to_files(line: str) -> None:
+    """The run's log file (Hydra's `<task>.log`) says why the run ended; the console has it already."""
+    record = logging.LogRecord("llasmol", logging.ERROR, __file__, 0, line, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def _find_user_error(err: BaseException) -> UserError | None:

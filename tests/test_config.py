@@ -49,7 +49,7 @@ def test_real_bases_get_the_paper_recipe(model):
     assert cfg.data.hub_id == "osunlp/SMolInstruct"
     assert len(cfg.data.tasks) == 14
     assert (cfg.data.micro_batch_size, cfg.data.effective_batch_size, cfg.data.max_length) == (4, 512, 512)
-    assert cfg.data.train_on_inputs is True
+    assert cfg.data.train_on_inputs is True and cfg.data.group_by_length is False  # random micro-batches
     assert cfg.optimizer._target_ == "bitsandbytes.optim.AdamW8bit" and cfg.optimizer.lr == 1e-4
     assert cfg.scheduler._target_ == "transformers.get_cosine_schedule_with_warmup"
     assert cfg.scheduler.num_warmup_steps == 1000

@@ -217,11 +217,14 @@ def test_hub_archive_is_fetched_once_and_read_like_a_local_copy(tokenizer, smol_
     archive = shutil.make_archive(str(tmp_path / "data"), "zip", root_dir=smol_root.parent, base_dir=smol_root.name)
     calls = []
 
-    def fake_download(repo_id, filename, repo_type):
+    def fake_download(repo_id, filename, repo_type, local_files_only=False):
         calls.append((repo_id, filename, repo_type))
         return archive
 
+    import llasmol.offline
+
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setattr(llasmol.offline, "hub_unreachable", lambda: None)  # as if online
     monkeypatch.setenv("LLASMOL_CACHE", str(tmp_path / "cache"))
     for _ in range(2):
         dm = SMolInstructDataModule(tokenizer, path=None, tasks=FIXTURE_TASKS)

@@ -70,6 +70,19 @@ def test_exactly_the_named_modules_get_adapters(family, lora):
         assert head_params == set()
 
 
+def test_large_adapts_what_full_adapts_on_llama2_13b():
+    cfg = compose_config(["lora=large", "paths.output_dir=/tmp/unused"])
+    assert cfg.model.name == "llama2_13b" and cfg.lora.name == "large"
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(arch_config(cfg.model.arch, **FAMILIES["llama2"][1]))
+    model = apply_lora(base, cfg.model, cfg.lora)
+    assert modules_with_adapters(model) == expected_modules("llama2", "full")
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+
+
 def test_galactica_ffn_has_no_gate_and_adapts_fc1_fc2():
     model = tiny_peft_model("galactica", "ffn")
     assert {name.rsplit(".", 1)[1] for name in modules_with_adapters(model)} == {"fc1", "fc2"}

@@ -112,6 +112,21 @@ def test_mistakes_end_with_one_clear_line(tmp_path, overrides, needle):
         assert "model.path=" in errors[0]  # says how to point at local weights
 
 
+def test_a_machine_without_network_fails_fast_without_hf_hub_offline(tmp_path):
+    """No HF_HUB_OFFLINE: the Hub is probed once (here: a closed local port, so nothing can download)
+    instead of a minute of retries and a warning per retry; the run's log keeps the error too."""
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf"), "PYTHONUNBUFFERED": "1"}
+    for key in ("HF_HUB_OFFLINE", "HYDRA_FULL_ERROR", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        env.pop(key, None)
+    proc = subprocess.run([sys.executable, "-m", "llasmol.train", "model=mistral", f"hydra.run.dir={tmp_path / 'run'}"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "mistralai/Mistral-7B-v0.1" in errors[0] and "127.0.0.1 unreachable" in errors[0]
+    assert "Retrying" not in proc.stderr and "Traceback" not in proc.stderr
+    assert errors[0] in (tmp_path / "run" / "train.log").read_text()
+
+
 def test_user_errors_raise_from_the_plain_function(cfg_factory):
     with pytest.raises(UserError, match="micro_batch_size=3"):
         train(cfg_factory("data.micro_batch_size=3", *SHORT))

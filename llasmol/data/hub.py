@@ -22,15 +22,19 @@ def fetch_smolinstruct(repo_id: str, cache_dir: Path | None = None) -> Path:
     done = target / ".extracted"
     if done.is_file():
         return _layout_root(target)
+    from llasmol.offline import cached_on_disk, hub_unreachable
+
+    fix = "set data.path=<folder with raw/, sample/, template/, core_tag/> to use a local copy"
+    reason = hub_unreachable()
+    local_only = reason is not None and cached_on_disk(repo_id, ARCHIVE, repo_type="dataset")
+    if reason is not None and not local_only:
+        raise UserError(f"cannot fetch dataset {repo_id} from the Hugging Face Hub ({reason}): {fix}")
     try:
         from huggingface_hub import hf_hub_download
 
-        archive = hf_hub_download(repo_id=repo_id, filename=ARCHIVE, repo_type="dataset")
-    except Exception as err:  # offline, unknown repo, no credentials: all end the same way for the user
-        raise UserError(
-            f"cannot fetch dataset {repo_id} from the Hugging Face Hub ({type(err).__name__}): "
-            "set data.path=<folder with raw/, sample/, template/, core_tag/> to use a local copy"
-        ) from None
+        archive = hf_hub_download(repo_id=repo_id, filename=ARCHIVE, repo_type="dataset", local_files_only=local_only)
+    except Exception as err:  # unknown repo, no credentials, a failed download: the same for the user
+        raise UserError(f"cannot fetch dataset {repo_id} from the Hugging Face Hub ({type(err).__name__}): {fix}") from None
     tmp = target.with_name(target.name + ".partial")
     with zipfile.ZipFile(archive) as zf:
         zf.extractall(tmp)

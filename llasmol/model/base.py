@@ -59,15 +59,31 @@ def _weights_source(model_cfg) -> str:
     return model_cfg.get("path") or model_cfg.hf_id
 
 
-def _offline_error(model_cfg, what: str) -> UserError:
+def _local_only(model_cfg, what: str) -> bool:
+    """True when the Hub is out of reach and the files are cached (load them without asking the Hub);
+    a one-line error when they are not cached either; False when the Hub may be asked."""
+    if model_cfg.get("path"):
+        return False
+    from llasmol.offline import cached_on_disk, hub_unreachable
+
+    reason = hub_unreachable()
+    if reason is None:
+        return False
+    if not cached_on_disk(model_cfg.hf_id):
+        raise _offline_error(model_cfg, what, reason)
+    return True
+
+
+def _offline_error(model_cfg, what: str, reason: Optional[str] = None) -> UserError:
     if model_cfg.get("path"):
         return UserError(
             f"no {what} for {model_cfg.hf_id} at model.path={model_cfg.path}: point model.path at a folder "
             "with config.json, tokenizer files and *.safetensors"
         )
+    why = f"; {reason}" if reason else ""
     return UserError(
         f"{what} of {model_cfg.hf_id} are not available offline (not in the Hugging Face cache and no "
-        f"model.path): run `huggingface-cli download {model_cfg.hf_id}` where the Hub is reachable, or set "
+        f"model.path{why}): run `huggingface-cli download {model_cfg.hf_id}` where the Hub is reachable, or set "
         "model.path=<local folder with the weights>"
     )
 
@@ -78,9 +94,12 @@ def load_tokenizer(model_cfg):
 
     if model_cfg.get("tokenizer") == "tiny":
         return PreTrainedTokenizerFast.from_pretrained(str(TINY_TOKENIZER_DIR))
+    local_only = _local_only(model_cfg, "the tokenizer files")
     try:
         tok = AutoTokenizer.from_pretrained(
-            _weights_source(model_cfg), trust_remote_code=bool(model_cfg.get("trust_remote_code", False))
+            _weights_source(model_cfg),
+            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+            local_files_only=local_only,
         )
     except (OSError, ValueError) as err:
         raise _offline_error(model_cfg, "the tokenizer files") from err
@@ -141,9 +160,11 @@ def load_base_model(model_cfg, tokenizer, quant_cfg=None):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(model_cfg.get("init_seed", 0)))
             return AutoModelForCausalLM.from_config(config, dtype=dtype)
+    local_only = _local_only(model_cfg, "base weights")
     try:
         model = AutoModelForCausalLM.from_pretrained(
             _weights_source(model_cfg),
+            local_files_only=local_only,
             dtype=dtype,
             quantization_config=quantization,
             use_safetensors=True,  # never unpickle downloaded weights

@@ -41,9 +41,14 @@ def lora_config(model_cfg, lora_cfg):
 
 def apply_lora(model, model_cfg, lora_cfg):
     """Wrap `model` with freshly initialised adapters; only adapter (and saved-head) weights train."""
+    import warnings
+
     from peft import get_peft_model
 
-    return get_peft_model(model, lora_config(model_cfg, lora_cfg))
+    with warnings.catch_warnings():
+        # PEFT asks for a property this transformers release deprecates; nothing for our users to do.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, lora_config(model_cfg, lora_cfg))
 
 
 def count_parameters(model) -> dict:
