@@ -129,6 +129,18 @@ def test_order_is_deterministic_for_a_seed_and_changes_with_epoch():
     assert [x for pair in zip(*two) for x in pair] == list(a)
 
 
+@pytest.mark.parametrize("group_by_length", [False, True])
+def test_two_fresh_datamodules_with_one_seed_serve_the_same_batches(tokenizer, smol_root, group_by_length):
+    def served(seed):
+        dm = make_dm(tokenizer, smol_root, seed=seed, group_by_length=group_by_length)
+        loader = dm.dataloader("train", shuffle=True, batch_size=3, rank=0, world_size=1)
+        return [[int(i) for i in batch["index"]] for batch in loader]
+
+    first = served(13)
+    assert served(13) == first
+    assert served(14) != first and sorted(sum(served(14), [])) == sorted(sum(first, []))
+
+
 def test_batches_pad_right_and_mask_padding(tokenizer, smol_root):
     dm = make_dm(tokenizer, smol_root, micro_batch_size=4, effective_batch_size=8)
     batch = next(iter(dm.dataloader("train", shuffle=True, batch_size=4, rank=0, world_size=1)))
