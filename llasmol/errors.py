@@ -27,11 +27,21 @@ def report_user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             user_error = _find_user_error(err)
             if user_error is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
-            print(f"error: {user_error}", file=sys.stderr, flush=True)
-            _log_to_files(f"error: {user_error}")
+            message = _cause_line(str(user_error))
+            print(f"error: {message}", file=sys.stderr, flush=True)
+            _log_to_files(f"error: {message}")
             sys.exit(2)
 
     return wrapper
+
+
+def _cause_line(message: str) -> str:
+    """The error itself: a DataLoader worker re-raises with its traceback folded into the message,
+    ending in ``...UserError: <the message>``."""
+    if "Traceback" not in message:
+        return message
+    last = message.rstrip().splitlines()[-1]
+    return last.split("UserError: ", 1)[1] if "UserError: " in last else last
 
 
 def _log_to_files(line: str) -> None:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from llasmol.data.smolinstruct import SMolInstructSplit
+from llasmol.errors import UserError
 from smolinstruct_fixture import write_smolinstruct
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,13 +52,27 @@ def corrupt_template(root: Path) -> str:
     return "template 1 of name_conversion-s2f"
 
 
-def corrupt_raw_line(root: Path) -> str:
-    # Raw lines are read when used: the validation split is read whole at the first validation.
-    path = root / "raw" / "dev" / "name_conversion-s2f.jsonl"
+def corrupt_raw_line(root: Path, split: str = "dev") -> str:
+    path = root / "raw" / split / "name_conversion-s2f.jsonl"
     lines = path.read_text().splitlines()
     lines[2] = '{"input": "CCO", "output": '
     path.write_text("\n".join(lines) + "\n")
     return f"{path} line 3 is not valid JSON"
+
+
+def corrupt_train_line(root: Path) -> str:
+    # Found when the index is built, before the first step, not when a batch first reads the line.
+    return corrupt_raw_line(root, "train")
+
+
+def missing_task_file(root: Path) -> str:
+    (root / "raw" / "train" / "property_prediction-esol.jsonl").unlink()
+    return "missing raw data file"
+
+
+def missing_template(root: Path) -> str:
+    (root / "template" / "instruction_tuning" / "name_conversion-s2f.json").unlink()
+    return "name_conversion-s2f.json"
 
 
 def index_beyond_raw(root: Path) -> str:
@@ -75,20 +90,46 @@ def missing_split(root: Path) -> str:
     return "split 'dev' not found"
 
 
-@pytest.mark.parametrize("corrupt", [corrupt_template, corrupt_raw_line, index_beyond_raw, missing_split])
+@pytest.mark.parametrize("corrupt", [corrupt_template, corrupt_raw_line, corrupt_train_line, index_beyond_raw,
+                                     missing_split, missing_task_file, missing_template])
 def test_bad_data_ends_with_one_line_naming_it(broken_root, tmp_path, corrupt):
     needle = corrupt(broken_root)
     proc = run_cli(["llasmol.train", f"data.path={broken_root}", TASKS, f"hydra.run.dir={tmp_path / 'run'}", *QUICK],
                    tmp_path)
     assert proc.returncode == 2
     assert needle in one_error_line(proc)
+    assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before any training step
+
+
+def test_a_user_error_inside_a_dataloader_worker_is_still_one_line(capsys):
+    """Worker processes re-raise with the worker's traceback in the message; only the cause is shown."""
+    from torch._utils import ExceptionWrapper
+
+    from llasmol.errors import UserError, report_user_errors
+
+    try:
+        raise UserError("raw/train/x.jsonl line 3 is not valid JSON: fix the line")
+    except UserError:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 1")
+
+    @report_user_errors
+    def job():
+        wrapped.reraise()
+
+    with pytest.raises(SystemExit) as exit_info:
+        job()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "error: raw/train/x.jsonl line 3 is not valid JSON: fix the line\n"
 
 
 def test_malformed_lines_can_be_skipped_and_counted(broken_root):
-    corrupt_raw_line(broken_root)
-    strict = SMolInstructSplit(broken_root, "dev", ["name_conversion-s2f"])
+    whole = len(SMolInstructSplit(broken_root, "dev", ["name_conversion-s2f"]))
+    needle = corrupt_raw_line(broken_root)
+    with pytest.raises(UserError, match=re.escape(needle)):
+        SMolInstructSplit(broken_root, "dev", ["name_conversion-s2f"])  # at once, not when the line is read
     lenient = SMolInstructSplit(broken_root, "dev", ["name_conversion-s2f"], skip_bad_lines=True)
-    assert len(lenient) == len(strict) - 1 and lenient.skipped == {"name_conversion-s2f": 1}
+    assert len(lenient) == whole - 1 and lenient.skipped == {"name_conversion-s2f": 1}
     assert all(lenient[i]["raw_input"] for i in range(len(lenient)))
 
 
