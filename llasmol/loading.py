@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -10,6 +11,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from llasmol.callbacks.checkpoint import adapter_dir
 from llasmol.errors import UserError
+
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # owner/name, as the Hub spells repository ids
+DATAMODULE = "llasmol.data.datamodule.SMolInstructDataModule"
 
 
 def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig, Optional[str], Optional[DictConfig]]:
@@ -25,22 +29,41 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
     path = Path(ckpt)
     if (path / ".hydra" / "config.yaml").is_file():
         run_cfg = OmegaConf.load(path / ".hydra" / "config.yaml")
+        _check_run_data(path, run_cfg)
         return run_cfg.model, str(_best_adapter(path)), run_cfg.data
     if (path / "adapter_config.json").is_file():
         _check_adapter_base(path, cfg.model)
         return cfg.model, str(path), None
-    if path.exists() or str(ckpt).startswith((".", "/")):
+    if path.exists() or not HUB_ID.match(str(ckpt)):
         raise UserError(
-            f"ckpt={ckpt} holds no adapter: give a run directory (with .hydra/config.yaml) or a folder "
-            "with adapter_config.json and adapter_model.safetensors"
+            f"ckpt={ckpt} holds no adapter: give a run directory (with .hydra/config.yaml), a folder "
+            "with adapter_config.json and adapter_model.safetensors, or a Hub id owner/name"
         )
     return cfg.model, str(ckpt), None  # a Hub id such as osunlp/LlaSMol-Mistral-7B
 
 
+def _check_run_data(run_dir: Path, run_cfg: DictConfig) -> None:
+    """A run directory's config is data from disk: only our DataModule may be built from it."""
+    target = OmegaConf.select(run_cfg, "data._target_")
+    if target != DATAMODULE:
+        raise UserError(
+            f"{run_dir}/.hydra/config.yaml names data._target_={target}, not {DATAMODULE}: "
+            "evaluate only run directories written by llasmol.train"
+        )
+
+
 def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
-    """An adapter trained on one Hub base model must not be loaded onto another (PEFT would load
-    matching shapes silently or fail deep inside): name the model config to pass instead."""
-    base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    """A readable adapter folder, trained on this base: an adapter of one Hub base model must not be
+    loaded onto another (PEFT would load matching shapes silently or fail deep inside)."""
+    try:
+        config = json.loads((adapter / "adapter_config.json").read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"{adapter}/adapter_config.json is not valid JSON ({err}): save the adapter again") from None
+    if not isinstance(config, dict) or "peft_type" not in config:
+        raise UserError(f"{adapter}/adapter_config.json is not a PEFT adapter config (no peft_type): save the adapter again")
+    if not any((adapter / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
+        raise UserError(f"{adapter} has adapter_config.json but no adapter_model.safetensors: copy the weights too")
+    base = config.get("base_model_name_or_path")
     if not base or model_cfg.get("path") or Path(base).is_absolute() or base.startswith("."):
         return  # trained from a local folder: nothing to compare against
     if base == model_cfg.get("hf_id"):

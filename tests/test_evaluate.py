@@ -216,14 +216,58 @@ def test_prompts_over_the_limit_are_skipped_and_counted(run_dir, tmp_path):
 
 
 def test_an_adapter_of_another_base_model_is_refused_with_the_fix(run_dir, tmp_path):
+    import shutil
+
     adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    config = json.loads((run_dir / "checkpoints" / "last.adapter" / "adapter_config.json").read_text())
+    shutil.copytree(run_dir / "checkpoints" / "last.adapter", adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
     (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "mistralai/Mistral-7B-v0.1"}))
     proc = run_cli(["llasmol.evaluate", f"ckpt={adapter}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-1500:]
     assert "trained on mistralai/Mistral-7B-v0.1" in errors[0] and "pass model=mistral" in errors[0]
+
+
+@pytest.mark.parametrize(
+    "config,weights,needle",
+    [
+        ("{not json", True, "adapter_config.json is not valid JSON"),
+        ("{}", True, "not a PEFT adapter config"),
+        (None, False, "no adapter_model.safetensors"),
+    ],
+)
+def test_a_broken_adapter_folder_is_one_line(run_dir, tmp_path, config, weights, needle):
+    import shutil
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(run_dir / "checkpoints" / "last.adapter", adapter)
+    if config is not None:
+        (adapter / "adapter_config.json").write_text(config)
+    if not weights:
+        (adapter / "adapter_model.safetensors").unlink()
+    proc = run_cli(["llasmol.evaluate", f"ckpt={adapter}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and needle in errors[0], proc.stderr[-1500:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_run_directory_may_only_build_our_datamodule(run_dir, tmp_path):
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
+    cfg.data._target_ = "os.system"
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    proc = run_cli(["llasmol.evaluate", f"ckpt={run}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
+    assert proc.returncode == 2 and "data._target_=os.system" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_relative_path_that_does_not_exist_is_not_taken_for_a_hub_id(tmp_path):
+    proc = run_cli(["llasmol.evaluate", "ckpt=outputs/train/nope", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
+    assert proc.returncode == 2 and "ckpt=outputs/train/nope holds no adapter" in proc.stderr
 
 
 def test_a_path_without_an_adapter_is_named(tmp_path):

@@ -71,6 +71,10 @@ def test_extract_other_tags_and_captioning():
 def test_extract_huge_text_is_fast():
     text = "<SMILES> " * 200_000 + "CCO </SMILES>" + "x" * 1_000_000
     assert extract_answer("forward_synthesis", text) == "CCO"
+    # Many closing tags before any opening one (a rescan per closing tag took ~1 min on this).
+    text = "</SMILES>" * 200_000 + "<SMILES> CCO </SMILES>"
+    assert extract_answer("forward_synthesis", text) == "CCO"
+    assert extract_answer("forward_synthesis", "</SMILES>" * 200_000) is None
 
 
 # --------------------------------------------------------------------------- SMILES tasks

@@ -53,11 +53,14 @@ def extract_answer(task: str, text: str) -> str | None:
         answer = text.strip()
         return answer or None
     opening, closing = f"<{tag}>", f"</{tag}>"
-    end = text.find(closing)
-    while end != -1:
-        start = text.rfind(opening, 0, end)
-        if start != -1:
-            answer = text[start + len(opening) : end].strip()
-            return answer or None
-        end = text.find(closing, end + len(closing))
-    return None
+    # The first closing tag with an opening before it is the first one after the first opening; two
+    # finds and one bounded rfind keep this linear in the text (a scan per closing tag was quadratic).
+    first = text.find(opening)
+    if first == -1:
+        return None
+    end = text.find(closing, first + len(opening))
+    if end == -1:
+        return None
+    start = text.rfind(opening, first, end)
+    answer = text[start + len(opening) : end].strip()
+    return answer or None
