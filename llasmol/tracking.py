@@ -9,6 +9,25 @@ LOWER_IS_BETTER = ("loss", "rmse", "num_no_answer", "num_invalid", "num_skipped"
 COUNTS = ("num_samples", "num_valid", "tp", "fp", "tn", "fn")
 
 
+def check_loggers(logger_cfg) -> None:
+    """Settings that would fail only after the run has started, as one line now."""
+    import importlib.util
+
+    from llasmol.errors import UserError
+
+    for name, node in (logger_cfg or {}).items():
+        target = (node or {}).get("_target_", "")
+        if target.endswith("WandbLogger") and node.get("log_model") and node.get("offline"):
+            raise UserError(
+                f"logger.{name}.log_model={node.get('log_model')} uploads checkpoints as W&B artifacts and needs an "
+                f"online run: set logger.{name}.offline=false (or WANDB_MODE=online), or log_model=false"
+            )
+        if target.endswith("TensorBoardLogger") and not any(
+            importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")
+        ):
+            raise UserError(f"logger={name} needs the tensorboard package: pip install tensorboard, or drop logger={name}")
+
+
 def wandb_loggers(trainer) -> list:
     return [lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"]
 

@@ -49,6 +49,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     from llasmol.distributed import check_trainer
     from llasmol.model.base import check_packing, load_tokenizer, quantization_config
     from llasmol.model.module import LoRACausalLM
+    from llasmol.tracking import check_loggers
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     out = Path(cfg.paths.output_dir)
@@ -58,11 +59,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # run, then a missing base model.
     resume_from = resolve_resume(cfg.get("ckpt_path"), out, cfg.model.name, cfg.lora.name)
     check_trainer(cfg.trainer)
+    check_loggers(cfg.get("logger"))
     if cfg.data.get("packing"):
         check_packing(cfg.model)
     quantization_config(cfg.get("quantization"), bool(cfg.model.get("random_init")))
     tokenizer = load_tokenizer(cfg.model)
     datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
+    if datamodule.path:  # local data: index it now, so bad data stops the run before loggers start
+        datamodule.setup("fit")
     model, params = build_model(cfg, tokenizer)
     params = {"model": cfg.model.name, "lora": cfg.lora.name, **params}
     log.info(
@@ -98,7 +102,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     if resume_from:
         log.info("resuming from %s", resume_from)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+    # weights_only: a checkpoint is data from disk; ours hold only tensors and plain containers.
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     checkpoint = trainer.checkpoint_callback

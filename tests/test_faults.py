@@ -139,6 +139,22 @@ def test_unknown_config_option_lists_the_choices(tmp_path):
     assert "mistrall" in proc.stderr and "mistral" in proc.stderr.replace("mistrall", "")
 
 
+def test_wandb_artifacts_without_an_online_run_end_with_one_line(tmp_path):
+    proc = run_cli(["llasmol.train", "logger.wandb.log_model=true", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    line = one_error_line(proc)
+    assert proc.returncode == 2 and "logger.wandb.log_model=True" in line and "logger.wandb.offline=false" in line
+    assert not (tmp_path / "run" / "wandb").exists()  # refused before a W&B run was started
+
+
+def test_tensorboard_without_its_package_ends_with_one_line(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
+        pytest.skip("tensorboard is installed here")
+    proc = run_cli(["llasmol.train", "logger=tensorboard", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert proc.returncode == 2 and "pip install tensorboard" in one_error_line(proc)
+
+
 def test_missing_checkpoint_path_is_named(tmp_path):
     proc = run_cli(["llasmol.evaluate", "ckpt=/nonexistent/run", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
     assert proc.returncode == 2 and "ckpt=/nonexistent/run holds no adapter" in one_error_line(proc)

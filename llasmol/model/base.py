@@ -77,7 +77,7 @@ def _local_only(model_cfg, what: str) -> bool:
 def _offline_error(model_cfg, what: str, reason: Optional[str] = None) -> UserError:
     if model_cfg.get("path"):
         return UserError(
-            f"no {what} for {model_cfg.hf_id} at model.path={model_cfg.path}: point model.path at a folder "
+            f"{what} of {model_cfg.hf_id} not found at model.path={model_cfg.path}: point model.path at a folder "
             "with config.json, tokenizer files and *.safetensors"
         )
     why = f"; {reason}" if reason else ""
