@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Iterable
 
 
-def _atomic_write(path: Path, write) -> None:
+def _atomic_write(path: Path, write, binary: bool = False) -> None:
+    # The temporary file sits in the target's folder: os.replace is atomic only within one filesystem.
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
@@ -46,3 +47,10 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> None:
             fh.write(json.dumps(record, ensure_ascii=False) + "\n")
 
     _atomic_write(Path(path), write)
+
+
+def write_torch(path: str | os.PathLike, obj) -> None:
+    """`torch.save` with the same guarantee."""
+    import torch
+
+    _atomic_write(Path(path), lambda fh: torch.save(obj, fh), binary=True)

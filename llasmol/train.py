@@ -46,6 +46,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit one run; returns its final metrics, parameter counts and best checkpoint."""
     import lightning as L
 
+    from llasmol.callbacks.checkpoint import AtomicCheckpointIO
     from llasmol.distributed import check_trainer
     from llasmol.model.base import check_packing, load_tokenizer, quantization_config
     from llasmol.model.module import LoRACausalLM
@@ -86,7 +87,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         from lightning.pytorch.callbacks import ProgressBar
 
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
-    trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=_instantiate_all(cfg.get("logger")))
+    # FSDP and DeepSpeed presets bring their own checkpoint writers; the rest write through a rename.
+    plugins = [] if OmegaConf.is_dict(cfg.trainer.get("strategy")) else [AtomicCheckpointIO()]
+    trainer = hydra.utils.instantiate(
+        cfg.trainer, callbacks=callbacks, logger=_instantiate_all(cfg.get("logger")), plugins=plugins or None
+    )
     # Accumulation depends on how many processes the trainer runs, known only once it exists.
     accumulation = datamodule.gradient_accumulation(trainer.world_size)
     trainer.accumulate_grad_batches = accumulation
@@ -103,7 +108,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if resume_from:
         log.info("resuming from %s", resume_from)
     # weights_only: a checkpoint is data from disk; ours hold only tensors and plain containers.
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
+    except SIGTERMException:
+        # Lightning's SIGTERM is a SystemExit without a code, i.e. success; a stopped run is not one.
+        _finish_loggers(trainer)
+        raise SystemExit(143) from None
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     checkpoint = trainer.checkpoint_callback

@@ -172,7 +172,10 @@ def test_non_finite_loss_stops_training_with_one_line(tmp_path):
         assert (ckpt.with_name(ckpt.stem + ".adapter") / "adapter_model.safetensors").is_file()
 
 
-def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path, cfg_factory):
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 1), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_saves_a_checkpoint_that_resumes(tmp_path, cfg_factory, sig, code):
+    """Ctrl-C, or SIGTERM as a cluster sends before it preempts a job: a resumable checkpoint and a
+    failing exit status (Lightning's own SIGTERM exit is 0, which a scheduler reads as done)."""
     run = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
@@ -184,8 +187,9 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path, cfg_factory):
     deadline = time.time() + 240
     while time.time() < deadline and (not metrics.is_file() or len(metrics.read_text().splitlines()) < 4):
         time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err[-2000:]
     ckpt = run / "checkpoints" / "interrupted.ckpt"
     assert ckpt.is_file(), err[-2000:]
     assert (run / "checkpoints" / "interrupted.adapter" / "adapter_model.safetensors").is_file()
@@ -249,3 +253,37 @@ def test_quantisation_without_cuda_ends_with_one_line(tmp_path, bits):
     assert proc.returncode == 2
     line = one_error_line(proc)
     assert f"quantization={bits} needs a CUDA GPU" in line and "quantization=none" in line
+
+
+def test_checkpoints_are_written_through_a_rename_in_their_own_folder(tmp_path, monkeypatch):
+    from llasmol.callbacks.checkpoint import AtomicCheckpointIO
+
+    io = AtomicCheckpointIO()
+    target = tmp_path / "checkpoints" / "last.ckpt"
+    io.save_checkpoint({"w": torch.ones(2)}, target)
+    before = target.read_bytes()
+
+    def dies_halfway(obj, fh):
+        fh.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", dies_halfway)
+    with pytest.raises(OSError, match="disk full"):
+        io.save_checkpoint({"w": torch.zeros(2)}, target)
+    assert target.read_bytes() == before  # the old checkpoint, whole
+    assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]  # no temporary left behind
+
+
+def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypatch):
+    from llasmol.callbacks.checkpoint import AtomicCheckpointIO
+    from llasmol.train import train
+
+    written = []
+    original = AtomicCheckpointIO.save_checkpoint
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint",
+                        lambda self, ckpt, path, storage_options=None: (written.append(Path(path).name),
+                                                                         original(self, ckpt, path))[1])
+    train(cfg_factory("trainer.max_steps=2", "val_every_n_steps=2", "trainer.enable_progress_bar=false",
+                      "callbacks.generation_evaluator.samples_per_task=1", "generation.max_new_tokens_limit=2",
+                      "data.max_samples_per_task={validation:2}"))
+    assert "last.ckpt" in written and any(name.startswith("epoch") for name in written)

@@ -3,12 +3,13 @@
 Next to each Lightning checkpoint `X.ckpt` (optimizer, scheduler, loop state: what resuming needs) the
 adapter is written in PEFT's own format to `X.adapter/` (`adapter_config.json` and
 `adapter_model.safetensors`), loadable with `PeftModel.from_pretrained(base, "X.adapter")`. The adapter
-goes first, into a temporary folder renamed into place, and Lightning writes `X.ckpt` through a
-temporary file too: a `.ckpt` that exists is complete and so is its adapter.
+goes first, into a temporary folder renamed into place, and `X.ckpt` is written to a temporary file in
+the same folder and renamed (`AtomicCheckpointIO`): a `.ckpt` that exists is complete and so is its
+adapter.
 
 Two instances run by default (conf/callbacks/default.yaml): one keeps the best adapter by validation loss,
 the other (`resume=True`) rewrites `last.ckpt` every few optimizer steps and at the end of training, and
-on Ctrl-C writes `interrupted.ckpt`. `python -m llasmol.train ckpt_path=last` continues from these.
+on Ctrl-C or SIGTERM writes `interrupted.ckpt`. `python -m llasmol.train ckpt_path=last` continues from these.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import tempfile
 from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from llasmol.distributed import module_state_dict
 
@@ -48,10 +51,23 @@ def save_adapter_atomically(model, target: Path, state_dict: dict | None = None)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning checkpoints through a temporary file in the checkpoint's own folder and a rename.
+
+    Lightning's own writer stages the file in the system temp folder and moves it, which is a copy, not
+    an atomic rename, when the run directory is on another filesystem (the usual case on clusters).
+    """
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        from llasmol.io import write_torch
+
+        write_torch(path, checkpoint)
+
+
 class AdapterModelCheckpoint(ModelCheckpoint):
     """`ModelCheckpoint` that writes the PEFT adapter beside each checkpoint.
 
-    `resume=True` makes it the resume checkpoint: Ctrl-C saves `interrupted.ckpt`, and the end of
+    `resume=True` makes it the resume checkpoint: Ctrl-C or SIGTERM saves `interrupted.ckpt`, and the end of
     training saves the last state even when the step count is not a multiple of `every_n_train_steps`.
     """
 
@@ -78,7 +94,8 @@ class AdapterModelCheckpoint(ModelCheckpoint):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        if self.resume and isinstance(exception, KeyboardInterrupt) and self.dirpath:
+        # Ctrl-C, or SIGTERM (a cluster preempting or cancelling the job; Lightning raises it after a batch).
+        if self.resume and isinstance(exception, (KeyboardInterrupt, SIGTERMException)) and self.dirpath:
             path = str(Path(self.dirpath) / "interrupted.ckpt")
             self._save_checkpoint(trainer, path)
             if trainer.is_global_zero:
