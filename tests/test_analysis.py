@@ -379,3 +379,10 @@ def test_compare_runs_notebook(real_sweep):
     text, images = _execute_notebook("compare_runs.ipynb", "SWEEP_DIR", real_sweep)
     assert "tiny/lite" in text and "LlaSMol-Mistral" in text and "forward_synthesis/exact_match" in text
     assert images >= 1
+
+
+def test_markdown_tables_print_counts_as_integers_and_scores_as_fractions():
+    from llasmol.analysis.tables import Table
+
+    table = Table(columns=["task", "exact_match", "num_skipped", "tp"], rows=[["fs", 0.0, 0.0, 3.0]])
+    assert table.to_markdown().splitlines()[-1] == "| fs | 0.000 | 0 | 3 |"

@@ -110,7 +110,10 @@ class Table:
         raise KeyError(first_cell)
 
     def to_markdown(self, digits: int = 3, max_chars: Optional[int] = 80) -> str:
-        def fmt(cell: Cell) -> str:
+        def fmt(cell: Cell, column: str) -> str:
+            counted = column.startswith("num_") or column in ("tp", "fp", "tn", "fn")
+            if counted and isinstance(cell, float) and cell.is_integer():
+                cell = int(cell)  # a count, even when it is 0
             text = format_cell(cell, digits)
             if max_chars and len(text) > max_chars:
                 text = text[: max_chars - 1] + "…"
@@ -122,7 +125,7 @@ class Table:
         lines.append("| " + " | ".join(self.columns) + " |")
         lines.append("|" + "|".join("---" for _ in self.columns) + "|")
         for row in self.rows:
-            lines.append("| " + " | ".join(fmt(c) for c in row) + " |")
+            lines.append("| " + " | ".join(fmt(c, name) for c, name in zip(row, self.columns)) + " |")
         return "\n".join(lines) + "\n"
 
     def to_csv(self) -> str:
