@@ -54,3 +54,7 @@ def write_torch(path: str | os.PathLike, obj) -> None:
     import torch
 
     _atomic_write(Path(path), lambda fh: torch.save(obj, fh), binary=True)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    _atomic_write(Path(path), lambda fh: fh.write(text))

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 import json
+from pathlib import Path
+from typing import Optional
+
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from omegaconf import open_dict
 
 # Lower is better for these; every other validation metric is better higher.
 LOWER_IS_BETTER = ("loss", "rmse", "num_no_answer", "num_invalid", "num_skipped")
@@ -26,6 +33,31 @@ def check_loggers(logger_cfg) -> None:
             importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")
         ):
             raise UserError(f"logger={name} needs the tensorboard package: pip install tensorboard, or drop logger={name}")
+
+
+WANDB_ID_FILE = "wandb_run_id"
+
+
+def continue_wandb_run(logger_cfg, output_dir: Path) -> None:
+    """For a run resumed in its own directory: continue its W&B run (same id, ``resume="allow"``) rather
+    than start a second one. A run resumed from another directory gets a new id, as a fresh one does."""
+    id_file = output_dir / WANDB_ID_FILE
+    if not id_file.is_file():
+        return
+    for node in (logger_cfg or {}).values():
+        if node and str(node.get("_target_", "")).endswith("WandbLogger"):
+            with open_dict(node):
+                node.id = id_file.read_text().strip()
+                node.resume = "allow"
+
+
+def remember_wandb_run(trainer, output_dir: Path) -> None:
+    """Keep the W&B run id in the run directory, for `continue_wandb_run`."""
+    from llasmol.io import write_text
+
+    for logger in wandb_loggers(trainer):
+        if trainer.is_global_zero:
+            write_text(output_dir / WANDB_ID_FILE, logger.experiment.id + "\n")
 
 
 def wandb_loggers(trainer) -> list:
@@ -68,3 +100,43 @@ def update_best_summary(trainer, metrics: dict[str, float]) -> None:
             previous = summary.get(best_key)
             better = min if name in LOWER_IS_BETTER else max
             summary[best_key] = value if previous is None else better(previous, value)
+
+
+class KeepingCSVLogger(CSVLogger):
+    """`CSVLogger` that keeps what an earlier session of this run wrote when the run resumes in its own
+    directory (Lightning's deletes ``metrics.csv`` as the logger starts): rows up to the resumed step
+    stay, later ones (logged after the checkpoint, before the stop) are dropped, as they are redone."""
+
+    keep_until_step: Optional[int] = None  # set by `train` when resuming in place
+
+    @property
+    def experiment(self):
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _KeepingWriter(self.log_dir, self.keep_until_step)
+        return self._experiment
+
+
+class _KeepingWriter(ExperimentWriter):
+    def __init__(self, log_dir: str, keep_until_step: Optional[int]) -> None:
+        path = Path(log_dir) / self.NAME_METRICS_FILE
+        kept, keys = [], []
+        if keep_until_step is not None and path.is_file():
+            with path.open(newline="") as fh:
+                reader = csv.DictReader(fh)
+                keys = list(reader.fieldnames or [])
+                kept = [row for row in reader if row.get("step") and int(float(row["step"])) <= keep_until_step]
+        super().__init__(log_dir)  # deletes the old file
+        if keys:
+            self.metrics_keys = keys
+            with path.open("w", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=keys)
+                writer.writeheader()
+                writer.writerows(kept)
+
+
+def checkpoint_step(path: str) -> int:
+    """The optimizer step a Lightning checkpoint was saved at (tensors memory-mapped, not read)."""
+    import torch
+
+    return int(torch.load(path, map_location="cpu", mmap=True, weights_only=True)["global_step"])

@@ -45,12 +45,13 @@ def build_model(cfg: DictConfig, tokenizer):
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit one run; returns its final metrics, parameter counts and best checkpoint."""
     import lightning as L
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from llasmol.callbacks.checkpoint import AtomicCheckpointIO
     from llasmol.distributed import check_trainer
     from llasmol.model.base import check_packing, load_tokenizer, quantization_config
     from llasmol.model.module import LoRACausalLM
-    from llasmol.tracking import check_loggers
+    from llasmol.tracking import KeepingCSVLogger, check_loggers, checkpoint_step, continue_wandb_run, remember_wandb_run
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     out = Path(cfg.paths.output_dir)
@@ -87,6 +88,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         from lightning.pytorch.callbacks import ProgressBar
 
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
+    # Resuming in this run's own directory (a restart, a requeued job) continues its logs.
+    in_place = bool(resume_from) and Path(resume_from).resolve().is_relative_to(out.resolve())
+    if in_place:
+        continue_wandb_run(cfg.get("logger"), out)
     # FSDP and DeepSpeed presets bring their own checkpoint writers; the rest write through a rename.
     plugins = [] if OmegaConf.is_dict(cfg.trainer.get("strategy")) else [AtomicCheckpointIO()]
     trainer = hydra.utils.instantiate(
@@ -100,16 +105,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "effective batch %d = micro-batch %d × accumulation %d × %d process(es)",
         datamodule.effective_batch_size, datamodule.micro_batch_size, accumulation, trainer.world_size,
     )
+    if in_place:
+        for logger in trainer.loggers:
+            if isinstance(logger, KeepingCSVLogger):
+                logger.keep_until_step = checkpoint_step(resume_from)
     for logger in trainer.loggers:
         logger.log_hyperparams(
             {**OmegaConf.to_container(cfg, resolve=True), "params": params, "accumulate_grad_batches": accumulation}
         )
+    remember_wandb_run(trainer, out)
 
     if resume_from:
         log.info("resuming from %s", resume_from)
     # weights_only: a checkpoint is data from disk; ours hold only tensors and plain containers.
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
     except SIGTERMException:

@@ -57,3 +57,37 @@ def test_multirun_jobs_share_one_wandb_group(tmp_path):
     assert [len(r) for r in records] == [1, 1]
     for (record,) in records:
         assert group in record.read_bytes()
+
+
+def test_a_run_resumed_in_its_directory_continues_its_wandb_run(cfg_factory, tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    short = ["logger=[csv,wandb]", "val_every_n_steps=100", "callbacks.resume_checkpoint.every_n_train_steps=2",
+             "trainer.enable_progress_bar=false", "data.max_samples_per_task={validation:2}"]
+    train(cfg_factory("trainer.max_steps=2", *short))
+    run_id = (tmp_path / "wandb_run_id").read_text().strip()
+    train(cfg_factory("trainer.max_steps=4", "ckpt_path=last", *short))
+    runs = wandb_run_files(tmp_path)
+    assert len(runs) == 2 and all(p.name == f"run-{run_id}.wandb" for p in runs)  # one W&B run, two sessions
+    # A fresh run in another directory is another W&B run.
+    other = tmp_path / "other"
+    train(cfg_factory("trainer.max_steps=2", f"paths.output_dir={other}", *short))
+    assert (other / "wandb_run_id").read_text().strip() != run_id
+
+
+def test_a_run_resumed_in_its_directory_keeps_its_csv_rows(cfg_factory, tmp_path):
+    import csv
+
+    short = ["val_every_n_steps=100", "callbacks.resume_checkpoint.every_n_train_steps=3", "trainer.log_every_n_steps=1",
+             "trainer.enable_progress_bar=false", "data.max_samples_per_task={validation:2}"]
+    train(cfg_factory("trainer.max_steps=4", *short))  # last.ckpt at step 4 (the end), rows for steps 0-3
+
+    def steps():
+        with (tmp_path / "csv" / "metrics.csv").open() as fh:
+            return [int(row["step"]) for row in csv.DictReader(fh) if row.get("train/loss")]
+
+    first = steps()
+    assert first and max(first) >= 3
+    train(cfg_factory("trainer.max_steps=6", "ckpt_path=last", *short))
+    both = steps()
+    assert both[: len(first)] == first and max(both) >= 5  # the first session's rows, then the new ones
+    assert len(both) == len(set(both))  # no step twice
