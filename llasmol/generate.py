@@ -50,10 +50,9 @@ def generate(cfg: DictConfig) -> list[str]:
     import torch
 
     from llasmol.data.formatting import PromptFormatter
+    from llasmol.data.tasks import TASKS
     from llasmol.generation import BeamGenerator, task_settings
     from llasmol.loading import load_model, resolve_checkpoint
-
-    from llasmol.data.tasks import TASKS
 
     if not cfg.query:
         raise UserError('no query: run python -m llasmol.generate "<your question>" [ckpt=<run dir>]')

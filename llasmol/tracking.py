@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Optional
@@ -120,19 +121,27 @@ class KeepingCSVLogger(CSVLogger):
 class _KeepingWriter(ExperimentWriter):
     def __init__(self, log_dir: str, keep_until_step: Optional[int]) -> None:
         path = Path(log_dir) / self.NAME_METRICS_FILE
-        kept, keys = [], []
-        if keep_until_step is not None and path.is_file():
+        self._keep = keep_until_step is not None and path.is_file()
+        keys: list[str] = []
+        if self._keep:
+            from llasmol.io import write_text
+
             with path.open(newline="") as fh:
                 reader = csv.DictReader(fh)
                 keys = list(reader.fieldnames or [])
                 kept = [row for row in reader if row.get("step") and int(float(row["step"])) <= keep_until_step]
-        super().__init__(log_dir)  # deletes the old file
+            buf = io.StringIO()
+            writer = csv.DictWriter(buf, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(kept)
+            write_text(path, buf.getvalue())  # the trimmed file replaces the old one in one rename
+        super().__init__(log_dir)
         if keys:
             self.metrics_keys = keys
-            with path.open("w", newline="") as fh:
-                writer = csv.DictWriter(fh, fieldnames=keys)
-                writer.writeheader()
-                writer.writerows(kept)
+
+    def _check_log_dir_exists(self) -> None:
+        if not self._keep:  # Lightning's check deletes an existing metrics.csv
+            super()._check_log_dir_exists()
 
 
 def checkpoint_step(path: str) -> int:
