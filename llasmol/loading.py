@@ -9,7 +9,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from llasmol.callbacks.checkpoint import adapter_dir
+from llasmol.callbacks.checkpoint import adapter_dir, readable_adapter
 from llasmol.errors import UserError
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # owner/name, as the Hub spells repository ids
@@ -87,7 +87,7 @@ def _best_adapter(run_dir: Path) -> Path:
         if best:
             candidates.append(adapter_dir(best))
     candidates.append(run_dir / "checkpoints" / "last.adapter")
-    for candidate in candidates:
+    for candidate in map(readable_adapter, candidates):
         if (candidate / "adapter_config.json").is_file():
             return candidate
     raise UserError(f"run directory {run_dir} has no adapter checkpoint yet (looked for {candidates[-1]})")

@@ -287,3 +287,36 @@ def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypa
                       "callbacks.generation_evaluator.samples_per_task=1", "generation.max_new_tokens_limit=2",
                       "data.max_samples_per_task={validation:2}"))
     assert "last.ckpt" in written and any(name.startswith("epoch") for name in written)
+
+
+def test_an_adapter_save_stopped_between_its_renames_leaves_the_previous_one_readable(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from llasmol.callbacks.checkpoint import readable_adapter, save_adapter_atomically
+    from llasmol.model.base import arch_config
+    from llasmol.model.lora import apply_lora
+    from conftest import compose_config
+
+    cfg = compose_config(["paths.output_dir=/tmp/unused"])
+    model = apply_lora(AutoModelForCausalLM.from_config(arch_config(cfg.model.arch, vocab_size=64)), cfg.model, cfg.lora)
+    target = tmp_path / "checkpoints" / "last.adapter"
+    save_adapter_atomically(model, target)
+    first = (target / "adapter_model.safetensors").read_bytes()
+
+    real_rename = Path.rename
+
+    def stop_before_the_new_one_is_in(self, dest):
+        if self.name.startswith(".last.adapter.") and not self.name.endswith(".old"):
+            raise KeyboardInterrupt  # the old adapter has stepped aside, the new one is not in place
+        return real_rename(self, dest)
+
+    monkeypatch.setattr(Path, "rename", stop_before_the_new_one_is_in)
+    with pytest.raises(KeyboardInterrupt):
+        save_adapter_atomically(model, target)
+    monkeypatch.undo()
+    assert not target.exists()
+    found = readable_adapter(target)
+    assert (found / "adapter_model.safetensors").read_bytes() == first  # the previous adapter, whole
+    save_adapter_atomically(model, target)  # the next save puts things right
+    assert readable_adapter(target) == target
+    assert sorted(p.name for p in target.parent.iterdir()) == ["last.adapter"]
