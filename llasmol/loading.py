@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from llasmol.callbacks.checkpoint import adapter_dir, readable_adapter
 from llasmol.errors import UserError
 
-HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # owner/name, as the Hub spells repository ids
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")  # owner/name; never ./x or ../x
 DATAMODULE = "llasmol.data.datamodule.SMolInstructDataModule"
 
 
@@ -64,7 +64,7 @@ def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
     if not any((adapter / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
         raise UserError(f"{adapter} has adapter_config.json but no adapter_model.safetensors: copy the weights too")
     base = config.get("base_model_name_or_path")
-    if not base or model_cfg.get("path") or Path(base).is_absolute() or base.startswith("."):
+    if not base or model_cfg.get("path") or Path(base).is_absolute() or base.startswith(".") or Path(base).exists():
         return  # trained from a local folder: nothing to compare against
     if base == model_cfg.get("hf_id"):
         return

@@ -18,7 +18,7 @@ def hub_unreachable() -> Optional[str]:
     """Why the Hub cannot be reached (a short reason), or None when it may be."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         return "HF_HUB_OFFLINE is set"
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")):
         return None  # a proxy decides; a direct probe would prove nothing
     from huggingface_hub import constants
 
@@ -44,4 +44,7 @@ def cached_on_disk(repo_id: str, filename: str = "config.json", repo_type: str =
     """Whether the Hugging Face cache already holds `filename` of `repo_id`."""
     from huggingface_hub import try_to_load_from_cache
 
-    return isinstance(try_to_load_from_cache(repo_id, filename, repo_type=repo_type), str)
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, filename, repo_type=repo_type), str)
+    except ValueError:  # not a valid repository id (HFValidationError): nothing of it can be cached
+        return False

@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Optional
 
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from omegaconf import open_dict
 
 # Lower is better for these; every other validation metric is better higher.
 LOWER_IS_BETTER = ("loss", "rmse", "num_no_answer", "num_invalid", "num_skipped")
-COUNTS = ("num_samples", "num_valid", "tp", "fp", "tn", "fn")
+COUNTS = ("num_samples", "num_valid", "num_scored", "tp", "fp", "tn", "fn")
 
 
 def check_loggers(logger_cfg) -> None:
@@ -111,6 +112,7 @@ class KeepingCSVLogger(CSVLogger):
     keep_until_step: Optional[int] = None  # set by `train` when resuming in place
 
     @property
+    @rank_zero_experiment
     def experiment(self):
         if self._experiment is None:
             self._fs.makedirs(self.root_dir, exist_ok=True)
@@ -129,7 +131,8 @@ class _KeepingWriter(ExperimentWriter):
             with path.open(newline="") as fh:
                 reader = csv.DictReader(fh)
                 keys = list(reader.fieldnames or [])
-                kept = [row for row in reader if row.get("step") and int(float(row["step"])) <= keep_until_step]
+                # Rows are numbered from 0: step S was logged after the checkpoint of S steps, so it is redone.
+                kept = [row for row in reader if row.get("step") and int(float(row["step"])) < keep_until_step]
             buf = io.StringIO()
             writer = csv.DictWriter(buf, fieldnames=keys)
             writer.writeheader()

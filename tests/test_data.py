@@ -337,12 +337,12 @@ def test_raw_line_index_equals_a_line_by_line_scan(tmp_path):
         path = tmp_path / "raw.jsonl"
         path.write_bytes(b"\n".join(lines) + ending)
         offsets, sizes, bad = smolinstruct._line_offsets(path)
-        expected, broken, pos = [], set(), 0
-        for line in path.read_bytes().splitlines(keepends=True):
+        expected, broken, pos = [], {}, 0
+        for number, line in enumerate(path.read_bytes().splitlines(keepends=True), 1):
             if line.strip():
                 if line.startswith(b"{not"):
-                    broken.add(len(expected))
+                    broken[len(expected)] = number  # the line in the file, blank lines counted
                 expected.append((pos, len(line)))
             pos += len(line)
         assert list(zip(offsets.tolist(), sizes.tolist())) == expected
-        assert bad == broken and broken
+        assert {i: int(where.split()[1]) for i, where in bad.items()} == broken and broken

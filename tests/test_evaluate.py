@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -265,9 +266,30 @@ def test_a_run_directory_may_only_build_our_datamodule(run_dir, tmp_path):
     assert proc.returncode == 2 and "data._target_=os.system" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_a_relative_path_that_does_not_exist_is_not_taken_for_a_hub_id(tmp_path):
-    proc = run_cli(["llasmol.evaluate", "ckpt=outputs/train/nope", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
-    assert proc.returncode == 2 and "ckpt=outputs/train/nope holds no adapter" in proc.stderr
+@pytest.mark.parametrize("ckpt", ["outputs/train/nope", "./nope", "../nope"])
+def test_a_relative_path_that_does_not_exist_is_not_taken_for_a_hub_id(ckpt):
+    from llasmol.errors import UserError
+    from llasmol.loading import resolve_checkpoint
+
+    cfg = compose_config(["paths.output_dir=/tmp/unused"], "evaluate")
+    with pytest.raises(UserError, match=f"ckpt={re.escape(ckpt)} holds no adapter"):
+        resolve_checkpoint(ckpt, cfg)
+    assert resolve_checkpoint("osunlp/LlaSMol-Mistral-7B", cfg)[1] == "osunlp/LlaSMol-Mistral-7B"
+
+
+def test_an_adapter_trained_from_a_relative_local_folder_is_not_compared_with_the_hub_id(run_dir, tmp_path, monkeypatch):
+    import shutil
+
+    from llasmol.loading import resolve_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "weights" / "mistral").mkdir(parents=True)
+    adapter = tmp_path / "adapter"
+    shutil.copytree(run_dir / "checkpoints" / "last.adapter", adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "weights/mistral"}))
+    cfg = compose_config(["paths.output_dir=/tmp/unused", "model=mistral"], "evaluate")
+    assert resolve_checkpoint(str(adapter), cfg)[1] == str(adapter)
 
 
 def test_a_path_without_an_adapter_is_named(tmp_path):

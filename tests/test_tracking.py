@@ -91,3 +91,23 @@ def test_a_run_resumed_in_its_directory_keeps_its_csv_rows(cfg_factory, tmp_path
     both = steps()
     assert both[: len(first)] == first and max(both) >= 5  # the first session's rows, then the new ones
     assert len(both) == len(set(both))  # no step twice
+
+
+def test_resuming_from_a_mid_run_checkpoint_rewrites_the_rows_after_it_once(cfg_factory, tmp_path):
+    """Rows logged after the checkpoint (before the stop) are dropped, as the resumed run logs them again."""
+    import csv
+
+    short = ["val_every_n_steps=3", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
+             "callbacks.resume_checkpoint.every_n_train_steps=100", "callbacks.generation_evaluator.samples_per_task=1",
+             "generation.max_new_tokens_limit=2", "data.max_samples_per_task={validation:2}",
+             "callbacks.model_checkpoint.save_top_k=-1"]  # keep the checkpoint of each validation
+    train(cfg_factory("trainer.max_steps=6", *short))
+    (mid,) = (tmp_path / "checkpoints").glob("epoch*-step3-*.ckpt")  # after 3 steps
+
+    def train_rows():
+        with (tmp_path / "csv" / "metrics.csv").open() as fh:
+            return [int(row["step"]) for row in csv.DictReader(fh) if row.get("train/loss")]
+
+    assert train_rows() == [0, 1, 2, 3, 4, 5]
+    train(cfg_factory("trainer.max_steps=6", f"ckpt_path={mid}", *short))
+    assert train_rows() == [0, 1, 2, 3, 4, 5]  # steps 3-5 once, from the resumed session

@@ -127,6 +127,19 @@ def test_a_machine_without_network_fails_fast_without_hf_hub_offline(tmp_path):
     assert errors[0] in (tmp_path / "run" / "train.log").read_text()
 
 
+def test_a_local_folder_as_hf_id_is_not_asked_of_the_hub(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from llasmol.model.base import _local_only
+    from llasmol.offline import cached_on_disk
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert _local_only(OmegaConf.create({"hf_id": str(tmp_path), "path": None}), "base weights") is False
+    assert cached_on_disk(str(tmp_path)) is False  # not a repository id: not cached, no exception
+    with pytest.raises(UserError, match="not available offline"):
+        _local_only(OmegaConf.create({"hf_id": "mistralai/Mistral-7B-v0.1", "path": None}), "base weights")
+
+
 def test_user_errors_raise_from_the_plain_function(cfg_factory):
     with pytest.raises(UserError, match="micro_batch_size=3"):
         train(cfg_factory("data.micro_batch_size=3", *SHORT))

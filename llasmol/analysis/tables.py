@@ -63,6 +63,7 @@ METRIC_ORDER: tuple[str, ...] = (
     "num_samples",
     "num_no_answer",
     "num_skipped",
+    "num_scored",
     "num_valid",
     "num_invalid",
     "tp",

@@ -9,6 +9,7 @@ The tiny model is built from its bundled config with random weights and uses the
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -62,8 +63,8 @@ def _weights_source(model_cfg) -> str:
 def _local_only(model_cfg, what: str) -> bool:
     """True when the Hub is out of reach and the files are cached (load them without asking the Hub);
     a one-line error when they are not cached either; False when the Hub may be asked."""
-    if model_cfg.get("path"):
-        return False
+    if model_cfg.get("path") or (model_cfg.hf_id and Path(model_cfg.hf_id).is_dir()):
+        return False  # a local folder: nothing to ask the Hub
     from llasmol.offline import cached_on_disk, hub_unreachable
 
     reason = hub_unreachable()
