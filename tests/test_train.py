@@ -116,7 +116,8 @@ def test_a_machine_without_network_fails_fast_without_hf_hub_offline(tmp_path):
     """No HF_HUB_OFFLINE: the Hub is probed once (here: a closed local port, so nothing can download)
     instead of a minute of retries and a warning per retry; the run's log keeps the error too."""
     env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf"), "PYTHONUNBUFFERED": "1"}
-    for key in ("HF_HUB_OFFLINE", "HYDRA_FULL_ERROR", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+    for key in ("HF_HUB_OFFLINE", "HYDRA_FULL_ERROR", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
+                "ALL_PROXY", "all_proxy"):
         env.pop(key, None)
     proc = subprocess.run([sys.executable, "-m", "llasmol.train", "model=mistral", f"hydra.run.dir={tmp_path / 'run'}"],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
