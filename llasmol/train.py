@@ -143,8 +143,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 def _finish_loggers(trainer) -> None:
     """Close W&B runs, so the next job of a multirun (same process) starts its own run."""
-    for logger in trainer.loggers:
-        if type(logger).__name__ == "WandbLogger" and logger._experiment is not None:
+    from llasmol.tracking import wandb_loggers
+
+    for logger in wandb_loggers(trainer):
+        if logger._experiment is not None:
             logger.experiment.finish()
 
 

@@ -91,7 +91,6 @@ class SMolInstructDataModule(L.LightningDataModule):
         self.collate = PadCollator(pad)
         # Training micro-batches as one unpadded row each; evaluation batches stay padded.
         self.train_collate = PackCollator() if packing else self.collate
-        self.packing = packing
         self.datasets: dict[str, SMolInstructDataset] = {}
         self._train_loader: Optional[ResumableDataLoader] = None
         self._resume_position: Optional[dict] = None
