@@ -32,3 +32,23 @@ def write_result(name: str, result: dict) -> Path:
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"result written to {path}")
     return path
+
+
+def mistral_tokenizer_folder(root: Path, legacy: bool = True) -> Path:
+    """A model folder with Mistral-7B's real SentencePiece tokenizer, laid out as the Hub has it (weights
+    aside): the model file ships inside the `mistral_common` wheel, so nothing is downloaded."""
+    import shutil
+
+    import mistral_common
+
+    from llasmol.model.base import ARCH_DIR
+
+    folder = Path(root) / f"mistral-7b-tokenizer-legacy-{legacy}"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(mistral_common.__file__).parent / "data" / "tokenizer.model.v1", folder / "tokenizer.model")
+    shutil.copy(ARCH_DIR / "mistral-7b.json", folder / "config.json")
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False, "legacy": legacy,
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": None,
+    }))
+    return folder

@@ -54,7 +54,18 @@ class LoRAFSDPStrategy(FSDPStrategy):
     def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
         if not self._policy_given:
             self.kwargs["auto_wrap_policy"] = lora_wrap_policy(decoder_layer_types(model))
-        return super()._setup_model(model)
+        root = super()._setup_model(model)
+        clip_norm_through_root(self.precision_plugin, root)
+        return root
+
+
+def clip_norm_through_root(precision, root) -> None:
+    """Let `trainer.gradient_clip_val` clip by norm under FSDP (the paper recipe clips at 1.0).
+
+    Lightning's FSDP precision plugin refuses norm clipping: it holds no handle on the sharded root, and
+    a norm over one rank's shards would be wrong. The root's `clip_grad_norm_` computes the global norm.
+    """
+    precision.clip_grad_by_norm = lambda optimizer, clip_val: root.clip_grad_norm_(clip_val)
 
 
 def module_state_dict(trainer) -> dict:

@@ -122,7 +122,8 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     generator = BeamGenerator(model, tokenizer, dm.formatter, cfg.generation.max_prompt_tokens, cfg.generation.batch_size)
     indices = balanced_subset(split, None, cfg.seed)
     with generation_progress(f"Generating on {split_name}", len(indices)) as advance:
-        records = generate_records(generator, split, indices, golds_by_input(split, split.tasks), cfg.generation, advance)
+        golds = golds_by_input(dm.pooling_split(split_name), split.tasks)
+        records = generate_records(generator, split, indices, golds, cfg.generation, advance)
     results = score(records, list(split.tasks), torch.device(device))
     out_dir = Path(cfg.paths.output_dir)
     write_jsonl(out_dir / "predictions" / f"{split_name}.jsonl", records)

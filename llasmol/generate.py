@@ -1,6 +1,7 @@
 """`python -m llasmol.generate "<query>" [ckpt=<run dir | adapter dir>]`: ask a trained model one question.
 
-SMILES inside <SMILES> … </SMILES> are canonicalised first (the model was trained on canonical SMILES).
+SMILES inside <SMILES> … </SMILES> are first written as SMolInstruct writes them (canonical Kekulé SMILES),
+the form a LlaSMol model was trained on.
 Prints the response(s), best first, and the answer extracted from between the response's tags. Runs on
 CPU as well as GPU.
 """
@@ -23,14 +24,13 @@ OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
 
 
 def canonicalize_query(query: str) -> str:
-    """The query with each tagged SMILES written canonically (left as is when RDKit cannot parse it)."""
-    from rdkit import Chem, RDLogger
-
-    RDLogger.DisableLog("rdApp.*")
+    """The query with each tagged SMILES written as SMolInstruct writes it (canonical Kekule, parts sorted:
+    the form the model was trained on); left as is when RDKit cannot read it. ';' separates parts too."""
+    from llasmol.data.smiles import canonical_kekule
 
     def canon(match: re.Match) -> str:
-        mol = Chem.MolFromSmiles(match.group(2).strip().replace(";", "."))
-        return match.group(1) + (Chem.MolToSmiles(mol) if mol is not None else match.group(2)) + match.group(3)
+        written = canonical_kekule(match.group(2).replace(";", "."))
+        return match.group(1) + (written if written is not None else match.group(2)) + match.group(3)
 
     return SMILES_SPAN.sub(canon, query)
 

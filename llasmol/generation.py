@@ -1,8 +1,8 @@
 """Batched beam-search generation with the paper's per-task settings.
 
-Prompts are formatted exactly as in training (`<s>[INST] {query} [/INST]`), sorted by length so each
-batch wastes little padding, left-padded (so every row's next token is at the same position) and decoded
-without the prompt. Prompts longer than `max_prompt_tokens` are skipped and reported as skipped.
+Prompts are formatted exactly as in training (`<s>[INST] {query} [/INST]`, `PromptFormatter.prompt_ids`),
+sorted by length so each batch wastes little padding, left-padded (so every row's next token is at the same
+position) and decoded without the prompt. Prompts longer than `max_prompt_tokens` are skipped and reported as skipped.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ class BeamSettings:
     num_beams: int
     num_return_sequences: int
     max_new_tokens: int
+    early_stopping: bool = False
 
 
 def task_settings(gen_cfg, task: str) -> BeamSettings:
@@ -26,7 +27,8 @@ def task_settings(gen_cfg, task: str) -> BeamSettings:
     limit = gen_cfg.get("max_new_tokens_limit")
     if limit:
         merged["max_new_tokens"] = min(merged["max_new_tokens"], limit)
-    return BeamSettings(int(merged["num_beams"]), int(merged["num_return_sequences"]), int(merged["max_new_tokens"]))
+    return BeamSettings(int(merged["num_beams"]), int(merged["num_return_sequences"]), int(merged["max_new_tokens"]),
+                        bool(merged.get("early_stopping", False)))
 
 
 class BeamGenerator:
@@ -41,7 +43,7 @@ class BeamGenerator:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def encode(self, query: str) -> list[int]:
-        return self.tokenizer(self.formatter.prompt(query), add_special_tokens=True)["input_ids"]
+        return self.formatter.prompt_ids(query)
 
     @torch.no_grad()
     def generate(self, queries: list[str], settings: BeamSettings) -> list[Optional[list[str]]]:
@@ -71,7 +73,7 @@ class BeamGenerator:
             num_return_sequences=settings.num_return_sequences,
             max_new_tokens=settings.max_new_tokens,
             do_sample=False,
-            early_stopping=True,
+            early_stopping=settings.early_stopping,
             pad_token_id=self.pad_id,
             eos_token_id=self.tokenizer.eos_token_id,
         )

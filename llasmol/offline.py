@@ -40,11 +40,12 @@ def hub_unreachable() -> Optional[str]:
     return outcome[0] if outcome else f"{host} did not answer within {_PROBE_SECONDS:g} s"
 
 
-def cached_on_disk(repo_id: str, filename: str = "config.json", repo_type: str = "model") -> bool:
-    """Whether the Hugging Face cache already holds `filename` of `repo_id`."""
+def cached_on_disk(repo_id: str, filename: str = "config.json", repo_type: str = "model",
+                   revision: Optional[str] = None) -> bool:
+    """Whether the Hugging Face cache already holds `filename` of `repo_id` (at `revision`)."""
     from huggingface_hub import try_to_load_from_cache
 
     try:
-        return isinstance(try_to_load_from_cache(repo_id, filename, repo_type=repo_type), str)
+        return isinstance(try_to_load_from_cache(repo_id, filename, revision=revision, repo_type=repo_type), str)
     except ValueError:  # not a valid repository id (HFValidationError): nothing of it can be cached
         return False

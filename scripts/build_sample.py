@@ -41,6 +41,8 @@ from pathlib import Path
 from rdkit import Chem, RDLogger
 from rdkit.Chem import Descriptors, rdMolDescriptors
 
+from llasmol.data.smiles import canonical_kekule
+
 # RDKit logs every unparsable SMILES to stderr; the build drops those rows
 # silently and reports counts instead.
 RDLogger.DisableLog("rdApp.*")
@@ -775,8 +777,26 @@ def write_json(path: Path, data: object, indent: int | None = 1) -> None:
     path.write_text(text + "\n", encoding="utf-8")
 
 
+def smolinstruct_smiles(row: Row, in_tag: tuple[str, str], out_tag: tuple[str, str]) -> Row:
+    """The row with its SMILES sides in SMolInstruct's form (canonical Kekule, parts sorted).
+
+    Selection, deduplication and splitting all work on canonical aromatic SMILES; only the written
+    files use the archive's form, so the same molecules land in the same splits as before.
+    """
+    def form(text: str, tag: tuple[str, str]) -> str:
+        if tag[0] != "<SMILES>":
+            return text
+        kekule = canonical_kekule(text)
+        if kekule is None:
+            raise RuntimeError(f"{text}: canonical SMILES without a Kekule form")
+        return kekule
+
+    return Row(form(row.input, in_tag), form(row.output, out_tag), row.group)
+
+
 def write_task(out: Path, task: str, splits: dict[str, list[Row]]) -> dict[str, int]:
     in_tag, out_tag = CORE_TAGS[task]
+    splits = {name: [smolinstruct_smiles(row, in_tag, out_tag) for row in rows] for name, rows in splits.items()}
     write_json(out / "core_tag" / f"{task}.json",
                {"input": list(in_tag), "output": list(out_tag)})
     templates = TEMPLATES[task]
@@ -883,7 +903,10 @@ Open Reaction Database) have their own terms upstream.
 
 ## Filters
 
-All SMILES are canonicalised with RDKit (`Chem.MolToSmiles`); SMILES that
+All SMILES are canonicalised with RDKit (`Chem.MolToSmiles`) for selection and
+splitting, and written as SMolInstruct writes them: canonical isomeric Kekule
+SMILES with the `.`-separated parts sorted (`llasmol.data.smiles`, after
+LLM4Chem's `canonicalize_molecule_smiles`).  SMILES that
 RDKit cannot parse, that contain wildcard atoms (`*`) or radicals (in these
 sources almost always encoding errors such as a chloride written `[Cl]`), that
 have no InChIKey, or whose canonical form is not a fixed point are dropped.

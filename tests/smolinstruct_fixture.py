@@ -11,6 +11,8 @@ from pathlib import Path
 from rdkit import Chem
 from rdkit.Chem.rdMolDescriptors import CalcMolFormula
 
+from llasmol.data.smiles import canonical_kekule
+
 MOLECULES = [
     "CCO", "CC(=O)O", "c1ccccc1", "CCN(CC)CC", "O=C(O)c1ccccc1O", "CC(C)O", "CCCCCC", "c1ccncc1",
     "CC(=O)Nc1ccc(O)cc1", "ClCCl", "CCOC(C)=O", "OCC(O)CO", "C1CCOC1", "CS(C)=O", "N#Cc1ccccc1",
@@ -85,7 +87,7 @@ def write_smolinstruct(root: Path, tasks=tuple(TASKS)) -> Path:
             for k, smi in enumerate(MOLECULES):
                 if split_of(k) != split:
                     continue
-                core_in, core_out = core_pair(task, Chem.MolToSmiles(Chem.MolFromSmiles(smi)), k)
+                core_in, core_out = core_pair(task, canonical_kekule(smi), k)  # the archive's Kekule SMILES
                 lines.append(json.dumps({"input": core_in, "output": core_out, "task": task, "split": split}))
                 target = ("Hepatobiliary disorders" if k % 2 else "Eye disorders") if isinstance(core_out, dict) else None
                 samples.append({"idx": len(lines) - 1, "template_id": k % len(TEMPLATES[task]), "target": target})
@@ -96,4 +98,8 @@ def write_smolinstruct(root: Path, tasks=tuple(TASKS)) -> Path:
             sdir.mkdir(parents=True, exist_ok=True)
             record = {"task": task, "split": split, "template_name": "instruction_tuning", "samples": samples}
             (sdir / f"{task}.json").write_text(json.dumps(record))
+            if split == "test":  # v1.2.0's test subset: every other test sample, indexing raw/test
+                subset = {**record, "split": "test_subset", "samples": samples[::2]}
+                (sdir.parent / "test_subset").mkdir(exist_ok=True)
+                (sdir.parent / "test_subset" / f"{task}.json").write_text(json.dumps(subset))
     return root

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import hydra
 import pytest
 import torch
-from rdkit import Chem
 
 from conftest import compose_config
 from llasmol.data.datamodule import SMolInstructDataModule
 from llasmol.data.formatting import IGNORE_INDEX
 from llasmol.data.sampler import ShardedShuffleSampler
+from llasmol.data.smiles import canonical_kekule
 from llasmol.data.smolinstruct import SMolInstructSplit
 from llasmol.errors import UserError
 from llasmol.model.base import load_tokenizer
@@ -204,7 +205,7 @@ def test_bundled_sample_loads_through_the_datamodule(tokenizer):
             assert len(tagged) == 1, sample["output"]  # every answer is inside exactly one tag pair
             for tag, value in TAGGED.findall(sample["input"]) + tagged:
                 if tag == "SMILES":
-                    assert Chem.MolToSmiles(Chem.MolFromSmiles(value)) == value  # canonical
+                    assert canonical_kekule(value) == value  # the archive's canonical Kekule form
                     if sample["task"].startswith(("name_conversion", "property_prediction")):
                         group = "name_conversion" if sample["task"].startswith("name") else sample["task"]
                         smiles_here.add((group, value))
@@ -229,8 +230,8 @@ def test_hub_archive_is_fetched_once_and_read_like_a_local_copy(tokenizer, smol_
     archive = shutil.make_archive(str(tmp_path / "data"), "zip", root_dir=smol_root.parent, base_dir=smol_root.name)
     calls = []
 
-    def fake_download(repo_id, filename, repo_type, local_files_only=False):
-        calls.append((repo_id, filename, repo_type))
+    def fake_download(repo_id, filename, repo_type, revision=None, local_files_only=False):
+        calls.append((repo_id, filename, repo_type, revision))
         return archive
 
     import llasmol.offline
@@ -243,7 +244,40 @@ def test_hub_archive_is_fetched_once_and_read_like_a_local_copy(tokenizer, smol_
         dm.prepare_data()
         local = make_dm(tokenizer, smol_root)
         assert [dm.split("validation").split[i] for i in range(5)] == [local.split("validation").split[i] for i in range(5)]
-    assert calls == [("osunlp/SMolInstruct", "data.zip", "dataset")]  # the second run reads the cache
+    # The Hub is asked each time (has `main` moved?), the same archive content is extracted once.
+    assert calls == [("osunlp/SMolInstruct", "data.zip", "dataset", "main")] * 2
+    main = tmp_path / "cache" / "osunlp--SMolInstruct@main"
+    assert len(list(main.iterdir())) == 1
+    # Another revision is cached apart; offline, the newest extraction of a revision is used.
+    SMolInstructDataModule(tokenizer, path=None, revision="v1.0.0", tasks=FIXTURE_TASKS).prepare_data()
+    assert calls[-1] == ("osunlp/SMolInstruct", "data.zip", "dataset", "v1.0.0")
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
+        "osunlp--SMolInstruct@main", "osunlp--SMolInstruct@v1.0.0"]
+    monkeypatch.setattr(llasmol.offline, "hub_unreachable", lambda: "HF_HUB_OFFLINE is set")
+    offline = SMolInstructDataModule(tokenizer, path=None, tasks=FIXTURE_TASKS)
+    offline.prepare_data()
+    assert len(calls) == 3 and Path(offline.path).is_relative_to(main)
+
+
+def test_the_test_subset_reads_its_samples_from_the_full_test_split(tokenizer, smol_root):
+    """data.splits.test=test_subset: the subset's sample lists index raw/test (the official loader)."""
+    full = make_dm(tokenizer, smol_root).split("test").split
+    subset = make_dm(tokenizer, smol_root, splits={"train": "train", "validation": "dev", "test": "test_subset"})
+    sub = subset.split("test").split
+    for task, n in full.counts().items():
+        assert sub.counts()[task] == (n + 1) // 2
+    starts = dict(zip(full.tasks, [0, *list(__import__("itertools").accumulate(full.counts().values()))]))
+    sub_starts = dict(zip(sub.tasks, [0, *list(__import__("itertools").accumulate(sub.counts().values()))]))
+    for task in full.tasks:
+        for j in range(sub.counts()[task]):
+            assert sub[sub_starts[task] + j] == full[starts[task] + 2 * j]
+    # Golds pool over the whole test split, as the official scorer reads them, not over the subset.
+    assert subset.pooling_split("test").counts() == full.counts()
+    whole = make_dm(tokenizer, smol_root)
+    assert whole.pooling_split("test") is whole.split("test").split
+    missing = make_dm(tokenizer, smol_root, splits={"train": "train", "validation": "dev", "test": "dev_subset"})
+    with pytest.raises(UserError, match=r"split 'dev_subset' not found.*v1\.2\.0 \(data\.revision\)"):
+        missing.split("test")
 
 
 def test_unreachable_hub_says_how_to_use_a_local_copy(tokenizer, tmp_path, monkeypatch):

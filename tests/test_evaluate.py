@@ -175,7 +175,14 @@ def test_generate_extracts_the_answer_as_the_scorer_does():
 
 
 def test_query_smiles_are_canonicalised():
-    assert canonicalize_query("Is <SMILES> C1=CC=CC=C1O </SMILES> toxic?") == "Is <SMILES> Oc1ccccc1 </SMILES> toxic?"
+    # SMolInstruct's form: canonical Kekule SMILES (never aromatic lower case), parts sorted.
+    assert canonicalize_query("Is <SMILES> c1ccccc1O </SMILES> toxic?") == "Is <SMILES> OC1=CC=CC=C1 </SMILES> toxic?"
+    assert canonicalize_query("<SMILES> CN(C)c1ccncc1 </SMILES>") == "<SMILES> CN(C)C1=CC=NC=C1 </SMILES>"
+    assert canonicalize_query("<SMILES> O.c1ccccc1 </SMILES> and <SMILES> [CH3:1]O </SMILES>") == (
+        "<SMILES> C1=CC=CC=C1.O </SMILES> and <SMILES> CO </SMILES>")
+    # As the official canonicalisation rebuilds atoms: isotope labels go, charges and stereo stay.
+    assert canonicalize_query("<SMILES> [2H]C([2H])([2H])O.C[C@H](N)C(=O)[O-] </SMILES>") == (
+        "<SMILES> CO.C[C@H](N)C(=O)[O-] </SMILES>")
     assert canonicalize_query("<SMILES> not-a-smiles </SMILES>") == "<SMILES> not-a-smiles </SMILES>"
 
 

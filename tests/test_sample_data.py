@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from rdkit import Chem, RDLogger
 
+from llasmol.data.smiles import canonical_kekule
+
 RDLogger.DisableLog("rdApp.*")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,8 +193,13 @@ def test_sample_index_files(task: str) -> None:
 # ---------------------------------------------------------------- chemistry
 
 
+# An aromatic atom: a lower-case element outside brackets (b c n o p s) or first inside them ([nH], [se]).
+AROMATIC_ATOM = re.compile(r"\[\d*[a-z]|(?<![A-Z\[])[bcnops](?![a-z])")
+
+
 @pytest.mark.parametrize("task", TASKS)
-def test_smiles_are_rdkit_canonical(task: str) -> None:
+def test_smiles_are_canonical_kekule_as_in_smolinstruct(task: str) -> None:
+    """SMolInstruct writes canonical Kekule SMILES, parts sorted (LLM4Chem canonicalize_molecule_smiles)."""
     tags = core_tags(task)
     for side in ("input", "output"):
         if tags[side][0] != "<SMILES>":
@@ -200,9 +207,20 @@ def test_smiles_are_rdkit_canonical(task: str) -> None:
         for split in SPLITS:
             for row in raw_rows(split, task):
                 smiles = row[side]
-                mol = Chem.MolFromSmiles(smiles)
-                assert mol is not None, smiles
-                assert Chem.MolToSmiles(mol) == smiles, (split, smiles)
+                parts = smiles.split(".")
+                # Checked with RDKit alone, then against the package's helper (what generate uses).
+                assert parts == sorted(parts), (split, smiles)
+                for part in parts:
+                    assert Chem.MolToSmiles(Chem.MolFromSmiles(part), kekuleSmiles=True) == part, (split, smiles)
+                assert canonical_kekule(smiles) == smiles, (split, smiles)
+                assert not AROMATIC_ATOM.search(smiles), (split, smiles)
+
+
+def test_the_aromatic_atom_pattern_sees_aromatic_smiles() -> None:
+    for aromatic in ("c1ccccc1", "C[nH]1cccc1", "CN(C)c1ccncc1", "[se]1cccc1", "O=c1[nH]cccc1"):
+        assert AROMATIC_ATOM.search(aromatic), aromatic
+    for kekule in ("C1=CC=CC=C1", "CN(C)C1=CC=NC=C1", "ClCBr", "[Na+].[Cl-]", "OS(=O)(=O)O", "CSC", "CPOC"):
+        assert not AROMATIC_ATOM.search(kekule), kekule
 
 
 @pytest.mark.parametrize("task", TASKS)

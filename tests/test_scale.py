@@ -178,3 +178,33 @@ def test_multirun_through_the_submitit_launcher(tmp_path):
     assert [results[k]["params"]["trainable"] for k in sorted(results)] == expected and expected[0] < expected[1]
     assert all(r["global_step"] == 2 and "val/loss" in r["metrics"] for r in results.values())
     assert (sweep / ".submitit").is_dir()  # the jobs really went through submitit
+
+
+def test_norm_clipping_under_fsdp_goes_through_the_sharded_root(monkeypatch):
+    """The paper recipe clips at norm 1.0. Lightning's FSDP precision plugin refuses norm clipping, so the
+    strategy routes it to the FSDP root (global norm over all shards); here on one CPU process with gloo."""
+    import torch.distributed as dist
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from conftest import free_port
+    from llasmol.distributed import clip_norm_through_root
+
+    precision = FSDPPrecision("32-true")
+    with pytest.raises(MisconfigurationException, match="norm"):
+        precision.clip_gradients(None, 1.0, "norm")  # why the strategy steps in
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        root = FullyShardedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)),
+                                        device_id=torch.device("cpu"))
+        root(torch.randn(3, 4)).pow(2).sum().mul(100).backward()
+        norm = lambda: float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in root.parameters()])))  # noqa: E731
+        assert norm() > 10
+        clip_norm_through_root(precision, root)
+        precision.clip_gradients(None, 1.0, "norm")  # what Lightning calls with gradient_clip_val=1.0
+        assert norm() == pytest.approx(1.0, rel=1e-5)
+    finally:
+        dist.destroy_process_group()

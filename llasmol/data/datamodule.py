@@ -11,7 +11,7 @@ from llasmol.data.collate import PackCollator, PadCollator
 from llasmol.data.formatting import PromptFormatter
 from llasmol.data.resumable import ResumableDataLoader
 from llasmol.data.sampler import ShardedShuffleSampler
-from llasmol.data.smolinstruct import SMolInstructSplit
+from llasmol.data.smolinstruct import SMolInstructSplit, raw_split
 from llasmol.data.tasks import TASKS, check_tasks
 from llasmol.errors import UserError
 
@@ -37,8 +37,9 @@ class SMolInstructDataset(Dataset):
 class SMolInstructDataModule(L.LightningDataModule):
     """Serves the `train`, `validation` and `test` splits of the chosen tasks.
 
-    `path` is the root of a copy in the official layout; when it is null the archive of `hub_id` is fetched
-    once into the cache. Split names map to the archive's folder names through `splits`.
+    `path` is the root of a copy in the official layout; when it is null the archive of `hub_id` at
+    `revision` is fetched once into the cache. Split names map to the archive's folder names through
+    `splits` (`test: test_subset` reads the archive's small test subset).
     """
 
     def __init__(
@@ -46,6 +47,7 @@ class SMolInstructDataModule(L.LightningDataModule):
         tokenizer,
         path: Optional[str] = None,
         hub_id: str = "osunlp/SMolInstruct",
+        revision: str = "main",
         tasks: list[str] = TASKS,
         splits: Optional[dict] = None,
         sample_group: str = "instruction_tuning",
@@ -68,6 +70,7 @@ class SMolInstructDataModule(L.LightningDataModule):
         self.tokenizer = tokenizer
         self.path = path
         self.hub_id = hub_id
+        self.revision = revision
         self.tasks = check_tasks(tasks)
         self.splits = dict(splits or DEFAULT_SPLITS)
         self.sample_group = sample_group
@@ -111,7 +114,7 @@ class SMolInstructDataModule(L.LightningDataModule):
             return self.path
         from llasmol.data.hub import fetch_smolinstruct
 
-        self.path = str(fetch_smolinstruct(self.hub_id))
+        self.path = str(fetch_smolinstruct(self.hub_id, self.revision))
         return self.path
 
     def split(self, name: str) -> SMolInstructDataset:
@@ -131,6 +134,17 @@ class SMolInstructDataModule(L.LightningDataModule):
             )
             self.datasets[name] = SMolInstructDataset(table, self.formatter)
         return self.datasets[name]
+
+    def pooling_split(self, name: str) -> SMolInstructSplit:
+        """The samples whose golds pool for split `name`: its own, or for a subset (`test_subset`) its full
+        split, as the official scorer reads golds from the whole test split (compute_metrics.py
+        `read_result`), whichever samples were generated."""
+        folder = self.splits[name]
+        if raw_split(folder) == folder:
+            return self.split(name).split
+        return SMolInstructSplit(self.root(), raw_split(folder), self.tasks, sample_group=self.sample_group,
+                                 insert_core_tags=self.insert_core_tags, representation=self.representation,
+                                 skip_bad_lines=self.skip_bad_lines)
 
     def prepare_data(self) -> None:
         self.root()  # a Hub download happens once, on the main process of each node

@@ -1,7 +1,12 @@
-"""Turn a (query, response) pair into token ids and labels, the way the paper trains.
+"""Turn a (query, response) pair into token ids and labels, exactly as the paper's scripts do.
 
-The paper wraps every sample as `<s>[INST] {query} [/INST] {response}</s>` for every base model,
-truncates to 512 tokens (EOS only when it still fits) and trains on the whole sequence by default.
+The official code (LLM4Chem `utils/general_prompter.py`, `finetune.py` lines 165-201) writes every sample as
+the *string* `<s>[INST] {query} [/INST] {response}</s>`, for every base, and encodes it with
+`add_special_tokens=False`, truncated to 512 tokens (so a cut sample loses its EOS). Generation encodes
+`<s>[INST] {query} [/INST]` the same way (`generation.py` line 82). Encoding that same string here, rather
+than ids around an encoded text, keeps the result equal to the official one under any tokenizer: whether
+text after `<s>` gets a leading '▁' is the tokenizer's own (legacy) behaviour, as it was for the paper.
+With `train_on_inputs=false` the first len(encode(prompt)) labels are masked, as `finetune.py` does.
 """
 
 from __future__ import annotations
@@ -21,7 +26,11 @@ class Encoded:
 
 
 class PromptFormatter:
-    """Formats and tokenizes samples; `prompt_template` must contain `{input}`."""
+    """Formats and tokenizes samples; `prompt_template` must contain `{input}`.
+
+    The tokenizer must name its BOS and EOS tokens (`llasmol.model.base.load_tokenizer` fills them in from
+    the base's config.json when its files do not).
+    """
 
     def __init__(
         self,
@@ -32,33 +41,33 @@ class PromptFormatter:
     ) -> None:
         if "{input}" not in prompt_template:
             raise UserError(f"model.prompt_template {prompt_template!r} lacks the {{input}} placeholder")
+        if tokenizer.eos_token is None:
+            raise UserError("the tokenizer defines no EOS token and the base's config.json names none: "
+                            "set model.arch to a config with eos_token_id")
         self.tokenizer = tokenizer
         self.prompt_template = prompt_template
         self.max_length = max_length
         self.train_on_inputs = train_on_inputs
+        self.bos_text = tokenizer.bos_token or ""
+        self.eos_text = tokenizer.eos_token
 
     def prompt(self, query: str) -> str:
         # str.replace, not str.format: queries contain braces (SMILES ring bonds, SELFIES never, JSON maybe).
         return self.prompt_template.replace("{input}", query)
 
+    def _ids(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prompt_ids(self, query: str) -> list[int]:
+        """The ids a model is given to answer `query`: `<s>[INST] {query} [/INST]`."""
+        return self._ids(self.bos_text + self.prompt(query))
+
     def encode(self, query: str, response: str) -> Encoded:
-        prompt = self.prompt(query)
-        text = f"{prompt} {response}"
-        enc = self.tokenizer(text, add_special_tokens=True, return_offsets_mapping=not self.train_on_inputs)
-        ids = list(enc["input_ids"])
-        full_length = len(ids) + 1  # + EOS
-        ids = ids[: self.max_length]
+        full = self._ids(f"{self.bos_text}{self.prompt(query)} {response}{self.eos_text}")
+        ids = full[: self.max_length]
         if self.train_on_inputs:
             labels = list(ids)
         else:
-            # A token belongs to the response when it starts at or after the end of the prompt text;
-            # special tokens (BOS) report the empty span (0, 0) and so count as prompt.
-            cut = len(prompt)
-            spans = enc["offset_mapping"][: len(ids)]
-            labels = [
-                IGNORE_INDEX if start < cut or start == end == 0 else tok for (start, end), tok in zip(spans, ids)
-            ]
-        if len(ids) < self.max_length:
-            ids.append(self.tokenizer.eos_token_id)
-            labels.append(self.tokenizer.eos_token_id)
-        return Encoded(input_ids=ids, labels=labels, truncated=full_length > self.max_length)
+            n_prompt = min(len(self.prompt_ids(query)), len(ids))
+            labels = [IGNORE_INDEX] * n_prompt + ids[n_prompt:]
+        return Encoded(input_ids=ids, labels=labels, truncated=len(full) > self.max_length)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import zipfile
 from pathlib import Path
+from typing import Optional
 
 from llasmol.errors import UserError
 
 ARCHIVE = "data.zip"
+DONE = ".extracted"
 
 
 def default_cache_dir() -> Path:
@@ -16,35 +20,63 @@ def default_cache_dir() -> Path:
     return Path(base)
 
 
-def fetch_smolinstruct(repo_id: str, cache_dir: Path | None = None) -> Path:
-    """Download (once) and extract the archive of `repo_id`; return the root of its official layout."""
-    target = (cache_dir or default_cache_dir()) / repo_id.replace("/", "--")
-    done = target / ".extracted"
-    if done.is_file():
-        return _layout_root(target)
+def fetch_smolinstruct(repo_id: str, revision: str = "main", cache_dir: Path | None = None) -> Path:
+    """The root of the official layout of `repo_id`'s archive at `revision` (a branch, tag or commit).
+
+    The archive comes through the Hugging Face cache, which asks the Hub whether `revision` has moved; it
+    is extracted once per archive *content*, so `main` picks up a new release while a pinned commit never
+    changes. Without the Hub, the newest extraction of `revision` is used.
+    """
+    if not isinstance(revision, str) or not revision:
+        raise UserError(f"data.revision={revision!r} is not a revision name: give a branch, tag or commit, e.g. main")
+    base = (cache_dir or default_cache_dir()) / f"{repo_id}@{revision}".replace("/", "--")
     from llasmol.offline import cached_on_disk, hub_unreachable
 
     fix = "set data.path=<folder with raw/, sample/, template/, core_tag/> to use a local copy"
     reason = hub_unreachable()
-    local_only = reason is not None and cached_on_disk(repo_id, ARCHIVE, repo_type="dataset")
+    local_only = reason is not None and cached_on_disk(repo_id, ARCHIVE, repo_type="dataset", revision=revision)
     if reason is not None and not local_only:
-        raise UserError(f"cannot fetch dataset {repo_id} from the Hugging Face Hub ({reason}): {fix}")
+        newest = _newest_extraction(base)
+        if newest is not None:
+            return _layout_root(newest)
+        raise UserError(f"cannot fetch dataset {repo_id} at revision {revision} from the Hugging Face Hub ({reason}): {fix}")
     try:
         from huggingface_hub import hf_hub_download
 
-        archive = hf_hub_download(repo_id=repo_id, filename=ARCHIVE, repo_type="dataset", local_files_only=local_only)
-    except Exception as err:  # unknown repo, no credentials, a failed download: the same for the user
-        raise UserError(f"cannot fetch dataset {repo_id} from the Hugging Face Hub ({type(err).__name__}): {fix}") from None
-    tmp = target.with_name(target.name + ".partial")
-    with zipfile.ZipFile(archive) as zf:
-        zf.extractall(tmp)
-    if target.exists():
-        import shutil
-
-        shutil.rmtree(target)
-    tmp.rename(target)
-    done.touch()
+        archive = Path(hf_hub_download(repo_id=repo_id, filename=ARCHIVE, repo_type="dataset", revision=revision,
+                                       local_files_only=local_only))
+    except Exception as err:  # unknown repo or revision, no credentials, a failed download: the same for the user
+        raise UserError(
+            f"cannot fetch dataset {repo_id} at revision {revision} from the Hugging Face Hub "
+            f"({type(err).__name__}): {fix}"
+        ) from None
+    target = base / _content_key(archive)
+    if not (target / DONE).is_file():
+        tmp = target.with_name(target.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(tmp)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+        (target / DONE).touch()
     return _layout_root(target)
+
+
+def _content_key(archive: Path) -> str:
+    """A name for the archive's content: the Hugging Face cache stores files as blobs named by their hash."""
+    blob = archive.resolve()
+    if blob.parent.name == "blobs":
+        return blob.name[:16]
+    digest = hashlib.sha256()
+    with blob.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def _newest_extraction(base: Path) -> Optional[Path]:
+    done = [d for d in base.glob("*") if (d / DONE).is_file()] if base.is_dir() else []
+    return max(done, key=lambda d: (d / DONE).stat().st_mtime_ns) if done else None
 
 
 def _layout_root(folder: Path) -> Path:

@@ -5,6 +5,7 @@ Layout (the archive on the Hub, a local copy of it, and our bundled sample all s
     raw/<split>/<task>.jsonl                              {"input", "output", ...} per line
     raw_selfies/<split>/<task>.jsonl                      optional, the same in SELFIES
     sample/<group>/<split>/<task>.json                    {"template_name", "samples": [{idx, template_id, target}]}
+    sample/<group>/test_subset/<task>.json                v1.2.0+: at most 200 test samples a task, indexing raw/test
     template/<template_name>/<task>.json                  [{"input": "...<INPUT>...", "output": "...<OUTPUT>..."}]
     core_tag/<task>.json                                  {"input": [left, right], "output": [left, right]}
 
@@ -200,6 +201,12 @@ def _read_sample_list(path: Path, task: str, limit: Optional[int]) -> tuple[dict
     return header, np.frombuffer(idx, dtype=np.int64).copy(), np.frombuffer(template_id, dtype=np.int32).copy(), targets
 
 
+def raw_split(split: str) -> str:
+    """The raw folder a split's sample lists index: a subset's is its full split's (`test_subset` reads
+    `raw/test`, as the official loader's `use_test_subset` does: SMolInstruct.py, `real_split`)."""
+    return split[: -len("_subset")] if split.endswith("_subset") else split
+
+
 def _smiles_to_selfies(smiles: str) -> str:
     import selfies
 
@@ -241,11 +248,12 @@ class SMolInstructSplit:
     def _load_task(self, task: str, sample_group: str, limit: Optional[int]) -> _TaskTable:
         split_dir = self.root / "sample" / sample_group / self.split
         if not split_dir.is_dir():
+            hint = "; subsets came with SMolInstruct v1.2.0 (data.revision)" if self.split.endswith("_subset") else ""
             raise UserError(
-                f"split {self.split!r} not found: {split_dir} does not exist (check data.path and data.splits)"
+                f"split {self.split!r} not found: {split_dir} does not exist (check data.path and data.splits{hint})"
             )
         header, idx, template_id, targets = _read_sample_list(split_dir / f"{task}.json", task, limit)
-        raw_path = self.root / self._raw_dir / self.split / f"{task}.jsonl"
+        raw_path = self.root / self._raw_dir / raw_split(self.split) / f"{task}.jsonl"
         if not raw_path.is_file():
             raise UserError(f"missing raw data file {raw_path} for task {task}: is data.path complete?")
         offsets, line_bytes, bad_lines = _line_offsets(raw_path)

@@ -23,16 +23,20 @@ TINY_TOKENIZER_DIR = PACKAGE_DIR / "model" / "tiny_tokenizer"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def arch_config(arch: str, **overrides: Any):
-    """The bundled `transformers` config of architecture `arch` (a file stem in `llasmol/model/arch/`)."""
-    from transformers import AutoConfig
-
+def arch_facts(arch: str) -> dict[str, Any]:
+    """The bundled `config.json` facts of architecture `arch` (a file stem in `llasmol/model/arch/`)."""
     path = ARCH_DIR / f"{arch}.json"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in ARCH_DIR.glob("*.json")))
         raise UserError(f"unknown model.arch {arch!r}: bundled architectures are {known}")
-    facts = json.loads(path.read_text())
-    facts.update(overrides)
+    return json.loads(path.read_text())
+
+
+def arch_config(arch: str, **overrides: Any):
+    """The bundled `transformers` config of architecture `arch`."""
+    from transformers import AutoConfig
+
+    facts = {**arch_facts(arch), **overrides}
     return AutoConfig.for_model(facts.pop("model_type"), **facts)
 
 
@@ -104,10 +108,24 @@ def load_tokenizer(model_cfg):
         )
     except (OSError, ValueError) as err:
         raise _offline_error(model_cfg, "the tokenizer files") from err
+    complete_special_tokens(tok, arch_facts(model_cfg.arch))
     if tok.pad_token_id is None:
         # Llama-family tokenizers have no pad token; padding positions never reach the loss anyway.
         tok.pad_token = tok.unk_token or tok.eos_token
     return tok
+
+
+def complete_special_tokens(tok, facts: dict[str, Any]) -> None:
+    """Name the BOS, EOS and pad tokens a tokenizer's files leave out, by the ids of the base's config.json.
+
+    Galactica's tokenizer adds no BOS and may name no EOS or pad token, though its config.json says
+    bos 0, eos 2, pad 1; the paper's format `<s>[INST] ... </s>` needs both ends for every base.
+    """
+    for role in ("bos", "eos", "pad"):
+        token_id = facts.get(f"{role}_token_id")
+        if getattr(tok, f"{role}_token") is None and isinstance(token_id, int) and 0 <= token_id < len(tok):
+            # An existing vocabulary entry becomes special: no new id, and it is matched whole in text.
+            tok.add_special_tokens({f"{role}_token": tok.convert_ids_to_tokens(token_id)})
 
 
 def build_meta_model(model_cfg, vocab_size: Optional[int] = None):

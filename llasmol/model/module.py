@@ -68,7 +68,8 @@ class LoRACausalLM(L.LightningModule):
             resume = f"resume from the last good checkpoint with ckpt_path={last}" if last else "start again"
             raise UserError(
                 f"training loss became {loss.item()} at step {self.global_step}: lower optimizer.lr "
-                f"(now {self.optimizers().param_groups[0]['lr']:g}) or set trainer.gradient_clip_val=1.0, then {resume}"
+                f"(now {self.optimizers().param_groups[0]['lr']:g}) or clip gradients (trainer.gradient_clip_val=1.0, the "
+                f"paper recipe's; now {self.trainer.gradient_clip_val}), then {resume}"
             )
         n = batch["input_ids"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=n)
