@@ -17,7 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
-from llasmol.config import compose_config  # noqa: E402,F401  (after the offline settings above)
+from llasmol.core.config import compose_config  # noqa: E402,F401  (after the offline settings above)
 
 
 def machine() -> dict:

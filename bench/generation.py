@@ -54,9 +54,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from llasmol.evaluation import balanced_subset
-    from llasmol.generation import BeamGenerator, task_settings
-    from llasmol.loading import load_model
+    from llasmol.inference.records import balanced_subset
+    from llasmol.inference.beam_search import BeamGenerator, task_settings
+    from llasmol.inference.checkpoints import load_model
     from llasmol.metrics.extract import extract_answer
 
     cfg = compose_config()

@@ -48,8 +48,8 @@ def load_golds() -> dict[str, list[tuple[str, str]]]:
 def synthesize(n: int, seed: int = 0) -> list[dict]:
     from rdkit import Chem
 
-    from llasmol.generation import task_settings
-    from llasmol.metrics.extract import ANSWER_TAG
+    from llasmol.inference.beam_search import task_settings
+    from llasmol.core.tasks import get_task
 
     gen_cfg = compose_config(["generation=paper"]).generation
     rng = random.Random(seed)
@@ -58,7 +58,7 @@ def synthesize(n: int, seed: int = 0) -> list[dict]:
     records = []
     for r in range(n):
         task = tasks[r % len(tasks)]
-        tag = ANSWER_TAG[task]
+        tag = get_task(task).answer_tag
         inp, gold = rng.choice(pairs[task])
         k = task_settings(gen_cfg, task).num_return_sequences
 

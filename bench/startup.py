@@ -127,7 +127,7 @@ def main() -> None:
     result["imports"] = imports
     loaded = {}
     for module in ("llasmol", "llasmol.data.datamodule", "llasmol.metrics.scoring", "llasmol.train", "llasmol.evaluate",
-                   "llasmol.generation", "llasmol.report"):
+                   "llasmol.inference.beam_search", "llasmol.report"):
         loaded[module] = heavy_modules(module)
         print(f"import {module}: " + ", ".join(f"{m}={'yes' if v else 'no'}" for m, v in loaded[module].items()))
     result["heavy_modules_loaded"] = loaded

@@ -20,15 +20,15 @@ from _common import ROOT, compose_config, mistral_tokenizer_folder, write_result
 
 from llasmol.data.formatting import PromptFormatter
 from llasmol.data.smolinstruct import SMolInstructSplit
-from llasmol.generation import task_settings
-from llasmol.metrics.extract import ANSWER_TAG
+from llasmol.inference.beam_search import task_settings
+from llasmol.core.tasks import get_task
 from llasmol.model.base import load_tokenizer
 
 SAMPLE = ROOT / "llasmol" / "data" / "sample"
 
 
 def answer_length(tok, formatter: PromptFormatter, sample: dict) -> int:
-    tag = ANSWER_TAG[sample["task"]]
+    tag = get_task(sample["task"]).answer_tag
     response = sample["output"]
     if tag is not None:
         response = response[: response.index(f"</{tag}>") + len(f"</{tag}>")]

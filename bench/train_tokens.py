@@ -84,7 +84,7 @@ def main() -> None:
 
     from llasmol.data.collate import PackCollator
     from llasmol.data.sampler import ShardedShuffleSampler
-    from llasmol.model.module import LoRACausalLM
+    from llasmol.training.module import LoRACausalLM
     from llasmol.model.base import load_tokenizer
     from llasmol.train import build_model
 

@@ -13,8 +13,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from llasmol.config import CONFIG_DIR
-from llasmol.errors import UserError, report_user_errors
+from llasmol.core.config import CONFIG_DIR
+from llasmol.core.errors import UserError, report_user_errors
 
 REQUIRED = ("task", "input", "gold", "predictions")
 
@@ -34,7 +34,7 @@ def _texts(value, what: str, where: str, allow_none: bool = False) -> list[str]:
 
 def read_predictions(path: str | Path) -> list[dict]:
     """Records of a predictions JSONL file, checked line by line."""
-    from llasmol.data.tasks import TASKS
+    from llasmol.core.tasks import get_task
 
     path = Path(path)
     if not path.is_file():
@@ -53,9 +53,8 @@ def read_predictions(path: str | Path) -> list[dict]:
                 raise UserError(
                     f"{path} line {lineno} lacks {', '.join(missing)}: each line needs " + ", ".join(REQUIRED)
                 )
-            if record["task"] not in TASKS:
-                raise UserError(f"{path} line {lineno} has unknown task {record['task']!r}: use one of " + ", ".join(TASKS))
             where = f"{path} line {lineno}"
+            get_task(record["task"], where)
             record["skipped"] = bool(record.get("skipped")) or record["predictions"] is None
             record["gold"] = _texts(record["gold"], "gold", where)
             record["predictions"] = _texts(record["predictions"], "predictions", where, allow_none=True)
@@ -81,15 +80,11 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
 
 
 def score_file(cfg: DictConfig) -> tuple[dict, Path]:
-    from llasmol.io import write_json
+    from llasmol.core.files import write_json
     from llasmol.metrics.scoring import score_records
 
     records = read_predictions(cfg.predictions)
     results = score_records(records)
-    for metrics in results.values():
-        metrics["num_skipped"] = 0.0
-    for record in records:
-        results[record["task"]]["num_skipped"] += float(record["skipped"])
     src = Path(cfg.predictions)
     out = Path(cfg.output) if cfg.output else src.with_name(src.stem + ".metrics.json")
     write_json(out, results)
@@ -99,11 +94,11 @@ def score_file(cfg: DictConfig) -> tuple[dict, Path]:
 def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     import torch
 
-    from llasmol.evaluation import balanced_subset, generate_records, golds_by_input, score
-    from llasmol.generation import BeamGenerator
-    from llasmol.io import write_json, write_jsonl
-    from llasmol.loading import load_model, resolve_checkpoint
-    from llasmol.progress import generation_progress
+    from llasmol.inference.records import balanced_subset, generate_records, score, split_golds
+    from llasmol.inference.beam_search import BeamGenerator
+    from llasmol.core.files import write_json, write_jsonl
+    from llasmol.inference.checkpoints import load_model, resolve_checkpoint
+    from llasmol.inference.progress import generation_progress
 
     model_cfg, adapter, run_data = resolve_checkpoint(cfg.ckpt, cfg)
     # A run directory brings the data it was trained on; this command's split and sample cap apply.
@@ -122,7 +117,7 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     generator = BeamGenerator(model, tokenizer, dm.formatter, cfg.generation.max_prompt_tokens, cfg.generation.batch_size)
     indices = balanced_subset(split, None, cfg.seed)
     with generation_progress(f"Generating on {split_name}", len(indices)) as advance:
-        golds = golds_by_input(dm.pooling_split(split_name), split.tasks)
+        golds = split_golds(dm.pooling_split(split_name))
         records = generate_records(generator, split, indices, golds, cfg.generation, advance)
     results = score(records, list(split.tasks), torch.device(device))
     out_dir = Path(cfg.paths.output_dir)

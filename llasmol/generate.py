@@ -15,11 +15,10 @@ from typing import Optional
 import hydra
 from omegaconf import DictConfig
 
-from llasmol.config import CONFIG_DIR
-from llasmol.errors import UserError, report_user_errors
+from llasmol.core.config import CONFIG_DIR
+from llasmol.core.errors import UserError, report_user_errors
 
 SMILES_SPAN = re.compile(r"(<SMILES>\s*)(.*?)(\s*</SMILES>)", re.S)
-ANY_ANSWER = re.compile(r"<(SMILES|IUPAC|MOLFORMULA|NUMBER|BOOLEAN|SELFIES)>\s*(.*?)\s*</\1>", re.S)
 OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
 
 
@@ -38,26 +37,23 @@ def canonicalize_query(query: str) -> str:
 def answer_of(response: str, task: Optional[str] = None) -> Optional[str]:
     """The answer the scorer would extract for `task`; without a task, the text between the first
     complete pair of answer tags in `response`."""
-    if task:
-        from llasmol.metrics.extract import extract_answer
+    from llasmol.metrics.extract import any_answer, extract_answer
 
-        return extract_answer(task, response)
-    match = ANY_ANSWER.search(response)
-    return match.group(2) if match else None
+    return extract_answer(task, response) if task else any_answer(response)
 
 
 def generate(cfg: DictConfig) -> list[str]:
     import torch
 
     from llasmol.data.formatting import PromptFormatter
-    from llasmol.data.tasks import TASKS
-    from llasmol.generation import BeamGenerator, task_settings
-    from llasmol.loading import load_model, resolve_checkpoint
+    from llasmol.core.tasks import get_task
+    from llasmol.inference.beam_search import BeamGenerator, task_settings
+    from llasmol.inference.checkpoints import load_model, resolve_checkpoint
 
     if not cfg.query:
         raise UserError('no query: run python -m llasmol.generate "<your question>" [ckpt=<run dir>]')
-    if cfg.task and cfg.task not in TASKS:
-        raise UserError(f"unknown task={cfg.task}: use one of {', '.join(TASKS)}, or leave task out")
+    if cfg.task:
+        get_task(cfg.task, "task= (or leave task out for the default beams)")
     model_cfg, adapter, _ = resolve_checkpoint(cfg.ckpt, cfg)
     model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"))
     device = "cuda" if cfg.device == "auto" and torch.cuda.is_available() else ("cpu" if cfg.device == "auto" else cfg.device)

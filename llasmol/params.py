@@ -11,8 +11,8 @@ import json
 import hydra
 from omegaconf import DictConfig
 
-from llasmol.config import CONFIG_DIR
-from llasmol.errors import report_user_errors
+from llasmol.core.config import CONFIG_DIR
+from llasmol.core.errors import report_user_errors
 
 
 def count_trainable(cfg: DictConfig) -> dict:

@@ -12,10 +12,9 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from llasmol.config import CONFIG_DIR
-from llasmol.errors import report_user_errors
-from llasmol.io import write_json
-from llasmol.resume import resolve_resume
+from llasmol.core.config import CONFIG_DIR
+from llasmol.core.errors import report_user_errors
+from llasmol.core.files import write_json
 
 log = logging.getLogger("llasmol.train")
 
@@ -47,19 +46,20 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     import lightning as L
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from llasmol.callbacks.checkpoint import AtomicCheckpointIO
-    from llasmol.distributed import check_trainer
     from llasmol.model.base import check_packing, load_tokenizer, quantization_config
-    from llasmol.model.module import LoRACausalLM
-    from llasmol.tracking import KeepingCSVLogger, check_loggers, checkpoint_step, continue_wandb_run, remember_wandb_run
+    from llasmol.training.checkpointing import AtomicCheckpointIO
+    from llasmol.training.distributed import check_trainer
+    from llasmol.training.module import LoRACausalLM
+    from llasmol.training.resume import Resume, StepSeeding
+    from llasmol.training.tracking import check_loggers
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    # Cheap checks first: a missing checkpoint to resume, a strategy or quantisation the machine cannot
-    # run, then a missing base model.
-    resume_from = resolve_resume(cfg.get("ckpt_path"), out, cfg.model.name, cfg.lora.name)
+    # Checks, cheapest first: the checkpoint to resume, a strategy, logger or quantisation the machine
+    # cannot run, the data (indexed now when local, so bad data stops the run before loggers start).
+    resume = Resume.plan(cfg.get("ckpt_path"), out, cfg.model.name, cfg.lora.name)
     check_trainer(cfg.trainer)
     check_loggers(cfg.get("logger"))
     if cfg.data.get("packing"):
@@ -67,8 +67,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     quantization_config(cfg.get("quantization"), bool(cfg.model.get("random_init")))
     tokenizer = load_tokenizer(cfg.model)
     datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
-    if datamodule.path:  # local data: index it now, so bad data stops the run before loggers start
+    if datamodule.path:
         datamodule.setup("fit")
+
+    # Build: the model, then the trainer with its callbacks and loggers.
     model, params = build_model(cfg, tokenizer)
     params = {"model": cfg.model.name, "lora": cfg.lora.name, **params}
     log.info(
@@ -76,22 +78,17 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         params["model"], params["lora"], f"{params['trainable']:,}", f"{params['total']:,}", params["percent"],
     )
     write_json(out / "params.json", params)
-
     module = LoRACausalLM(
         model,
         optimizer=hydra.utils.instantiate(cfg.optimizer),
         scheduler=hydra.utils.instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
-        seed=cfg.seed,
     )
-    callbacks = _instantiate_all(cfg.get("callbacks"))
+    callbacks = [*_instantiate_all(cfg.get("callbacks")), StepSeeding(cfg.seed)]
     if not cfg.trainer.get("enable_progress_bar", True):
         from lightning.pytorch.callbacks import ProgressBar
 
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
-    # Resuming in this run's own directory (a restart, a requeued job) continues its logs.
-    in_place = bool(resume_from) and Path(resume_from).resolve().is_relative_to(out.resolve())
-    if in_place:
-        continue_wandb_run(cfg.get("logger"), out)
+    resume.prepare_logger_config(cfg.get("logger"))
     # FSDP and DeepSpeed presets bring their own checkpoint writers; the rest write through a rename.
     plugins = [] if OmegaConf.is_dict(cfg.trainer.get("strategy")) else [AtomicCheckpointIO()]
     trainer = hydra.utils.instantiate(
@@ -105,21 +102,17 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "effective batch %d = micro-batch %d × accumulation %d × %d process(es)",
         datamodule.effective_batch_size, datamodule.micro_batch_size, accumulation, trainer.world_size,
     )
-    if in_place:
-        for logger in trainer.loggers:
-            if isinstance(logger, KeepingCSVLogger):
-                logger.keep_until_step = checkpoint_step(resume_from)
+    resume.attach(trainer)
     for logger in trainer.loggers:
         logger.log_hyperparams(
             {**OmegaConf.to_container(cfg, resolve=True), "params": params, "accumulate_grad_batches": accumulation}
         )
-    remember_wandb_run(trainer, out)
 
-    if resume_from:
-        log.info("resuming from %s", resume_from)
-    # weights_only: a checkpoint is data from disk; ours hold only tensors and plain containers.
+    # Fit. weights_only: a checkpoint is data from disk; ours hold only tensors and plain containers.
+    if resume.checkpoint:
+        log.info("resuming from %s", resume.checkpoint)
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume.checkpoint, weights_only=True)
     except SIGTERMException:
         # Lightning's SIGTERM is a SystemExit without a code, i.e. success; a stopped run is not one.
         _finish_loggers(trainer)
@@ -133,7 +126,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "best_checkpoint": checkpoint.best_model_path if checkpoint else None,
         "output_dir": str(out),
         "global_step": trainer.global_step,
-        "resumed_from": resume_from,
+        "resumed_from": resume.checkpoint,
     }
     if trainer.is_global_zero:
         write_json(out / "result.json", result)
@@ -143,10 +136,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 def _finish_loggers(trainer) -> None:
     """Close W&B runs, so the next job of a multirun (same process) starts its own run."""
-    from llasmol.tracking import wandb_loggers
+    from llasmol.training.lightning_private import wandb_run_started
+    from llasmol.training.tracking import wandb_loggers
 
     for logger in wandb_loggers(trainer):
-        if logger._experiment is not None:
+        if wandb_run_started(logger):
             logger.experiment.finish()
 
 

@@ -19,7 +19,7 @@ import pytest
 from omegaconf import DictConfig
 from smolinstruct_fixture import write_smolinstruct
 
-from llasmol.config import compose_config  # noqa: F401  (tests import it from here)
+from llasmol.core.config import compose_config  # noqa: F401  (tests import it from here)
 
 
 def free_port() -> int:

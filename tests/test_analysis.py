@@ -18,7 +18,7 @@ import pytest
 
 from llasmol import analysis
 from llasmol.analysis.paper import PAPER_RESULTS, PAPER_TRAINABLE
-from llasmol.io import write_json, write_jsonl
+from llasmol.core.files import write_json, write_jsonl
 from llasmol.metrics.scoring import score_records
 from llasmol.report import main as report_main
 

@@ -96,7 +96,7 @@ def test_the_ablation_experiment_sweeps_the_paper_variants_on_llama2():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from llasmol.config import CONFIG_DIR
+    from llasmol.core.config import CONFIG_DIR
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
@@ -108,8 +108,8 @@ def test_the_ablation_experiment_sweeps_the_paper_variants_on_llama2():
 def test_paper_recipe_uses_the_papers_beam_settings_for_every_task():
     """App. A.1 and what the official runs effectively did: (beams, returned sequences, max new tokens),
     1024 new tokens for every task (config.py's 20/960 were never applied), early_stopping off."""
-    from llasmol.data.tasks import TASKS
-    from llasmol.generation import task_settings
+    from llasmol.core.tasks import TASK_NAMES
+    from llasmol.inference.beam_search import task_settings
 
     want = {
         "forward_synthesis": (8, 5),
@@ -120,10 +120,10 @@ def test_paper_recipe_uses_the_papers_beam_settings_for_every_task():
         "name_conversion-i2f": (6, 3),
         "name_conversion-s2f": (6, 3),
         "molecule_captioning": (4, 1),
-        **{t: (4, 1) for t in TASKS if t.startswith("property_prediction-")},
+        **{t: (4, 1) for t in TASK_NAMES if t.startswith("property_prediction-")},
     }
     cfg = compose_config(["model=mistral"])
-    assert set(want) == set(TASKS)
+    assert set(want) == set(TASK_NAMES)
     for task, (beams, returned) in want.items():
         got = task_settings(cfg.generation, task)
         assert (got.num_beams, got.num_return_sequences, got.max_new_tokens, got.early_stopping) == (

@@ -15,7 +15,7 @@ from llasmol.data.formatting import IGNORE_INDEX
 from llasmol.data.sampler import ShardedShuffleSampler
 from llasmol.data.smiles import canonical_kekule
 from llasmol.data.smolinstruct import SMolInstructSplit
-from llasmol.errors import UserError
+from llasmol.core.errors import UserError
 from llasmol.model.base import load_tokenizer
 from smolinstruct_fixture import TASKS
 
@@ -234,10 +234,10 @@ def test_hub_archive_is_fetched_once_and_read_like_a_local_copy(tokenizer, smol_
         calls.append((repo_id, filename, repo_type, revision))
         return archive
 
-    import llasmol.offline
+    import llasmol.core.offline
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
-    monkeypatch.setattr(llasmol.offline, "hub_unreachable", lambda: None)  # as if online
+    monkeypatch.setattr(llasmol.core.offline, "hub_unreachable", lambda: None)  # as if online
     monkeypatch.setenv("LLASMOL_CACHE", str(tmp_path / "cache"))
     for _ in range(2):
         dm = SMolInstructDataModule(tokenizer, path=None, tasks=FIXTURE_TASKS)
@@ -253,7 +253,7 @@ def test_hub_archive_is_fetched_once_and_read_like_a_local_copy(tokenizer, smol_
     assert calls[-1] == ("osunlp/SMolInstruct", "data.zip", "dataset", "v1.0.0")
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
         "osunlp--SMolInstruct@main", "osunlp--SMolInstruct@v1.0.0"]
-    monkeypatch.setattr(llasmol.offline, "hub_unreachable", lambda: "HF_HUB_OFFLINE is set")
+    monkeypatch.setattr(llasmol.core.offline, "hub_unreachable", lambda: "HF_HUB_OFFLINE is set")
     offline = SMolInstructDataModule(tokenizer, path=None, tasks=FIXTURE_TASKS)
     offline.prepare_data()
     assert len(calls) == 3 and Path(offline.path).is_relative_to(main)
@@ -327,7 +327,7 @@ def test_length_hints_follow_token_lengths(tokenizer):
 def test_sample_lists_read_element_by_element_equal_json_load(window, monkeypatch):
     import json
 
-    from llasmol.config import PACKAGE_DIR
+    from llasmol.core.config import PACKAGE_DIR
     from llasmol.data.smolinstruct import _JSONReader, _read_sample_list
 
     monkeypatch.setattr(_JSONReader.__init__, "__defaults__", (window,))

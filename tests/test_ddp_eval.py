@@ -32,15 +32,15 @@ def _evaluate_rank(rank: int, world: int, out: str) -> None:
     import hydra
     from conftest import compose_config
 
-    from llasmol.evaluation import (
+    from llasmol.inference.records import (
         balanced_subset,
         gather_to_all,
         generate_records,
-        golds_by_input,
         score,
+        split_golds,
     )
-    from llasmol.generation import BeamGenerator
-    from llasmol.loading import load_model
+    from llasmol.inference.beam_search import BeamGenerator
+    from llasmol.inference.checkpoints import load_model
 
     cfg = compose_config(["paths.output_dir=/unused", "generation.max_new_tokens_limit=6"])
     model, tok = load_model(cfg.model, None)
@@ -49,7 +49,7 @@ def _evaluate_rank(rank: int, world: int, out: str) -> None:
     subset = balanced_subset(split, 3, seed=13)
     generator = BeamGenerator(model, tok, dm.formatter, batch_size=4)
     # The callback's own path: each rank takes its stride, metrics sync, records gather.
-    records = generate_records(generator, split, subset[rank::world], golds_by_input(split, split.tasks), cfg.generation)
+    records = generate_records(generator, split, subset[rank::world], split_golds(split), cfg.generation)
     results = score(records, list(split.tasks), torch.device("cpu"))
     everything = sorted(gather_to_all(records), key=lambda r: r["index"])
     Path(out).with_suffix(f".{rank}.json").write_text(json.dumps({"metrics": results, "records": everything}))

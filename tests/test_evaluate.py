@@ -171,7 +171,7 @@ def test_generate_extracts_the_answer_as_the_scorer_does():
     assert answer_of(nested, "forward_synthesis") == extract_answer("forward_synthesis", nested) == "CCO"
     assert answer_of("It is <NUMBER> -1.2 </NUMBER> mol/L") == "-1.2"  # no task: the first tagged span
     proc = run_cli(["llasmol.generate", "What is <SMILES> CCO </SMILES> ?", "task=forward_synth"], Path.cwd())
-    assert proc.returncode == 2 and "unknown task=forward_synth" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "unknown task 'forward_synth' in task=" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_query_smiles_are_canonicalised():
@@ -187,8 +187,8 @@ def test_query_smiles_are_canonicalised():
 
 
 def test_batched_generation_equals_one_at_a_time(run_dir):
-    from llasmol.generation import BeamGenerator, task_settings
-    from llasmol.loading import load_model, resolve_checkpoint
+    from llasmol.inference.beam_search import BeamGenerator, task_settings
+    from llasmol.inference.checkpoints import load_model, resolve_checkpoint
     from llasmol.data.formatting import PromptFormatter
 
     cfg = compose_config(["paths.output_dir=/x", "generation.max_new_tokens_limit=12"], "evaluate")
@@ -275,8 +275,8 @@ def test_a_run_directory_may_only_build_our_datamodule(run_dir, tmp_path):
 
 @pytest.mark.parametrize("ckpt", ["outputs/train/nope", "./nope", "../nope"])
 def test_a_relative_path_that_does_not_exist_is_not_taken_for_a_hub_id(ckpt):
-    from llasmol.errors import UserError
-    from llasmol.loading import resolve_checkpoint
+    from llasmol.core.errors import UserError
+    from llasmol.inference.checkpoints import resolve_checkpoint
 
     cfg = compose_config(["paths.output_dir=/tmp/unused"], "evaluate")
     with pytest.raises(UserError, match=f"ckpt={re.escape(ckpt)} holds no adapter"):
@@ -287,7 +287,7 @@ def test_a_relative_path_that_does_not_exist_is_not_taken_for_a_hub_id(ckpt):
 def test_an_adapter_trained_from_a_relative_local_folder_is_not_compared_with_the_hub_id(run_dir, tmp_path, monkeypatch):
     import shutil
 
-    from llasmol.loading import resolve_checkpoint
+    from llasmol.inference.checkpoints import resolve_checkpoint
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "weights" / "mistral").mkdir(parents=True)

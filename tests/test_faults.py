@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from llasmol.data.smolinstruct import SMolInstructSplit
-from llasmol.errors import UserError
+from llasmol.core.errors import UserError
 from smolinstruct_fixture import write_smolinstruct
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +105,7 @@ def test_a_user_error_inside_a_dataloader_worker_is_still_one_line(capsys):
     """Worker processes re-raise with the worker's traceback in the message; only the cause is shown."""
     from torch._utils import ExceptionWrapper
 
-    from llasmol.errors import UserError, report_user_errors
+    from llasmol.core.errors import UserError, report_user_errors
 
     try:
         raise UserError("raw/train/x.jsonl line 3 is not valid JSON: fix the line")
@@ -204,7 +204,7 @@ def test_ctrl_c_or_sigterm_saves_a_checkpoint_that_resumes(tmp_path, cfg_factory
 
 WRITER = """
 import sys, time
-from llasmol.io import write_jsonl
+from llasmol.core.files import write_jsonl
 def records():
     for i in range(10**6):
         if i == 50:
@@ -256,7 +256,7 @@ def test_quantisation_without_cuda_ends_with_one_line(tmp_path, bits):
 
 
 def test_checkpoints_are_written_through_a_rename_in_their_own_folder(tmp_path, monkeypatch):
-    from llasmol.callbacks.checkpoint import AtomicCheckpointIO
+    from llasmol.training.checkpointing import AtomicCheckpointIO
 
     io = AtomicCheckpointIO()
     target = tmp_path / "checkpoints" / "last.ckpt"
@@ -275,7 +275,7 @@ def test_checkpoints_are_written_through_a_rename_in_their_own_folder(tmp_path, 
 
 
 def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypatch):
-    from llasmol.callbacks.checkpoint import AtomicCheckpointIO
+    from llasmol.training.checkpointing import AtomicCheckpointIO
     from llasmol.train import train
 
     written = []
@@ -292,7 +292,7 @@ def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypa
 def test_an_adapter_save_stopped_between_its_renames_leaves_the_previous_one_readable(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from llasmol.callbacks.checkpoint import readable_adapter, save_adapter_atomically
+    from llasmol.model.adapters import readable_adapter, save_adapter_atomically
     from llasmol.model.base import arch_config
     from llasmol.model.lora import apply_lora
     from conftest import compose_config

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from llasmol.data.tasks import TASKS
-from llasmol.metrics import ANSWER_TAG, STATS, add_stats, extract_answer, finalize, sample_stats, score_records
+from llasmol.core.errors import UserError
+from llasmol.core.tasks import TASK_NAMES, get_task
+from llasmol.metrics import STATS, add_stats, extract_answer, finalize, sample_stats, score_records
 from llasmol.metrics.formula import parse_formula
 from llasmol.metrics.molecules import parse_molecule
 
@@ -17,7 +18,7 @@ def smiles(text: str) -> str:
 
 
 def tagged(task: str, text: str) -> str:
-    tag = ANSWER_TAG[task]
+    tag = get_task(task).answer_tag
     return f"Here: <{tag}> {text} </{tag}>"
 
 
@@ -32,7 +33,7 @@ def score(task: str, samples: list[tuple[list[str], list[str]]]) -> dict[str, fl
 
 
 def test_tags_cover_every_task():
-    assert set(ANSWER_TAG) == set(TASKS) == set(STATS)
+    assert set(TASK_NAMES) == set(STATS)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +65,7 @@ def test_extract_other_tags_and_captioning():
     assert extract_answer("molecule_captioning", "  The molecule is an acid.\n") == "The molecule is an acid."
     assert extract_answer("molecule_captioning", " \n ") is None
     assert extract_answer("forward_synthesis", None) is None  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="unknown task"):
+    with pytest.raises(UserError, match="unknown task"):
         extract_answer("no_such_task", "x")
 
 
@@ -436,9 +437,9 @@ def test_stats_of_halves_add_up_to_the_whole():
 
 
 def test_unknown_task_raises():
-    with pytest.raises(ValueError, match="unknown task"):
+    with pytest.raises(UserError, match="unknown task"):
         sample_stats("nope", ["x"], ["y"])
-    with pytest.raises(ValueError, match="unknown task"):
+    with pytest.raises(UserError, match="unknown task"):
         finalize("nope", {})
 
 

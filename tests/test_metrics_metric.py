@@ -9,6 +9,7 @@ import torch
 from conftest import free_port
 from test_metrics import RECORDS
 
+from llasmol.core.errors import UserError
 from llasmol.metrics import STATS, ChemistryMetrics, sample_stats, score_records
 from llasmol.metrics.metric import state_name
 from llasmol.metrics.scoring import record_golds
@@ -81,7 +82,7 @@ def test_update_rejects_bad_input():
         metric.update(["forward_synthesis"], [{"tp": 1.0}])
     with pytest.raises(ValueError, match="tasks but"):
         metric.update(["forward_synthesis"], [])
-    with pytest.raises(ValueError, match="unknown task"):
+    with pytest.raises(UserError, match="unknown task"):
         ChemistryMetrics(["nope"])
     assert metric.compute() == {}
 

@@ -7,7 +7,8 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llasmol.metrics import ANSWER_TAG, STATS, add_stats, extract_answer, finalize, sample_stats
+from llasmol.core.tasks import TASK_NAMES, get_task
+from llasmol.metrics import STATS, add_stats, extract_answer, finalize, sample_stats
 from llasmol.metrics.formula import parse_formula
 
 FRACTIONS = {
@@ -32,7 +33,7 @@ GOLDS = {
     "property_prediction-sider": ["Yes", "No"],
     "molecule_captioning": ["The molecule is an acetate ester."],
 }
-TASKS = sorted(ANSWER_TAG)
+TASKS = sorted(TASK_NAMES)
 assert set(GOLDS) == set(TASKS)
 
 JUNK = st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=60)
@@ -63,7 +64,7 @@ def _check(task: str, metrics: dict[str, float]) -> None:
 def test_extract_never_raises(task, text):
     answer = extract_answer(task, text)
     assert answer is None or (isinstance(answer, str) and answer == answer.strip() and answer)
-    tag = ANSWER_TAG[task]
+    tag = get_task(task).answer_tag
     if answer is not None and tag is not None:
         assert f"<{tag}>" not in answer and f"</{tag}>" not in answer
 
@@ -91,7 +92,7 @@ def test_sums_of_random_samples_stay_in_range(task, data):
 @SETTINGS
 @given(task=st.sampled_from(TASKS), text=TEXT)
 def test_tagged_text_is_scored(task, text):
-    tag = ANSWER_TAG[task]
+    tag = get_task(task).answer_tag
     wrapped = text if tag is None else f"Answer: <{tag}> {text} </{tag}> ."
     _check(task, finalize(task, sample_stats(task, [wrapped], GOLDS[task])))
 

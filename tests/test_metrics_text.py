@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from llasmol.errors import UserError
+from llasmol.core.errors import UserError
 from llasmol.metrics import add_stats, finalize, sample_stats
 from llasmol.metrics import text as textmod
 

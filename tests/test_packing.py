@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from llasmol.data.collate import PackCollator, PadCollator
-from llasmol.errors import UserError
-from llasmol.model.module import LoRACausalLM
+from llasmol.core.errors import UserError
+from llasmol.training.module import LoRACausalLM
 from test_lora import tiny_peft_model
 
 

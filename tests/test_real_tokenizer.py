@@ -17,9 +17,8 @@ import pytest
 from conftest import compose_config
 from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter
 from llasmol.data.smolinstruct import SMolInstructSplit
-from llasmol.data.tasks import TASKS
-from llasmol.generation import task_settings
-from llasmol.metrics.extract import ANSWER_TAG
+from llasmol.core.tasks import TASK_NAMES, get_task
+from llasmol.inference.beam_search import task_settings
 from llasmol.model.base import ARCH_DIR, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +102,7 @@ def test_truncation_and_prompt_masking_keep_the_official_semantics(mistral, quan
 
 def answer_tokens(tok, formatter: PromptFormatter, sample: dict) -> int:
     """New tokens a model must generate for the gold response up to and including its closing tag."""
-    tag = ANSWER_TAG[sample["task"]]
+    tag = get_task(sample["task"]).answer_tag
     response = sample["output"]
     if tag is not None:
         response = response[: response.index(f"</{tag}>") + len(f"</{tag}>")]
@@ -132,7 +131,7 @@ def test_every_gold_answer_fits_its_tasks_generation_budget(mistral):
 def test_the_paper_configuration_lets_every_task_generate_1024_tokens():
     """generate_on_dataset.py's exec() cannot rebind max_new_tokens, so every official run used 1024."""
     cfg = compose_config(["model=mistral"])
-    for task in TASKS:
+    for task in TASK_NAMES:
         settings = task_settings(cfg.generation, task)
         assert settings.max_new_tokens >= 1024, task
         assert settings.early_stopping is False, task

@@ -15,8 +15,8 @@ import torch
 
 from llasmol.data.resumable import ResumableDataLoader
 from llasmol.data.sampler import ShardedShuffleSampler
-from llasmol.errors import UserError
-from llasmol.resume import resolve_resume
+from llasmol.core.errors import UserError
+from llasmol.training.resume import resolve_resume
 
 TESTS = Path(__file__).resolve().parent
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from conftest import compose_config
-from llasmol.distributed import LoRAFSDPStrategy, check_trainer, clean_name, lora_wrap_policy
-from llasmol.errors import UserError
+from llasmol.model.blocks import clean_name
+from llasmol.training.distributed import LoRAFSDPStrategy, check_trainer, lora_wrap_policy
+from llasmol.core.errors import UserError
 from llasmol.model.blocks import compile_blocks, decoder_layer_types, enable_gradient_checkpointing
 from test_lora import tiny_peft_model
 
@@ -16,7 +17,7 @@ TRAINERS = {  # preset: (strategy, precision)
     "cpu": ("auto", "32-true"),
     "gpu": ("auto", "bf16-mixed"),
     "ddp": ("ddp", "bf16-mixed"),
-    "fsdp": ("llasmol.distributed.LoRAFSDPStrategy", "bf16-mixed"),
+    "fsdp": ("llasmol.training.distributed.LoRAFSDPStrategy", "bf16-mixed"),
     "deepspeed": ("lightning.pytorch.strategies.DeepSpeedStrategy", "bf16-mixed"),
 }
 QUANT = {"none": (None, "bitsandbytes.optim.AdamW8bit", False),
@@ -147,7 +148,7 @@ def test_switches_reach_the_training_model(cfg_factory):
 def test_slurm_launcher_maps_the_trainer_onto_jobs():
     from hydra import compose, initialize_config_dir
 
-    from llasmol.config import CONFIG_DIR
+    from llasmol.core.config import CONFIG_DIR
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["hydra/launcher=slurm", "model=mistral", "trainer.num_nodes=2",
@@ -189,7 +190,7 @@ def test_norm_clipping_under_fsdp_goes_through_the_sharded_root(monkeypatch):
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     from conftest import free_port
-    from llasmol.distributed import clip_norm_through_root
+    from llasmol.training.lightning_private import clip_norm_through_root
 
     precision = FSDPPrecision("32-true")
     with pytest.raises(MisconfigurationException, match="norm"):

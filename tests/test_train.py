@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llasmol.errors import UserError
+from llasmol.core.errors import UserError
 from llasmol.params import count_trainable
 from llasmol.train import train
 
@@ -132,7 +132,7 @@ def test_a_local_folder_as_hf_id_is_not_asked_of_the_hub(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
 
     from llasmol.model.base import _local_only
-    from llasmol.offline import cached_on_disk
+    from llasmol.core.offline import cached_on_disk
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert _local_only(OmegaConf.create({"hf_id": str(tmp_path), "path": None}), "base weights") is False

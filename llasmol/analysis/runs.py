@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Union
 
-from llasmol.errors import UserError
+from llasmol.core.errors import UserError
 
 _VALIDATION_NAME = re.compile(r"^val-epoch(\d+)-step(\d+)$")
 _VARIANT_NAME = re.compile(r"^(\d+)_")

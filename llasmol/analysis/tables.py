@@ -16,31 +16,15 @@ from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence, Union
 
 from llasmol.analysis.runs import Run, Validation
+from llasmol.core.tasks import TASKS, get_task
 from llasmol.metrics.extract import extract_answer
-from llasmol.metrics.scoring import (
-    BOOLEAN_TASKS,
-    CAPTION_TASKS,
-    FORMULA_TASKS,
-    IUPAC_TASKS,
-    NUMBER_TASKS,
-    SMILES_TASKS,
-    TOPK,
-    as_list,
-    record_golds,
-    sample_stats,
-)
+from llasmol.metrics.families import CATEGORIES, COUNTS, TOPK
+from llasmol.metrics.scoring import as_list, judge, record_golds
 
 Cell = Union[str, int, float, None]
 
-# The metric the paper's main tables (Tables 2 and 3) report first for each task.
-HEADLINE: dict[str, str] = {
-    **{t: "exact_match" for t in SMILES_TASKS + FORMULA_TASKS + IUPAC_TASKS},
-    **{t: "rmse" for t in NUMBER_TASKS},
-    **{t: "accuracy" for t in BOOLEAN_TASKS},
-    **{t: "meteor" for t in CAPTION_TASKS},
-}
-
-LOWER_IS_BETTER = frozenset({"rmse"})
+# The metric the paper's main tables (Tables 2 and 3) report first for each task (the task table's).
+HEADLINE: dict[str, str] = {t.name: t.headline for t in TASKS}
 
 # Column order of the per-task table: scores first, then counts; unknown names go last.
 METRIC_ORDER: tuple[str, ...] = (
@@ -73,8 +57,8 @@ METRIC_ORDER: tuple[str, ...] = (
     "tokenizer_scibert",
 )
 
-FAILURE_CATEGORIES: tuple[str, ...] = ("correct", "wrong", "invalid", "no_answer", "skipped", "scored")
-"""Per-sample outcome of the top-1 answer:
+FAILURE_CATEGORIES: tuple[str, ...] = CATEGORIES
+"""Per-sample outcome of the top-1 answer (`llasmol.metrics.families.CATEGORIES`):
 
 - ``correct``: right by the task's metric (exact match; for yes/no tasks, the right label);
 - ``wrong``: a well-formed answer that is not right (for SMILES tasks: a valid molecule that is
@@ -112,7 +96,7 @@ class Table:
 
     def to_markdown(self, digits: int = 3, max_chars: Optional[int] = 80) -> str:
         def fmt(cell: Cell, column: str) -> str:
-            counted = column.startswith("num_") or column in ("tp", "fp", "tn", "fn")
+            counted = column in COUNTS
             if counted and isinstance(cell, float) and cell.is_integer():
                 cell = int(cell)  # a count, even when it is 0
             text = format_cell(cell, digits)
@@ -210,35 +194,7 @@ def judge_sample(task: str, predictions: Sequence[str], golds: Sequence[str]) ->
     """The failure category (`FAILURE_CATEGORIES`, except ``skipped``) of one sample's top-1 answer,
     and a per-sample score where one exists: Morgan Tanimoto similarity to the closest gold for
     SMILES tasks, absolute error for ESOL/Lipo, METEOR for captions (None otherwise)."""
-    from llasmol.metrics.molecules import parse_molecule
-
-    stats = sample_stats(task, list(predictions), list(golds))
-    answer = extract_answer(task, predictions[0]) if predictions else None
-    if stats["num_no_answer"]:
-        return "no_answer", None
-    if task in SMILES_TASKS:
-        if stats["hit_top1"]:
-            return "correct", stats["fts_morgan_sum"]
-        if parse_molecule(answer) is None:
-            return "invalid", None
-        return "wrong", stats["fts_morgan_sum"]
-    if task in FORMULA_TASKS:
-        if stats["num_invalid"]:
-            return "invalid", None
-        return ("correct" if stats["hit_top1"] else "wrong"), None
-    if task in IUPAC_TASKS:
-        return ("correct" if stats["hit_top1"] else "wrong"), None
-    if task in BOOLEAN_TASKS:
-        if stats["num_invalid"]:
-            return "invalid", None
-        return ("correct" if stats["tp"] or stats["tn"] else "wrong"), None
-    if task in NUMBER_TASKS:
-        if stats["num_valid"]:
-            return "scored", math.sqrt(stats["sq_err_sum"])
-        return "invalid", None
-    if task in CAPTION_TASKS:
-        return "scored", stats["meteor_sum"]
-    raise ValueError(f"unknown task {task!r}")
+    return judge(task, list(predictions), list(golds))
 
 
 def judged_samples(source: Union[Run, Validation], validation=None) -> list[dict]:
@@ -296,7 +252,7 @@ def _badness(sample: dict) -> tuple:
     rank = _CATEGORY_RANK[sample["category"]]
     if score is None:
         return (rank, 0.0)
-    if sample["task"] in NUMBER_TASKS:  # absolute error: larger is worse
+    if get_task(sample["task"]).family == "number":  # absolute error: larger is worse
         return (rank, -score)
     return (rank, score)  # similarity / METEOR: smaller is worse
 

@@ -12,8 +12,8 @@ from llasmol.data.formatting import PromptFormatter
 from llasmol.data.resumable import ResumableDataLoader
 from llasmol.data.sampler import ShardedShuffleSampler
 from llasmol.data.smolinstruct import SMolInstructSplit, raw_split
-from llasmol.data.tasks import TASKS, check_tasks
-from llasmol.errors import UserError
+from llasmol.core.tasks import TASK_NAMES, check_tasks
+from llasmol.core.errors import UserError
 
 DEFAULT_SPLITS = {"train": "train", "validation": "dev", "test": "test"}
 
@@ -48,7 +48,7 @@ class SMolInstructDataModule(L.LightningDataModule):
         path: Optional[str] = None,
         hub_id: str = "osunlp/SMolInstruct",
         revision: str = "main",
-        tasks: list[str] = TASKS,
+        tasks: list[str] = TASK_NAMES,
         splits: Optional[dict] = None,
         sample_group: str = "instruction_tuning",
         insert_core_tags: bool = True,

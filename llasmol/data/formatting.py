@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llasmol.errors import UserError
+from llasmol.core.errors import UserError
 
 IGNORE_INDEX = -100
 

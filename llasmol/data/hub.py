@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
-from llasmol.errors import UserError
+from llasmol.core.errors import UserError
 
 ARCHIVE = "data.zip"
 DONE = ".extracted"
@@ -30,7 +30,7 @@ def fetch_smolinstruct(repo_id: str, revision: str = "main", cache_dir: Path | N
     if not isinstance(revision, str) or not revision:
         raise UserError(f"data.revision={revision!r} is not a revision name: give a branch, tag or commit, e.g. main")
     base = (cache_dir or default_cache_dir()) / f"{repo_id}@{revision}".replace("/", "--")
-    from llasmol.offline import cached_on_disk, hub_unreachable
+    from llasmol.core.offline import cached_on_disk, hub_unreachable
 
     fix = "set data.path=<folder with raw/, sample/, template/, core_tag/> to use a local copy"
     reason = hub_unreachable()

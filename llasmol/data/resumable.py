@@ -14,7 +14,7 @@ from typing import Any, Iterator
 from torch.utils.data import DataLoader
 
 from llasmol.data.sampler import ShardedShuffleSampler
-from llasmol.errors import UserError
+from llasmol.core.errors import UserError
 
 
 class ResumableDataLoader(DataLoader):

@@ -26,7 +26,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from llasmol.errors import UserError
+from llasmol.core.errors import UserError
+from llasmol.core.tasks import Task, get_task
 
 log = logging.getLogger(__name__)
 
@@ -319,6 +320,10 @@ class SMolInstructSplit:
     def task_index(self, i: int) -> int:
         """Index into `self.tasks` of global sample `i`."""
         return int(np.searchsorted(self._ends, i, side="right"))
+
+    def task_row(self, i: int) -> Task:
+        """The task-table row of global sample `i`."""
+        return get_task(self.tasks[self.task_index(i)])
 
     def length_hints(self) -> np.ndarray:
         """Approximate size of every sample from its raw line's bytes and its templates' characters, without

@@ -7,12 +7,14 @@ RDKit, with NLTK/WordNet/rouge-score loaded only when captioning is scored.
 
 from __future__ import annotations
 
-from llasmol.metrics.extract import ANSWER_TAG, extract_answer
+from llasmol.metrics.extract import any_answer, extract_answer
+from llasmol.metrics.families import FAMILIES
 from llasmol.metrics.scoring import STATS, add_stats, finalize, sample_stats, score_records
 
 __all__ = [
-    "ANSWER_TAG",
+    "FAMILIES",
     "STATS",
+    "any_answer",
     "ChemistryMetrics",
     "add_stats",
     "extract_answer",

@@ -16,42 +16,27 @@ crashes scoring.
 
 from __future__ import annotations
 
-ANSWER_TAG: dict[str, str | None] = {
-    "forward_synthesis": "SMILES",
-    "retrosynthesis": "SMILES",
-    "molecule_generation": "SMILES",
-    "name_conversion-i2s": "SMILES",
-    "name_conversion-i2f": "MOLFORMULA",
-    "name_conversion-s2f": "MOLFORMULA",
-    "name_conversion-s2i": "IUPAC",
-    "property_prediction-esol": "NUMBER",
-    "property_prediction-lipo": "NUMBER",
-    "property_prediction-bbbp": "BOOLEAN",
-    "property_prediction-clintox": "BOOLEAN",
-    "property_prediction-hiv": "BOOLEAN",
-    "property_prediction-sider": "BOOLEAN",
-    "molecule_captioning": None,
-}
+from llasmol.core.tasks import TASKS, get_task
 
-
-def _tag(task: str) -> str | None:
-    try:
-        return ANSWER_TAG[task]
-    except KeyError:
-        raise ValueError(f"unknown task {task!r}: choose from {', '.join(ANSWER_TAG)}") from None
+# The tags any answer may sit in: the task table's, and SELFIES for `data.representation=selfies`.
+ANSWER_TAGS: tuple[str, ...] = tuple(dict.fromkeys(t.answer_tag for t in TASKS if t.answer_tag)) + ("SELFIES",)
 
 
 def extract_answer(task: str, text: str) -> str | None:
     """The core answer in `text` for `task`, stripped; ``None`` when there is none.
 
-    Raises ``ValueError`` only for an unknown task name (a caller bug, not model output).
+    Raises a `UserError` only for a task name the task table lacks (never for model output).
     """
-    tag = _tag(task)
+    tag = get_task(task).answer_tag
     if not isinstance(text, str):
         return None
     if tag is None:
         answer = text.strip()
         return answer or None
+    return _between(text, tag)
+
+
+def _between(text: str, tag: str) -> str | None:
     opening, closing = f"<{tag}>", f"</{tag}>"
     # The first closing tag with an opening before it is the first one after the first opening; two
     # finds and one bounded rfind keep this linear in the text (a scan per closing tag was quadratic).
@@ -64,3 +49,15 @@ def extract_answer(task: str, text: str) -> str | None:
     start = text.rfind(opening, first, end)
     answer = text[start + len(opening) : end].strip()
     return answer or None
+
+
+def any_answer(text: str) -> str | None:
+    """Without a task: the answer of the complete tag pair that closes first, whichever answer tag it is."""
+    if not isinstance(text, str):
+        return None
+    found = []
+    for tag in ANSWER_TAGS:
+        answer = _between(text, tag)
+        if answer is not None:
+            found.append((text.find(f"</{tag}>", text.find(f"<{tag}>")), answer))
+    return min(found)[1] if found else None

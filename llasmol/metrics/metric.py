@@ -13,6 +13,7 @@ from collections import defaultdict
 import torch
 from torchmetrics import Metric
 
+from llasmol.core.tasks import check_tasks
 from llasmol.metrics.scoring import STATS, finalize
 
 
@@ -30,12 +31,7 @@ class ChemistryMetrics(Metric):
 
     def __init__(self, tasks: list[str], **kwargs) -> None:
         super().__init__(**kwargs)
-        tasks = list(tasks)
-        for task in tasks:
-            if task not in STATS:
-                raise ValueError(f"unknown task {task!r}: choose from {', '.join(STATS)}")
-        if len(set(tasks)) != len(tasks):
-            raise ValueError(f"a task is listed twice: {tasks}")
+        tasks = check_tasks(tasks, "ChemistryMetrics(tasks)")
         self.tasks = tasks
         for task in tasks:
             for stat in STATS[task]:

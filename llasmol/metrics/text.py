@@ -42,7 +42,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Sequence
 
-from llasmol.errors import UserError
+from llasmol.core.errors import UserError
 
 MAX_TOKENS = 512
 MAX_CAPTION_CHARS = 20_000

@@ -14,8 +14,8 @@ from typing import Any, Optional
 
 import torch
 
-from llasmol.config import PACKAGE_DIR
-from llasmol.errors import UserError
+from llasmol.core.config import PACKAGE_DIR
+from llasmol.core.errors import UserError
 
 ARCH_DIR = PACKAGE_DIR / "model" / "arch"
 TINY_TOKENIZER_DIR = PACKAGE_DIR / "model" / "tiny_tokenizer"
@@ -69,7 +69,7 @@ def _local_only(model_cfg, what: str) -> bool:
     a one-line error when they are not cached either; False when the Hub may be asked."""
     if model_cfg.get("path") or (model_cfg.hf_id and Path(model_cfg.hf_id).is_dir()):
         return False  # a local folder: nothing to ask the Hub
-    from llasmol.offline import cached_on_disk, hub_unreachable
+    from llasmol.core.offline import cached_on_disk, hub_unreachable
 
     reason = hub_unreachable()
     if reason is None:

@@ -6,6 +6,16 @@ from typing import Optional
 
 import torch
 
+# Inserted into parameter names by FSDP, activation-checkpoint and torch.compile wrappers.
+_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def clean_name(name: str) -> str:
+    """A parameter's name as the unwrapped model calls it."""
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
 
 def decoder_layer_types(model: torch.nn.Module) -> tuple[type, ...]:
     """The classes of the transformer blocks of a Hugging Face model (its `_no_split_modules`)."""

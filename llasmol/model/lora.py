@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llasmol.errors import UserError
+from llasmol.core.errors import UserError
 
 ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 

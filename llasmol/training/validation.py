@@ -15,10 +15,11 @@ from typing import Optional
 
 from lightning.pytorch.callbacks import Callback
 
-from llasmol.evaluation import balanced_subset, gather_to_all, generate_records, golds_by_input, score
-from llasmol.generation import BeamGenerator
-from llasmol.io import write_json, write_jsonl
-from llasmol.progress import generation_progress
+from llasmol.inference.records import balanced_subset, gather_to_all, generate_records, score, split_golds
+from llasmol.inference.beam_search import BeamGenerator
+from llasmol.core.files import write_json, write_jsonl
+from llasmol.inference.progress import generation_progress
+from llasmol.training.lightning_private import live_progress
 
 
 class GenerationEvaluator(Callback):
@@ -29,12 +30,12 @@ class GenerationEvaluator(Callback):
         self.seed = seed
         self.output_dir = output_dir
         self._subset: Optional[list[int]] = None
-        self._golds: Optional[dict] = None
+        self._golds = None  # GoldPool of the validation split, built once
 
     def _prepare(self, trainer) -> None:
         data = trainer.datamodule.split("validation").split
         self._subset = balanced_subset(data, self.samples_per_task, self.seed)
-        self._golds = golds_by_input(data, data.tasks)
+        self._golds = split_golds(data)
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
@@ -46,7 +47,7 @@ class GenerationEvaluator(Callback):
         share = self._subset[trainer.global_rank :: trainer.world_size]
         generator = BeamGenerator(pl_module.model, dm.tokenizer, dm.formatter,
                                   self.generation["max_prompt_tokens"], self.generation["batch_size"])
-        with generation_progress("Generation", len(share), trainer) as advance:
+        with generation_progress("Generation", len(share), live_progress(trainer)) as advance:
             records = generate_records(generator, data, share, self._golds, self.generation, advance)
         results = score(records, list(data.tasks), pl_module.device)
         flat = {f"val/{task}/{name}": float(value) for task, values in results.items()
@@ -56,7 +57,7 @@ class GenerationEvaluator(Callback):
             pl_module.log(key, value, sync_dist=True)
         everything = gather_to_all(records)
         if trainer.is_global_zero:
-            from llasmol.tracking import log_predictions_table, update_best_summary, wandb_loggers
+            from llasmol.training.tracking import log_predictions_table, update_best_summary, wandb_loggers
 
             if wandb_loggers(trainer):
                 log_predictions_table(trainer, sorted(everything, key=lambda r: r["index"]))
@@ -68,7 +69,7 @@ class GenerationEvaluator(Callback):
 
     def on_validation_end(self, trainer, pl_module) -> None:
         # val/loss is aggregated only after the epoch-end hooks, so its best value is kept here.
-        from llasmol.tracking import update_best_summary, wandb_loggers
+        from llasmol.training.tracking import update_best_summary, wandb_loggers
 
         loss = trainer.callback_metrics.get("val/loss")
         if not trainer.sanity_checking and trainer.is_global_zero and loss is not None and wandb_loggers(trainer):

@@ -12,21 +12,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from lightning.pytorch.strategies import FSDPStrategy
 
-from llasmol.errors import UserError
-from llasmol.model.blocks import decoder_layer_types
-
-# Inserted into parameter names by FSDP and activation-checkpoint wrappers.
-_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
-
-
-def clean_name(name: str) -> str:
-    """A parameter's name as the unwrapped model calls it."""
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
-
+from llasmol.core.errors import UserError
+from llasmol.model.blocks import clean_name, decoder_layer_types
+from llasmol.training.lightning_private import FSDPStrategyWithModelHook
 
 def _is_trainable_leaf(module: torch.nn.Module) -> bool:
     params = list(module.parameters(recurse=False))
@@ -44,28 +33,11 @@ def lora_wrap_policy(layer_types: tuple[type, ...]) -> Callable[..., bool]:
     return policy
 
 
-class LoRAFSDPStrategy(FSDPStrategy):
+class LoRAFSDPStrategy(FSDPStrategyWithModelHook):
     """`FSDPStrategy` whose wrap policy is derived from the model once it exists (see module docstring)."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        self._policy_given = "auto_wrap_policy" in kwargs
-        super().__init__(**kwargs)
-
-    def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        if not self._policy_given:
-            self.kwargs["auto_wrap_policy"] = lora_wrap_policy(decoder_layer_types(model))
-        root = super()._setup_model(model)
-        clip_norm_through_root(self.precision_plugin, root)
-        return root
-
-
-def clip_norm_through_root(precision, root) -> None:
-    """Let `trainer.gradient_clip_val` clip by norm under FSDP (the paper recipe clips at 1.0).
-
-    Lightning's FSDP precision plugin refuses norm clipping: it holds no handle on the sharded root, and
-    a norm over one rank's shards would be wrong. The root's `clip_grad_norm_` computes the global norm.
-    """
-    precision.clip_grad_by_norm = lambda optimizer, clip_val: root.clip_grad_norm_(clip_val)
+    def wrap_policy(self, model: torch.nn.Module):
+        return lora_wrap_policy(decoder_layer_types(model))
 
 
 def module_state_dict(trainer) -> dict:

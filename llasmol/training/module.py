@@ -6,12 +6,11 @@ import time
 from typing import Any, Callable, Optional
 
 import lightning as L
-import numpy as np
 import torch
 
 from llasmol.data.formatting import IGNORE_INDEX
-from llasmol.distributed import clean_name
-from llasmol.errors import UserError
+from llasmol.model.blocks import clean_name
+from llasmol.core.errors import UserError
 
 
 class LoRACausalLM(L.LightningModule):
@@ -26,11 +25,9 @@ class LoRACausalLM(L.LightningModule):
         model: torch.nn.Module,
         optimizer: Callable[..., torch.optim.Optimizer],
         scheduler: Optional[Callable[..., Any]] = None,
-        seed: Optional[int] = None,
     ) -> None:
         super().__init__()
         self.model = model
-        self.seed = seed
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.strict_loading = False  # frozen base weights are not in our checkpoints
@@ -53,11 +50,6 @@ class LoRACausalLM(L.LightningModule):
         return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
-        if self.seed is not None:
-            # Random draws (LoRA dropout) are a function of (seed, epoch, batch, rank), not of the run's
-            # history, so a run resumed from a checkpoint draws what the uninterrupted run would have.
-            entropy = [self.seed, self.current_epoch, batch_idx, self.global_rank]
-            torch.manual_seed(int(np.random.SeedSequence(entropy).generate_state(1)[0]))
         self._batch_started = time.perf_counter()
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:

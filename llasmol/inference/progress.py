@@ -19,10 +19,9 @@ def _columns():
 
 
 @contextmanager
-def generation_progress(description: str, total: int, trainer=None) -> Iterator[Callable[[int], None]]:
-    """Yields `advance(n)`. Inside a Lightning run with a rich bar, adds a row to it (rich allows one live
-    display at a time); elsewhere opens its own bar; off a terminal it does nothing."""
-    live = getattr(getattr(trainer, "progress_bar_callback", None), "progress", None) if trainer else None
+def generation_progress(description: str, total: int, live=None) -> Iterator[Callable[[int], None]]:
+    """Yields `advance(n)`. Given a `live` rich display (a training run's progress bar), adds a row to it
+    (rich allows one live display at a time); elsewhere opens its own bar; off a terminal it does nothing."""
     if live is not None:
         task = live.add_task(description, total=total)
         try:

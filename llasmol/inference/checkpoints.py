@@ -9,8 +9,8 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from llasmol.callbacks.checkpoint import adapter_dir, readable_adapter
-from llasmol.errors import UserError
+from llasmol.model.adapters import adapter_dir, readable_adapter
+from llasmol.core.errors import UserError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")  # owner/name; never ./x or ../x
 DATAMODULE = "llasmol.data.datamodule.SMolInstructDataModule"
@@ -68,7 +68,7 @@ def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
         return  # trained from a local folder: nothing to compare against
     if base == model_cfg.get("hf_id"):
         return
-    from llasmol.config import CONFIG_DIR
+    from llasmol.core.config import CONFIG_DIR
 
     names = [f.stem for f in sorted((CONFIG_DIR / "model").glob("*.yaml"))
              if OmegaConf.load(f).get("model", {}).get("hf_id") == base]

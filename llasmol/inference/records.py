@@ -1,44 +1,33 @@
 """Generate for a set of samples and score the answers with the paper's metrics.
 
 Shared by the validation callback (a fixed, task-balanced subset of the validation split, every
-validation) and `python -m llasmol.evaluate` (a whole split). Each sample's `gold` is the list of gold
-answers of every sample of the split with its task, core input and target, for the tasks of
-`POOLED_TASKS` (the paper counts a prediction right when it matches any of them), and its own label
-for property tasks; a predictions file therefore re-scores to the same numbers on its own.
+validation) and `python -m llasmol.evaluate` (a whole split). Each record's `gold` is the list of gold
+answers its task's pooling rule gives (`llasmol.metrics.scoring.GoldPool`: for pooled tasks every sample
+of the split with the same task, core input and target), so a predictions file re-scores to the same
+numbers on its own.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, Iterable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from llasmol.generation import BeamGenerator, task_settings
-from llasmol.metrics.scoring import POOLED_TASKS, gold_key
+from llasmol.inference.beam_search import BeamGenerator, task_settings
+from llasmol.metrics.scoring import GoldPool
 
 
-def golds_by_input(split, tasks: Iterable[str]) -> dict[tuple, list[str]]:
-    """`gold_key` -> gold answers of all samples of `split` with that key, for the pooled tasks."""
-    wanted = set(tasks) & set(POOLED_TASKS)
-    golds: dict[tuple, list[str]] = defaultdict(list)
+def split_golds(split) -> GoldPool:
+    """The golds of every sample of `split`, pooled by the task table's rule."""
+    pool = GoldPool()
     for i in range(len(split)):
-        if split.tasks[split.task_index(i)] not in wanted:
-            continue
-        sample = split[i]
-        answers = golds[gold_key(sample)]
-        if sample["raw_output"] not in answers:
-            answers.append(sample["raw_output"])
-    return dict(golds)
-
-
-def sample_golds(golds: dict, sample: dict) -> list[str]:
-    """A sample's golds: pooled over its input for `POOLED_TASKS`, else its own answer."""
-    if sample["task"] in POOLED_TASKS:
-        return golds[gold_key(sample)]
-    return [sample["raw_output"]]
+        if split.task_row(i).pooled:
+            sample = split[i]
+            pool.add(sample, sample["raw_output"])
+    return pool
 
 
 def balanced_subset(split, per_task: Optional[int], seed: int) -> list[int]:
@@ -54,7 +43,7 @@ def balanced_subset(split, per_task: Optional[int], seed: int) -> list[int]:
     return chosen
 
 
-def generate_records(generator: BeamGenerator, split, indices: list[int], golds: dict, gen_cfg,
+def generate_records(generator: BeamGenerator, split, indices: list[int], golds: GoldPool, gen_cfg,
                      advance: Optional[Callable[[int], None]] = None) -> list[dict]:
     """One record per sample: task, index, input, gold, predictions (best first), answers; None if skipped.
 
@@ -80,7 +69,7 @@ def generate_records(generator: BeamGenerator, split, indices: list[int], golds:
                     "input": sample["input"],
                     "raw_input": sample["raw_input"],
                     **({"target": sample["target"]} if sample.get("target") is not None else {}),
-                    "gold": sample_golds(golds, sample),
+                    "gold": golds.golds(sample, sample["raw_output"]),
                     "predictions": predictions,
                     "answers": None if predictions is None else [extract_answer(task, p) for p in predictions],
                     "skipped": predictions is None,
@@ -104,15 +93,7 @@ def score(records: list[dict], tasks: list[str], device) -> dict[str, dict[str, 
     from llasmol.metrics.scoring import sample_stats
 
     metric = ChemistryMetrics(tasks).to(device)
-    skipped = {t: 0 for t in tasks}
     for record in records:
-        metric.update([record["task"]], [sample_stats(record["task"], record["predictions"] or [], record["gold"])])
-        skipped[record["task"]] += int(record["skipped"])
-    results = metric.compute()
-    counts = torch.tensor([skipped[t] for t in tasks], dtype=torch.long, device=device)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(counts)
-    for task, n in zip(tasks, counts.tolist()):
-        if task in results:
-            results[task]["num_skipped"] = float(n)
-    return results
+        stats = sample_stats(record["task"], record["predictions"], record["gold"], record["skipped"])
+        metric.update([record["task"]], [stats])
+    return metric.compute()

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-# The configs live at the repository top (`conf/`), next to the package, as the layout asks.
-CONFIG_DIR = PACKAGE_DIR.parent / "conf"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+# The configs ship inside the package (package data), so a plain `pip install .` finds them.
+CONFIG_DIR = PACKAGE_DIR / "conf"
 
 
 def _sweep_group() -> str | None:

@@ -1,0 +1,313 @@
+"""One object per metric family: its additive statistics, how one sample fills them, the metrics made from
+their sums, how a sample is judged for the analysis tables, and which metrics are counts or lower-is-better.
+
+A task's family is in the task table (`llasmol.core.tasks`); `llasmol.metrics.scoring` runs the family of
+each sample's task. Adding a family is one class here and one entry in `FAMILIES`.
+
+Definitions (LlaSMol App. A.4, as its scorer computes them); `answers` are the extracted answers of a
+sample's predictions, best first (`extract_answer`), `golds` its gold answers:
+
+- smiles (FS, RS, MG, NC-I2S): ``exact_match`` = share of all samples whose top-1 answer is the same
+  molecule set as a gold (`llasmol.metrics.molecules`); ``top{k}_exact_match`` for k in 1, 3, 5, 10 =
+  share of all samples with a match among the first k predictions, reported when at least one sample had
+  k or more predictions (a sample with fewer uses all it has); ``validity`` = valid top-1 answers / top-1
+  answers; ``fts`` (Morgan), ``fts_maccs``, ``fts_rdk`` = mean over valid top-1 answers of the Tanimoto
+  similarity to the most similar gold, per fingerprint (a gold that does not parse counts as 0);
+  ``num_valid``.
+- formula (NC-I2F, NC-S2F): ``exact_match``/``top{k}_exact_match`` when the atom counts and charge are
+  equal (`llasmol.metrics.formula`); ``num_invalid`` = answers that do not parse as a formula.
+- iupac (NC-S2I): ``exact_match``/``top{k}_exact_match`` when the sets of non-empty ``';'``-separated
+  parts, each stripped, are equal (case and inner spacing matter).
+- number (ESOL, Lipo): ``rmse`` over top-1 answers that parse as finite numbers (Python ``float``,
+  Unicode minus accepted; ``nan``/``inf``/``1e999`` do not parse), each against the closest gold;
+  ``num_valid`` + ``num_invalid`` + ``num_no_answer`` = ``num_samples``; RMSE with no valid answer is NaN.
+- boolean (BBBP, ClinTox, HIV, SIDER): the top-1 answer is ``yes``/``no`` case-insensitively, after
+  stripping whitespace and one trailing period; ``accuracy`` = correct / *all* samples (a missing or
+  non-yes/no answer is wrong); ``f1`` (positive class Yes) and ``mcc`` from the confusion counts ``tp fp
+  tn fn`` of the yes/no answers only, as the paper's code computes them, so ``tp + fp + tn + fn +
+  num_invalid + num_no_answer = num_samples``; with a division by zero f1 and mcc are 0.0 (scikit-learn's
+  convention); ``num_invalid`` = answers other than yes/no.
+- caption (MC): ``meteor``, ``bleu2``, ``bleu4``, ``rouge1``, ``rouge2``, ``rougeL`` over the samples
+  with a non-empty response (``num_scored``; empty ones are left out, as the paper's code leaves them
+  out) and ``tokenizer_scibert`` (1.0 when SciBERT tokenized the text), see `llasmol.metrics.text`.
+
+Values are fractions in [0, 1]; a fraction whose denominator is 0 is 0.0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+from llasmol.metrics.formula import parse_formula
+from llasmol.metrics.molecules import FINGERPRINTS, molecule_keys, parse_gold_molecule, tanimoto
+
+TOPK: tuple[int, ...] = (1, 3, 5, 10)
+
+# Every family's statistics start with these; every task reports them.
+COMMON_STATS: tuple[str, ...] = ("num_samples", "num_no_answer", "num_skipped")
+COMMON_COUNTS = frozenset(COMMON_STATS)
+COMMON_LOWER_IS_BETTER = frozenset({"num_no_answer", "num_skipped"})
+
+# Per-sample outcome of the top-1 answer, for the analysis tables (`Family.judge`):
+# correct, wrong (well-formed, not right), invalid (does not parse), no_answer, skipped (not generated:
+# the prompt was over the limit) and scored (a continuous score only: ESOL/Lipo numbers, captions).
+CATEGORIES: tuple[str, ...] = ("correct", "wrong", "invalid", "no_answer", "skipped", "scored")
+
+
+def ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else 0.0
+
+
+class Family:
+    """A metric family; subclasses fill in the statistics and metrics of their tasks."""
+
+    name: str = ""
+    stats: tuple[str, ...] = ()  # additive per-sample statistics, after COMMON_STATS
+    counts: frozenset[str] = frozenset()  # metrics that count samples (printed as integers)
+    lower_is_better: frozenset[str] = frozenset()  # metrics where smaller is better
+
+    def all_stats(self) -> tuple[str, ...]:
+        return COMMON_STATS + self.stats
+
+    def fill(self, answers: list[Optional[str]], golds: list[str], stats: dict[str, float]) -> None:
+        """Add this sample's statistics to `stats` (already zeroed, `num_*` common ones set)."""
+        raise NotImplementedError
+
+    def metrics(self, stats: dict[str, float]) -> dict[str, float]:
+        """Metric values from summed statistics (the common counts are added by the caller)."""
+        raise NotImplementedError
+
+    def judge(self, stats: dict[str, float]) -> tuple[str, Optional[float]]:
+        """Category (`CATEGORIES`) of one answered sample from its own statistics, and a per-sample score
+        where one exists."""
+        raise NotImplementedError
+
+
+def _topk_stats(hits: Sequence[bool], stats: dict[str, float]) -> None:
+    for k in TOPK:
+        stats[f"hit_top{k}"] = 1.0 if any(hits[:k]) else 0.0
+        stats[f"has_top{k}"] = 1.0 if len(hits) >= k else 0.0
+
+
+def _topk_metrics(stats: dict[str, float]) -> dict[str, float]:
+    n = stats["num_samples"]
+    out = {"exact_match": ratio(stats["hit_top1"], n)}
+    for k in TOPK:
+        if k == 1 or stats[f"has_top{k}"] > 0:
+            out[f"top{k}_exact_match"] = ratio(stats[f"hit_top{k}"], n)
+    return out
+
+
+_TOPK_STATS = tuple(f"hit_top{k}" for k in TOPK) + tuple(f"has_top{k}" for k in TOPK)
+
+
+class SmilesFamily(Family):
+    name = "smiles"
+    stats = ("num_valid",) + _TOPK_STATS + ("fts_morgan_sum", "fts_maccs_sum", "fts_rdk_sum")
+    counts = frozenset({"num_valid"})
+
+    def fill(self, answers, golds, stats):
+        gold_mols = [parse_gold_molecule(g) for g in golds]
+        gold_keys = {m.keys for m in gold_mols if m is not None}
+        # Parsed through the caches: answers repeat across beams and samples, and right ones equal a gold.
+        top1 = parse_gold_molecule(answers[0]) if answers and isinstance(answers[0], str) else None
+        hits = []
+        for i, answer in enumerate(answers[: max(TOPK)]):
+            keys = (top1.keys if top1 is not None else None) if i == 0 else molecule_keys(answer)
+            hits.append(keys is not None and keys in gold_keys)
+        _topk_stats(hits, stats)
+        if top1 is not None:
+            stats["num_valid"] = 1.0
+            for name in FINGERPRINTS:
+                stats[f"fts_{name}_sum"] = max(
+                    (tanimoto(top1.fingerprints[name], g.fingerprints[name]) for g in gold_mols if g is not None),
+                    default=0.0,
+                )
+
+    def metrics(self, stats):
+        valid = stats["num_valid"]
+        return {
+            **_topk_metrics(stats),
+            "validity": ratio(valid, stats["num_samples"] - stats["num_no_answer"]),
+            "num_valid": valid,
+            "fts": ratio(stats["fts_morgan_sum"], valid),
+            "fts_maccs": ratio(stats["fts_maccs_sum"], valid),
+            "fts_rdk": ratio(stats["fts_rdk_sum"], valid),
+        }
+
+    def judge(self, stats):
+        if stats["hit_top1"]:
+            return "correct", stats["fts_morgan_sum"]
+        if not stats["num_valid"]:
+            return "invalid", None
+        return "wrong", stats["fts_morgan_sum"]
+
+
+class FormulaFamily(Family):
+    name = "formula"
+    stats = ("num_invalid",) + _TOPK_STATS
+    counts = frozenset({"num_invalid"})
+    lower_is_better = frozenset({"num_invalid"})
+
+    def fill(self, answers, golds, stats):
+        gold_keys = {parse_formula(g) for g in golds} - {None}
+        parsed = [parse_formula(a) for a in answers[: max(TOPK)]]
+        _topk_stats([p is not None and p in gold_keys for p in parsed], stats)
+        if answers and answers[0] is not None and parsed[0] is None:
+            stats["num_invalid"] = 1.0
+
+    def metrics(self, stats):
+        return {**_topk_metrics(stats), "num_invalid": stats["num_invalid"]}
+
+    def judge(self, stats):
+        if stats["num_invalid"]:
+            return "invalid", None
+        return ("correct" if stats["hit_top1"] else "wrong"), None
+
+
+def iupac_parts(text: Optional[str]) -> Optional[frozenset[str]]:
+    if text is None:
+        return None
+    parts = frozenset(part.strip() for part in text.split(";")) - {""}
+    return parts or None
+
+
+class IupacFamily(Family):
+    name = "iupac"
+    stats = _TOPK_STATS
+
+    def fill(self, answers, golds, stats):
+        gold_keys = {iupac_parts(g) for g in golds} - {None}
+        _topk_stats([(key := iupac_parts(a)) is not None and key in gold_keys for a in answers[: max(TOPK)]], stats)
+
+    def metrics(self, stats):
+        return _topk_metrics(stats)
+
+    def judge(self, stats):
+        return ("correct" if stats["hit_top1"] else "wrong"), None
+
+
+def parse_number(text: Optional[str]) -> Optional[float]:
+    if text is None or len(text) > 1000:
+        return None
+    try:
+        value = float(text.strip().replace("\u2212", "-"))
+    except (ValueError, OverflowError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+class NumberFamily(Family):
+    name = "number"
+    stats = ("num_valid", "num_invalid", "sq_err_sum")
+    counts = frozenset({"num_valid", "num_invalid"})
+    lower_is_better = frozenset({"rmse", "num_invalid"})
+
+    def fill(self, answers, golds, stats):
+        if not answers or answers[0] is None:
+            return
+        value = parse_number(answers[0])
+        gold_values = [v for v in map(parse_number, golds) if v is not None]
+        if value is None or not gold_values:
+            stats["num_invalid"] = 1.0
+            return
+        stats["num_valid"] = 1.0
+        stats["sq_err_sum"] = min((value - gold) ** 2 for gold in gold_values)
+
+    def metrics(self, stats):
+        valid = stats["num_valid"]
+        return {
+            "rmse": math.sqrt(stats["sq_err_sum"] / valid) if valid > 0 else math.nan,
+            "num_valid": valid,
+            "num_invalid": stats["num_invalid"],
+        }
+
+    def judge(self, stats):
+        if stats["num_valid"]:
+            return "scored", math.sqrt(stats["sq_err_sum"])  # the absolute error
+        return "invalid", None
+
+
+def parse_boolean(text: Optional[str]) -> Optional[str]:
+    if text is None:
+        return None
+    word = text.strip()
+    if word.endswith("."):
+        word = word[:-1].strip()
+    return {"yes": "Yes", "no": "No"}.get(word.lower())
+
+
+class BooleanFamily(Family):
+    name = "boolean"
+    stats = ("num_invalid", "tp", "fp", "tn", "fn")
+    counts = frozenset({"num_invalid", "tp", "fp", "tn", "fn"})
+    lower_is_better = frozenset({"num_invalid"})
+
+    def fill(self, answers, golds, stats):
+        gold_labels = {parse_boolean(g) for g in golds} - {None}
+        predicted = parse_boolean(answers[0]) if answers else None
+        if predicted is None:
+            if answers and answers[0] is not None:
+                stats["num_invalid"] = 1.0
+            return  # wrong for accuracy, outside the confusion counts (as in the paper's code)
+        if not gold_labels:
+            return  # a sample without a yes/no gold cannot be right
+        key = ("t" if predicted in gold_labels else "f") + ("p" if predicted == "Yes" else "n")
+        stats[key] = 1.0
+
+    def metrics(self, stats):
+        tp, fp, tn, fn = (stats[k] for k in ("tp", "fp", "tn", "fn"))
+        den = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+        return {
+            "accuracy": ratio(tp + tn, stats["num_samples"]),
+            "f1": ratio(2 * tp, 2 * tp + fp + fn),
+            "mcc": (tp * tn - fp * fn) / den if den > 0 else 0.0,
+            "num_invalid": stats["num_invalid"],
+            "tp": tp, "fp": fp, "tn": tn, "fn": fn,
+        }
+
+    def judge(self, stats):
+        if stats["num_invalid"]:
+            return "invalid", None
+        return ("correct" if stats["tp"] or stats["tn"] else "wrong"), None
+
+
+_BLEU_STATS = (
+    tuple(f"bleu_match{n}" for n in (1, 2, 3, 4)) + tuple(f"bleu_total{n}" for n in (1, 2, 3, 4))
+    + ("bleu_hyp_len", "bleu_ref_len")
+)
+
+
+class CaptionFamily(Family):
+    name = "caption"
+    stats = ("num_scored", "num_scibert", "meteor_sum", "rouge1_sum", "rouge2_sum", "rougeL_sum") + _BLEU_STATS
+    counts = frozenset({"num_scored"})
+
+    def fill(self, answers, golds, stats):
+        from llasmol.metrics.text import caption_stats  # NLTK/WordNet only when captioning is scored
+
+        stats.update(caption_stats(answers[0] if answers else None, golds))
+
+    def metrics(self, stats):
+        from llasmol.metrics.text import bleu_from_stats
+
+        scored = stats["num_scored"]
+        out = {"meteor": ratio(stats["meteor_sum"], scored), "bleu2": bleu_from_stats(stats, 2),
+               "bleu4": bleu_from_stats(stats, 4)}
+        for key in ("rouge1", "rouge2", "rougeL"):
+            out[key] = ratio(stats[f"{key}_sum"], scored)
+        out["num_scored"] = scored
+        out["tokenizer_scibert"] = ratio(stats["num_scibert"], stats["num_samples"])
+        return out
+
+    def judge(self, stats):
+        return "scored", stats["meteor_sum"]
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (SmilesFamily(), FormulaFamily(), IupacFamily(), NumberFamily(), BooleanFamily(), CaptionFamily())
+}
+
+COUNTS: frozenset[str] = COMMON_COUNTS.union(*(f.counts for f in FAMILIES.values()))
+LOWER_IS_BETTER: frozenset[str] = COMMON_LOWER_IS_BETTER.union(*(f.lower_is_better for f in FAMILIES.values()))

@@ -1,0 +1,1 @@
+"""Training with Lightning: the LoRA module, checkpoints, validation generation, loggers, resume, scale-out."""

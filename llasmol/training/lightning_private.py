@@ -1,0 +1,179 @@
+"""Every use of Lightning's private API in llasmol, in one place, each with its reason.
+
+Lightning has no public hook for these. The versions they were written against are pinned in
+pyproject.toml (`lightning>=2.6,<2.7`), and `TOUCH_POINTS` lists each private name, so that
+tests/test_lightning_private.py fails by name when an upgrade drops one, instead of a run failing hours in.
+The rest of the package uses the small public-looking wrappers below, never a private name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Optional
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.strategies import FSDPStrategy
+
+# (module, class, attribute, where it is set: "class" or "instance", why we touch it)
+TOUCH_POINTS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("lightning.pytorch.callbacks", "ModelCheckpoint", "_save_checkpoint", "class",
+     "every save goes through it: the PEFT adapter is written first, beside the .ckpt"),
+    ("lightning.pytorch.callbacks", "ModelCheckpoint", "_remove_checkpoint", "class",
+     "a replaced best checkpoint takes its adapter folder along"),
+    ("lightning.pytorch.callbacks", "ModelCheckpoint", "_save_last_checkpoint", "class",
+     "last.ckpt at the end of training when the step count is off the save interval"),
+    ("lightning.pytorch.callbacks", "ModelCheckpoint", "_monitor_candidates", "class", "the same"),
+    ("lightning.pytorch.callbacks", "ModelCheckpoint", "_last_global_step_saved", "instance", "the same"),
+    ("lightning.pytorch.loggers", "CSVLogger", "_experiment", "instance",
+     "a CSV writer that keeps the rows of a run resumed in place"),
+    ("lightning.pytorch.loggers", "CSVLogger", "_fs", "instance", "the same"),
+    ("lightning.pytorch.loggers.csv_logs", "ExperimentWriter", "_check_log_dir_exists", "class",
+     "Lightning's deletes an existing metrics.csv as the logger starts"),
+    ("lightning.pytorch.loggers.csv_logs", "ExperimentWriter", "NAME_METRICS_FILE", "class", "the same"),
+    ("lightning.pytorch.loggers.csv_logs", "ExperimentWriter", "metrics_keys", "instance",
+     "the kept rows' columns continue"),
+    ("lightning.pytorch.loggers", "WandbLogger", "_experiment", "instance",
+     "finish a W&B run only if it started (a multirun's next job must start its own)"),
+    ("lightning.pytorch.strategies", "FSDPStrategy", "_setup_model", "class",
+     "the LoRA-aware wrap policy needs the model, which exists only there; the sharded root for clipping"),
+    ("lightning.pytorch.strategies", "FSDPStrategy", "kwargs", "instance", "the same"),
+    ("lightning.pytorch.plugins.precision", "FSDPPrecision", "clip_grad_by_norm", "class",
+     "it refuses norm clipping under FSDP; the paper recipe clips at 1.0, through the root instead"),
+    ("lightning.pytorch.callbacks", "RichProgressBar", "progress", "instance",
+     "the live rich display that the validation generation adds its row to"),
+)
+
+
+def missing_touch_points() -> list[str]:
+    """The touch points the installed Lightning lacks, as `Class.attribute` (empty when all are there)."""
+    missing = []
+    for module, cls_name, attr, where, _ in TOUCH_POINTS:
+        cls = getattr(importlib.import_module(module), cls_name)
+        owner: Any = cls if where == "class" else _instance(cls_name, cls)
+        if not hasattr(owner, attr):
+            missing.append(f"{cls_name}.{attr}")
+    return missing
+
+
+def _instance(name: str, cls: type) -> Any:
+    import tempfile
+
+    if name == "FSDPStrategy":
+        return cls()
+    if name in ("CSVLogger", "WandbLogger"):
+        return cls(save_dir=tempfile.mkdtemp(), **({"offline": True} if name == "WandbLogger" else {}))
+    if name == "ExperimentWriter":
+        return cls(tempfile.mkdtemp())
+    return cls()
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+class CheckpointWithHooks(ModelCheckpoint):
+    """`ModelCheckpoint` with hooks around its private save and remove, and saves on demand."""
+
+    def before_save(self, trainer, filepath: str) -> None:
+        """Called before every checkpoint write."""
+
+    def after_remove(self, trainer, filepath: str) -> None:
+        """Called after a checkpoint file was removed."""
+
+    def _save_checkpoint(self, trainer, filepath: str) -> None:
+        self.before_save(trainer, filepath)
+        super()._save_checkpoint(trainer, filepath)
+
+    def _remove_checkpoint(self, trainer, filepath: str) -> None:
+        super()._remove_checkpoint(trainer, filepath)
+        self.after_remove(trainer, filepath)
+
+    def save_now(self, trainer, filepath: str) -> None:
+        """Write a checkpoint to `filepath` at once (e.g. interrupted.ckpt)."""
+        self._save_checkpoint(trainer, filepath)
+
+    def save_last_unless_saved(self, trainer) -> None:
+        """Write last.ckpt unless this step was saved already."""
+        if self._last_global_step_saved != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+# --------------------------------------------------------------------------- loggers
+
+
+class CSVLoggerWithWriter(CSVLogger):
+    """`CSVLogger` whose writer comes from `make_writer` (Lightning builds it inside its `experiment`)."""
+
+    def make_writer(self, log_dir: str) -> ExperimentWriter:
+        return ExperimentWriter(log_dir)
+
+    @property
+    @rank_zero_experiment
+    def experiment(self):
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = self.make_writer(self.log_dir)
+        return self._experiment
+
+
+class WriterKeepingFile(ExperimentWriter):
+    """An `ExperimentWriter` that may keep an existing metrics file and continue its columns."""
+
+    METRICS_FILE = ExperimentWriter.NAME_METRICS_FILE
+
+    def __init__(self, log_dir: str, keep_file: bool, columns: tuple[str, ...] = ()) -> None:
+        self._keep_file = keep_file
+        super().__init__(log_dir)
+        if columns:
+            self.metrics_keys = list(columns)
+
+    def _check_log_dir_exists(self) -> None:
+        if not self._keep_file:  # Lightning's check deletes an existing metrics.csv
+            super()._check_log_dir_exists()
+
+
+def wandb_run_started(logger) -> bool:
+    return logger._experiment is not None
+
+
+# --------------------------------------------------------------------------- FSDP
+
+
+class FSDPStrategyWithModelHook(FSDPStrategy):
+    """`FSDPStrategy` that asks `wrap_policy(model)` for its auto-wrap policy once the model exists, and
+    clips gradients by norm through the sharded root (`clip_norm_through_root`)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._policy_given = "auto_wrap_policy" in kwargs
+        super().__init__(**kwargs)
+
+    def wrap_policy(self, model) -> Optional[Any]:
+        return None
+
+    def _setup_model(self, model):
+        if not self._policy_given:
+            policy = self.wrap_policy(model)
+            if policy is not None:
+                self.kwargs["auto_wrap_policy"] = policy
+        root = super()._setup_model(model)
+        clip_norm_through_root(self.precision_plugin, root)
+        return root
+
+
+def clip_norm_through_root(precision, root) -> None:
+    """Let `trainer.gradient_clip_val` clip by norm under FSDP (the paper recipe clips at 1.0).
+
+    Lightning's FSDP precision plugin refuses norm clipping: it holds no handle on the sharded root, and
+    a norm over one rank's shards would be wrong. The root's `clip_grad_norm_` computes the global norm.
+    """
+    precision.clip_grad_by_norm = lambda optimizer, clip_val: root.clip_grad_norm_(clip_val)
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def live_progress(trainer):
+    """The rich display of the run's progress bar, or None (no bar, or not a rich one)."""
+    return getattr(getattr(trainer, "progress_bar_callback", None), "progress", None)

@@ -1,0 +1,140 @@
+"""Resuming a run, wired from one place: which checkpoint `ckpt_path=` means and its step, continuing the
+run's W&B run and CSV rows when it resumes in its own directory, and the random draws that make a resumed
+run train as the uninterrupted one would (`StepSeeding`).
+
+The data position travels as the DataModule's state (`SMolInstructDataModule.state_dict`, restored by
+Lightning before the train loader is built); `train` only hands `Resume.checkpoint` to `trainer.fit`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+from omegaconf import open_dict
+
+from llasmol.core.errors import UserError
+
+WANDB_ID_FILE = "wandb_run_id"
+
+# Written by the resume checkpoint callback: every few steps and at the end, or on Ctrl-C.
+RESUME_NAMES = ("last.ckpt", "interrupted.ckpt")
+
+
+def newest_resume_checkpoint(run_dir: Path) -> Optional[Path]:
+    """The most recently written resume checkpoint of a run directory, or None."""
+    found = [p for name in RESUME_NAMES if (p := run_dir / "checkpoints" / name).is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+
+
+def _same_variant(run_dir: Path, model: str, lora: str) -> bool:
+    try:
+        params = json.loads((run_dir / "params.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return params.get("model") == model and params.get("lora") == lora
+
+
+def resolve_resume(ckpt_path: Optional[str], output_dir: Path, model: str, lora: str) -> Optional[str]:
+    """The `.ckpt` file to resume from, or None to start fresh.
+
+    `last` looks in this run's own directory first (a run restarted in place with `hydra.run.dir=`), then
+    in the sibling run directories (other runs of the same task), taking the newest checkpoint of a run of
+    the same model and LoRA variant, so an ablation's variants never resume from each other.
+    `auto` resumes this run directory's own checkpoint when there is one and starts fresh otherwise: the
+    setting for jobs that a cluster may stop and requeue into the same directory.
+    """
+    if ckpt_path is None:
+        return None
+    if str(ckpt_path) == "auto":
+        own = newest_resume_checkpoint(output_dir)
+        return str(own) if own is not None else None
+    if str(ckpt_path) == "last":
+        own = newest_resume_checkpoint(output_dir)
+        if own is not None:
+            return str(own)
+        siblings = [newest_resume_checkpoint(d) for d in output_dir.parent.iterdir()
+                    if d.is_dir() and d != output_dir and _same_variant(d, model, lora)]
+        siblings = [c for c in siblings if c is not None]
+        if not siblings:
+            raise UserError(
+                f"ckpt_path=last: no checkpoints/last.ckpt in {output_dir} nor in another {model}+{lora} run "
+                f"under {output_dir.parent}: give ckpt_path=<run directory or .ckpt file>, or leave it unset"
+            )
+        return str(max(siblings, key=lambda p: p.stat().st_mtime_ns))
+    path = Path(ckpt_path)
+    if path.is_dir():
+        found = newest_resume_checkpoint(path)
+        if found is None:
+            raise UserError(f"ckpt_path={ckpt_path} is a folder without checkpoints/last.ckpt: give a run "
+                            "directory that has one, or a .ckpt file")
+        return str(found)
+    if not path.is_file():
+        raise UserError(f"ckpt_path={ckpt_path} does not exist: give last, auto, a run directory or a .ckpt file")
+    return str(path)
+
+
+def checkpoint_step(path: str) -> int:
+    """The optimizer step a Lightning checkpoint was saved at (tensors memory-mapped, not read)."""
+    return int(torch.load(path, map_location="cpu", mmap=True, weights_only=True)["global_step"])
+
+
+@dataclass
+class Resume:
+    """What `ckpt_path=` means for this run, and what a resumed run continues."""
+
+    checkpoint: Optional[str]  # the .ckpt to resume from; None starts fresh
+    output_dir: Path
+
+    @classmethod
+    def plan(cls, ckpt_path: Optional[str], output_dir: Path, model: str, lora: str) -> "Resume":
+        return cls(resolve_resume(ckpt_path, output_dir, model, lora), output_dir)
+
+    @property
+    def in_place(self) -> bool:
+        """Resuming in this run's own directory (a restart, a requeued job): its logs continue."""
+        return bool(self.checkpoint) and Path(self.checkpoint).resolve().is_relative_to(self.output_dir.resolve())
+
+    def prepare_logger_config(self, logger_cfg) -> None:
+        """Before the loggers exist: an in-place resume continues its W&B run (same id, ``resume="allow"``)
+        rather than start a second one; resumed from elsewhere, a run gets a new id as a fresh one does."""
+        id_file = self.output_dir / WANDB_ID_FILE
+        if not self.in_place or not id_file.is_file():
+            return
+        for node in (logger_cfg or {}).values():
+            if node and str(node.get("_target_", "")).endswith("WandbLogger"):
+                with open_dict(node):
+                    node.id = id_file.read_text().strip()
+                    node.resume = "allow"
+
+    def attach(self, trainer) -> None:
+        """Once the trainer exists, before anything is logged: an in-place resume keeps its CSV rows up to
+        the checkpoint's step; every run remembers its W&B id for a later in-place resume."""
+        from llasmol.core.files import write_text
+        from llasmol.training.tracking import KeepingCSVLogger, wandb_loggers
+
+        if self.in_place:
+            step = checkpoint_step(self.checkpoint)
+            for logger in trainer.loggers:
+                if isinstance(logger, KeepingCSVLogger):
+                    logger.keep_until_step = step
+        if trainer.is_global_zero:
+            for logger in wandb_loggers(trainer):
+                write_text(self.output_dir / WANDB_ID_FILE, logger.experiment.id + "\n")
+
+
+class StepSeeding(Callback):
+    """Random draws (LoRA dropout) as a function of (seed, epoch, batch, rank), not of the run's history, so
+    a run resumed from a checkpoint draws what the uninterrupted run would have."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        entropy = [self.seed, trainer.current_epoch, batch_idx, trainer.global_rank]
+        torch.manual_seed(int(np.random.SeedSequence(entropy).generate_state(1)[0]))
