@@ -56,7 +56,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from llasmol.inference.records import balanced_subset
     from llasmol.inference.beam_search import BeamGenerator, task_settings
-    from llasmol.inference.checkpoints import load_model
+    from llasmol.inference.loading import load_model
     from llasmol.metrics.extract import extract_answer
 
     cfg = compose_config()
@@ -71,7 +71,7 @@ def main() -> None:
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     data_cfg.pop("split", None)
     dm = hydra.utils.instantiate(data_cfg, tokenizer=tokenizer, _convert_="all")
-    split = dm.split("validation").split
+    split = dm.split("validation")
     indices = balanced_subset(split, args.per_task, cfg.seed)
     by_task: dict[str, list[str]] = {}
     for i in indices:

@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, compose_config, write_result  # noqa: E402
 
-SAMPLE = ROOT / "llasmol" / "data" / "sample"
+BUNDLED = ROOT / "llasmol" / "data" / "bundled"
 
 
 # --------------------------------------------------------------------------- synthetic records
@@ -36,7 +36,7 @@ SAMPLE = ROOT / "llasmol" / "data" / "sample"
 
 def load_golds() -> dict[str, list[tuple[str, str]]]:
     pairs: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    for path in sorted((SAMPLE / "raw").glob("*/*.jsonl")):
+    for path in sorted((BUNDLED / "raw").glob("*/*.jsonl")):
         for line in path.read_text().splitlines():
             if line.strip():
                 rec = json.loads(line)

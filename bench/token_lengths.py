@@ -24,7 +24,7 @@ from llasmol.inference.beam_search import task_settings
 from llasmol.core.tasks import get_task
 from llasmol.model.base import load_tokenizer
 
-SAMPLE = ROOT / "llasmol" / "data" / "sample"
+BUNDLED = ROOT / "llasmol" / "data" / "bundled"
 
 
 def answer_length(tok, formatter: PromptFormatter, sample: dict) -> int:
@@ -42,12 +42,12 @@ def main() -> None:
     cfg = compose_config(["model=mistral", f"model.path={folder}"])
     tok = load_tokenizer(cfg.model)
     formatter = PromptFormatter(tok, cfg.model.prompt_template, max_length=10**9)
-    tasks = sorted(p.stem for p in (SAMPLE / "core_tag").glob("*.json"))
+    tasks = sorted(p.stem for p in (BUNDLED / "core_tag").glob("*.json"))
     rows, all_lengths = {}, []
     for task in tasks:
         lengths, answers = [], []
         for split in ("train", "dev", "test"):
-            data = SMolInstructSplit(SAMPLE, split, [task])
+            data = SMolInstructSplit(BUNDLED, split, [task])
             for i in range(len(data)):
                 sample = data[i]
                 lengths.append(len(formatter.encode(sample["input"], sample["output"]).input_ids))

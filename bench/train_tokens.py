@@ -91,7 +91,7 @@ def main() -> None:
     cfg = compose_config(["paths.output_dir=/tmp/unused", "data.micro_batch_size=4"])
     tokenizer = load_tokenizer(cfg.model)
     dm = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
-    train = dm.split("train")
+    train = dm.dataset("train")
     sampler = ShardedShuffleSampler(len(train), seed=13, rank=0, world_size=1, lengths=train.split.length_hints(),
                                     batch_size=4)
     subset = sampler._order()[: args.samples]

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,54 +14,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from llasmol.core.config import CONFIG_DIR
 from llasmol.core.errors import UserError, report_user_errors
-
-REQUIRED = ("task", "input", "gold", "predictions")
-
-
-def _texts(value, what: str, where: str, allow_none: bool = False) -> list[str]:
-    """A gold or predictions field as a list of strings; numbers become their JSON text."""
-    if value is None and allow_none:
-        return []
-    items = value if isinstance(value, list) else [value]
-    out = []
-    for item in items:
-        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
-            raise UserError(f"{where}: {what} must be a string or a list of strings, not {json.dumps(item)[:60]}")
-        out.append(item if isinstance(item, str) else json.dumps(item))
-    return out
-
-
-def read_predictions(path: str | Path) -> list[dict]:
-    """Records of a predictions JSONL file, checked line by line."""
-    from llasmol.core.tasks import get_task
-
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"predictions file {path} does not exist: pass predictions=<file.jsonl>")
-    records = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{path} line {lineno} is not valid JSON ({err.msg})") from None
-            missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
-            if missing:
-                raise UserError(
-                    f"{path} line {lineno} lacks {', '.join(missing)}: each line needs " + ", ".join(REQUIRED)
-                )
-            where = f"{path} line {lineno}"
-            get_task(record["task"], where)
-            record["skipped"] = bool(record.get("skipped")) or record["predictions"] is None
-            record["gold"] = _texts(record["gold"], "gold", where)
-            record["predictions"] = _texts(record["predictions"], "predictions", where, allow_none=True)
-            records.append(record)
-    if not records:
-        raise UserError(f"predictions file {path} is empty: it needs one JSON object per line")
-    return records
-
 
 def _cell(value: Any) -> str:
     if isinstance(value, float) and not value.is_integer():
@@ -81,6 +32,7 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
 
 def score_file(cfg: DictConfig) -> tuple[dict, Path]:
     from llasmol.core.files import write_json
+    from llasmol.inference.predictions import read_predictions
     from llasmol.metrics.scoring import score_records
 
     records = read_predictions(cfg.predictions)
@@ -92,34 +44,33 @@ def score_file(cfg: DictConfig) -> tuple[dict, Path]:
 
 
 def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
-    import torch
-
-    from llasmol.inference.records import balanced_subset, generate_records, score, split_golds
-    from llasmol.inference.beam_search import BeamGenerator
     from llasmol.core.files import write_json, write_jsonl
-    from llasmol.inference.checkpoints import load_model, resolve_checkpoint
+    from llasmol.data.formatting import PromptFormatter
+    from llasmol.data.source import SMolInstructSource
+    from llasmol.inference.beam_search import BeamGenerator
+    from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
     from llasmol.inference.progress import generation_progress
+    from llasmol.inference.records import balanced_subset, generate_records, score, split_golds
 
     model_cfg, adapter, run_data = resolve_checkpoint(cfg.ckpt, cfg)
     # A run directory brings the data it was trained on; this command's split and sample cap apply.
     data_cfg = OmegaConf.to_container(run_data if run_data is not None else cfg.data, resolve=True)
-    split_name = cfg.data.split
-    data_cfg.pop("split", None)
     cap = cfg.data.get("max_samples_per_task")
     if run_data is None or cap is not None:
         data_cfg["max_samples_per_task"] = OmegaConf.to_container(cap) if isinstance(cap, DictConfig) else cap
-    data_cfg.update(prompt_template=model_cfg.prompt_template, seed=cfg.seed)
+    split_name = cfg.data.split
+    source = SMolInstructSource.from_config(data_cfg)
+    split = source.split(split_name)
     model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"))
-    device = "cuda" if cfg.device == "auto" and torch.cuda.is_available() else ("cpu" if cfg.device == "auto" else cfg.device)
+    device = pick_device(cfg.device)
     model.to(device)
-    dm = hydra.utils.instantiate(data_cfg, tokenizer=tokenizer, _convert_="all")
-    split = dm.split(split_name).split
-    generator = BeamGenerator(model, tokenizer, dm.formatter, cfg.generation.max_prompt_tokens, cfg.generation.batch_size)
+    formatter = PromptFormatter(tokenizer, model_cfg.prompt_template, data_cfg.get("max_length", 512))
+    generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, cfg.generation.batch_size)
     indices = balanced_subset(split, None, cfg.seed)
+    golds = split_golds(source.pooling_split(split_name))
     with generation_progress(f"Generating on {split_name}", len(indices)) as advance:
-        golds = split_golds(dm.pooling_split(split_name))
         records = generate_records(generator, split, indices, golds, cfg.generation, advance)
-    results = score(records, list(split.tasks), torch.device(device))
+    results = score(records, list(split.tasks), device)
     out_dir = Path(cfg.paths.output_dir)
     write_jsonl(out_dir / "predictions" / f"{split_name}.jsonl", records)
     out = Path(cfg.output) if cfg.output else out_dir / "metrics" / f"{split_name}.json"

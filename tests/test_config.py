@@ -7,8 +7,13 @@ import pytest
 
 from conftest import compose_config
 
-MODELS = ["tiny", "mistral", "llama2", "llama2_13b", "codellama", "galactica"]
-LORAS = ["lite", "attn", "ffn", "full", "plus", "large"]
+from llasmol.core.config import CONFIG_DIR
+from llasmol.model.base import arch_facts
+
+# Every option of the groups, discovered: a new model or LoRA file is composed and checked with the rest.
+MODELS = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
+LORAS = sorted(p.stem for p in (CONFIG_DIR / "lora").glob("*.yaml"))
+QUANTIZATIONS = sorted(p.stem for p in (CONFIG_DIR / "quantization").glob("*.yaml"))
 HF_IDS = {
     "mistral": "mistralai/Mistral-7B-v0.1",
     "llama2": "meta-llama/Llama-2-7b-hf",
@@ -42,12 +47,13 @@ def test_large_switches_the_base_to_llama2_13b():
 @pytest.mark.parametrize("model", [m for m in MODELS if m != "tiny"])
 def test_real_bases_get_the_paper_recipe(model):
     cfg = compose_config([f"model={model}", "lora=full", "paths.output_dir=/tmp/unused"])
-    assert cfg.model.hf_id == HF_IDS[model]
+    assert cfg.model.hf_id == HF_IDS.get(model, cfg.model.hf_id) and cfg.model.hf_id.count("/") == 1
+    assert arch_facts(cfg.model.arch)["model_type"]  # its shapes are bundled
     assert cfg.model.dtype == "bfloat16"
     assert cfg.model.prompt_template == "[INST] {input} [/INST]"
     assert cfg.data._target_.endswith("SMolInstructDataModule") and cfg.data.path is None
     assert cfg.data.hub_id == "osunlp/SMolInstruct"
-    assert len(cfg.data.tasks) == 14
+    assert cfg.data.tasks is None  # every task the data has: all 14 of the archive
     assert (cfg.data.micro_batch_size, cfg.data.effective_batch_size, cfg.data.max_length) == (4, 512, 512)
     assert cfg.data.train_on_inputs is True and cfg.data.group_by_length is False  # random micro-batches
     assert cfg.optimizer._target_ == "bitsandbytes.optim.AdamW8bit" and cfg.optimizer.lr == 1e-4
@@ -62,8 +68,28 @@ def test_default_is_the_embedded_cpu_demo():
     cfg = compose_config(["paths.output_dir=/tmp/unused"])
     assert cfg.model.name == "tiny" and cfg.lora.name == "full"
     assert cfg.trainer.accelerator == "cpu"
-    assert cfg.data.path.endswith("llasmol/data/sample")
+    assert cfg.data.path.endswith("llasmol/data/bundled")
     assert cfg.data.prompt_template == cfg.model.prompt_template
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_evaluate_and_generate_carry_only_the_groups_they_use(model):
+    evaluate = compose_config([f"model={model}", "paths.output_dir=/x"], "evaluate")
+    generate = compose_config([f"model={model}"], "generate")
+    train = compose_config([f"model={model}", "paths.output_dir=/x"])
+    for cfg in (evaluate, generate):
+        assert not {"trainer", "optimizer", "scheduler", "callbacks", "logger", "lora"} & set(cfg)
+        assert cfg.generation == train.generation  # the base's generation settings, as in training
+    assert "data" not in generate and evaluate.data.path == train.data.path
+    assert evaluate.data.split == "test"
+
+
+def test_model_files_hold_model_facts_only():
+    """No model file picks other groups: what a base implies is in conf/setup/ alone."""
+    for path in (CONFIG_DIR / "model").glob("*.yaml"):
+        text = path.read_text()
+        assert "override" not in text and "@package _global_" not in text, path.name
+        assert (CONFIG_DIR / "setup" / "model" / path.name).is_file(), f"conf/setup/model/{path.name} is missing"
 
 
 def test_targets_of_the_configs_resolve():
@@ -78,7 +104,7 @@ def test_trainer_and_hydra_overrides_pass_through():
     assert cfg.callbacks.model_checkpoint.dirpath == "/x/checkpoints"
 
 
-@pytest.mark.parametrize("quantization", ["none", "8bit", "4bit"])
+@pytest.mark.parametrize("quantization", QUANTIZATIONS)
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_quantization_combination_composes(model, quantization):
     cfg = compose_config([f"model={model}", f"quantization={quantization}", "paths.output_dir=/tmp/unused"])

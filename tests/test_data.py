@@ -16,6 +16,7 @@ from llasmol.data.sampler import ShardedShuffleSampler
 from llasmol.data.smiles import canonical_kekule
 from llasmol.data.smolinstruct import SMolInstructSplit
 from llasmol.core.errors import UserError
+from llasmol.core.tasks import TASK_NAMES
 from llasmol.model.base import load_tokenizer
 from smolinstruct_fixture import TASKS
 
@@ -55,7 +56,7 @@ def test_core_tags_can_be_left_out_and_selfies_switched_on(smol_root):
 
 def test_prompt_follows_the_paper_format(tokenizer, smol_root):
     dm = make_dm(tokenizer, smol_root, tasks=["name_conversion-s2f"])
-    item = dm.split("train")[0]
+    item = dm.dataset("train")[0]
     text = tokenizer.decode(item["input_ids"])
     assert text == (
         "<s>[INST] Give the formula of <SMILES> CCO </SMILES> . [/INST] "
@@ -66,9 +67,9 @@ def test_prompt_follows_the_paper_format(tokenizer, smol_root):
 
 
 def test_truncation_at_the_limit_is_counted(tokenizer, smol_root):
-    full = make_dm(tokenizer, smol_root, tasks=["forward_synthesis"]).split("train")
+    full = make_dm(tokenizer, smol_root, tasks=["forward_synthesis"]).dataset("train")
     limit = 12
-    cut = make_dm(tokenizer, smol_root, tasks=["forward_synthesis"], max_length=limit).split("train")
+    cut = make_dm(tokenizer, smol_root, tasks=["forward_synthesis"], max_length=limit).dataset("train")
     for i in range(len(full)):
         long, short = full[i]["input_ids"], cut[i]["input_ids"]
         if len(long) <= limit:
@@ -82,7 +83,7 @@ def test_truncation_at_the_limit_is_counted(tokenizer, smol_root):
 
 def test_prompt_tokens_are_masked_when_not_training_on_inputs(tokenizer, smol_root):
     dm = make_dm(tokenizer, smol_root, tasks=["property_prediction-esol"], train_on_inputs=False)
-    data = dm.split("train")
+    data = dm.dataset("train")
     for i in range(len(data)):
         item = data[i]
         sample = data.split[i]
@@ -185,19 +186,19 @@ def provenance_counts(root) -> dict[str, dict[str, int]]:
     return counts
 
 
-def test_bundled_sample_loads_through_the_datamodule(tokenizer):
+def test_bundled_data_loads_through_the_datamodule(tokenizer):
     cfg = compose_config(["paths.output_dir=/tmp/unused"])
     dm = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
     from pathlib import Path
 
     expected = provenance_counts(Path(cfg.data.path))
-    assert set(expected) == set(cfg.data.tasks)
+    assert cfg.data.tasks is None and dm.tasks == [t for t in TASK_NAMES if t in expected]  # found, table order
     # Related tasks share one split assignment: the four name conversions share molecules; each
     # property task is split on its own (a molecule may be in lipo-train and bbbp-test).
     molecules_by_split: dict[str, set[tuple[str, str]]] = {}
     for name in ("train", "validation", "test"):
-        data = dm.split(name)
-        assert data.split.counts() == {t: expected[t][name] for t in cfg.data.tasks}
+        data = dm.dataset(name)
+        assert data.split.counts() == {t: expected[t][name] for t in dm.tasks}
         smiles_here = set()
         for i in range(len(data.split)):
             sample = data.split[i]
@@ -243,7 +244,7 @@ def test_hub_archive_is_fetched_once_and_read_like_a_local_copy(tokenizer, smol_
         dm = SMolInstructDataModule(tokenizer, path=None, tasks=FIXTURE_TASKS)
         dm.prepare_data()
         local = make_dm(tokenizer, smol_root)
-        assert [dm.split("validation").split[i] for i in range(5)] == [local.split("validation").split[i] for i in range(5)]
+        assert [dm.split("validation")[i] for i in range(5)] == [local.split("validation")[i] for i in range(5)]
     # The Hub is asked each time (has `main` moved?), the same archive content is extracted once.
     assert calls == [("osunlp/SMolInstruct", "data.zip", "dataset", "main")] * 2
     main = tmp_path / "cache" / "osunlp--SMolInstruct@main"
@@ -261,9 +262,9 @@ def test_hub_archive_is_fetched_once_and_read_like_a_local_copy(tokenizer, smol_
 
 def test_the_test_subset_reads_its_samples_from_the_full_test_split(tokenizer, smol_root):
     """data.splits.test=test_subset: the subset's sample lists index raw/test (the official loader)."""
-    full = make_dm(tokenizer, smol_root).split("test").split
+    full = make_dm(tokenizer, smol_root).split("test")
     subset = make_dm(tokenizer, smol_root, splits={"train": "train", "validation": "dev", "test": "test_subset"})
-    sub = subset.split("test").split
+    sub = subset.split("test")
     for task, n in full.counts().items():
         assert sub.counts()[task] == (n + 1) // 2
     starts = dict(zip(full.tasks, [0, *list(__import__("itertools").accumulate(full.counts().values()))]))
@@ -272,9 +273,9 @@ def test_the_test_subset_reads_its_samples_from_the_full_test_split(tokenizer, s
         for j in range(sub.counts()[task]):
             assert sub[sub_starts[task] + j] == full[starts[task] + 2 * j]
     # Golds pool over the whole test split, as the official scorer reads them, not over the subset.
-    assert subset.pooling_split("test").counts() == full.counts()
+    assert subset.source.pooling_split("test").counts() == full.counts()
     whole = make_dm(tokenizer, smol_root)
-    assert whole.pooling_split("test") is whole.split("test").split
+    assert whole.source.pooling_split("test") is whole.split("test")
     missing = make_dm(tokenizer, smol_root, splits={"train": "train", "validation": "dev", "test": "dev_subset"})
     with pytest.raises(UserError, match=r"split 'dev_subset' not found.*v1\.2\.0 \(data\.revision\)"):
         missing.split("test")
@@ -314,7 +315,7 @@ def test_grouping_by_length_keeps_the_epoch_and_cuts_padding(tokenizer):
 
 def test_length_hints_follow_token_lengths(tokenizer):
     cfg = compose_config(["paths.output_dir=/tmp/unused"])
-    data = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all").split("validation")
+    data = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all").dataset("validation")
     hints = data.split.length_hints()
     tokens = [len(data[i]["input_ids"]) for i in range(len(data))]
     import numpy as np
@@ -332,7 +333,7 @@ def test_sample_lists_read_element_by_element_equal_json_load(window, monkeypatc
 
     monkeypatch.setattr(_JSONReader.__init__, "__defaults__", (window,))
 
-    files = sorted((PACKAGE_DIR / "data" / "sample" / "sample" / "instruction_tuning").glob("*/*.json"))
+    files = sorted((PACKAGE_DIR / "data" / "bundled" / "sample" / "instruction_tuning").glob("*/*.json"))
     assert len(files) == 33  # 11 tasks × 3 splits
     for path in files:
         record = json.loads(path.read_text())

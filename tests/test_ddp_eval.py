@@ -40,12 +40,12 @@ def _evaluate_rank(rank: int, world: int, out: str) -> None:
         split_golds,
     )
     from llasmol.inference.beam_search import BeamGenerator
-    from llasmol.inference.checkpoints import load_model
+    from llasmol.inference.loading import load_model
 
     cfg = compose_config(["paths.output_dir=/unused", "generation.max_new_tokens_limit=6"])
     model, tok = load_model(cfg.model, None)
     dm = hydra.utils.instantiate(cfg.data, tokenizer=tok, _convert_="all")
-    split = dm.split("validation").split
+    split = dm.split("validation")
     subset = balanced_subset(split, 3, seed=13)
     generator = BeamGenerator(model, tok, dm.formatter, batch_size=4)
     # The callback's own path: each rank takes its stride, metrics sync, records gather.

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import compose_config
+from llasmol.data.source import SMolInstructSource
 from llasmol.evaluate import evaluate
 from llasmol.generate import canonicalize_query
 from llasmol.metrics import extract_answer
@@ -50,7 +51,7 @@ def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_each_validation_writes_predictions_and_metrics(run_dir):
-    tasks = compose_config(["paths.output_dir=/x"]).data.tasks
+    tasks = SMolInstructSource.from_config(compose_config(["paths.output_dir=/x"]).data).task_names()
     for step in (2, 4):
         lines = (run_dir / "predictions" / f"val-epoch0-step{step}.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines]
@@ -188,7 +189,7 @@ def test_query_smiles_are_canonicalised():
 
 def test_batched_generation_equals_one_at_a_time(run_dir):
     from llasmol.inference.beam_search import BeamGenerator, task_settings
-    from llasmol.inference.checkpoints import load_model, resolve_checkpoint
+    from llasmol.inference.loading import load_model, resolve_checkpoint
     from llasmol.data.formatting import PromptFormatter
 
     cfg = compose_config(["paths.output_dir=/x", "generation.max_new_tokens_limit=12"], "evaluate")
@@ -276,7 +277,7 @@ def test_a_run_directory_may_only_build_our_datamodule(run_dir, tmp_path):
 @pytest.mark.parametrize("ckpt", ["outputs/train/nope", "./nope", "../nope"])
 def test_a_relative_path_that_does_not_exist_is_not_taken_for_a_hub_id(ckpt):
     from llasmol.core.errors import UserError
-    from llasmol.inference.checkpoints import resolve_checkpoint
+    from llasmol.inference.loading import resolve_checkpoint
 
     cfg = compose_config(["paths.output_dir=/tmp/unused"], "evaluate")
     with pytest.raises(UserError, match=f"ckpt={re.escape(ckpt)} holds no adapter"):
@@ -287,7 +288,7 @@ def test_a_relative_path_that_does_not_exist_is_not_taken_for_a_hub_id(ckpt):
 def test_an_adapter_trained_from_a_relative_local_folder_is_not_compared_with_the_hub_id(run_dir, tmp_path, monkeypatch):
     import shutil
 
-    from llasmol.inference.checkpoints import resolve_checkpoint
+    from llasmol.inference.loading import resolve_checkpoint
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "weights" / "mistral").mkdir(parents=True)

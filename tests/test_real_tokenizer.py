@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from _common import mistral_tokenizer_folder  # noqa: E402
 
-SAMPLE = ROOT / "llasmol" / "data" / "sample"
-SAMPLE_TASKS = sorted(p.stem for p in (SAMPLE / "core_tag").glob("*.json"))
+BUNDLED = ROOT / "llasmol" / "data" / "bundled"
+BUNDLED_TASKS = sorted(p.stem for p in (BUNDLED / "core_tag").glob("*.json"))
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["legacy", "non-legacy"])
@@ -36,7 +36,7 @@ def mistral(request, tmp_path_factory):
 
 
 def samples(split: str = "train"):
-    data = SMolInstructSplit(SAMPLE, split, SAMPLE_TASKS)
+    data = SMolInstructSplit(BUNDLED, split, BUNDLED_TASKS)
     return [data[i] for i in range(len(data))]
 
 
@@ -69,7 +69,7 @@ def test_every_sample_encodes_as_the_official_string(mistral):
         assert enc.labels == want  # the paper trains on the whole sequence
         assert enc.input_ids[0] == 1 and (enc.input_ids[-1] == 2) == (not enc.truncated)
         checked += 1
-    assert checked == 300 * len(SAMPLE_TASKS)
+    assert checked == 300 * len(BUNDLED_TASKS)
 
 
 def test_generation_prompts_encode_as_the_official_prompt(mistral):

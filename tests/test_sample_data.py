@@ -1,4 +1,4 @@
-"""Checks on the committed sample dataset (llasmol/data/sample).
+"""Checks on the committed sample dataset (llasmol/data/bundled).
 
 These tests read the files directly with json so that they also guard the
 data independently of the loader in the llasmol package.
@@ -26,7 +26,7 @@ from llasmol.data.smiles import canonical_kekule
 RDLogger.DisableLog("rdApp.*")
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "llasmol" / "data" / "sample"
+BUNDLED = ROOT / "llasmol" / "data" / "bundled"
 BUILDER = ROOT / "scripts" / "build_sample.py"
 
 SPLITS = ("train", "dev", "test")
@@ -51,13 +51,13 @@ TAG_PATTERN = re.compile(r"</?[A-Z]+>")
 
 @cache
 def raw_rows(split: str, task: str) -> tuple[dict, ...]:
-    path = SAMPLE / "raw" / split / f"{task}.jsonl"
+    path = BUNDLED / "raw" / split / f"{task}.jsonl"
     lines = path.read_text(encoding="utf-8").splitlines()
     return tuple(json.loads(line) for line in lines)
 
 
 def load_json(*parts: str) -> object:
-    return json.loads((SAMPLE.joinpath(*parts)).read_text(encoding="utf-8"))
+    return json.loads((BUNDLED.joinpath(*parts)).read_text(encoding="utf-8"))
 
 
 def core_tags(task: str) -> dict[str, list[str]]:
@@ -74,7 +74,7 @@ def inchikey(smiles: str) -> str:
 
 
 def provenance_counts() -> dict[str, dict[str, int]]:
-    lines = (SAMPLE / "PROVENANCE.md").read_text(encoding="utf-8").splitlines()
+    lines = (BUNDLED / "PROVENANCE.md").read_text(encoding="utf-8").splitlines()
     start = lines.index("| task | train | dev | test |")
     counts: dict[str, dict[str, int]] = {}
     for line in lines[start + 2:]:  # skip header and |---| row
@@ -90,16 +90,16 @@ def provenance_counts() -> dict[str, dict[str, int]]:
 
 @pytest.mark.parametrize("task", TASKS)
 def test_task_files_present_for_all_splits(task: str) -> None:
-    assert (SAMPLE / "core_tag" / f"{task}.json").is_file()
-    assert (SAMPLE / "template" / "instruction_tuning" / f"{task}.json").is_file()
+    assert (BUNDLED / "core_tag" / f"{task}.json").is_file()
+    assert (BUNDLED / "template" / "instruction_tuning" / f"{task}.json").is_file()
     for split in SPLITS:
-        assert (SAMPLE / "raw" / split / f"{task}.jsonl").is_file()
-        assert (SAMPLE / "sample" / "instruction_tuning" / split / f"{task}.json").is_file()
+        assert (BUNDLED / "raw" / split / f"{task}.jsonl").is_file()
+        assert (BUNDLED / "sample" / "instruction_tuning" / split / f"{task}.json").is_file()
         assert raw_rows(split, task), f"{split}/{task} is empty"
 
 
 def test_no_unexpected_tasks() -> None:
-    found = {p.stem for p in (SAMPLE / "raw" / "train").glob("*.jsonl")}
+    found = {p.stem for p in (BUNDLED / "raw" / "train").glob("*.jsonl")}
     assert found == set(TASKS)
 
 
@@ -313,7 +313,7 @@ def test_rebuild_is_byte_identical(tmp_path: Path) -> None:
     # Canonical SMILES can change between RDKit releases, so a rebuild is only
     # comparable with the pinned version (recorded in PROVENANCE.md).
     rdkit_version = importlib.metadata.version("rdkit")
-    provenance = (SAMPLE / "PROVENANCE.md").read_text(encoding="utf-8")
+    provenance = (BUNDLED / "PROVENANCE.md").read_text(encoding="utf-8")
     if not re.search(rf"\brdkit {re.escape(rdkit_version)}(?![\w.])", provenance):
         pytest.skip(f"rdkit {rdkit_version} is not the version the sample was built with")
 
@@ -334,6 +334,6 @@ def test_rebuild_is_byte_identical(tmp_path: Path) -> None:
     def files(root: Path) -> list[str]:
         return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
-    assert files(out) == files(SAMPLE)
-    for relative in files(SAMPLE):
-        assert (out / relative).read_bytes() == (SAMPLE / relative).read_bytes(), relative
+    assert files(out) == files(BUNDLED)
+    for relative in files(BUNDLED):
+        assert (out / relative).read_bytes() == (BUNDLED / relative).read_bytes(), relative

@@ -184,7 +184,7 @@ def test_ddp_on_two_cpu_processes_runs_end_to_end(tmp_path):
     metrics = json.loads((run / "metrics" / "val-epoch0-step4.json").read_text())
     assert all(v["num_samples"] == 3 for v in metrics.values())
     # The two ranks' synchronised metrics are what one process scores from the same predictions.
-    from llasmol.evaluate import read_predictions
+    from llasmol.inference.predictions import read_predictions
     from llasmol.metrics.scoring import score_records
 
     single = score_records(read_predictions(run / "predictions" / "val-epoch0-step4.jsonl"))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from llasmol.core.errors import UserError
+from llasmol.inference.predictions import read_predictions
 
 _VALIDATION_NAME = re.compile(r"^val-epoch(\d+)-step(\d+)$")
 _VARIANT_NAME = re.compile(r"^(\d+)_")
@@ -61,7 +62,7 @@ class Validation:
     def predictions(self) -> list[dict]:
         """The prediction records (one per sample), or ``[]`` when the file is missing."""
         if self._records is None:
-            self._records = read_predictions(self.predictions_path) if self.predictions_path else []
+            self._records = read_predictions(self.predictions_path, allow_empty=True) if self.predictions_path else []
         return self._records
 
 
@@ -117,23 +118,6 @@ def _name_part(name: str, index: int) -> Optional[str]:
     if len(parts) >= 3 and _VARIANT_NAME.match(name):
         return parts[index]
     return None
-
-
-def read_predictions(path: PathLike) -> list[dict]:
-    """Records of a predictions JSONL file (blank lines ignored)."""
-    path = Path(path)
-    records = []
-    try:
-        with path.open(encoding="utf-8") as fh:
-            for number, line in enumerate(fh, 1):
-                if line.strip():
-                    try:
-                        records.append(json.loads(line))
-                    except ValueError as err:
-                        raise UserError(f"{path}:{number} is not JSON: {err}") from None
-    except OSError as err:
-        raise UserError(f"cannot read {path}: {err}") from None
-    return records
 
 
 def read_csv_log(path: PathLike) -> list[dict[str, Optional[float]]]:

@@ -28,7 +28,7 @@ def _interactive() -> bool:
 
 
 RESOLVERS = {
-    # `${llasmol_asset:data/sample}`: a path inside the installed package.
+    # `${llasmol_asset:data/bundled}`: a path inside the installed package.
     "llasmol_asset": lambda rel: str(PACKAGE_DIR / rel),
     # W&B stays offline (no account, no network) unless the user asks for online, by config or WANDB_MODE.
     "llasmol_wandb_offline": lambda: os.environ.get("WANDB_MODE", "offline") != "online",

@@ -11,15 +11,13 @@ from llasmol.data.collate import PackCollator, PadCollator
 from llasmol.data.formatting import PromptFormatter
 from llasmol.data.resumable import ResumableDataLoader
 from llasmol.data.sampler import ShardedShuffleSampler
-from llasmol.data.smolinstruct import SMolInstructSplit, raw_split
-from llasmol.core.tasks import TASK_NAMES, check_tasks
 from llasmol.core.errors import UserError
-
-DEFAULT_SPLITS = {"train": "train", "validation": "dev", "test": "test"}
+from llasmol.data.smolinstruct import SMolInstructSplit
+from llasmol.data.source import SMolInstructSource
 
 
 class SMolInstructDataset(Dataset):
-    """Formatted, tokenized samples of one split; each item is read and tokenized on demand."""
+    """The formatted, tokenized samples of one split (`split`); each item is read and tokenized on demand."""
 
     def __init__(self, split: SMolInstructSplit, formatter: PromptFormatter) -> None:
         self.split = split
@@ -35,11 +33,11 @@ class SMolInstructDataset(Dataset):
 
 
 class SMolInstructDataModule(L.LightningDataModule):
-    """Serves the `train`, `validation` and `test` splits of the chosen tasks.
+    """Serves the `train`, `validation` and `test` splits of the chosen tasks as token batches.
 
-    `path` is the root of a copy in the official layout; when it is null the archive of `hub_id` at
-    `revision` is fetched once into the cache. Split names map to the archive's folder names through
-    `splits` (`test: test_subset` reads the archive's small test subset).
+    Where the data is and how a split opens is the `SMolInstructSource` (path or Hub archive at
+    `revision`, `splits`, `tasks`: null for every task the data has); this class adds tokenizing,
+    batching, sharding and the resumable training order.
     """
 
     def __init__(
@@ -48,7 +46,7 @@ class SMolInstructDataModule(L.LightningDataModule):
         path: Optional[str] = None,
         hub_id: str = "osunlp/SMolInstruct",
         revision: str = "main",
-        tasks: list[str] = TASK_NAMES,
+        tasks: Optional[list[str]] = None,
         splits: Optional[dict] = None,
         sample_group: str = "instruction_tuning",
         insert_core_tags: bool = True,
@@ -68,14 +66,11 @@ class SMolInstructDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.tokenizer = tokenizer
-        self.path = path
-        self.hub_id = hub_id
-        self.revision = revision
-        self.tasks = check_tasks(tasks)
-        self.splits = dict(splits or DEFAULT_SPLITS)
-        self.sample_group = sample_group
-        self.insert_core_tags = insert_core_tags
-        self.representation = representation
+        self.source = SMolInstructSource(
+            path=path, hub_id=hub_id, revision=revision, tasks=tasks, splits=splits, sample_group=sample_group,
+            insert_core_tags=insert_core_tags, representation=representation,
+            max_samples_per_task=max_samples_per_task, skip_bad_lines=skip_bad_lines,
+        )
         self.formatter = PromptFormatter(tokenizer, prompt_template, max_length, train_on_inputs)
         if micro_batch_size < 1 or effective_batch_size < 1:
             raise UserError(
@@ -85,10 +80,8 @@ class SMolInstructDataModule(L.LightningDataModule):
         self.micro_batch_size = micro_batch_size
         self.effective_batch_size = effective_batch_size
         self.eval_batch_size = eval_batch_size or micro_batch_size
-        self.max_samples_per_task = dict(max_samples_per_task or {})
         self.num_workers = num_workers
         self.seed = seed
-        self.skip_bad_lines = skip_bad_lines
         self.group_by_length = group_by_length
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.collate = PadCollator(pad)
@@ -97,6 +90,15 @@ class SMolInstructDataModule(L.LightningDataModule):
         self.datasets: dict[str, SMolInstructDataset] = {}
         self._train_loader: Optional[ResumableDataLoader] = None
         self._resume_position: Optional[dict] = None
+
+    @property
+    def path(self) -> Optional[str]:
+        """The local data folder; None until a Hub archive is fetched."""
+        return self.source.path
+
+    @property
+    def tasks(self) -> list[str]:
+        return self.source.task_names()
 
     def gradient_accumulation(self, world_size: int) -> int:
         """Micro-batches per optimizer step so that micro × accumulation × world = effective batch."""
@@ -109,52 +111,25 @@ class SMolInstructDataModule(L.LightningDataModule):
             )
         return self.effective_batch_size // per_step
 
-    def root(self):
-        if self.path:
-            return self.path
-        from llasmol.data.hub import fetch_smolinstruct
+    def split(self, name: str) -> SMolInstructSplit:
+        """The samples of split `name` (train, validation or test)."""
+        return self.source.split(name)
 
-        self.path = str(fetch_smolinstruct(self.hub_id, self.revision))
-        return self.path
-
-    def split(self, name: str) -> SMolInstructDataset:
-        """The dataset of split `name` (train, validation or test), built on first use."""
+    def dataset(self, name: str) -> SMolInstructDataset:
+        """The tokenized dataset of split `name`, built on first use."""
         if name not in self.datasets:
-            if name not in self.splits:
-                raise UserError(f"unknown split {name!r}: data.splits defines {sorted(self.splits)}")
-            table = SMolInstructSplit(
-                self.root(),
-                self.splits[name],
-                self.tasks,
-                sample_group=self.sample_group,
-                insert_core_tags=self.insert_core_tags,
-                representation=self.representation,
-                max_samples_per_task=self.max_samples_per_task.get(name),
-                skip_bad_lines=self.skip_bad_lines,
-            )
-            self.datasets[name] = SMolInstructDataset(table, self.formatter)
+            self.datasets[name] = SMolInstructDataset(self.split(name), self.formatter)
         return self.datasets[name]
 
-    def pooling_split(self, name: str) -> SMolInstructSplit:
-        """The samples whose golds pool for split `name`: its own, or for a subset (`test_subset`) its full
-        split, as the official scorer reads golds from the whole test split (compute_metrics.py
-        `read_result`), whichever samples were generated."""
-        folder = self.splits[name]
-        if raw_split(folder) == folder:
-            return self.split(name).split
-        return SMolInstructSplit(self.root(), raw_split(folder), self.tasks, sample_group=self.sample_group,
-                                 insert_core_tags=self.insert_core_tags, representation=self.representation,
-                                 skip_bad_lines=self.skip_bad_lines)
-
     def prepare_data(self) -> None:
-        self.root()  # a Hub download happens once, on the main process of each node
+        self.source.root()  # a Hub download happens once, on the main process of each node
 
     def setup(self, stage: Optional[str] = None) -> None:
         wanted = {"fit": ["train", "validation"], "validate": ["validation"], "test": ["test"]}.get(
             stage, ["train", "validation", "test"]
         )
         for name in wanted:
-            self.split(name)
+            self.dataset(name)
 
     def _rank_world(self) -> tuple[Optional[int], Optional[int]]:
         trainer = getattr(self, "trainer", None)
@@ -163,7 +138,7 @@ class SMolInstructDataModule(L.LightningDataModule):
         return trainer.global_rank, trainer.world_size
 
     def dataloader(self, name: str, shuffle: bool, batch_size: int, rank=None, world_size=None, collate=None) -> DataLoader:
-        data = self.split(name)
+        data = self.dataset(name)
         if rank is None:
             rank, world_size = self._rank_world()
         lengths = data.split.length_hints() if (shuffle and self.group_by_length) else None

@@ -33,9 +33,9 @@ class GenerationEvaluator(Callback):
         self._golds = None  # GoldPool of the validation split, built once
 
     def _prepare(self, trainer) -> None:
-        data = trainer.datamodule.split("validation").split
-        self._subset = balanced_subset(data, self.samples_per_task, self.seed)
-        self._golds = split_golds(data)
+        source = trainer.datamodule.source
+        self._subset = balanced_subset(source.split("validation"), self.samples_per_task, self.seed)
+        self._golds = split_golds(source.pooling_split("validation"))
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
@@ -43,7 +43,7 @@ class GenerationEvaluator(Callback):
         if self._subset is None:
             self._prepare(trainer)
         dm = trainer.datamodule
-        data = dm.split("validation").split
+        data = dm.split("validation")
         share = self._subset[trainer.global_rank :: trainer.world_size]
         generator = BeamGenerator(pl_module.model, dm.tokenizer, dm.formatter,
                                   self.generation["max_prompt_tokens"], self.generation["batch_size"])

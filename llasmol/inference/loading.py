@@ -71,7 +71,7 @@ def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
     from llasmol.core.config import CONFIG_DIR
 
     names = [f.stem for f in sorted((CONFIG_DIR / "model").glob("*.yaml"))
-             if OmegaConf.load(f).get("model", {}).get("hf_id") == base]
+             if OmegaConf.load(f).get("hf_id") == base]
     fix = f"model={names[0]}" if names else f"model.hf_id={base} with a model config of its architecture"
     raise UserError(
         f"adapter {adapter} was trained on {base}, but model={model_cfg.get('name')} is "
@@ -91,6 +91,18 @@ def _best_adapter(run_dir: Path) -> Path:
         if (candidate / "adapter_config.json").is_file():
             return candidate
     raise UserError(f"run directory {run_dir} has no adapter checkpoint yet (looked for {candidates[-1]})")
+
+
+def pick_device(name: str):
+    """`device=auto`: the GPU when there is one, else the CPU; any other value as given (cuda:1, cpu)."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise UserError(f"device={name} is not a device: use auto, cpu, cuda or cuda:<n>") from None
 
 
 def load_model(model_cfg: DictConfig, adapter: Optional[str], quant_cfg: Optional[DictConfig] = None):

@@ -1,0 +1,88 @@
+"""The package's layout holds: layers point one way, inference never needs Lightning, the README lists every
+module. Imports are read from the source (module level and inside functions alike)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "llasmol"
+
+# Lower layers never import higher ones; folders of one layer do not import each other.
+LAYERS = {"core": 0, "data": 1, "model": 1, "metrics": 1, "inference": 2, "training": 3, "analysis": 3, "": 4}
+LIGHTNING_ALLOWED = {"training", "", "data/datamodule.py"}  # the LightningDataModule is data's one Lightning module
+
+
+def modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "bundled" not in p.parts)
+
+
+def folder(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else ""
+
+
+def imported(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def target_folder(name: str) -> str | None:
+    """The llasmol folder an imported name lives in ("" for the commands), None outside llasmol."""
+    parts = name.split(".")
+    if parts[0] != "llasmol" or len(parts) == 1:
+        return None
+    if (PACKAGE / parts[1]).is_dir():
+        return parts[1]
+    return "" if (PACKAGE / f"{parts[1]}.py").is_file() else None
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_point_down_the_layers(path):
+    here = folder(path)
+    for name in imported(path):
+        there = target_folder(name)
+        if there is None or there == here:
+            continue
+        assert LAYERS[there] < LAYERS[here], f"{path.relative_to(ROOT)} imports {name} ({there} is not below {here or 'the commands'})"
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_training_and_the_datamodule_use_lightning(path):
+    rel = str(path.relative_to(PACKAGE))
+    if folder(path) in LIGHTNING_ALLOWED or rel in LIGHTNING_ALLOWED:
+        return
+    used = {n for n in imported(path) if n.split(".")[0] in ("lightning", "pytorch_lightning")}
+    assert not used, f"{rel} imports {sorted(used)}"
+
+
+def test_the_commands_sit_on_top_and_little_else():
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    assert top == ["evaluate", "generate", "params", "report", "train"]
+
+
+def test_no_two_modules_differ_by_a_suffix_only():
+    stems = sorted({p.stem for p in modules() if p.stem != "__init__"})
+    for a in stems:
+        for b in stems:
+            if a < b and b.startswith(a) and len(b) - len(a) <= 3:
+                pytest.fail(f"{a}.py and {b}.py differ by a suffix")
+
+
+def test_the_readme_layout_names_every_module():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout"): readme.index("## Troubleshooting")]
+    for path in modules():
+        if path.stem == "__init__":
+            continue
+        assert re.search(rf"\b{re.escape(path.name)}\b", layout), f"README's Layout does not name {path.relative_to(ROOT)}"
