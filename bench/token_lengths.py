@@ -28,6 +28,7 @@ BUNDLED = ROOT / "llasmol" / "data" / "bundled"
 
 
 def answer_length(tok, formatter: PromptFormatter, sample: dict) -> int:
+    """New tokens a model must generate for the gold response up to and including its answer's closing tag."""
     tag = get_task(sample["task"]).answer_tag
     response = sample["output"]
     if tag is not None:

@@ -17,13 +17,14 @@ import pytest
 from conftest import compose_config
 from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter
 from llasmol.data.smolinstruct import SMolInstructSplit
-from llasmol.core.tasks import TASK_NAMES, get_task
+from llasmol.core.tasks import TASK_NAMES
 from llasmol.inference.beam_search import task_settings
 from llasmol.model.base import ARCH_DIR, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from _common import mistral_tokenizer_folder  # noqa: E402
+from token_lengths import answer_length  # noqa: E402  (the benchmark's count, tested here)
 
 BUNDLED = ROOT / "llasmol" / "data" / "bundled"
 BUNDLED_TASKS = sorted(p.stem for p in (BUNDLED / "core_tag").glob("*.json"))
@@ -100,19 +101,6 @@ def test_truncation_and_prompt_masking_keep_the_official_semantics(mistral, quan
     assert cutoff in lengths and any(n > cutoff for n in lengths)
 
 
-def answer_tokens(tok, formatter: PromptFormatter, sample: dict) -> int:
-    """New tokens a model must generate for the gold response up to and including its closing tag."""
-    tag = get_task(sample["task"]).answer_tag
-    response = sample["output"]
-    if tag is not None:
-        response = response[: response.index(f"</{tag}>") + len(f"</{tag}>")]
-    prompt = formatter.prompt_ids(sample["input"])
-    whole = tok(formatter.bos_text + formatter.prompt(sample["input"]) + " " + response,
-                add_special_tokens=False)["input_ids"]
-    assert whole[: len(prompt)] == prompt
-    return len(whole) - len(prompt)
-
-
 def test_every_gold_answer_fits_its_tasks_generation_budget(mistral):
     """With the paper's budgets every gold answer completes; at the 20 tokens of the official config.py
     (never applied there) almost no formula answer would reach its closing tag."""
@@ -121,7 +109,7 @@ def test_every_gold_answer_fits_its_tasks_generation_budget(mistral):
     longest: dict[str, int] = {}
     for split in ("train", "dev", "test"):
         for sample in samples(split):
-            n = answer_tokens(mistral, formatter, sample)
+            n = answer_length(mistral, formatter, sample)
             longest[sample["task"]] = max(longest.get(sample["task"], 0), n)
     for task, n in longest.items():
         assert n <= task_settings(gen, task).max_new_tokens, (task, n)
