@@ -58,3 +58,7 @@ def write_torch(path: str | os.PathLike, obj) -> None:
 
 def write_text(path: str | os.PathLike, text: str) -> None:
     _atomic_write(Path(path), lambda fh: fh.write(text))
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    _atomic_write(Path(path), lambda fh: fh.write(data), binary=True)

@@ -107,15 +107,33 @@ def pick_device(name: str):
 
 def load_model(model_cfg: DictConfig, adapter: Optional[str], quant_cfg: Optional[DictConfig] = None):
     """(model in eval mode, tokenizer): the base (quantised by `quant_cfg`) with the adapter loaded on top."""
+    from llasmol.model.adapters import load_adapter
     from llasmol.model.base import load_base_model, load_tokenizer
 
     tokenizer = load_tokenizer(model_cfg)
     model = load_base_model(model_cfg, tokenizer, quant_cfg)
     if adapter:
-        from peft import PeftModel
-
-        try:
-            model = PeftModel.from_pretrained(model, adapter)
-        except (OSError, ValueError) as err:
-            raise UserError(f"cannot load the adapter {adapter} ({type(err).__name__}): check ckpt=") from None
+        folder = Path(adapter) if Path(adapter).is_dir() else _fetch_adapter(adapter, model_cfg)
+        model = load_adapter(model, folder)
     return model.eval(), tokenizer
+
+
+def _fetch_adapter(repo_id: str, model_cfg: DictConfig) -> Path:
+    """A Hub adapter's files, fetched into the Hugging Face cache (or found there offline): its config and
+    weights only, so that its pickle, if it has one, is read by our weights-only reader, not by PEFT."""
+    from huggingface_hub import snapshot_download
+
+    from llasmol.core.offline import cached_on_disk, hub_unreachable
+
+    reason = hub_unreachable()
+    if reason is not None and not cached_on_disk(repo_id, "adapter_config.json"):
+        raise UserError(f"adapter {repo_id} is not available offline ({reason}): run `hf download {repo_id}` where "
+                        "the Hub is reachable, or give ckpt=<local adapter folder>")
+    try:
+        folder = Path(snapshot_download(repo_id, allow_patterns=["adapter_config.json", "adapter_model.*"],
+                                        local_files_only=reason is not None))
+    except Exception as err:  # unknown repo, gated, a failed download: the same for the user
+        raise UserError(f"cannot fetch adapter {repo_id} from the Hugging Face Hub ({type(err).__name__}): "
+                        "check ckpt=, or give a local adapter folder") from None
+    _check_adapter_base(folder, model_cfg)
+    return folder

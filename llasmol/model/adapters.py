@@ -1,4 +1,5 @@
-"""The adapter folder beside each Lightning checkpoint: its name, its atomic save and its fallback read.
+"""The adapter folder beside each Lightning checkpoint: its name, its atomic save, its fallback read, and
+reading adapter weights safely (safetensors, or PEFT's old pickled `.bin` through a weights-only reader).
 
 Next to `X.ckpt` the adapter is written in PEFT's own format to `X.adapter/` (`adapter_config.json` and
 `adapter_model.safetensors`), loadable with `PeftModel.from_pretrained(base, "X.adapter")`. Training writes
@@ -8,9 +9,14 @@ neither needs the other, and nothing here needs Lightning.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from pathlib import Path
+
+from llasmol.core.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 def adapter_dir(ckpt_path: str | Path) -> Path:
@@ -46,3 +52,80 @@ def save_adapter_atomically(model, target: Path, state_dict: dict | None = None)
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- reading adapter weights
+
+WEIGHTS_SAFETENSORS = "adapter_model.safetensors"
+WEIGHTS_PICKLE = "adapter_model.bin"  # PEFT before 0.7 (Mol-Instructions' Molinst, early LlaSMol releases)
+
+
+def adapter_weights(folder: Path) -> tuple[dict, bool]:
+    """The adapter's tensors, and whether they came from PEFT's old pickled `adapter_model.bin`.
+
+    safetensors is read when present; otherwise the `.bin` goes through torch's weights-only unpickler, which
+    builds tensors and plain containers and refuses anything else, so nothing in the file can run code.
+    """
+    folder = Path(folder)
+    safetensors_file = folder / WEIGHTS_SAFETENSORS
+    if safetensors_file.is_file():
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(safetensors_file)), False
+        except Exception as err:  # truncated or not safetensors at all: the same for the user
+            raise UserError(f"{safetensors_file} is not a readable safetensors file ({type(err).__name__}): "
+                            "copy or save the adapter again") from None
+    pickle_file = folder / WEIGHTS_PICKLE
+    if pickle_file.is_file():
+        return read_pickled_weights(pickle_file), True
+    raise UserError(f"{folder} has adapter_config.json but no {WEIGHTS_SAFETENSORS} or {WEIGHTS_PICKLE}: "
+                    "copy the weights too")
+
+
+def read_pickled_weights(path: Path) -> dict:
+    """A `{name: tensor}` pickle read with torch's weights-only unpickler (never PEFT's or torch's default)."""
+    import torch
+
+    try:
+        weights = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as err:  # a crafted or broken pickle: refused before any of it could run
+        reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+        raise UserError(f"{path} is not a plain tensor file ({reason}); nothing in it was run: use an adapter "
+                        f"saved as {WEIGHTS_SAFETENSORS}, or one from a source you trust") from None
+    if not isinstance(weights, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()
+    ):
+        raise UserError(f"{path} holds a {type(weights).__name__}, not a name -> tensor mapping: it is not a PEFT adapter")
+    return dict(weights)
+
+
+def load_adapter(model, folder: Path):
+    """`model` with the adapter in `folder` loaded by PEFT, from safetensors only; the file's tensors must be
+    exactly the adapter's (PEFT itself only warns about missing keys, and would load a partial adapter)."""
+    from peft import PeftModel, get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    weights, pickled = adapter_weights(folder)
+    try:
+        if not pickled:
+            peft_model = PeftModel.from_pretrained(model, str(folder))
+        else:
+            log.warning("%s: read %s (PEFT's old pickle format) with a weights-only reader; "
+                        "`python -m llasmol.convert_adapter %s` writes a safetensors copy", folder, WEIGHTS_PICKLE, folder)
+            with tempfile.TemporaryDirectory() as tmp:
+                shutil.copy(folder / "adapter_config.json", Path(tmp) / "adapter_config.json")
+                save_file({k: v.contiguous() for k, v in weights.items()}, str(Path(tmp) / WEIGHTS_SAFETENSORS))
+                peft_model = PeftModel.from_pretrained(model, tmp)
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise UserError(f"cannot load the adapter {folder} ({type(err).__name__}: {str(err)[:160]}): check ckpt= "
+                        "and model=") from None
+    expected = set(get_peft_model_state_dict(peft_model))
+    missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or extra:
+        detail = "; ".join(part for part in (
+            f"{len(missing)} missing, e.g. {missing[0]}" if missing else "",
+            f"{len(extra)} not in the model, e.g. {extra[0]}" if extra else "") if part)
+        raise UserError(f"adapter {folder} does not fit model: {detail}: pass the model= and lora variant it was trained with")
+    return peft_model

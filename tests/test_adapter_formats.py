@@ -1,0 +1,148 @@
+"""Adapters in PEFT's older pickled `adapter_model.bin` load through a weights-only reader, a crafted pickle is
+refused without running, the conversion command writes safetensors, and adapter keys must fit the model."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import compose_config
+from llasmol.convert_adapter import convert
+from llasmol.core.errors import UserError
+from llasmol.inference.loading import load_model
+from llasmol.model.adapters import WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS
+from llasmol.model.base import load_base_model, load_tokenizer
+from llasmol.model.lora import apply_lora
+
+PROMPT = "[INST] What is the molecular formula of <SMILES> CCO </SMILES> ? [/INST]"
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return compose_config(["paths.output_dir=/tmp/unused"])
+
+
+@pytest.fixture(scope="module")
+def twins(cfg, tmp_path_factory):
+    """One trained-looking adapter of the tiny model, saved as safetensors and in the old `.bin` layout."""
+    root = tmp_path_factory.mktemp("adapters")
+    model = apply_lora(load_base_model(cfg.model, load_tokenizer(cfg.model)), cfg.model, cfg.lora)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, 0.05)  # lora_B starts at zero: give the adapter an effect
+    model.save_pretrained(str(root / "new"))
+    model.save_pretrained(str(root / "old"), safe_serialization=False)
+    assert (root / "old" / WEIGHTS_PICKLE).is_file() and not (root / "old" / WEIGHTS_SAFETENSORS).exists()
+    return root / "new", root / "old"
+
+
+def greedy_tokens(cfg, folder) -> list[int]:
+    model, tok = load_model(cfg.model, str(folder))
+    ids = tok(PROMPT, return_tensors="pt")["input_ids"]
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                         pad_token_id=tok.pad_token_id)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def test_an_old_bin_adapter_loads_and_generates_as_its_safetensors_twin(cfg, twins, caplog):
+    new, old = twins
+    want = greedy_tokens(cfg, new)
+    with caplog.at_level(logging.WARNING, logger="llasmol.model.adapters"):
+        got = greedy_tokens(cfg, old)
+    assert got == want
+    said = [r.getMessage() for r in caplog.records if WEIGHTS_PICKLE in r.getMessage()]
+    assert len(said) == 1 and "weights-only" in said[0] and "convert_adapter" in said[0]
+    base_only, tok = load_model(cfg.model, None)
+    ids = tok(PROMPT, return_tensors="pt")["input_ids"]
+    plain = base_only.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
+                               do_sample=False, pad_token_id=tok.pad_token_id)[0, ids.shape[1]:].tolist()
+    assert plain != want  # the adapter changed the output: the comparison above means something
+
+
+class MakesAFile:
+    """A pickle payload: unpickling it would create `path` (as a real attack would run a command)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("layout", ["torch.save", "plain pickle"])
+def test_a_crafted_pickle_is_refused_in_one_line_and_nothing_runs(cfg, twins, tmp_path, layout):
+    _, old = twins
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "adapter_config.json").write_text((old / "adapter_config.json").read_text())
+    marker = tmp_path / "pwned"
+    payload = {"base_model.model.x": MakesAFile(str(marker))}
+    if layout == "torch.save":
+        torch.save(payload, evil / WEIGHTS_PICKLE)
+    else:
+        (evil / WEIGHTS_PICKLE).write_bytes(pickle.dumps(payload))
+    with pytest.raises(UserError, match=rf"{WEIGHTS_PICKLE} is not a plain tensor file .*nothing in it was run"):
+        load_model(cfg.model, str(evil))
+    assert not marker.exists()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    proc = subprocess.run([sys.executable, "-m", "llasmol.generate", "What is <SMILES> CCO </SMILES> ?",
+                           f"ckpt={evil}"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and str(evil / WEIGHTS_PICKLE) in errors[0], proc.stderr[-800:]
+    assert "Traceback" not in proc.stderr and not marker.exists()
+
+
+def test_the_conversion_command_writes_safetensors_that_load_without_the_bin(cfg, twins, tmp_path):
+    new, old = twins
+    folder = tmp_path / "converted"
+    folder.mkdir()
+    for name in ("adapter_config.json", WEIGHTS_PICKLE):
+        (folder / name).write_bytes((old / name).read_bytes())
+    proc = subprocess.run([sys.executable, "-m", "llasmol.convert_adapter", str(folder)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and f"wrote {folder / WEIGHTS_SAFETENSORS}" in proc.stdout, proc.stderr[-800:]
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+    (folder / WEIGHTS_PICKLE).unlink()
+    assert load_file(str(folder / WEIGHTS_SAFETENSORS)).keys() == load_file(str(new / WEIGHTS_SAFETENSORS)).keys()
+    assert greedy_tokens(cfg, folder) == greedy_tokens(cfg, new)
+    with pytest.raises(UserError, match=f"has no {WEIGHTS_PICKLE} to convert .*has {WEIGHTS_SAFETENSORS} already"):
+        convert(folder)
+
+
+@pytest.mark.parametrize("change", ["missing", "extra"])
+def test_adapter_keys_must_fit_the_model_and_are_named(cfg, twins, tmp_path, change):
+    new, _ = twins
+    folder = tmp_path / change
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text((new / "adapter_config.json").read_text())
+    weights = load_file(str(new / WEIGHTS_SAFETENSORS))
+    name = sorted(weights)[0]
+    if change == "missing":
+        del weights[name]
+        needle = f"1 missing, e.g. {name}"
+    else:
+        weights["base_model.model.model.layers.0.self_attn.q_proj.lora_C.weight"] = torch.zeros(2, 2)
+        needle = "1 not in the model, e.g. base_model.model.model.layers.0.self_attn.q_proj.lora_C.weight"
+    save_file(weights, str(folder / WEIGHTS_SAFETENSORS))
+    with pytest.raises(UserError, match="does not fit model") as err:
+        load_model(cfg.model, str(folder))
+    assert needle in str(err.value)
+
+
+def test_a_hub_adapter_offline_and_not_cached_is_one_line(cfg, monkeypatch):
+    import llasmol.core.offline
+
+    monkeypatch.setattr(llasmol.core.offline, "hub_unreachable", lambda: "HF_HUB_OFFLINE is set")
+    with pytest.raises(UserError, match=r"adapter someone/old-lora is not available offline .*hf download someone/old-lora"):
+        load_model(cfg.model, "someone/old-lora")
