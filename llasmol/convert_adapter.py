@@ -20,11 +20,11 @@ def convert(folder: str | Path) -> Path:
     from safetensors.torch import save
 
     from llasmol.core.files import write_bytes
-    from llasmol.model.adapters import WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS, read_pickled_weights
+    from llasmol.model.adapters import ADAPTER_CONFIG, WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS, read_pickled_weights
 
     folder = Path(folder)
-    if not (folder / "adapter_config.json").is_file():
-        raise UserError(f"{folder} is not an adapter folder (no adapter_config.json): give the folder of the adapter")
+    if not (folder / ADAPTER_CONFIG).is_file():
+        raise UserError(f"{folder} is not an adapter folder (no {ADAPTER_CONFIG}): give the folder of the adapter")
     if not (folder / WEIGHTS_PICKLE).is_file():
         raise UserError(f"{folder} has no {WEIGHTS_PICKLE} to convert"
                         + (f" (it has {WEIGHTS_SAFETENSORS} already)" if (folder / WEIGHTS_SAFETENSORS).is_file() else ""))

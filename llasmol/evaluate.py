@@ -44,6 +44,7 @@ def score_file(cfg: DictConfig) -> tuple[dict, Path]:
 
 
 def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
+    from llasmol.core import run_dir
     from llasmol.core.files import write_json, write_jsonl
     from llasmol.data.formatting import PromptFormatter
     from llasmol.data.source import SMolInstructSource
@@ -54,17 +55,16 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
 
     model_cfg, adapter, run_data = resolve_checkpoint(cfg.ckpt, cfg)
     # A run directory brings the data it was trained on; this command's split and sample cap apply.
-    data_cfg = OmegaConf.to_container(run_data if run_data is not None else cfg.data, resolve=True)
-    cap = cfg.data.get("max_samples_per_task")
-    if run_data is None or cap is not None:
-        data_cfg["max_samples_per_task"] = OmegaConf.to_container(cap) if isinstance(cap, DictConfig) else cap
     split_name = cfg.data.split
-    source = SMolInstructSource.from_config(data_cfg)
+    source = SMolInstructSource.from_config(
+        OmegaConf.to_container(run_data if run_data is not None else cfg.data, resolve=True),
+        max_samples_per_task=OmegaConf.to_container(cfg.data, resolve=True).get("max_samples_per_task"),
+    )
     split = source.split(split_name)
     model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"))
     device = pick_device(cfg.device)
     model.to(device)
-    formatter = PromptFormatter(tokenizer, model_cfg.prompt_template, data_cfg.get("max_length", 512))
+    formatter = PromptFormatter(tokenizer, model_cfg.prompt_template)
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, cfg.generation.batch_size)
     indices = balanced_subset(split, None, cfg.seed)
     golds = split_golds(source.pooling_split(split_name))
@@ -72,8 +72,8 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
         records = generate_records(generator, split, indices, golds, cfg.generation, advance)
     results = score(records, list(split.tasks), device)
     out_dir = Path(cfg.paths.output_dir)
-    write_jsonl(out_dir / "predictions" / f"{split_name}.jsonl", records)
-    out = Path(cfg.output) if cfg.output else out_dir / "metrics" / f"{split_name}.json"
+    write_jsonl(out_dir / run_dir.PREDICTIONS / f"{split_name}.jsonl", records)
+    out = Path(cfg.output) if cfg.output else out_dir / run_dir.METRICS / f"{split_name}.json"
     write_json(out, results)
     return results, out
 

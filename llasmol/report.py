@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 from llasmol import analysis
 from llasmol.core.errors import UserError, report_user_errors
-from llasmol.core.tasks import tasks_of_family
+from llasmol.core.tasks import get_task
 
 
 def _write(path: Path, text: str, written: list[Path]) -> None:
@@ -60,7 +60,7 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[P
     worst_by_task = analysis.worst_examples(val, n=worst)
     _write(out / "worst.md", analysis.worst_table(worst_by_task).to_markdown(), written)
     for task, examples in worst_by_task.items():
-        if task in tasks_of_family("smiles") and analysis.draw_examples(examples, out / f"worst_{task}.png") is not None:
+        if get_task(task).answer_tag == "SMILES" and analysis.draw_examples(examples, out / f"worst_{task}.png") is not None:
             written.append(out / f"worst_{task}.png")
     return written
 

@@ -12,6 +12,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from llasmol.core import run_dir
 from llasmol.core.config import CONFIG_DIR
 from llasmol.core.errors import report_user_errors
 from llasmol.core.files import write_json
@@ -50,7 +51,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     from llasmol.training.checkpointing import AtomicCheckpointIO
     from llasmol.training.distributed import check_trainer
     from llasmol.training.module import LoRACausalLM
-    from llasmol.training.resume import Resume, StepSeeding
+    from llasmol.training.resume import Resume, StepSeeding, StopAtStepBoundary
     from llasmol.training.tracking import check_loggers
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -77,13 +78,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "%s + LoRA %s: %s trainable of %s parameters (%.2f%%)",
         params["model"], params["lora"], f"{params['trainable']:,}", f"{params['total']:,}", params["percent"],
     )
-    write_json(out / "params.json", params)
+    write_json(out / run_dir.PARAMS, params)
     module = LoRACausalLM(
         model,
         optimizer=hydra.utils.instantiate(cfg.optimizer),
         scheduler=hydra.utils.instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
     )
-    callbacks = [*_instantiate_all(cfg.get("callbacks")), StepSeeding(cfg.seed)]
+    callbacks = [*_instantiate_all(cfg.get("callbacks")), StepSeeding(cfg.seed), StopAtStepBoundary()]
     if not cfg.trainer.get("enable_progress_bar", True):
         from lightning.pytorch.callbacks import ProgressBar
 
@@ -129,7 +130,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "resumed_from": resume.checkpoint,
     }
     if trainer.is_global_zero:
-        write_json(out / "result.json", result)
+        write_json(out / run_dir.RESULT, result)
     _finish_loggers(trainer)
     return result
 

@@ -71,12 +71,25 @@ def test_the_commands_sit_on_top_and_little_else():
     assert top == ["convert_adapter", "evaluate", "generate", "params", "report", "train"]
 
 
+def _root(stem: str) -> str:
+    """A module name without the endings that make look-alikes (evaluate/evaluation, resume/resumable)."""
+    for ending in ("ion", "ing", "able", "s", "e"):
+        if stem.endswith(ending) and len(stem) - len(ending) >= 4:
+            return stem[: -len(ending)]
+    return stem
+
+
 def test_no_two_modules_differ_by_a_suffix_only():
     stems = sorted({p.stem for p in modules() if p.stem != "__init__"})
     for a in stems:
         for b in stems:
-            if a < b and b.startswith(a) and len(b) - len(a) <= 3:
-                pytest.fail(f"{a}.py and {b}.py differ by a suffix")
+            assert a >= b or _root(a) != _root(b), f"{a}.py and {b}.py differ by a suffix only"
+
+
+def test_the_look_alike_check_sees_look_alikes():
+    for a, b in [("evaluate", "evaluation"), ("generate", "generation"), ("resume", "resumable"),
+                 ("checkpoints", "checkpointing"), ("metric", "metrics")]:
+        assert _root(a) == _root(b), (a, b)
 
 
 def test_the_readme_layout_names_every_module():
@@ -86,3 +99,22 @@ def test_the_readme_layout_names_every_module():
         if path.stem == "__init__":
             continue
         assert re.search(rf"\b{re.escape(path.name)}\b", layout), f"README's Layout does not name {path.relative_to(ROOT)}"
+
+
+def test_a_plain_install_carries_the_configs_and_data(tmp_path):
+    """`pip install .` (not editable) must find the configs, the bundled data, the architecture facts and the
+    tiny tokenizer inside the package: every such file of the tree is in the wheel."""
+    import subprocess
+    import sys
+    import zipfile
+
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", str(ROOT), "--no-deps", "-w", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (wheel,) = tmp_path.glob("llasmol-*.whl")
+    inside = set(zipfile.ZipFile(wheel).namelist())
+    needed = [p for sub in ("conf", "data/bundled", "model/arch", "model/tiny_tokenizer")
+              for p in (PACKAGE / sub).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert len(needed) > 100
+    missing = [str(p.relative_to(ROOT)) for p in needed if str(p.relative_to(ROOT)) not in inside]
+    assert not missing, missing[:5]

@@ -447,3 +447,17 @@ def test_finalize_with_no_samples_is_zero_not_an_error():
     for task in STATS:
         metrics = finalize(task, {})
         assert metrics["num_samples"] == 0
+
+
+def test_each_family_declares_what_it_reports_and_what_kind_it_is():
+    """Tables, charts and W&B summaries read a family's names, counts and directions from its object."""
+    from llasmol.metrics.families import COMMON_STATS, FAMILIES
+
+    for fam in FAMILIES.values():
+        stats = dict.fromkeys(COMMON_STATS + fam.stats, 1.0)
+        if fam.name == "smiles":
+            stats["num_no_answer"] = 0.0
+        reported = set(fam.metrics(stats))
+        assert reported <= set(fam.metric_names), (fam.name, reported - set(fam.metric_names))
+        assert fam.counts <= set(fam.metric_names) and fam.lower_is_better <= set(fam.metric_names)
+    assert FAMILIES["number"].score_lower_is_better and not FAMILIES["smiles"].score_lower_is_better

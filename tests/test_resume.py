@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llasmol.data.resumable import ResumableDataLoader
+from llasmol.data.resumable_loader import ResumableDataLoader
 from llasmol.data.sampler import ShardedShuffleSampler
 from llasmol.core.errors import UserError
 from llasmol.training.resume import resolve_resume
@@ -148,12 +148,22 @@ def _assert_same_training(combined: dict[int, list[dict]], expected: dict[int, l
         assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in records], rel=1e-5)
 
 
-def test_a_run_killed_mid_epoch_resumes_exactly(tmp_path, cfg_factory):
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The uninterrupted run every interrupted one is compared with, step by step."""
+    from conftest import compose_config
     from llasmol.train import train
 
-    reference = train(cfg_factory(*RUN, f"paths.output_dir={tmp_path / 'reference'}",
-                                  f"+callbacks.recorder.path={tmp_path / 'reference.jsonl'}"))
-    assert reference["global_step"] == 24
+    root = tmp_path_factory.mktemp("reference")
+    result = train(compose_config([*RUN, f"paths.output_dir={root / 'run'}",
+                                   f"+callbacks.recorder.path={root / 'reference.jsonl'}"]))
+    assert result["global_step"] == 24
+    (root / "result.json").write_text(json.dumps(result))
+    return root
+
+
+def test_a_run_killed_mid_epoch_resumes_exactly(tmp_path, cfg_factory, reference):
+    from llasmol.train import train
 
     run, killed_log = tmp_path / "run", tmp_path / "killed.jsonl"
     # Killed (no chance to clean up) in the first epoch, some micro-batches after a resume checkpoint.
@@ -162,16 +172,56 @@ def test_a_run_killed_mid_epoch_resumes_exactly(tmp_path, cfg_factory):
     saved_step = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
     assert 3 <= saved_step < 12 and saved_step % 3 == 0
     assert killed[-1]["step"] > saved_step  # work after the checkpoint was lost and must be redone
+    assert not (run / "checkpoints" / "interrupted.ckpt").exists()  # a kill leaves no chance to write one
 
     # Restart in place: `ckpt_path=last` finds the run's own last.ckpt.
     resumed_log = tmp_path / "resumed.jsonl"
     resumed = train(cfg_factory(*RUN, f"paths.output_dir={run}", "ckpt_path=last",
                                 f"+callbacks.recorder.path={resumed_log}"))
     assert resumed["resumed_from"] == str(run / "checkpoints" / "last.ckpt")
-    assert resumed["global_step"] == reference["global_step"]
+    expected = json.loads((reference / "result.json").read_text())
+    assert resumed["global_step"] == expected["global_step"]
     combined = [r for r in killed if r["step"] < saved_step] + _records(resumed_log)
-    _assert_same_training({0: combined}, {0: _records(tmp_path / "reference.jsonl")}, per_epoch=96)
-    assert resumed["metrics"]["val/loss"] == pytest.approx(reference["metrics"]["val/loss"], rel=1e-5)
+    _assert_same_training({0: combined}, {0: _records(reference / "reference.jsonl")}, per_epoch=96)
+    assert resumed["metrics"]["val/loss"] == pytest.approx(expected["metrics"]["val/loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 1), (signal.SIGTERM, 143)])
+def test_a_run_stopped_by_ctrl_c_or_sigterm_resumes_exactly_from_interrupted_ckpt(
+        tmp_path, cfg_factory, reference, sig, code):
+    """The stop waits for the end of the optimizer step in progress, so interrupted.ckpt continues every loss
+    and learning rate of the uninterrupted run (stopped mid-accumulation, the schedule fell a step behind)."""
+    from llasmol.train import train
+
+    run, stopped_log = tmp_path / "run", tmp_path / "stopped.jsonl"
+    proc = _start(run, [*RUN, f"+callbacks.recorder.path={stopped_log}"], tmp_path)
+    deadline = time.time() + 240
+    rank0 = Path(f"{stopped_log}.0")
+    while time.time() < deadline and proc.poll() is None and not (
+            rank0.is_file() and len(rank0.read_text().splitlines()) >= 7):
+        time.sleep(0.02)
+    proc.send_signal(sig)  # odd micro-batch count: most likely mid-step (accumulation 2)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == code, err[-2000:]
+    ckpt = run / "checkpoints" / "interrupted.ckpt"
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    saved_step = state["global_step"]
+    stopped = _records(stopped_log)
+    assert 1 <= saved_step < 12
+    assert [r["step"] for r in stopped][-1] == saved_step - 1  # nothing after the checkpoint to redo
+    said = (run / "train.log").read_text()
+    assert "stopping at the end of this optimizer step" in said
+    assert f"hydra.run.dir={run} ckpt_path=last" in said  # how to continue, with the run's own overrides
+    assert "+callbacks.recorder.path=" in said
+
+    resumed_log = tmp_path / "resumed.jsonl"
+    resumed = train(cfg_factory(*RUN, f"paths.output_dir={run}", "ckpt_path=last",
+                                f"+callbacks.recorder.path={resumed_log}"))
+    assert resumed["resumed_from"] == str(ckpt)  # the newest checkpoint
+    _assert_same_training({0: stopped + _records(resumed_log)}, {0: _records(reference / "reference.jsonl")},
+                          per_epoch=96)
+    expected = json.loads((reference / "result.json").read_text())
+    assert resumed["metrics"]["val/loss"] == pytest.approx(expected["metrics"]["val/loss"], rel=1e-5)
 
 
 def test_a_two_process_ddp_run_killed_mid_epoch_resumes_exactly(tmp_path):

@@ -15,6 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from llasmol.analysis.tables import FAILURE_CATEGORIES, Table
+from llasmol.metrics.families import COUNTS, LOWER_IS_BETTER
 
 PathLike = Union[str, Path]
 
@@ -116,7 +117,7 @@ def plot_trends(trends: Table, path: Optional[PathLike] = None) -> Figure:
     fraction) on its own axis."""
     steps = trends.column("step") if "step" in trends.columns else []
     series = [c for c in trends.columns if c not in ("epoch", "step")]
-    lower = [c for c in series if c.endswith("/rmse")]
+    lower = [c for c in series if c.rsplit("/", 1)[-1] in LOWER_IS_BETTER and c.rsplit("/", 1)[-1] not in COUNTS]
     fractions = [c for c in series if c not in lower]
     fig = _figure(9 if lower else 6.5, 4)
     axes = fig.subplots(1, 2) if lower else [fig.add_subplot()]

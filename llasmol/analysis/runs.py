@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Union
 
+from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
 from llasmol.inference.predictions import read_predictions
 
@@ -110,7 +111,7 @@ class Run:
 
     def csv_log(self) -> list[dict[str, Optional[float]]]:
         """Rows of ``csv/metrics.csv`` with numbers as floats and empty cells as None."""
-        return read_csv_log(self.path / "csv" / "metrics.csv")
+        return read_csv_log(self.path / layout.CSV_LOG)
 
 
 def _name_part(name: str, index: int) -> Optional[str]:
@@ -143,7 +144,7 @@ def read_csv_log(path: PathLike) -> list[dict[str, Optional[float]]]:
 
 def _load_validations(path: Path) -> list[Validation]:
     out = []
-    metrics_dir = path / "metrics"
+    metrics_dir = path / layout.METRICS
     if not metrics_dir.is_dir():
         return out
     for file in metrics_dir.glob("val-epoch*-step*.json"):
@@ -158,7 +159,7 @@ def _load_validations(path: Path) -> list[Validation]:
             for task, values in data.items()
             if isinstance(values, dict)
         }
-        predictions = path / "predictions" / f"{file.stem}.jsonl"
+        predictions = path / layout.PREDICTIONS / f"{file.stem}.jsonl"
         out.append(
             Validation(
                 epoch=int(match.group(1)),
@@ -176,7 +177,7 @@ def is_run_dir(path: PathLike) -> bool:
     """Whether `path` looks like a training run directory."""
     path = Path(path)
     return path.is_dir() and any(
-        (path / name).exists() for name in ("params.json", "metrics", "predictions", "result.json", "csv/metrics.csv")
+        (path / name).exists() for name in (layout.PARAMS, layout.METRICS, layout.PREDICTIONS, layout.RESULT, layout.CSV_LOG)
     )
 
 
@@ -204,7 +205,7 @@ def load_run(path: PathLike, require_validation: bool = False) -> Run:
         raise UserError(
             f"{path} is not a run directory (no params.json, metrics/, predictions/ or csv/metrics.csv)"
         )
-    params_file = path / "params.json"
+    params_file = path / layout.PARAMS
     params = _read_json(params_file) if params_file.is_file() else {}
     if not isinstance(params, dict):
         params = {}

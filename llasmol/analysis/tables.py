@@ -18,44 +18,13 @@ from typing import Iterable, Optional, Sequence, Union
 from llasmol.analysis.runs import Run, Validation
 from llasmol.core.tasks import TASKS, get_task
 from llasmol.metrics.extract import extract_answer
-from llasmol.metrics.families import CATEGORIES, COUNTS, TOPK
-from llasmol.metrics.scoring import as_list, judge, record_golds
+from llasmol.metrics.families import CATEGORIES, COUNTS, FAMILIES, METRIC_ORDER, TOPK
+from llasmol.metrics.scoring import as_list, is_skipped, judge, record_golds
 
 Cell = Union[str, int, float, None]
 
 # The metric the paper's main tables (Tables 2 and 3) report first for each task (the task table's).
 HEADLINE: dict[str, str] = {t.name: t.headline for t in TASKS}
-
-# Column order of the per-task table: scores first, then counts; unknown names go last.
-METRIC_ORDER: tuple[str, ...] = (
-    "exact_match",
-    *(f"top{k}_exact_match" for k in TOPK),
-    "validity",
-    "fts",
-    "fts_maccs",
-    "fts_rdk",
-    "rmse",
-    "accuracy",
-    "f1",
-    "mcc",
-    "meteor",
-    "bleu2",
-    "bleu4",
-    "rouge1",
-    "rouge2",
-    "rougeL",
-    "num_samples",
-    "num_no_answer",
-    "num_skipped",
-    "num_scored",
-    "num_valid",
-    "num_invalid",
-    "tp",
-    "fp",
-    "tn",
-    "fn",
-    "tokenizer_scibert",
-)
 
 FAILURE_CATEGORIES: tuple[str, ...] = CATEGORIES
 """Per-sample outcome of the top-1 answer (`llasmol.metrics.families.CATEGORIES`):
@@ -206,7 +175,7 @@ def judged_samples(source: Union[Run, Validation], validation=None) -> list[dict
     for record, golds in zip(records, record_golds(records)):
         task = record["task"]
         predictions = as_list(record.get("predictions"))
-        if record.get("skipped") or record.get("predictions") is None:
+        if is_skipped(record):
             category, score = "skipped", None
         else:
             category, score = judge_sample(task, predictions, golds)
@@ -252,7 +221,7 @@ def _badness(sample: dict) -> tuple:
     rank = _CATEGORY_RANK[sample["category"]]
     if score is None:
         return (rank, 0.0)
-    if get_task(sample["task"]).family == "number":  # absolute error: larger is worse
+    if FAMILIES[get_task(sample["task"]).family].score_lower_is_better:  # an error: larger is worse
         return (rank, -score)
     return (rank, score)  # similarity / METEOR: smaller is worse
 

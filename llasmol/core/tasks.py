@@ -1,7 +1,6 @@
 """The 14 SMolInstruct tasks and what each one is: one row per task, the only place these facts live.
 
-A task's row says its name (as in the official archive), the paper's abbreviation (Table 1), its metric
-family (`llasmol.metrics.families`), the tag its answer sits in, whether golds are pooled over samples
+A task's row says its name (as in the official archive), its metric family (`llasmol.metrics.families`), the tag its answer sits in, whether golds are pooled over samples
 that share an input, and the metric the paper's main tables report first. Adding a task is one row here,
 plus its beam settings in `conf/generation/paper.yaml`.
 
@@ -22,7 +21,6 @@ from llasmol.core.errors import UserError
 @dataclass(frozen=True)
 class Task:
     name: str
-    abbrev: str
     family: str  # smiles | formula | iupac | number | boolean | caption
     answer_tag: Optional[str]  # the response wraps its answer in <TAG> ... </TAG>; None: the whole response
     pooled: bool
@@ -30,20 +28,20 @@ class Task:
 
 
 TASKS: tuple[Task, ...] = (
-    Task("forward_synthesis", "FS", "smiles", "SMILES", True, "exact_match"),
-    Task("retrosynthesis", "RS", "smiles", "SMILES", True, "exact_match"),
-    Task("molecule_captioning", "MC", "caption", None, True, "meteor"),
-    Task("molecule_generation", "MG", "smiles", "SMILES", True, "exact_match"),
-    Task("name_conversion-i2f", "NC-I2F", "formula", "MOLFORMULA", True, "exact_match"),
-    Task("name_conversion-i2s", "NC-I2S", "smiles", "SMILES", True, "exact_match"),
-    Task("name_conversion-s2f", "NC-S2F", "formula", "MOLFORMULA", True, "exact_match"),
-    Task("name_conversion-s2i", "NC-S2I", "iupac", "IUPAC", True, "exact_match"),
-    Task("property_prediction-esol", "PP-ESOL", "number", "NUMBER", False, "rmse"),
-    Task("property_prediction-lipo", "PP-Lipo", "number", "NUMBER", False, "rmse"),
-    Task("property_prediction-bbbp", "PP-BBBP", "boolean", "BOOLEAN", False, "accuracy"),
-    Task("property_prediction-clintox", "PP-ClinTox", "boolean", "BOOLEAN", False, "accuracy"),
-    Task("property_prediction-hiv", "PP-HIV", "boolean", "BOOLEAN", False, "accuracy"),
-    Task("property_prediction-sider", "PP-SIDER", "boolean", "BOOLEAN", False, "accuracy"),
+    Task("forward_synthesis", "smiles", "SMILES", True, "exact_match"),
+    Task("retrosynthesis", "smiles", "SMILES", True, "exact_match"),
+    Task("molecule_captioning", "caption", None, True, "meteor"),
+    Task("molecule_generation", "smiles", "SMILES", True, "exact_match"),
+    Task("name_conversion-i2f", "formula", "MOLFORMULA", True, "exact_match"),
+    Task("name_conversion-i2s", "smiles", "SMILES", True, "exact_match"),
+    Task("name_conversion-s2f", "formula", "MOLFORMULA", True, "exact_match"),
+    Task("name_conversion-s2i", "iupac", "IUPAC", True, "exact_match"),
+    Task("property_prediction-esol", "number", "NUMBER", False, "rmse"),
+    Task("property_prediction-lipo", "number", "NUMBER", False, "rmse"),
+    Task("property_prediction-bbbp", "boolean", "BOOLEAN", False, "accuracy"),
+    Task("property_prediction-clintox", "boolean", "BOOLEAN", False, "accuracy"),
+    Task("property_prediction-hiv", "boolean", "BOOLEAN", False, "accuracy"),
+    Task("property_prediction-sider", "boolean", "BOOLEAN", False, "accuracy"),
 )
 
 TASK_NAMES: tuple[str, ...] = tuple(t.name for t in TASKS)
@@ -70,6 +68,3 @@ def check_tasks(names: Iterable[str], where: str = "data.tasks") -> list[str]:
         raise UserError(f"{where} lists a task twice: {names}")
     return names
 
-
-def tasks_of_family(family: str) -> tuple[str, ...]:
-    return tuple(t.name for t in TASKS if t.family == family)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
 from llasmol.data.collate import PackCollator, PadCollator
 from llasmol.data.formatting import PromptFormatter
-from llasmol.data.resumable import ResumableDataLoader
+from llasmol.data.resumable_loader import ResumableDataLoader
 from llasmol.data.sampler import ShardedShuffleSampler
 from llasmol.core.errors import UserError
 from llasmol.data.smolinstruct import SMolInstructSplit
@@ -43,34 +43,23 @@ class SMolInstructDataModule(L.LightningDataModule):
     def __init__(
         self,
         tokenizer,
-        path: Optional[str] = None,
-        hub_id: str = "osunlp/SMolInstruct",
-        revision: str = "main",
-        tasks: Optional[list[str]] = None,
-        splits: Optional[dict] = None,
-        sample_group: str = "instruction_tuning",
-        insert_core_tags: bool = True,
-        representation: str = "smiles",
         prompt_template: str = "[INST] {input} [/INST]",
         max_length: int = 512,
         train_on_inputs: bool = True,
         micro_batch_size: int = 4,
         effective_batch_size: int = 512,
         eval_batch_size: Optional[int] = None,
-        max_samples_per_task: Optional[dict] = None,
         num_workers: int = 0,
         seed: int = 13,
-        skip_bad_lines: bool = False,
         group_by_length: bool = True,
         packing: bool = False,
+        **source: Any,
     ) -> None:
+        """`source`: where the data is and how splits open (path, hub_id, revision, tasks, splits, ...:
+        the fields and defaults of `SMolInstructSource`)."""
         super().__init__()
         self.tokenizer = tokenizer
-        self.source = SMolInstructSource(
-            path=path, hub_id=hub_id, revision=revision, tasks=tasks, splits=splits, sample_group=sample_group,
-            insert_core_tags=insert_core_tags, representation=representation,
-            max_samples_per_task=max_samples_per_task, skip_bad_lines=skip_bad_lines,
-        )
+        self.source = SMolInstructSource(**source)
         self.formatter = PromptFormatter(tokenizer, prompt_template, max_length, train_on_inputs)
         if micro_batch_size < 1 or effective_batch_size < 1:
             raise UserError(

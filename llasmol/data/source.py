@@ -6,6 +6,7 @@ The part of a `data=` config that training (`SMolInstructDataModule`) and the co
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -15,6 +16,8 @@ from llasmol.core.tasks import TASK_NAMES, check_tasks
 from llasmol.data.smolinstruct import SMolInstructSplit, raw_split
 
 DEFAULT_SPLITS = {"train": "train", "validation": "dev", "test": "test"}
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,6 +66,10 @@ class SMolInstructSource:
             if not found:
                 raise UserError(f"{self.root()} holds no SMolInstruct task (no core_tag/<task>.json): "
                                 "is data.path the root of a SMolInstruct copy?")
+            missing = [t for t in TASK_NAMES if t not in found]
+            if missing:  # said, so that a copy that lost a task's files does not train on fewer unnoticed
+                log.warning("data: %d of %d tasks in %s (none of %s); data.tasks=[...] names them",
+                            len(found), len(TASK_NAMES), self.root(), ", ".join(missing))
             self.tasks = found
         return self.tasks
 

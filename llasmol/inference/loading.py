@@ -9,8 +9,9 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from llasmol.model.adapters import adapter_dir, readable_adapter
+from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
+from llasmol.model.adapters import ADAPTER_CONFIG, WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS, adapter_dir, readable_adapter
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")  # owner/name; never ./x or ../x
 DATAMODULE = "llasmol.data.datamodule.SMolInstructDataModule"
@@ -27,11 +28,11 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
     if ckpt is None:
         return cfg.model, None, None
     path = Path(ckpt)
-    if (path / ".hydra" / "config.yaml").is_file():
-        run_cfg = OmegaConf.load(path / ".hydra" / "config.yaml")
+    if (path / layout.HYDRA_CONFIG).is_file():
+        run_cfg = OmegaConf.load(path / layout.HYDRA_CONFIG)
         _check_run_data(path, run_cfg)
         return run_cfg.model, str(_best_adapter(path)), run_cfg.data
-    if (path / "adapter_config.json").is_file():
+    if (path / ADAPTER_CONFIG).is_file():
         _check_adapter_base(path, cfg.model)
         return cfg.model, str(path), None
     if path.exists() or not HUB_ID.match(str(ckpt)):
@@ -56,13 +57,13 @@ def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
     """A readable adapter folder, trained on this base: an adapter of one Hub base model must not be
     loaded onto another (PEFT would load matching shapes silently or fail deep inside)."""
     try:
-        config = json.loads((adapter / "adapter_config.json").read_text())
+        config = json.loads((adapter / ADAPTER_CONFIG).read_text())
     except (ValueError, UnicodeDecodeError) as err:
         raise UserError(f"{adapter}/adapter_config.json is not valid JSON ({err}): save the adapter again") from None
     if not isinstance(config, dict) or "peft_type" not in config:
         raise UserError(f"{adapter}/adapter_config.json is not a PEFT adapter config (no peft_type): save the adapter again")
-    if not any((adapter / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
-        raise UserError(f"{adapter} has adapter_config.json but no adapter_model.safetensors: copy the weights too")
+    if not any((adapter / name).is_file() for name in (WEIGHTS_SAFETENSORS, WEIGHTS_PICKLE)):
+        raise UserError(f"{adapter} has {ADAPTER_CONFIG} but no {WEIGHTS_SAFETENSORS}: copy the weights too")
     base = config.get("base_model_name_or_path")
     if not base or model_cfg.get("path") or Path(base).is_absolute() or base.startswith(".") or Path(base).exists():
         return  # trained from a local folder: nothing to compare against
@@ -80,15 +81,15 @@ def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
 
 
 def _best_adapter(run_dir: Path) -> Path:
-    result = run_dir / "result.json"
+    result = run_dir / layout.RESULT
     candidates = []
     if result.is_file():
         best = json.loads(result.read_text()).get("best_checkpoint")
         if best:
             candidates.append(adapter_dir(best))
-    candidates.append(run_dir / "checkpoints" / "last.adapter")
+    candidates.append(adapter_dir(run_dir / layout.CHECKPOINTS / layout.LAST_CKPT))
     for candidate in map(readable_adapter, candidates):
-        if (candidate / "adapter_config.json").is_file():
+        if (candidate / ADAPTER_CONFIG).is_file():
             return candidate
     raise UserError(f"run directory {run_dir} has no adapter checkpoint yet (looked for {candidates[-1]})")
 
@@ -126,11 +127,11 @@ def _fetch_adapter(repo_id: str, model_cfg: DictConfig) -> Path:
     from llasmol.core.offline import cached_on_disk, hub_unreachable
 
     reason = hub_unreachable()
-    if reason is not None and not cached_on_disk(repo_id, "adapter_config.json"):
+    if reason is not None and not cached_on_disk(repo_id, ADAPTER_CONFIG):
         raise UserError(f"adapter {repo_id} is not available offline ({reason}): run `hf download {repo_id}` where "
                         "the Hub is reachable, or give ckpt=<local adapter folder>")
     try:
-        folder = Path(snapshot_download(repo_id, allow_patterns=["adapter_config.json", "adapter_model.*"],
+        folder = Path(snapshot_download(repo_id, allow_patterns=[ADAPTER_CONFIG, WEIGHTS_SAFETENSORS, WEIGHTS_PICKLE],
                                         local_files_only=reason is not None))
     except Exception as err:  # unknown repo, gated, a failed download: the same for the user
         raise UserError(f"cannot fetch adapter {repo_id} from the Hugging Face Hub ({type(err).__name__}): "

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import get_task
+from llasmol.metrics.scoring import is_skipped
 
 REQUIRED = ("task", "input", "gold", "predictions")
 
@@ -52,7 +53,7 @@ def read_predictions(path: str | Path, allow_empty: bool = False) -> list[dict]:
                 )
             where = f"{path} line {lineno}"
             get_task(record["task"], where)
-            record["skipped"] = bool(record.get("skipped")) or record["predictions"] is None
+            record["skipped"] = is_skipped(record)
             record["gold"] = _texts(record["gold"], "gold", where)
             record["predictions"] = _texts(record["predictions"], "predictions", where, allow_none=True)
             records.append(record)

@@ -64,8 +64,10 @@ class Family:
 
     name: str = ""
     stats: tuple[str, ...] = ()  # additive per-sample statistics, after COMMON_STATS
+    metric_names: tuple[str, ...] = ()  # what `metrics` may report, in display order
     counts: frozenset[str] = frozenset()  # metrics that count samples (printed as integers)
     lower_is_better: frozenset[str] = frozenset()  # metrics where smaller is better
+    score_lower_is_better: bool = False  # how `judge`'s per-sample score reads (an error, or a similarity)
 
     def all_stats(self) -> tuple[str, ...]:
         return COMMON_STATS + self.stats
@@ -102,9 +104,13 @@ def _topk_metrics(stats: dict[str, float]) -> dict[str, float]:
 _TOPK_STATS = tuple(f"hit_top{k}" for k in TOPK) + tuple(f"has_top{k}" for k in TOPK)
 
 
+_TOPK_METRICS = ("exact_match",) + tuple(f"top{k}_exact_match" for k in TOPK)
+
+
 class SmilesFamily(Family):
     name = "smiles"
     stats = ("num_valid",) + _TOPK_STATS + ("fts_morgan_sum", "fts_maccs_sum", "fts_rdk_sum")
+    metric_names = _TOPK_METRICS + ("validity", "fts", "fts_maccs", "fts_rdk", "num_valid")
     counts = frozenset({"num_valid"})
 
     def fill(self, answers, golds, stats):
@@ -147,6 +153,7 @@ class SmilesFamily(Family):
 class FormulaFamily(Family):
     name = "formula"
     stats = ("num_invalid",) + _TOPK_STATS
+    metric_names = _TOPK_METRICS + ("num_invalid",)
     counts = frozenset({"num_invalid"})
     lower_is_better = frozenset({"num_invalid"})
 
@@ -176,6 +183,7 @@ def iupac_parts(text: Optional[str]) -> Optional[frozenset[str]]:
 class IupacFamily(Family):
     name = "iupac"
     stats = _TOPK_STATS
+    metric_names = _TOPK_METRICS
 
     def fill(self, answers, golds, stats):
         gold_keys = {iupac_parts(g) for g in golds} - {None}
@@ -201,8 +209,10 @@ def parse_number(text: Optional[str]) -> Optional[float]:
 class NumberFamily(Family):
     name = "number"
     stats = ("num_valid", "num_invalid", "sq_err_sum")
+    metric_names = ("rmse", "num_valid", "num_invalid")
     counts = frozenset({"num_valid", "num_invalid"})
     lower_is_better = frozenset({"rmse", "num_invalid"})
+    score_lower_is_better = True  # the absolute error
 
     def fill(self, answers, golds, stats):
         if not answers or answers[0] is None:
@@ -241,6 +251,7 @@ def parse_boolean(text: Optional[str]) -> Optional[str]:
 class BooleanFamily(Family):
     name = "boolean"
     stats = ("num_invalid", "tp", "fp", "tn", "fn")
+    metric_names = ("accuracy", "f1", "mcc", "num_invalid", "tp", "fp", "tn", "fn")
     counts = frozenset({"num_invalid", "tp", "fp", "tn", "fn"})
     lower_is_better = frozenset({"num_invalid"})
 
@@ -282,6 +293,7 @@ _BLEU_STATS = (
 class CaptionFamily(Family):
     name = "caption"
     stats = ("num_scored", "num_scibert", "meteor_sum", "rouge1_sum", "rouge2_sum", "rougeL_sum") + _BLEU_STATS
+    metric_names = ("meteor", "bleu2", "bleu4", "rouge1", "rouge2", "rougeL", "num_scored", "tokenizer_scibert")
     counts = frozenset({"num_scored"})
 
     def fill(self, answers, golds, stats):
@@ -310,4 +322,8 @@ FAMILIES: dict[str, Family] = {
 }
 
 COUNTS: frozenset[str] = COMMON_COUNTS.union(*(f.counts for f in FAMILIES.values()))
+# Every metric any family reports, for tables: scores first (family by family), then the counts.
+_ALL = [m for f in FAMILIES.values() for m in f.metric_names]
+METRIC_ORDER: tuple[str, ...] = tuple(dict.fromkeys(
+    [m for m in _ALL if m not in COUNTS] + list(COMMON_STATS) + [m for m in _ALL if m in COUNTS]))
 LOWER_IS_BETTER: frozenset[str] = COMMON_LOWER_IS_BETTER.union(*(f.lower_is_better for f in FAMILIES.values()))

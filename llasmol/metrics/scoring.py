@@ -52,6 +52,11 @@ def sample_stats(task: str, predictions, golds, skipped: bool = False) -> dict[s
     return stats
 
 
+def is_skipped(record: dict) -> bool:
+    """Whether a prediction record was not generated (its prompt was over the limit): said so, or no predictions."""
+    return bool(record.get("skipped")) or record.get("predictions") is None
+
+
 def add_stats(total: dict[str, float], stats: dict[str, float]) -> dict[str, float]:
     """Add `stats` into `total` in place and return it."""
     for key, value in stats.items():
@@ -124,7 +129,6 @@ def score_records(records: Iterable[dict]) -> dict[str, dict[str, float]]:
     records = list(records)
     totals: dict[str, dict[str, float]] = {}
     for record, golds in zip(records, record_golds(records)):
-        skipped = bool(record.get("skipped")) or record.get("predictions") is None
-        stats = sample_stats(record["task"], record.get("predictions"), golds, skipped)
+        stats = sample_stats(record["task"], record.get("predictions"), golds, is_skipped(record))
         add_stats(totals.setdefault(record["task"], {}), stats)
     return {task: finalize(task, total) for task, total in totals.items()}

@@ -18,6 +18,10 @@ from llasmol.core.errors import UserError
 
 log = logging.getLogger(__name__)
 
+ADAPTER_CONFIG = "adapter_config.json"
+WEIGHTS_SAFETENSORS = "adapter_model.safetensors"
+WEIGHTS_PICKLE = "adapter_model.bin"  # PEFT before 0.7 (Mol-Instructions' Molinst, early LlaSMol releases)
+
 
 def adapter_dir(ckpt_path: str | Path) -> Path:
     """The PEFT adapter folder that belongs to the Lightning checkpoint `ckpt_path`."""
@@ -32,7 +36,7 @@ def _previous(target: Path) -> Path:
 def readable_adapter(target: Path) -> Path:
     """`target`, or the adapter it replaces when a save stopped between its two renames (the `.ckpt`,
     written after the adapter, is then still the previous one too, so the two match)."""
-    if not target.exists() and (_previous(target) / "adapter_config.json").is_file():
+    if not target.exists() and (_previous(target) / ADAPTER_CONFIG).is_file():
         return _previous(target)
     return target
 
@@ -56,9 +60,6 @@ def save_adapter_atomically(model, target: Path, state_dict: dict | None = None)
 
 # --------------------------------------------------------------------------- reading adapter weights
 
-WEIGHTS_SAFETENSORS = "adapter_model.safetensors"
-WEIGHTS_PICKLE = "adapter_model.bin"  # PEFT before 0.7 (Mol-Instructions' Molinst, early LlaSMol releases)
-
 
 def adapter_weights(folder: Path) -> tuple[dict, bool]:
     """The adapter's tensors, and whether they came from PEFT's old pickled `adapter_model.bin`.
@@ -79,7 +80,7 @@ def adapter_weights(folder: Path) -> tuple[dict, bool]:
     pickle_file = folder / WEIGHTS_PICKLE
     if pickle_file.is_file():
         return read_pickled_weights(pickle_file), True
-    raise UserError(f"{folder} has adapter_config.json but no {WEIGHTS_SAFETENSORS} or {WEIGHTS_PICKLE}: "
+    raise UserError(f"{folder} has {ADAPTER_CONFIG} but no {WEIGHTS_SAFETENSORS} or {WEIGHTS_PICKLE}: "
                     "copy the weights too")
 
 
@@ -115,7 +116,7 @@ def load_adapter(model, folder: Path):
             log.warning("%s: read %s (PEFT's old pickle format) with a weights-only reader; "
                         "`python -m llasmol.convert_adapter %s` writes a safetensors copy", folder, WEIGHTS_PICKLE, folder)
             with tempfile.TemporaryDirectory() as tmp:
-                shutil.copy(folder / "adapter_config.json", Path(tmp) / "adapter_config.json")
+                shutil.copy(folder / ADAPTER_CONFIG, Path(tmp) / ADAPTER_CONFIG)
                 save_file({k: v.contiguous() for k, v in weights.items()}, str(Path(tmp) / WEIGHTS_SAFETENSORS))
                 peft_model = PeftModel.from_pretrained(model, tmp)
     except (OSError, ValueError, KeyError, RuntimeError) as err:

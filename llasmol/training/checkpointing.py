@@ -19,6 +19,7 @@ from pathlib import Path
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from llasmol.core.run_dir import INTERRUPTED_CKPT
 from llasmol.model.adapters import adapter_dir, save_adapter_atomically
 from llasmol.training.distributed import module_state_dict
 from llasmol.training.lightning_private import CheckpointWithHooks
@@ -67,9 +68,15 @@ class AdapterModelCheckpoint(CheckpointWithHooks):
             self.save_last_unless_saved(trainer)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        # Ctrl-C, or SIGTERM (a cluster preempting or cancelling the job; Lightning raises it after a batch).
-        if self.resume and isinstance(exception, (KeyboardInterrupt, SIGTERMException)) and self.dirpath:
-            path = str(Path(self.dirpath) / "interrupted.ckpt")
+        # Ctrl-C, or SIGTERM (a cluster preempting or cancelling the job), raised at the end of an optimizer
+        # step by `StopAtStepBoundary`: the state then resumes exactly. Stopped anywhere else, last.ckpt does.
+        if not (self.resume and getattr(exception, "at_step_boundary", False) and self.dirpath):
+            return
+        if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
+            path = str(Path(self.dirpath) / INTERRUPTED_CKPT)
             self.save_now(trainer, path)
             if trainer.is_global_zero:
-                log.warning("interrupted at step %d: resume with ckpt_path=%s", trainer.global_step, path)
+                from llasmol.training.resume import resume_command
+
+                log.warning("interrupted at step %d, saved %s; continue with:\n  %s", trainer.global_step, path,
+                            resume_command(Path(trainer.default_root_dir)))

@@ -1,6 +1,7 @@
 """Resuming a run, wired from one place: which checkpoint `ckpt_path=` means and its step, continuing the
-run's W&B run and CSV rows when it resumes in its own directory, and the random draws that make a resumed
-run train as the uninterrupted one would (`StepSeeding`).
+run's W&B run and CSV rows when it resumes in its own directory, the random draws that make a resumed run
+train as the uninterrupted one would (`StepSeeding`), and stopping on Ctrl-C or SIGTERM where a checkpoint
+resumes exactly (`StopAtStepBoundary`).
 
 The data position travels as the DataModule's state (`SMolInstructDataModule.state_dict`, restored by
 Lightning before the train loader is built); `train` only hands `Resume.checkpoint` to `trainer.fit`.
@@ -9,6 +10,9 @@ Lightning before the train loader is built); `train` only hands `Resume.checkpoi
 from __future__ import annotations
 
 import json
+import logging
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -16,25 +20,26 @@ from typing import Optional
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import open_dict
 
+from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
 
-WANDB_ID_FILE = "wandb_run_id"
 
-# Written by the resume checkpoint callback: every few steps and at the end, or on Ctrl-C.
-RESUME_NAMES = ("last.ckpt", "interrupted.ckpt")
+log = logging.getLogger(__name__)
+
 
 
 def newest_resume_checkpoint(run_dir: Path) -> Optional[Path]:
     """The most recently written resume checkpoint of a run directory, or None."""
-    found = [p for name in RESUME_NAMES if (p := run_dir / "checkpoints" / name).is_file()]
+    found = [p for name in layout.RESUME_CKPTS if (p := run_dir / layout.CHECKPOINTS / name).is_file()]
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
 
 def _same_variant(run_dir: Path, model: str, lora: str) -> bool:
     try:
-        params = json.loads((run_dir / "params.json").read_text())
+        params = json.loads((run_dir / layout.PARAMS).read_text())
     except (OSError, ValueError):
         return False
     return params.get("model") == model and params.get("lora") == lora
@@ -103,7 +108,7 @@ class Resume:
     def prepare_logger_config(self, logger_cfg) -> None:
         """Before the loggers exist: an in-place resume continues its W&B run (same id, ``resume="allow"``)
         rather than start a second one; resumed from elsewhere, a run gets a new id as a fresh one does."""
-        id_file = self.output_dir / WANDB_ID_FILE
+        id_file = self.output_dir / layout.WANDB_ID
         if not self.in_place or not id_file.is_file():
             return
         for node in (logger_cfg or {}).values():
@@ -125,7 +130,7 @@ class Resume:
                     logger.keep_until_step = step
         if trainer.is_global_zero:
             for logger in wandb_loggers(trainer):
-                write_text(self.output_dir / WANDB_ID_FILE, logger.experiment.id + "\n")
+                write_text(self.output_dir / layout.WANDB_ID, logger.experiment.id + "\n")
 
 
 class StepSeeding(Callback):
@@ -138,3 +143,78 @@ class StepSeeding(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         entropy = [self.seed, trainer.current_epoch, batch_idx, trainer.global_rank]
         torch.manual_seed(int(np.random.SeedSequence(entropy).generate_state(1)[0]))
+
+
+class StopAtStepBoundary(Callback):
+    """Ctrl-C or SIGTERM stops training at the end of the optimizer step in progress, where the state is
+    exactly what last.ckpt holds at that point: `interrupted.ckpt`, written then, resumes as if the run had
+    never stopped. (Stopping between the micro-batches of one step would lose the half-accumulated
+    gradient while the data position and loop counters had moved past it.) A second signal stops at once;
+    resuming then takes last.ckpt. Under DDP the ranks agree at each step whether any of them was asked
+    to stop, so they stop together.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self._requested = 0  # the signal number asked for, 0 for none
+        self._previous: dict = {}
+        self._step_at_start = -1
+
+    def _handle(self, signum, frame) -> None:
+        if self._requested:
+            self._restore()
+            raise KeyboardInterrupt if signum == signal.SIGINT else SIGTERMException()
+        self._requested = signum
+        log.warning("%s: stopping at the end of this optimizer step and saving checkpoints/interrupted.ckpt "
+                    "(press Ctrl-C again to stop at once, without it)", signal.Signals(signum).name)
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            self._previous = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
+            for sig in self.SIGNALS:
+                signal.signal(sig, self._handle)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self._step_at_start = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step == self._step_at_start:
+            return  # mid-accumulation: the optimizer has not stepped
+        requested = self._requested
+        if trainer.world_size > 1:  # the largest signal number asked on any rank (SIGTERM 15 over SIGINT 2)
+            flag = torch.tensor(float(requested), device=pl_module.device)
+            requested = int(trainer.strategy.reduce(flag, reduce_op="max"))
+        if requested:
+            self._restore()
+            stop = KeyboardInterrupt() if requested == signal.SIGINT else SIGTERMException()
+            stop.at_step_boundary = True  # the checkpoint callback saves interrupted.ckpt for these only
+            raise stop
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._restore()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._restore()
+
+
+def resume_command(output_dir: Path) -> str:
+    """The command that continues this run in its own directory, with the overrides it was started with."""
+    import shlex
+
+    overrides: list[str] = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            overrides = [o for o in HydraConfig.get().overrides.task
+                         if not o.startswith(("ckpt_path=", "hydra.run.dir=", "paths.output_dir="))]
+    except ValueError:
+        pass
+    return " ".join(["python -m llasmol.train", *map(shlex.quote, overrides),
+                     shlex.quote(f"hydra.run.dir={output_dir}"), "ckpt_path=last"])

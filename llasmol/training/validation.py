@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from llasmol.inference.records import balanced_subset, gather_to_all, generate_records, score, split_golds
 from llasmol.inference.beam_search import BeamGenerator
 from llasmol.core.files import write_json, write_jsonl
+from llasmol.core.run_dir import METRICS, PREDICTIONS, validation_name
 from llasmol.inference.progress import generation_progress
 from llasmol.training.lightning_private import live_progress
 
@@ -63,9 +64,9 @@ class GenerationEvaluator(Callback):
                 log_predictions_table(trainer, sorted(everything, key=lambda r: r["index"]))
                 update_best_summary(trainer, flat)
             out = Path(self.output_dir or trainer.default_root_dir)
-            stem = f"val-epoch{trainer.current_epoch}-step{trainer.global_step}"
-            write_jsonl(out / "predictions" / f"{stem}.jsonl", sorted(everything, key=lambda r: r["index"]))
-            write_json(out / "metrics" / f"{stem}.json", results)
+            stem = validation_name(trainer.current_epoch, trainer.global_step)
+            write_jsonl(out / PREDICTIONS / f"{stem}.jsonl", sorted(everything, key=lambda r: r["index"]))
+            write_json(out / METRICS / f"{stem}.json", results)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         # val/loss is aggregated only after the epoch-end hooks, so its best value is kept here.

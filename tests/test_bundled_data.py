@@ -27,7 +27,7 @@ RDLogger.DisableLog("rdApp.*")
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "llasmol" / "data" / "bundled"
-BUILDER = ROOT / "scripts" / "build_sample.py"
+BUILDER = ROOT / "scripts" / "build_bundled_data.py"
 
 SPLITS = ("train", "dev", "test")
 TASKS = (
@@ -295,7 +295,7 @@ def test_reaction_tasks_share_split_by_product() -> None:
 
 
 def load_builder():
-    spec = importlib.util.spec_from_file_location("build_sample", BUILDER)
+    spec = importlib.util.spec_from_file_location("build_bundled_data", BUILDER)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     # dataclasses look the module up in sys.modules while the class is built.
@@ -320,7 +320,7 @@ def test_rebuild_is_byte_identical(tmp_path: Path) -> None:
     builder = load_builder()
     wheel_dir = Path(
         os.environ.get(
-            "LLASMOL_SAMPLE_WHEEL_DIR", Path.home() / ".cache" / "llasmol-build-sample"
+            "LLASMOL_SAMPLE_WHEEL_DIR", Path.home() / ".cache" / "llasmol-build-bundled"
         )
     )
     try:

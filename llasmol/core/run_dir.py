@@ -1,0 +1,22 @@
+"""What a run directory holds, by name: training writes these, and evaluate, generate, resume and the
+analysis read them. (The checkpoint folder and the CSV logger's folder are also named in
+`conf/callbacks/default.yaml` and `conf/logger/csv.yaml`, where a user may move them.)"""
+
+from __future__ import annotations
+
+PARAMS = "params.json"  # trainable/total parameters, model and LoRA variant
+RESULT = "result.json"  # final metrics, best checkpoint, global step
+HYDRA_CONFIG = ".hydra/config.yaml"  # the resolved config of the run
+CHECKPOINTS = "checkpoints"
+LAST_CKPT = "last.ckpt"  # rewritten every few optimizer steps and at the end
+INTERRUPTED_CKPT = "interrupted.ckpt"  # written when Ctrl-C or SIGTERM stops the run at a step's end
+RESUME_CKPTS = (LAST_CKPT, INTERRUPTED_CKPT)
+PREDICTIONS = "predictions"  # <validation or split>.jsonl
+METRICS = "metrics"  # <validation or split>.json
+CSV_LOG = "csv/metrics.csv"
+WANDB_ID = "wandb_run_id"  # the run's W&B id, continued by an in-place resume
+
+
+def validation_name(epoch: int, step: int) -> str:
+    """The stem of a validation's predictions and metrics files."""
+    return f"val-epoch{epoch}-step{step}"
