@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from llasmol.core.config import CONFIG_DIR
 from llasmol.core.errors import UserError, report_user_errors
+from llasmol.core.quiet import quiet_known_noise
 
 def _cell(value: Any) -> str:
     if isinstance(value, float) and not value.is_integer():
@@ -80,6 +81,7 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
 
 def evaluate(cfg: DictConfig) -> dict:
     """Score `cfg.predictions`, or generate with `cfg.ckpt` on `cfg.data.split` and score that."""
+    quiet_known_noise()
     if cfg.predictions:
         results, out = score_file(cfg)
     elif cfg.ckpt:

@@ -43,6 +43,9 @@ def answer_of(response: str, task: Optional[str] = None) -> Optional[str]:
 
 
 def generate(cfg: DictConfig) -> list[str]:
+    from llasmol.core.quiet import quiet_known_noise
+
+    quiet_known_noise()
 
     from llasmol.data.formatting import PromptFormatter
     from llasmol.core.tasks import get_task

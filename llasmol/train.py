@@ -16,6 +16,7 @@ from llasmol.core import run_dir
 from llasmol.core.config import CONFIG_DIR
 from llasmol.core.errors import report_user_errors
 from llasmol.core.files import write_json
+from llasmol.core.quiet import quiet_known_noise
 
 log = logging.getLogger("llasmol.train")
 
@@ -54,6 +55,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     from llasmol.training.resume import Resume, StepSeeding, StopAtStepBoundary
     from llasmol.training.tracking import check_loggers
 
+    quiet_known_noise()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -118,6 +120,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         # Lightning's SIGTERM is a SystemExit without a code, i.e. success; a stopped run is not one.
         _finish_loggers(trainer)
         raise SystemExit(143) from None
+    if module.last_validated_step != trainer.global_step:
+        # Every run ends with something to report, even when val_every_n_steps does not divide its length.
+        log.info("validating the last step (%d): val_every_n_steps=%d does not divide it",
+                 trainer.global_step, cfg.val_every_n_steps)
+        trainer.validate(module, datamodule=datamodule, verbose=False)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     checkpoint = trainer.checkpoint_callback
@@ -131,6 +138,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     }
     if trainer.is_global_zero:
         write_json(out / run_dir.RESULT, result)
+        best = checkpoint.best_model_score if checkpoint else None
+        log.info("done at step %d: best checkpoint %s%s. Next: python -m llasmol.report %s ; "
+                 "python -m llasmol.evaluate ckpt=%s data.split=test", trainer.global_step,
+                 result["best_checkpoint"] or "(none: no validation kept one)",
+                 f" (val/loss {float(best):.4f})" if best is not None else "", out, out)
     _finish_loggers(trainer)
     return result
 

@@ -155,3 +155,11 @@ def test_paper_recipe_uses_the_papers_beam_settings_for_every_task():
         assert (got.num_beams, got.num_return_sequences, got.max_new_tokens, got.early_stopping) == (
             beams, returned, 1024, False), task
     assert cfg.generation.max_prompt_tokens == 512
+
+
+def test_gpu_presets_run_fp32_when_put_on_cpu():
+    assert compose_config(["trainer=ddp", "paths.output_dir=/x"]).trainer.precision == "bf16-mixed"
+    cpu_ddp = compose_config(["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "paths.output_dir=/x"])
+    assert cpu_ddp.trainer.precision == "32-true" and cpu_ddp.trainer.strategy == "ddp"
+    assert compose_config(["trainer=ddp", "trainer.accelerator=cpu", "trainer.precision=bf16-mixed",
+                           "paths.output_dir=/x"]).trainer.precision == "bf16-mixed"  # asked for, given

@@ -41,7 +41,7 @@ def test_dry_run_on_cpu_reports_throughput_memory_and_mfu(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     train = result["train"]
-    assert train["tokens_per_sec"] == pytest.approx(3 * 2 * 32 / train["seconds"], rel=1e-3)
+    assert train["tokens_per_sec"] == pytest.approx(3 * 2 * 32 / train["seconds"], rel=1e-3, abs=0.05)  # 0.1 rounding
     assert train["mfu"] == pytest.approx(train["model_tflops_per_sec"] / 0.5, abs=1e-4)
     assert train["last_loss"] < train["first_loss"]  # 4 optimizer steps on random tokens do move the loss
     beam = result["beam_search"]

@@ -161,8 +161,8 @@ def test_paper_recipe_runs_on_the_tiny_model(cfg_factory, tmp_path):
     lrs = [float(r["train/lr"]) for r in rows if r["train/lr"]]
     # Linear warm-up over 1000 steps towards 1e-4, logged after steps 0, 1, 2.
     assert lrs == pytest.approx([1e-7 * k for k in range(3)], abs=1e-12)
-    # Validation every 2 optimizer steps = every 8 micro-batches.
-    assert [int(r["step"]) for r in rows if r["val/loss"]] == [1]
+    # Validation every 2 optimizer steps = every 8 micro-batches, and at the end (step 3 is not on the grid).
+    assert [int(r["step"]) for r in rows if r["val/loss"]] == [1, 3]
 
 
 def test_ddp_on_two_cpu_processes_runs_end_to_end(tmp_path):
@@ -192,3 +192,20 @@ def test_ddp_on_two_cpu_processes_runs_end_to_end(tmp_path):
     for task, values in single.items():
         got = {k: float("nan") if metrics[task][k] is None else metrics[task][k] for k in values}  # JSON null = NaN
         assert got == pytest.approx(values, abs=1e-9, nan_ok=True), task
+
+
+def test_a_short_run_validates_its_last_step_and_tells_its_story_in_train_log(tmp_path):
+    """No terminal (nohup, SLURM, CI): train.log has a line per validation and a summary with what to run next."""
+    run = tmp_path / "run"
+    proc = run_cli(["llasmol.train", f"hydra.run.dir={run}", "trainer.max_steps=3", "val_every_n_steps=2",
+                    "logger=csv", "trainer.enable_progress_bar=false", "generation.max_new_tokens_limit=4",
+                    "callbacks.generation_evaluator.samples_per_task=1"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in (run / "metrics").iterdir()) == ["val-epoch0-step2.json", "val-epoch0-step3.json"]
+    log = (run / "train.log").read_text()
+    lines = [line for line in log.splitlines() if "validation at step" in line]
+    assert [line.split("validation at step ")[1].split(":")[0] for line in lines] == ["2", "3"]
+    assert all("val/loss" in line and "(best" in line and "exact_match" in line for line in lines)
+    assert "done at step 3" in log and f"python -m llasmol.report {run}" in log
+    assert f"python -m llasmol.evaluate ckpt={run} data.split=test" in log
+    assert log.count("GPU available") == 1 and "Tip:" not in log  # Lightning's lines once, no advertising

@@ -35,6 +35,8 @@ RESOLVERS = {
     "llasmol_sweep_group": _sweep_group,
     # Progress bars only on a terminal; logs and CI stay quiet.
     "llasmol_interactive": _interactive,
+    # The GPU presets' precision: bf16 autocast on GPUs, plain fp32 when run on CPU.
+    "llasmol_precision": lambda accelerator: "32-true" if accelerator == "cpu" else "bf16-mixed",
 }
 
 

@@ -24,8 +24,14 @@ def generation_progress(description: str, total: int, live=None) -> Iterator[Cal
     (rich allows one live display at a time); elsewhere opens its own bar; off a terminal it does nothing."""
     if live is not None:
         task = live.add_task(description, total=total)
+
+        def advance(n: int = 1) -> None:
+            live.advance(task, n)
+            # Lightning's bar redraws only on its own steps; generation holds the loop for minutes.
+            live.refresh()
+
         try:
-            yield lambda n=1: live.advance(task, n)
+            yield advance
         finally:
             live.remove_task(task)
         return

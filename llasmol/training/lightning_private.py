@@ -12,7 +12,7 @@ import importlib
 from typing import Any, Optional
 
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.strategies import FSDPStrategy
@@ -37,6 +37,8 @@ TOUCH_POINTS: tuple[tuple[str, str, str, str, str], ...] = (
      "the kept rows' columns continue"),
     ("lightning.pytorch.loggers", "WandbLogger", "_experiment", "instance",
      "finish a W&B run only if it started (a multirun's next job must start its own)"),
+    ("lightning.pytorch.loggers", "WandbLogger", "_wandb_init", "instance",
+     "Lightning passes anonymous=None, which W&B 0.31 answers with a deprecation warning at every start"),
     ("lightning.pytorch.strategies", "FSDPStrategy", "_setup_model", "class",
      "the LoRA-aware wrap policy needs the model, which exists only there; the sharded root for clipping"),
     ("lightning.pytorch.strategies", "FSDPStrategy", "kwargs", "instance", "the same"),
@@ -136,6 +138,15 @@ class WriterKeepingFile(ExperimentWriter):
 
 def wandb_run_started(logger) -> bool:
     return logger._experiment is not None
+
+
+class WandbLoggerWithoutAnonymous(WandbLogger):
+    """`WandbLogger` that does not pass W&B the `anonymous` setting it no longer has."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self._wandb_init.get("anonymous") is None:
+            self._wandb_init.pop("anonymous", None)
 
 
 # --------------------------------------------------------------------------- FSDP

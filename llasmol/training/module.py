@@ -77,6 +77,12 @@ class LoRACausalLM(L.LightningModule):
         if elapsed > 0:
             self.log("train/tokens_per_sec", self._batch_tokens / elapsed, batch_size=batch["input_ids"].shape[0])
 
+    last_validated_step: Optional[int] = None  # the optimizer step of the latest validation
+
+    def on_validation_epoch_end(self) -> None:
+        if not self.trainer.sanity_checking:
+            self.last_validated_step = self.global_step
+
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         loss = self(batch)
         # Weighted by target tokens, so val/loss is the per-token loss of the whole split.

@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from llasmol.training.lightning_private import CSVLoggerWithWriter, WriterKeepingFile
+from lightning.pytorch.callbacks import RichProgressBar
+
+from llasmol.training.lightning_private import CSVLoggerWithWriter, WandbLoggerWithoutAnonymous, WriterKeepingFile
 
 from llasmol.metrics.families import COUNTS, LOWER_IS_BETTER
 
@@ -32,8 +34,23 @@ def check_loggers(logger_cfg) -> None:
             raise UserError(f"logger={name} needs the tensorboard package: pip install tensorboard, or drop logger={name}")
 
 
+class WandbLogger(WandbLoggerWithoutAnonymous):
+    """Lightning's W&B logger, started without the deprecation warning Lightning's arguments cause."""
+
+
+class ProgressBar(RichProgressBar):
+    """Lightning's rich progress bar without `v_num` (the logger version, which says nothing here)."""
+
+    def get_metrics(self, trainer, pl_module) -> dict:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return metrics
+
+
 def wandb_loggers(trainer) -> list:
-    return [lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"]
+    from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
+
+    return [lg for lg in trainer.loggers if isinstance(lg, LightningWandbLogger)]
 
 
 def _correct(record: dict):

@@ -10,6 +10,8 @@ Under DDP each rank generates its stride of the subset; the metric sums are torc
 
 from __future__ import annotations
 
+import logging
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -19,8 +21,12 @@ from llasmol.inference.records import balanced_subset, gather_to_all, generate_r
 from llasmol.inference.beam_search import BeamGenerator
 from llasmol.core.files import write_json, write_jsonl
 from llasmol.core.run_dir import METRICS, PREDICTIONS, validation_name
+from llasmol.core.tasks import get_task
 from llasmol.inference.progress import generation_progress
 from llasmol.training.lightning_private import live_progress
+
+
+log = logging.getLogger("llasmol.train")
 
 
 class GenerationEvaluator(Callback):
@@ -31,7 +37,13 @@ class GenerationEvaluator(Callback):
         self.seed = seed
         self.output_dir = output_dir
         self._subset: Optional[list[int]] = None
+        self._last_results: Optional[dict] = None
+        self._best: Optional[tuple[float, int]] = None  # (val/loss, step)
+        self._epoch: Optional[int] = None  # the epoch of the latest training batch
         self._golds = None  # GoldPool of the validation split, built once
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self._epoch = trainer.current_epoch
 
     def _prepare(self, trainer) -> None:
         source = trainer.datamodule.source
@@ -64,14 +76,31 @@ class GenerationEvaluator(Callback):
                 log_predictions_table(trainer, sorted(everything, key=lambda r: r["index"]))
                 update_best_summary(trainer, flat)
             out = Path(self.output_dir or trainer.default_root_dir)
-            stem = validation_name(trainer.current_epoch, trainer.global_step)
+            # A validation after fit (of the last step) belongs to the epoch that step was trained in.
+            epoch = trainer.current_epoch if trainer.state.fn == "fit" or self._epoch is None else self._epoch
+            stem = validation_name(epoch, trainer.global_step)
             write_jsonl(out / PREDICTIONS / f"{stem}.jsonl", sorted(everything, key=lambda r: r["index"]))
             write_json(out / METRICS / f"{stem}.json", results)
+        self._last_results = results
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        # val/loss is aggregated only after the epoch-end hooks, so its best value is kept here.
+        # val/loss is aggregated only after the epoch-end hooks, so its best value and the log line are here.
         from llasmol.training.tracking import update_best_summary, wandb_loggers
 
         loss = trainer.callback_metrics.get("val/loss")
-        if not trainer.sanity_checking and trainer.is_global_zero and loss is not None and wandb_loggers(trainer):
-            update_best_summary(trainer, {"val/loss": float(loss)})
+        if trainer.sanity_checking or not trainer.is_global_zero or loss is None:
+            return
+        loss = float(loss)
+        if wandb_loggers(trainer):
+            update_best_summary(trainer, {"val/loss": loss})
+        if self._best is None or loss < self._best[0]:
+            self._best = (loss, trainer.global_step)
+        # One line per validation in the run's log (train.log): a run without a terminal tells its story.
+        parts = []
+        for task, values in (self._last_results or {}).items():
+            name = get_task(task).headline
+            if isinstance(values.get(name), float) and math.isfinite(values[name]):
+                parts.append(f"{task} {name} {values[name]:.3f}")
+        headline = ", ".join(parts)
+        log.info("validation at step %d: val/loss %.4f (best %.4f at step %d)%s", trainer.global_step, loss,
+                 *self._best, f"; {headline}" if headline else "")

@@ -1,0 +1,35 @@
+"""Known noise of the libraries we run, silenced by its message so that every other warning still shows."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+_WARNINGS = (
+    # transformers 5, on every generate with a PEFT model: a rename, nothing for a user to do.
+    r".*is_gradient_checkpointing.* is deprecated",
+    # Lightning 2.6 on torch 2.13: its own use of a torch utility.
+    r".*isinstance\(treespec, LeafSpec\)",
+    # Lightning's ModelCheckpoint on a run resumed in its own directory, where the checkpoints are expected.
+    r"Checkpoint directory .* exists and is not empty",
+    r".*dirpath has changed",
+)
+
+
+class _NoTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip:" not in record.getMessage()  # Lightning's advertisement of a cloud service
+
+
+def quiet_known_noise() -> None:
+    for pattern in _WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    if logging.getLogger().handlers:
+        # Lightning prints INFO lines through a handler of its own as well as through the root logger that
+        # Hydra set up (console and the run's log file): keep the one that reaches the log file.
+        for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+            logger = logging.getLogger(name)
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
+            logger.propagate = True
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoTips())
