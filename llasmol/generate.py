@@ -91,6 +91,9 @@ def main(cfg: DictConfig) -> None:
     for rank, response in enumerate(responses, 1):
         print(f"[{rank}] {response}")
     print(f"answer: {answer_of(responses[0], cfg.task) if responses else None}", flush=True)
+    if not cfg.task:
+        print("(no task=: the default beams (4, one answer) and the first tagged answer; task=<name> gives that "
+              "task's beams, top-k answers and the scorer's answer extraction)", flush=True)
 
 
 if __name__ == "__main__":

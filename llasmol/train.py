@@ -80,7 +80,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "%s + LoRA %s: %s trainable of %s parameters (%.2f%%)",
         params["model"], params["lora"], f"{params['trainable']:,}", f"{params['total']:,}", params["percent"],
     )
-    write_json(out / run_dir.PARAMS, params)
     module = LoRACausalLM(
         model,
         optimizer=hydra.utils.instantiate(cfg.optimizer),
@@ -105,6 +104,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "effective batch %d = micro-batch %d × accumulation %d × %d process(es)",
         datamodule.effective_batch_size, datamodule.micro_batch_size, accumulation, trainer.world_size,
     )
+    write_json(out / run_dir.PARAMS, params)
     resume.attach(trainer)
     for logger in trainer.loggers:
         logger.log_hyperparams(

@@ -320,3 +320,39 @@ def test_an_adapter_save_stopped_between_its_renames_leaves_the_previous_one_rea
     save_adapter_atomically(model, target)  # the next save puts things right
     assert readable_adapter(target) == target
     assert sorted(p.name for p in target.parent.iterdir()) == ["last.adapter"]
+
+
+def test_written_files_and_adapter_folders_respect_the_umask(tmp_path):
+    """Atomic writes go through mkstemp/mkdtemp (0600/0700); under a 022 umask a plain open gives 0644."""
+    import stat
+
+    from llasmol.core.files import write_json
+    from llasmol.model.adapters import save_adapter_atomically
+
+    class Saver:
+        def save_pretrained(self, folder, state_dict=None):
+            (Path(folder) / "adapter_config.json").write_text("{}")
+
+    old = os.umask(0o022)
+    try:
+        write_json(tmp_path / "m.json", {"a": 1})
+        save_adapter_atomically(Saver(), tmp_path / "x.adapter")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "m.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "x.adapter").stat().st_mode) == 0o755
+
+
+def test_a_command_stopped_by_a_mistake_leaves_no_empty_run_folder(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    for args in (["llasmol.train", "data.micro_batch_size=3", "logger=csv"],
+                 ["llasmol.evaluate", f"predictions={tmp_path / 'nope.jsonl'}"]):
+        proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=tmp_path, env=env,
+                              timeout=300)
+        assert proc.returncode == 2 and proc.stderr.count("error:") == 1, proc.stderr[-1500:]
+    leftovers = [p for p in (tmp_path / "outputs").rglob("*") if p.is_file()] if (tmp_path / "outputs").exists() else []
+    assert leftovers == []
+    proc = subprocess.run([sys.executable, "-m", "llasmol.train", "data.micro_batch_size=3", "logger=csv"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert "set data.effective_batch_size=6 (or another multiple of 3)" in proc.stderr

@@ -30,6 +30,7 @@ def report_user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             message = _cause_line(str(user_error))
             print(f"error: {message}", file=sys.stderr, flush=True)
             _log_to_files(f"error: {message}")
+            _remove_empty_run_folder()
             sys.exit(2)
 
     return wrapper
@@ -50,6 +51,31 @@ def _log_to_files(line: str) -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
+
+
+def _remove_empty_run_folder() -> None:
+    """A command stopped by a mistake leaves no run folder behind when it wrote nothing there but Hydra's
+    own files (its config and the log with the error): the error is on the console already. A folder with
+    anything else (a run resumed in place, checkpoints) stays."""
+    import shutil
+    from pathlib import Path
+
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return
+        folder = Path(HydraConfig.get().runtime.output_dir)
+        task_log = f"{HydraConfig.get().job.name}.log"
+    except Exception:  # not under Hydra, or no run folder: nothing to tidy
+        return
+    if folder.resolve() == Path.cwd().resolve() or not folder.is_dir():
+        return  # e.g. generate and params run in place
+    if all(p.name in (".hydra", task_log) for p in folder.iterdir()):
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == folder:
+                handler.close()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _find_user_error(err: BaseException) -> UserError | None:

@@ -10,11 +10,20 @@ from pathlib import Path
 from typing import Iterable
 
 
+def shareable_mode(directory: bool = False) -> int:
+    """The mode a plain `open` (or `mkdir`) would give under the current umask: `mkstemp` and `mkdtemp`
+    create 0600/0700, which a teammate on a shared cluster could not read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if directory else 0o666) & ~umask
+
+
 def _atomic_write(path: Path, write, binary: bool = False) -> None:
     # The temporary file sits in the target's folder: os.replace is atomic only within one filesystem.
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, shareable_mode())
         with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as fh:
             write(fh)
             fh.flush()

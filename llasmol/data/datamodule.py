@@ -93,10 +93,12 @@ class SMolInstructDataModule(L.LightningDataModule):
         """Micro-batches per optimizer step so that micro × accumulation × world = effective batch."""
         per_step = self.micro_batch_size * world_size
         if self.effective_batch_size % per_step:
+            fit = max(per_step, self.effective_batch_size // per_step * per_step)
             raise UserError(
                 f"data.effective_batch_size={self.effective_batch_size} is not a multiple of "
-                f"data.micro_batch_size={self.micro_batch_size} × {world_size} device(s): "
-                "change one of them so the product divides the effective batch"
+                f"data.micro_batch_size={self.micro_batch_size} × {world_size} device(s): set "
+                f"data.effective_batch_size={fit} (or another multiple of {per_step}), or change the micro-batch "
+                "or device count"
             )
         return self.effective_batch_size // per_step
 

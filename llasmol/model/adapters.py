@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from llasmol.core.errors import UserError
+from llasmol.core.files import shareable_mode
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ def save_adapter_atomically(model, target: Path, state_dict: dict | None = None)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     old = _previous(target)
     try:
+        tmp.chmod(shareable_mode(directory=True))
         model.save_pretrained(str(tmp), state_dict=state_dict)
         if target.exists():
             shutil.rmtree(old, ignore_errors=True)

@@ -88,7 +88,8 @@ def _offline_error(model_cfg, what: str, reason: Optional[str] = None) -> UserEr
     why = f"; {reason}" if reason else ""
     return UserError(
         f"{what} of {model_cfg.hf_id} are not available offline (not in the Hugging Face cache and no "
-        f"model.path{why}): run `huggingface-cli download {model_cfg.hf_id}` where the Hub is reachable, or set "
+        f"model.path{why}): run `hf download {model_cfg.hf_id}` where the Hub is reachable (Llama 2 and Mistral "
+        "are gated: accept the licence on the model's Hub page and `hf auth login` first), or set "
         "model.path=<local folder with the weights>"
     )
 
