@@ -54,9 +54,9 @@ def _log_to_files(line: str) -> None:
 
 
 def _remove_empty_run_folder() -> None:
-    """A command stopped by a mistake leaves no run folder behind when it wrote nothing there but Hydra's
-    own files (its config and the log with the error): the error is on the console already. A folder with
-    anything else (a run resumed in place, checkpoints) stays."""
+    """A command stopped by a mistake leaves no timestamped run folder behind when it wrote nothing there but
+    Hydra's own files (its config and the log with the error): the error is on the console already. A
+    folder the user named (hydra.run.dir=...) or one holding anything else stays."""
     import shutil
     from pathlib import Path
 
@@ -67,8 +67,11 @@ def _remove_empty_run_folder() -> None:
             return
         folder = Path(HydraConfig.get().runtime.output_dir)
         task_log = f"{HydraConfig.get().job.name}.log"
+        named = any(o.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for o in HydraConfig.get().overrides.hydra)
     except Exception:  # not under Hydra, or no run folder: nothing to tidy
         return
+    if named:
+        return  # a folder the user chose keeps its log, error included
     if folder.resolve() == Path.cwd().resolve() or not folder.is_dir():
         return  # e.g. generate and params run in place
     if all(p.name in (".hydra", task_log) for p in folder.iterdir()):
