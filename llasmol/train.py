@@ -43,13 +43,33 @@ def build_model(cfg: DictConfig, tokenizer):
     return model, count_parameters(model)
 
 
+def card_facts(cfg: DictConfig, params: dict, datamodule, accumulation: int) -> dict:
+    """What each saved adapter's model card says about how it was made."""
+    from llasmol.model.lora import base_name, target_modules
+
+    source = datamodule.source
+    data = source.path if cfg.data.get("path") else f"{source.hub_id} at revision {source.revision}"
+    optimizer = str(cfg.optimizer._target_).rsplit(".", 1)[-1]
+    length = (f"at most {cfg.trainer.max_steps} steps" if cfg.trainer.get("max_steps", -1) > 0
+              else f"{cfg.trainer.max_epochs} epoch(s)")
+    clip = cfg.trainer.get("gradient_clip_val")
+    recipe = (f"{optimizer} lr {cfg.optimizer.lr:g}, cosine schedule with {cfg.scheduler.num_warmup_steps} warm-up "
+              f"steps, {length}, effective batch {datamodule.effective_batch_size} (micro-batch "
+              f"{datamodule.micro_batch_size} x accumulation {accumulation}), {cfg.data.max_length} tokens, "
+              f"{f'gradient norm clipped at {clip:g}' if clip else 'no gradient clipping'}, seed {cfg.seed}")
+    lora = {"name": cfg.lora.name, "r": cfg.lora.r, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout,
+            "targets": target_modules(cfg.model, cfg.lora), "train_head": bool(cfg.lora.get("train_head"))}
+    return {"base": base_name(cfg.model), "model": cfg.model.name, "tiny": bool(cfg.model.get("random_init")),
+            "lora": lora, "params": params, "data": data, "tasks": datamodule.tasks, "recipe": recipe}
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit one run; returns its final metrics, parameter counts and best checkpoint."""
     import lightning as L
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from llasmol.model.base import check_packing, load_tokenizer, quantization_config
-    from llasmol.training.checkpointing import AtomicCheckpointIO
+    from llasmol.training.checkpointing import AdapterModelCheckpoint, AtomicCheckpointIO
     from llasmol.training.distributed import check_trainer
     from llasmol.training.module import LoRACausalLM
     from llasmol.training.resume import Resume, StepSeeding, StopAtStepBoundary
@@ -105,6 +125,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         datamodule.effective_batch_size, datamodule.micro_batch_size, accumulation, trainer.world_size,
     )
     write_json(out / run_dir.PARAMS, params)
+    facts = card_facts(cfg, params, datamodule, accumulation)
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, AdapterModelCheckpoint):
+            callback.card_facts = facts
     resume.attach(trainer)
     for logger in trainer.loggers:
         logger.log_hyperparams(

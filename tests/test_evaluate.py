@@ -303,3 +303,24 @@ def test_an_adapter_trained_from_a_relative_local_folder_is_not_compared_with_th
 def test_a_path_without_an_adapter_is_named(tmp_path):
     proc = run_cli(["llasmol.evaluate", f"ckpt={tmp_path}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
     assert proc.returncode == 2 and f"ckpt={tmp_path} holds no adapter" in proc.stderr
+
+
+def test_saved_adapters_name_their_base_and_carry_a_real_model_card(run_dir):
+    """Shareable as they are: adapter_config.json names the base, README.md says what the adapter is."""
+    import json as _json
+
+    from llasmol.core.errors import UserError
+    from llasmol.inference.loading import resolve_checkpoint
+    from llasmol.model.lora import TINY_BASE
+
+    adapter = run_dir / "checkpoints" / "last.adapter"
+    assert _json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == TINY_BASE
+    card = (adapter / "README.md").read_text()
+    for needle in ("random weights", "LoRA `full`: r=16, alpha=16, dropout=0.05", "trainable parameters: 65,536",
+                   "tasks: forward_synthesis", "AdamW lr 0.003", "python -m llasmol.evaluate ckpt=", "arXiv:2402.09391"):
+        assert needle in card, needle
+    assert "More Information Needed" not in card
+    best = [p for p in (run_dir / "checkpoints").glob("epoch*.adapter")]
+    assert best and "| val/loss |" in (best[0] / "README.md").read_text()  # saved at a validation: its metrics
+    with pytest.raises(UserError, match="trained on the embedded tiny model, .* pass model=tiny"):
+        resolve_checkpoint(str(adapter), compose_config(["model=mistral"], "evaluate"))

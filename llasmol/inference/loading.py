@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
 from llasmol.model.adapters import ADAPTER_CONFIG, WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS, adapter_dir, readable_adapter
+from llasmol.model.lora import TINY_BASE
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")  # owner/name; never ./x or ../x
 DATAMODULE = "llasmol.data.datamodule.SMolInstructDataModule"
@@ -65,6 +66,11 @@ def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
     if not any((adapter / name).is_file() for name in (WEIGHTS_SAFETENSORS, WEIGHTS_PICKLE)):
         raise UserError(f"{adapter} has {ADAPTER_CONFIG} but no {WEIGHTS_SAFETENSORS}: copy the weights too")
     base = config.get("base_model_name_or_path")
+    if base == TINY_BASE:
+        if model_cfg.get("random_init"):
+            return
+        raise UserError(f"adapter {adapter} was trained on the embedded tiny model, but model={model_cfg.get('name')} "
+                        f"is {model_cfg.get('hf_id')}: pass model=tiny")
     if not base or model_cfg.get("path") or Path(base).is_absolute() or base.startswith(".") or Path(base).exists():
         return  # trained from a local folder: nothing to compare against
     if base == model_cfg.get("hf_id"):

@@ -5,6 +5,16 @@ from __future__ import annotations
 from llasmol.core.errors import UserError
 
 ROLES = ("q", "k", "v", "o", "gate", "up", "down")
+# What an adapter of the embedded tiny model names as its base (it has no Hub id: its random weights are
+# rebuilt from model.init_seed, never saved).
+TINY_BASE = "llasmol/tiny-mistral (random weights, rebuilt from model.init_seed)"
+
+
+def base_name(model_cfg) -> str:
+    """The base an adapter records (`base_model_name_or_path`): the Hub id, the local folder, or the tiny model."""
+    if model_cfg.get("random_init"):
+        return TINY_BASE
+    return model_cfg.get("path") or model_cfg.hf_id
 
 
 def target_modules(model_cfg, lora_cfg) -> list[str]:
@@ -48,7 +58,10 @@ def apply_lora(model, model_cfg, lora_cfg):
     with warnings.catch_warnings():
         # PEFT asks for a property this transformers release deprecates; nothing for our users to do.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        return get_peft_model(model, lora_config(model_cfg, lora_cfg))
+        peft_model = get_peft_model(model, lora_config(model_cfg, lora_cfg))
+    # Saved adapters say which base they go on (PEFT takes the base's name_or_path, empty for the tiny model).
+    peft_model.peft_config["default"].base_model_name_or_path = base_name(model_cfg)
+    return peft_model
 
 
 def count_parameters(model) -> dict:

@@ -20,7 +20,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from llasmol.core.run_dir import INTERRUPTED_CKPT
-from llasmol.model.adapters import adapter_dir, save_adapter_atomically
+from llasmol.model.adapters import adapter_card, adapter_dir, save_adapter_atomically
 from llasmol.training.distributed import module_state_dict
 from llasmol.training.lightning_private import CheckpointWithHooks
 
@@ -50,13 +50,18 @@ class AdapterModelCheckpoint(CheckpointWithHooks):
     def __init__(self, *args, resume: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.resume = resume
+        self.card_facts: dict | None = None  # set by `train`: what the adapter's README.md says about it
 
     def before_save(self, trainer, filepath: str) -> None:
         module = trainer.lightning_module
         # Every process takes part: under FSDP the adapters are sharded and gathering them is collective.
         state = module_state_dict(trainer)
         if trainer.is_global_zero:
-            save_adapter_atomically(module.model, adapter_dir(filepath), module.adapter_state_dict(state))
+            card = None
+            if self.card_facts is not None:
+                metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+                card = adapter_card(self.card_facts, metrics, trainer.global_step)
+            save_adapter_atomically(module.model, adapter_dir(filepath), module.adapter_state_dict(state), card)
 
     def after_remove(self, trainer, filepath: str) -> None:
         if trainer.is_global_zero:
