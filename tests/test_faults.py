@@ -330,7 +330,7 @@ def test_written_files_and_adapter_folders_respect_the_umask(tmp_path):
     from llasmol.model.adapters import save_adapter_atomically
 
     class Saver:
-        def save_pretrained(self, folder, state_dict=None):
+        def save_pretrained(self, folder, state_dict=None, **kwargs):
             (Path(folder) / "adapter_config.json").write_text("{}")
 
     old = os.umask(0o022)
