@@ -71,9 +71,13 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     golds = split_golds(source.pooling_split(split_name))
     with generation_progress(f"Generating on {split_name}", len(indices)) as advance:
         records = generate_records(generator, split, indices, golds, cfg.generation, advance)
-    results = score(records, list(split.tasks), device)
-    out_dir = Path(cfg.paths.output_dir)
+    # A run evaluated on a whole split keeps the results with the run (report shows them beside the paper);
+    # a capped split (data.max_samples_per_task) or another checkpoint writes to this command's folder.
+    capped = bool(source.max_samples_per_task.get(split_name))
+    out_dir = Path(cfg.ckpt) if run_data is not None and not capped else Path(cfg.paths.output_dir)
+    # The predictions first: a failure while scoring never discards the generation.
     write_jsonl(out_dir / run_dir.PREDICTIONS / f"{split_name}.jsonl", records)
+    results = score(records, list(split.tasks), device)
     out = Path(cfg.output) if cfg.output else out_dir / run_dir.METRICS / f"{split_name}.json"
     write_json(out, results)
     return results, out

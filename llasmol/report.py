@@ -34,6 +34,10 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[P
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
 
+    for split in run.evaluations:  # whole-split results (evaluate ckpt=<run>), beside the paper's numbers
+        table = analysis.evaluation_table(run, split)
+        _write(out / f"{split}.md", table.to_markdown(), written)
+        _write(out / f"{split}.csv", table.to_csv(), written)
     metrics = analysis.metric_table(val)
     metrics.title = f"{run.name}: metrics at {val.name}"
     _write(out / "metrics.md", metrics.to_markdown(), written)

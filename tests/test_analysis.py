@@ -18,6 +18,7 @@ import pytest
 
 from llasmol import analysis
 from llasmol.analysis.paper import PAPER_RESULTS, PAPER_TRAINABLE
+from llasmol.core.errors import UserError
 from llasmol.core.files import write_json, write_jsonl
 from llasmol.metrics.scoring import score_records
 from llasmol.report import main as report_main
@@ -346,39 +347,58 @@ def test_report_on_real_sweep(real_sweep, capsys):
 # --------------------------------------------------------------------------- notebooks
 
 
-def _execute_notebook(name: str, parameter: str, value: Path):
+def _execute_notebook(name: str, env: str, value: Path, monkeypatch):
+    """Run a notebook headless as it is committed, told what to read by its environment variable."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(REPO / "notebooks" / name, as_version=4)
-    # Committed without outputs.
+    # Committed without outputs, with one cell tagged as papermill's `parameters` that reads the variable.
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None, name
-    params = [c for c in nb.cells if c.cell_type == "code" and c.source.lstrip().startswith(f"{parameter} =")]
-    assert len(params) == 1, f"{name} needs one parameter cell starting with '{parameter} ='"
-    params[0].source = f"{parameter} = {str(value)!r}"
+    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1 and env in params[0].source, f"{name} needs one `parameters` cell reading ${env}"
+    monkeypatch.setenv(env, str(value))
     nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
     texts = []
     for cell in nb.cells:
         for output in cell.get("outputs", []):
             assert output.output_type != "error", output
             data = output.get("data", {})
+            assert "image/png" not in data or len(data.get("text/plain", "")) < 100  # no text copy of the image
             texts.append(str(output.get("text", "")) + str(data.get("text/markdown", "")) + str(data.get("text/plain", "")))
     images = sum(1 for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {}))
     return "\n".join(texts), images
 
 
-def test_analyze_predictions_notebook(real_sweep):
-    text, images = _execute_notebook("analyze_predictions.ipynb", "RUN_DIR", real_sweep / "0_tiny_lite")
+def test_analyze_predictions_notebook(real_sweep, monkeypatch):
+    text, images = _execute_notebook("analyze_predictions.ipynb", "LLASMOL_RUN_DIR", real_sweep / "0_tiny_lite",
+                                     monkeypatch)
     assert "| forward_synthesis |" in text and "exact_match" in text and "validity" in text
     assert "no_answer" in text  # the failure breakdown
     assert images >= 4
 
 
-def test_compare_runs_notebook(real_sweep):
-    text, images = _execute_notebook("compare_runs.ipynb", "SWEEP_DIR", real_sweep)
+def test_compare_runs_notebook(real_sweep, monkeypatch):
+    text, images = _execute_notebook("compare_runs.ipynb", "LLASMOL_SWEEP_DIR", real_sweep, monkeypatch)
     assert "tiny/lite" in text and "LlaSMol-Mistral" in text and "forward_synthesis/exact_match" in text
     assert images >= 1
+
+
+def test_the_notebooks_default_to_the_newest_run_and_sweep(real_sweep, tmp_path):
+    import os
+    import shutil
+
+    root = tmp_path / "outputs" / "train"
+    (root / "multirun").mkdir(parents=True)
+    for name, when in (("old", 1_000), ("new", 2_000)):
+        shutil.copytree(real_sweep / "0_tiny_lite", root / name)
+        os.utime(root / name, (when, when))
+    shutil.copytree(real_sweep, root / "multirun" / "sweep")
+    assert analysis.newest(root) == root / "new"
+    assert analysis.newest(root, multirun=True) == root / "multirun" / "sweep"
+    with pytest.raises(UserError, match="no run directory under"):
+        analysis.newest(tmp_path / "nothing")
 
 
 def test_markdown_tables_print_counts_as_integers_and_scores_as_fractions():

@@ -324,3 +324,26 @@ def test_saved_adapters_name_their_base_and_carry_a_real_model_card(run_dir):
     assert best and "| val/loss |" in (best[0] / "README.md").read_text()  # saved at a validation: its metrics
     with pytest.raises(UserError, match="trained on the embedded tiny model, .* pass model=tiny"):
         resolve_checkpoint(str(adapter), compose_config(["model=mistral"], "evaluate"))
+
+
+def test_test_results_attach_to_the_run_and_reach_the_report_beside_the_paper(run_dir, tmp_path):
+    import shutil
+
+    from llasmol.report import report_run
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    cfg = compose_config([f"paths.output_dir={tmp_path / 'eval'}", f"ckpt={run}", "data.split=test",
+                          "generation.max_new_tokens_limit=4"], "evaluate")
+    result = evaluate(cfg)
+    assert result["output"] == str(run / "metrics" / "test.json")  # with the run, not in the command's folder
+    assert len((run / "predictions" / "test.jsonl").read_text().splitlines()) == 330
+    # As a Mistral run would be: the report puts the paper's LlaSMol-Mistral test numbers beside ours.
+    params = json.loads((run / "params.json").read_text())
+    (run / "params.json").write_text(json.dumps({**params, "model": "mistral"}))
+    written = report_run(run)
+    table = (run / "report" / "test.md").read_text()
+    assert run / "report" / "test.md" in written and "LlaSMol-Mistral" in table
+    ours = json.loads((run / "metrics" / "test.json").read_text())["name_conversion-i2f"]["exact_match"]
+    assert f"| name_conversion-i2f | exact_match | {ours:.3f} | 0.898 |" in table
+    assert "| property_prediction-bbbp | mcc |" in table and "| property_prediction-esol | rmse |" in table

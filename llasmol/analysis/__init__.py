@@ -8,7 +8,7 @@
 """
 
 from llasmol.analysis.compare import ablation_data, compare_table, variant_label, variant_labels
-from llasmol.analysis.paper import PAPER_MODELS, PAPER_RESULTS, PAPER_TRAINABLE, paper_metric
+from llasmol.analysis.paper import PAPER_MODEL_OF_BASE, PAPER_MODELS, PAPER_RESULTS, PAPER_TRAINABLE, paper_metric
 from llasmol.analysis.plots import (
     PNGImage,
     draw_examples,
@@ -25,6 +25,7 @@ from llasmol.analysis.runs import (
     is_run_dir,
     load_run,
     load_sweep,
+    newest,
     read_csv_log,
     read_predictions,
     variant_dirs,
@@ -33,6 +34,7 @@ from llasmol.analysis.tables import (
     FAILURE_CATEGORIES,
     HEADLINE,
     Table,
+    evaluation_table,
     failure_counts,
     failure_table,
     judge_sample,

@@ -48,7 +48,8 @@ def compare_table(
     metrics: Optional[dict[str, Sequence[str]]] = None,
     paper_models: Sequence[str] = PAPER_MODELS,
 ) -> Table:
-    """One row per variant (its latest validation), then one row per paper model.
+    """One row per variant (its latest validation), one per variant evaluated on the whole test split, then
+    one row per paper model.
 
     Columns: ``variant``, ``source`` (``run`` or ``paper``), ``lora``, ``trainable``, ``percent``
     (of all parameters, in percent), ``paper_trainable``, ``paper_percent`` (Section 5.4's counts
@@ -68,6 +69,11 @@ def compare_table(
              paper.get("trainable"), paper.get("percent"), latest.name if latest else None]
             + [latest.metrics.get(t, {}).get(m) if latest else None for t, m in columns]
         )
+    for run, label in zip(runs, variant_labels(runs)):
+        if "test" in run.evaluations:  # the whole test split, where evaluated: comparable with the paper rows
+            test = run.evaluations["test"]
+            rows.append([f"{label} (test)", "run", run.lora, run.params.get("trainable"), run.params.get("percent"),
+                         None, None, "test"] + [test.get(t, {}).get(m) for t, m in columns])
     for model in paper_models:
         results = PAPER_RESULTS[model]
         full = PAPER_TRAINABLE["full"]  # the main-table models use the basic (full) LoRA setting

@@ -79,6 +79,9 @@ PAPER_RESULTS: dict[str, dict[str, dict[str, float]]] = {
 
 PAPER_MODELS: tuple[str, ...] = tuple(PAPER_RESULTS)
 
+# The paper's model trained on each of our bases (`model=`), for putting a run's test numbers beside it.
+PAPER_MODEL_OF_BASE: dict[str, str] = {"mistral": "LlaSMol-Mistral", "llama2": "LlaSMol-Llama 2"}
+
 # Section 5.4 (the LoRA ablation, all on Llama-2-7B except `large` on Llama-2-13B): trainable
 # parameters and their share of all parameters, keyed by this package's `lora=` names.
 # `percent` is in percent, like params.json's "percent" (0.12 means 0.12 %).

@@ -35,6 +35,10 @@ class PNGImage(bytes):
     def _repr_png_(self) -> bytes:
         return bytes(self)
 
+    def __repr__(self) -> str:
+        # Jupyter stores a text/plain form beside every image: a line, not a copy of the bytes.
+        return f"<PNG image, {len(self) // 1024} kB>"
+
     def save(self, path: PathLike) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -74,6 +74,8 @@ class Run:
     path: Path
     params: dict
     validations: list[Validation]
+    # Metrics of whole splits the run was evaluated on (`evaluate ckpt=<run> data.split=test`), by split.
+    evaluations: dict[str, dict[str, dict[str, Optional[float]]]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -173,6 +175,18 @@ def _load_validations(path: Path) -> list[Validation]:
     return out
 
 
+def _load_evaluations(path: Path) -> dict[str, dict[str, dict[str, Optional[float]]]]:
+    out = {}
+    for file in sorted((path / layout.METRICS).glob("*.json")) if (path / layout.METRICS).is_dir() else []:
+        if _VALIDATION_NAME.match(file.stem):
+            continue
+        data = _read_json(file)
+        if isinstance(data, dict):
+            out[file.stem] = {task: {name: _finite_or_none(v) for name, v in values.items()}
+                              for task, values in data.items() if isinstance(values, dict)}
+    return out
+
+
 def is_run_dir(path: PathLike) -> bool:
     """Whether `path` looks like a training run directory."""
     path = Path(path)
@@ -209,10 +223,23 @@ def load_run(path: PathLike, require_validation: bool = False) -> Run:
     params = _read_json(params_file) if params_file.is_file() else {}
     if not isinstance(params, dict):
         params = {}
-    run = Run(path=path, params=params, validations=_load_validations(path))
+    run = Run(path=path, params=params, validations=_load_validations(path), evaluations=_load_evaluations(path))
     if require_validation and not run.validations:
         raise UserError(f"{path} has no validation yet (no metrics/val-epoch*-step*.json)")
     return run
+
+
+def newest(root: PathLike, multirun: bool = False) -> Path:
+    """The newest run directory under `root` (e.g. outputs/train), or with `multirun` the newest sweep
+    (under `root`/multirun): what the notebooks open when not told which."""
+    root = Path(root)
+    base = root / "multirun" if multirun else root
+    found = [p for p in base.iterdir() if (is_multirun_dir(p) if multirun else is_run_dir(p))] if base.is_dir() else []
+    if not found:
+        kind = "multirun" if multirun else "run"
+        raise UserError(f"no {kind} directory under {base}: train one first (python -m llasmol.train"
+                        f"{' --multirun lora=lite,full' if multirun else ''}), or name one")
+    return max(found, key=lambda p: p.stat().st_mtime)
 
 
 def load_sweep(path: PathLike) -> list[Run]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence, Union
 
 from llasmol.analysis.runs import Run, Validation
+from llasmol.core.errors import UserError
 from llasmol.core.tasks import TASKS, get_task
 from llasmol.metrics.extract import extract_answer
 from llasmol.metrics.families import CATEGORIES, COUNTS, FAMILIES, METRIC_ORDER, TOPK
@@ -272,3 +273,27 @@ def metric_trends(run: Run, metrics: Union[None, str, Sequence[str]] = None) -> 
                     columns.append((task, m))
     rows = [[val.epoch, val.step] + [val.metrics.get(t, {}).get(m) for t, m in columns] for val in run.validations]
     return Table(["epoch", "step"] + [f"{t}/{m}" for t, m in columns], rows, title="Metric trends")
+
+
+# --------------------------------------------------------------------------- test set beside the paper
+
+
+def evaluation_table(run: Run, split: str = "test") -> Table:
+    """A run's whole-split results (`evaluate ckpt=<run> data.split=<split>`) beside the paper's Table
+    values for the same base (`paper.PAPER_MODEL_OF_BASE`): one row per task and metric the paper reports
+    for it (the task's headline metric where the paper has none)."""
+    from llasmol.analysis.paper import PAPER_MODEL_OF_BASE, PAPER_RESULTS
+
+    if split not in run.evaluations:
+        have = ", ".join(sorted(run.evaluations)) or "none"
+        raise UserError(f"{run.path} has no {split} results (has: {have}): run python -m llasmol.evaluate "
+                        f"ckpt={run.path} data.split={split}")
+    paper_model = PAPER_MODEL_OF_BASE.get(run.model or "")
+    paper = PAPER_RESULTS.get(paper_model, {}) if paper_model else {}
+    rows = []
+    for task, values in run.evaluations[split].items():
+        reported = paper.get(task, {})
+        names = [m for m in _ordered_metrics(reported) if m in values] or [HEADLINE.get(task)]
+        rows += [[task, m, values.get(m), reported.get(m)] for m in names if m]
+    title = f"{run.name}: {split} results" + (f" beside {paper_model} (paper, test set)" if paper_model else "")
+    return Table(["task", "metric", "ours", f"paper {paper_model}" if paper_model else "paper"], rows, title=title)
