@@ -43,12 +43,12 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[P
     _write(out / "metrics.md", metrics.to_markdown(), written)
     _write(out / "metrics.csv", metrics.to_csv(), written)
     _write(out / "topk.csv", analysis.topk_table(val).to_csv(), written)
-    analysis.plot_topk(analysis.topk_curves(val), out / "topk.png")
+    analysis.plot_topk(analysis.topk_curves(val), out / "topk.png", title=f"{run.name}: top-k exact match at {val.name}")
     written.append(out / "topk.png")
 
     trends = analysis.metric_trends(run)
     _write(out / "trends.csv", trends.to_csv(), written)
-    analysis.plot_trends(trends, out / "trends.png")
+    analysis.plot_trends(trends, out / "trends.png", title=f"{run.name}: headline metrics across validations")
     written.append(out / "trends.png")
 
     if val.predictions_path is None:
@@ -58,7 +58,7 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[P
     failures = analysis.failure_table(val)
     _write(out / "failures.md", failures.to_markdown(), written)
     _write(out / "failures.csv", failures.to_csv(), written)
-    analysis.plot_failures(counts, out / "failures.png")
+    analysis.plot_failures(counts, out / "failures.png", title=f"{run.name}: top-1 answer outcomes at {val.name}")
     written.append(out / "failures.png")
 
     worst_by_task = analysis.worst_examples(val, n=worst)
@@ -84,7 +84,8 @@ def report_sweep(sweep_dir, out_dir=None) -> list[Path]:
     )
     _write(out / "comparison.md", note + table.to_markdown(), written)
     _write(out / "comparison.csv", table.to_csv(), written)
-    analysis.plot_ablation(analysis.ablation_data(runs), out / "ablation.png")
+    analysis.plot_ablation(analysis.ablation_data(runs), out / "ablation.png",
+                           title=f"{Path(sweep_dir).name}: variants at their latest validation")
     written.append(out / "ablation.png")
     return written
 

@@ -406,3 +406,25 @@ def test_markdown_tables_print_counts_as_integers_and_scores_as_fractions():
 
     table = Table(columns=["task", "exact_match", "num_skipped", "tp"], rows=[["fs", 0.0, 0.0, 3.0]])
     assert table.to_markdown().splitlines()[-1] == "| fs | 0.000 | 0 | 3 |"
+
+
+def test_charts_say_something_on_a_short_sweep():
+    """val/loss and trainable parameters have panels of their own, RMSE is apart from the fractions, and a
+    panel with no value at all (no valid number for RMSE yet) is left out rather than drawn empty."""
+    from llasmol.analysis.plots import plot_ablation, plot_trends
+    from llasmol.analysis.tables import Table
+
+    data = {"val/loss": {"lite": 3.2, "full": 3.1}, "trainable (M)": {"lite": 0.03, "full": 0.07},
+            "forward_synthesis/exact_match": {"lite": 0.0, "full": 0.0},
+            "property_prediction-esol/rmse": {"lite": None, "full": None}}
+    fig = plot_ablation(data, title="sweep X")
+    assert [ax.get_ylabel().split(" (")[0] for ax in fig.axes] == [
+        "validation loss", "trainable parameters", "headline metric"]
+    assert fig.get_suptitle() == "sweep X"
+    data["property_prediction-esol/rmse"] = {"lite": 1.5, "full": None}
+    assert len(plot_ablation(data).axes) == 4
+    trends = Table(["epoch", "step", "forward_synthesis/exact_match", "property_prediction-esol/rmse"],
+                   [[0, 100, 0.1, None], [0, 200, 0.2, None]])
+    assert len(plot_trends(trends, title="run Y").axes) == 1  # no RMSE yet: no empty panel
+    trends.rows[1][3] = 1.2
+    assert [ax.get_ylabel() for ax in plot_trends(trends).axes] == ["value (fraction)", "RMSE (lower is better)"]

@@ -53,32 +53,34 @@ def compare_table(
 
     Columns: ``variant``, ``source`` (``run`` or ``paper``), ``lora``, ``trainable``, ``percent``
     (of all parameters, in percent), ``paper_trainable``, ``paper_percent`` (Section 5.4's counts
-    for the same `lora=` setting on Llama-2-7B), ``validation``, then ``<task>/<metric>`` for each
+    for the same `lora=` setting on Llama-2-7B), ``validation``, ``val/loss`` (at that validation: the
+    number that separates the variants of a short run), then ``<task>/<metric>`` for each
     task's headline metric.  Paper rows carry the reported test-set numbers (fractions) and are
     blank where the paper's number is not available.
     """
     runs = _runs(source)
     columns = comparison_columns(runs, metrics)
-    head = ["variant", "source", "lora", "trainable", "percent", "paper_trainable", "paper_percent", "validation"]
+    head = ["variant", "source", "lora", "trainable", "percent", "paper_trainable", "paper_percent", "validation",
+            "val/loss"]
     rows = []
     for run, label in zip(runs, variant_labels(runs)):
         paper = PAPER_TRAINABLE.get(run.lora or "", {})
         latest = run.latest
         rows.append(
             [label, "run", run.lora, run.params.get("trainable"), run.params.get("percent"),
-             paper.get("trainable"), paper.get("percent"), latest.name if latest else None]
+             paper.get("trainable"), paper.get("percent"), latest.name if latest else None, run.val_loss]
             + [latest.metrics.get(t, {}).get(m) if latest else None for t, m in columns]
         )
     for run, label in zip(runs, variant_labels(runs)):
         if "test" in run.evaluations:  # the whole test split, where evaluated: comparable with the paper rows
             test = run.evaluations["test"]
             rows.append([f"{label} (test)", "run", run.lora, run.params.get("trainable"), run.params.get("percent"),
-                         None, None, "test"] + [test.get(t, {}).get(m) for t, m in columns])
+                         None, None, "test", None] + [test.get(t, {}).get(m) for t, m in columns])
     for model in paper_models:
         results = PAPER_RESULTS[model]
         full = PAPER_TRAINABLE["full"]  # the main-table models use the basic (full) LoRA setting
         rows.append(
-            [model, "paper", "full", None, None, full["trainable"], full["percent"], "test"]
+            [model, "paper", "full", None, None, full["trainable"], full["percent"], "test", None]
             + [results.get(t, {}).get(m) for t, m in columns]
         )
     return Table(head + [f"{t}/{m}" for t, m in columns], rows, title="Variants beside the paper")
@@ -87,11 +89,17 @@ def compare_table(
 def ablation_data(
     source: Union[PathLike, Sequence[Run]], metrics: Optional[dict[str, str]] = None
 ) -> dict[str, dict[str, Optional[float]]]:
-    """``{task: {variant label: value}}`` of each task's headline metric (or ``metrics[task]``) at
-    each variant's latest validation; the input of `llasmol.analysis.plots.plot_ablation`."""
+    """``{task/metric: {variant label: value}}`` of each task's headline metric (or ``metrics[task]``) at
+    each variant's latest validation, with ``val/loss`` and ``trainable (M)`` first; the input of
+    `llasmol.analysis.plots.plot_ablation`."""
     runs = _runs(source)
     wanted = {t: [m] for t, m in (metrics or {}).items()}
-    data: dict[str, dict[str, Optional[float]]] = {}
+    labels = variant_labels(runs)
+    data: dict[str, dict[str, Optional[float]]] = {
+        "val/loss": {label: run.val_loss for run, label in zip(runs, labels)},
+        "trainable (M)": {label: (run.params["trainable"] / 1e6 if run.params.get("trainable") else None)
+                          for run, label in zip(runs, labels)},
+    }
     for task, metric in comparison_columns(runs, wanted):
         data[f"{task}/{metric}"] = {
             label: run.latest.metrics.get(task, {}).get(metric) if run.latest else None

@@ -71,9 +71,11 @@ def _empty(ax, message: str) -> None:
     ax.set_axis_off()
 
 
-def plot_topk(curves: dict[str, list[tuple[int, float]]], path: Optional[PathLike] = None) -> Figure:
+def plot_topk(curves: dict[str, list[tuple[int, float]]], path: Optional[PathLike] = None,
+              title: str = "Top-k exact match") -> Figure:
     """Top-k exact match against k, one line per task (input: `tables.topk_curves`)."""
     fig = _figure(6.5, 4)
+    fig.suptitle(title, fontsize="medium")
     ax = fig.add_subplot()
     if not curves:
         _empty(ax, "no task reports top-k exact match")
@@ -91,11 +93,13 @@ def plot_topk(curves: dict[str, list[tuple[int, float]]], path: Optional[PathLik
     return _finish(fig, path)
 
 
-def plot_failures(counts: dict[str, dict[str, int]], path: Optional[PathLike] = None) -> Figure:
+def plot_failures(counts: dict[str, dict[str, int]], path: Optional[PathLike] = None,
+                  title: str = "Top-1 answer outcomes") -> Figure:
     """Stacked horizontal bars: each task's samples split by top-1 outcome, as shares of the task
     (input: `tables.failure_counts`)."""
     tasks = list(counts)
-    fig = _figure(8, 1.2 + 0.4 * max(len(tasks), 1))
+    fig = _figure(8, 1.6 + 0.4 * max(len(tasks), 1))
+    fig.suptitle(title, fontsize="medium")
     ax = fig.add_subplot()
     if not tasks:
         _empty(ax, "no predictions")
@@ -116,21 +120,26 @@ def plot_failures(counts: dict[str, dict[str, int]], path: Optional[PathLike] = 
     return _finish(fig, path)
 
 
-def plot_trends(trends: Table, path: Optional[PathLike] = None) -> Figure:
+def _has_values(table: Table, column: str) -> bool:
+    return any(v is not None and not (isinstance(v, float) and math.isnan(v)) for v in table.column(column))
+
+
+def plot_trends(trends: Table, path: Optional[PathLike] = None, title: str = "Metric trends") -> Figure:
     """Each ``<task>/<metric>`` column of `tables.metric_trends` against the step; RMSE (not a
-    fraction) on its own axis."""
+    fraction) on its own axis; a panel with no value at all is left out."""
     steps = trends.column("step") if "step" in trends.columns else []
-    series = [c for c in trends.columns if c not in ("epoch", "step")]
+    series = [c for c in trends.columns if c not in ("epoch", "step") and _has_values(trends, c)]
     lower = [c for c in series if c.rsplit("/", 1)[-1] in LOWER_IS_BETTER and c.rsplit("/", 1)[-1] not in COUNTS]
     fractions = [c for c in series if c not in lower]
-    fig = _figure(9 if lower else 6.5, 4)
-    axes = fig.subplots(1, 2) if lower else [fig.add_subplot()]
+    panels = [(names, label) for names, label in ((fractions, "value (fraction)"), (lower, "RMSE (lower is better)"))
+              if names] or [([], "")]
+    fig = _figure(4.5 + 4.5 * len(panels), 4)
+    fig.suptitle(title, fontsize="medium")
+    axes = fig.subplots(1, len(panels)) if len(panels) > 1 else [fig.add_subplot()]
     if not series or not steps:
         _empty(axes[0], "no validation")
         return _finish(fig, path)
-    for ax, names, ylabel in ((axes[0], fractions, "value (fraction)"), (axes[-1], lower, "RMSE (lower is better)")):
-        if not names:
-            continue
+    for ax, (names, ylabel) in zip(axes, panels):
         for name in names:
             values = [math.nan if v is None else v for v in trends.column(name)]
             ax.plot(steps, values, marker="o", label=name)
@@ -143,26 +152,43 @@ def plot_trends(trends: Table, path: Optional[PathLike] = None) -> Figure:
 
 def plot_ablation(data: dict[str, dict[str, Optional[float]]], path: Optional[PathLike] = None,
                   title: str = "LoRA variants") -> Figure:
-    """One bar group per task (``<task>/<metric>``), one bar per variant (input:
-    `compare.ablation_data`); a missing value leaves a gap."""
-    groups = list(data)
+    """The variants side by side (input: `compare.ablation_data`): a panel for ``val/loss`` (the number
+    that separates variants of a short run), one for trainable parameters, one bar group per task for the
+    headline fractions, and one for RMSE; panels with no value are left out, a missing value leaves a gap."""
     variants = list(dict.fromkeys(v for values in data.values() for v in values))
-    fig = _figure(min(14.0, max(6.0, 1.0 * len(groups) + 2.5)), 5)
-    ax = fig.add_subplot()
-    if not groups or not variants:
-        _empty(ax, "no variant has a validation")
+    present = {g: vals for g, vals in data.items() if any(v is not None for v in vals.values())}
+
+    def kind(group: str) -> str:
+        if group in ("val/loss", "trainable (M)"):
+            return group
+        return "lower" if group.rsplit("/", 1)[-1] in LOWER_IS_BETTER else "fraction"
+
+    panels = [(k, [g for g in present if kind(g) == k], label) for k, label in (
+        ("val/loss", "validation loss (lower is better)"), ("trainable (M)", "trainable parameters (millions)"),
+        ("fraction", "headline metric (fraction)"), ("lower", "RMSE (lower is better)"))]
+    panels = [p for p in panels if p[1]]
+    widths = [1.5 if k in ("val/loss", "trainable (M)") else max(3.0, 0.9 * len(groups)) for k, groups, _ in panels]
+    fig = _figure(min(18.0, 2.0 + sum(widths)), 5)
+    fig.suptitle(title, fontsize="medium")
+    if not panels or not variants:
+        _empty(fig.add_subplot(), "no variant has a validation")
         return _finish(fig, path)
+    axes = fig.subplots(1, len(panels), width_ratios=widths) if len(panels) > 1 else [fig.add_subplot()]
     width = 0.8 / len(variants)
-    for i, variant in enumerate(variants):
-        xs = [g + (i - (len(variants) - 1) / 2) * width for g in range(len(groups))]
-        values = [data[group].get(variant) for group in groups]
-        ax.bar(xs, [math.nan if v is None else v for v in values], width=width, label=variant)
-    ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels(groups, rotation=35, ha="right", fontsize="small")
-    ax.set_ylabel("value (fraction; RMSE: lower is better)", fontsize="small")
-    ax.set_title(title)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize="small")
+    for ax, (kind_, groups, label) in zip(axes, panels):
+        for i, variant in enumerate(variants):
+            xs = [g + (i - (len(variants) - 1) / 2) * width for g in range(len(groups))]
+            values = [present[group].get(variant) for group in groups]
+            bars = ax.bar(xs, [math.nan if v is None else v for v in values], width=width,
+                          label=variant, color=f"C{i}")
+            if kind_ in ("val/loss", "lower"):  # small differences between tall bars: print the values
+                ax.bar_label(bars, fmt="%.3f", fontsize="x-small")
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels(groups, rotation=35, ha="right", fontsize="small")
+        ax.set_ylabel(label, fontsize="small")
+        ax.grid(axis="y", alpha=0.3)
+    fig.legend(*axes[0].get_legend_handles_labels(), fontsize="small", ncols=min(len(variants), 6),
+               loc="outside lower center")
     return _finish(fig, path)
 
 

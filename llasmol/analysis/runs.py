@@ -111,6 +111,12 @@ class Run:
         names = ", ".join(v.name for v in self.validations)
         raise UserError(f"{self.path} has no validation {which!r}; it has: {names}")
 
+    @property
+    def val_loss(self) -> Optional[float]:
+        """The validation loss of the latest validation (from the CSV log), or None."""
+        losses = [row["val/loss"] for row in self.csv_log() if row.get("val/loss") is not None]
+        return losses[-1] if losses else None
+
     def csv_log(self) -> list[dict[str, Optional[float]]]:
         """Rows of ``csv/metrics.csv`` with numbers as floats and empty cells as None."""
         return read_csv_log(self.path / layout.CSV_LOG)
