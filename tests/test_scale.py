@@ -179,6 +179,7 @@ def test_multirun_through_the_submitit_launcher(tmp_path):
     assert [results[k]["params"]["trainable"] for k in sorted(results)] == expected and expected[0] < expected[1]
     assert all(r["global_step"] == 2 and "val/loss" in r["metrics"] for r in results.values())
     assert (sweep / ".submitit").is_dir()  # the jobs really went through submitit
+    assert f"sweep folder: {sweep.resolve()}" in proc.stdout and f"python -m llasmol.report {sweep.resolve()}" in proc.stdout
 
 
 def test_norm_clipping_under_fsdp_goes_through_the_sharded_root(monkeypatch):

@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -58,3 +59,13 @@ def compose_config(overrides: list[str] | None = None, config_name: str = "train
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose(config_name=config_name, overrides=list(overrides or []))
+
+
+class SweepSummary(Callback):
+    """A Hydra callback: once every job of a multirun of `train` has ended, print the sweep folder and the
+    command that compares its variants (the jobs' own output scrolled past long before)."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        if config.get("task_name") == "train":
+            sweep = Path(config.hydra.sweep.dir).resolve()
+            print(f"sweep folder: {sweep}\n  compare its variants: python -m llasmol.report {sweep}", flush=True)
