@@ -79,6 +79,7 @@ class MakesAFile:
         return (open, (self.path, "w"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["torch.save", "plain pickle"])
 def test_a_crafted_pickle_is_refused_in_one_line_and_nothing_runs(cfg, twins, tmp_path, layout):
     _, old = twins

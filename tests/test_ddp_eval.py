@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -55,6 +56,7 @@ def _evaluate_rank(rank: int, world: int, out: str) -> None:
     Path(out).with_suffix(f".{rank}.json").write_text(json.dumps({"metrics": results, "records": everything}))
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
     _evaluate(0, 1, 0, str(tmp_path / "single"))
     mp.spawn(_evaluate, args=(2, free_port(), str(tmp_path / "ddp")), nprocs=2, join=True)

@@ -156,6 +156,7 @@ def test_evaluate_a_run_directory_on_the_test_split(run_dir, tmp_path):
     assert len(records) == 22
 
 
+@pytest.mark.slow
 def test_generate_command_answers_on_cpu(run_dir, tmp_path):
     proc = run_cli(["llasmol.generate", "Is <SMILES> C1=CC=CC=C1O </SMILES> toxic?", f"ckpt={run_dir}",
                     "task=property_prediction-clintox", "generation.max_new_tokens_limit=8"], tmp_path)
@@ -326,6 +327,7 @@ def test_saved_adapters_name_their_base_and_carry_a_real_model_card(run_dir):
         resolve_checkpoint(str(adapter), compose_config(["model=mistral"], "evaluate"))
 
 
+@pytest.mark.slow
 def test_test_results_attach_to_the_run_and_reach_the_report_beside_the_paper(run_dir, tmp_path):
     import shutil
 

@@ -92,6 +92,7 @@ def missing_split(root: Path) -> str:
 
 @pytest.mark.parametrize("corrupt", [corrupt_template, corrupt_raw_line, corrupt_train_line, index_beyond_raw,
                                      missing_split, missing_task_file, missing_template])
+@pytest.mark.slow
 def test_bad_data_ends_with_one_line_naming_it(broken_root, tmp_path, corrupt):
     needle = corrupt(broken_root)
     proc = run_cli(["llasmol.train", f"data.path={broken_root}", TASKS, f"hydra.run.dir={tmp_path / 'run'}", *QUICK],
@@ -139,6 +140,7 @@ def test_unknown_config_option_lists_the_choices(tmp_path):
     assert "mistrall" in proc.stderr and "mistral" in proc.stderr.replace("mistrall", "")
 
 
+@pytest.mark.slow
 def test_wandb_artifacts_without_an_online_run_end_with_one_line(tmp_path):
     proc = run_cli(["llasmol.train", "logger.wandb.log_model=true", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     line = one_error_line(proc)
@@ -146,6 +148,7 @@ def test_wandb_artifacts_without_an_online_run_end_with_one_line(tmp_path):
     assert not (tmp_path / "run" / "wandb").exists()  # refused before a W&B run was started
 
 
+@pytest.mark.slow
 def test_tensorboard_without_its_package_ends_with_one_line(tmp_path):
     import importlib.util
 
@@ -160,6 +163,7 @@ def test_missing_checkpoint_path_is_named(tmp_path):
     assert proc.returncode == 2 and "ckpt=/nonexistent/run holds no adapter" in one_error_line(proc)
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_training_with_one_line(tmp_path):
     proc = run_cli(["llasmol.train", "optimizer.lr=1e30", f"hydra.run.dir={tmp_path / 'run'}", *QUICK,
                     "trainer.max_steps=30", "val_every_n_steps=1"], tmp_path)
@@ -172,6 +176,7 @@ def test_non_finite_loss_stops_training_with_one_line(tmp_path):
         assert (ckpt.with_name(ckpt.stem + ".adapter") / "adapter_model.safetensors").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 1), (signal.SIGTERM, 143)])
 def test_ctrl_c_or_sigterm_saves_a_checkpoint_that_resumes(tmp_path, cfg_factory, sig, code):
     """Ctrl-C, or SIGTERM as a cluster sends before it preempts a job: a resumable checkpoint and a
@@ -245,6 +250,7 @@ def test_remote_code_is_off_and_weights_load_from_safetensors():
     assert "use_safetensors=True" in source
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
 @pytest.mark.parametrize("bits", ["8bit", "4bit"])
 def test_quantisation_without_cuda_ends_with_one_line(tmp_path, bits):
@@ -343,6 +349,7 @@ def test_written_files_and_adapter_folders_respect_the_umask(tmp_path):
     assert stat.S_IMODE((tmp_path / "x.adapter").stat().st_mode) == 0o755
 
 
+@pytest.mark.slow
 def test_a_command_stopped_by_a_mistake_leaves_no_empty_run_folder(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("HYDRA_FULL_ERROR", None)

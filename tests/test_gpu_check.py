@@ -29,6 +29,7 @@ def test_lora_step_flops_of_mistral_7b():
     assert flops_per_token(model, arch_config("mistral-7b"), 512) == 4 * frozen + 6 * adapters + attention
 
 
+@pytest.mark.slow
 def test_dry_run_on_cpu_reports_throughput_memory_and_mfu(tmp_path):
     out = tmp_path / "gpu_check.json"
     proc = subprocess.run(

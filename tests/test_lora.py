@@ -114,6 +114,7 @@ def test_exact_llama2_full_count():
     assert counts["total"] == 6_738_415_616 + counts["trainable"]
 
 
+@pytest.mark.slow
 def test_params_command_prints_json_last(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "llasmol.params", "model=mistral", "lora=full"],

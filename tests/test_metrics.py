@@ -389,6 +389,7 @@ RECORDS = [
 ]
 
 
+@pytest.mark.slow
 def test_score_records_pools_golds_by_input():
     results = score_records(RECORDS)
     assert set(results) == {r["task"] for r in RECORDS}

@@ -107,6 +107,7 @@ def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_real_ddp_two_ranks_equal_one(tmp_path):
     """Two gloo processes, each with half the samples (or one with all), give the one-process numbers."""
     import torch.multiprocessing as mp

@@ -143,6 +143,7 @@ def test_scibert_from_a_local_folder(monkeypatch, tmp_path):
         textmod._gold_tokens.cache_clear()
 
 
+@pytest.mark.slow
 def test_ensure_wordnet_copies_with_lf_line_endings(monkeypatch, tmp_path):
     import nltk
 

@@ -58,6 +58,7 @@ def _losses(run_dir) -> list[float]:
         return [float(r["train/loss"]) for r in csv.DictReader(fh) if r["train/loss"]]
 
 
+@pytest.mark.slow
 def test_a_packed_run_trains_like_the_padded_run(tmp_path, cfg_factory):
     """Same micro-batches, same losses step by step (dropout off: its masks depend on the tensor shape)."""
     from llasmol.train import train

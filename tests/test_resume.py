@@ -162,6 +162,7 @@ def reference(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_a_run_killed_mid_epoch_resumes_exactly(tmp_path, cfg_factory, reference):
     from llasmol.train import train
 
@@ -186,6 +187,7 @@ def test_a_run_killed_mid_epoch_resumes_exactly(tmp_path, cfg_factory, reference
     assert resumed["metrics"]["val/loss"] == pytest.approx(expected["metrics"]["val/loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 1), (signal.SIGTERM, 143)])
 def test_a_run_stopped_by_ctrl_c_or_sigterm_resumes_exactly_from_interrupted_ckpt(
         tmp_path, cfg_factory, reference, sig, code):
@@ -224,6 +226,7 @@ def test_a_run_stopped_by_ctrl_c_or_sigterm_resumes_exactly_from_interrupted_ckp
     assert resumed["metrics"]["val/loss"] == pytest.approx(expected["metrics"]["val/loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_a_two_process_ddp_run_killed_mid_epoch_resumes_exactly(tmp_path):
     """Both ranks continue at their own place in their own share of the epoch."""
     # 192 samples: 12 steps an epoch of micro-batch 4 × accumulation 2 × 2 processes.
@@ -250,6 +253,7 @@ def test_a_two_process_ddp_run_killed_mid_epoch_resumes_exactly(tmp_path):
     assert not shares[0] & shares[1]  # the ranks' shares are disjoint
 
 
+@pytest.mark.slow
 def test_resuming_another_lora_variant_stops_in_one_line(tmp_path, cfg_factory):
     from llasmol.train import train
 

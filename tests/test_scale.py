@@ -159,6 +159,7 @@ def test_slurm_launcher_maps_the_trainer_onto_jobs():
     assert (launcher.partition, launcher.nodes, launcher.gpus_per_node, launcher.tasks_per_node) == ("a100", 2, 8, 8)
 
 
+@pytest.mark.slow
 def test_multirun_through_the_submitit_launcher(tmp_path):
     """The launcher the SLURM preset builds on, in its local mode: each variant a job of its own process."""
     import json

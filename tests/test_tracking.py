@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from llasmol.train import train
 
 FAKE_KEY = "local-0123456789abcdef0123456789abcdef0123456789ab"
@@ -20,6 +22,7 @@ def wandb_run_files(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
 
 
+@pytest.mark.slow
 def test_offline_wandb_run_holds_metrics_config_table_and_best(cfg_factory, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
     monkeypatch.delenv("WANDB_MODE", raising=False)  # offline by our config, not by the environment
@@ -41,6 +44,7 @@ def test_offline_wandb_run_holds_metrics_config_table_and_best(cfg_factory, tmp_
             assert FAKE_KEY.encode() not in path.read_bytes(), path
 
 
+@pytest.mark.slow
 def test_multirun_jobs_share_one_wandb_group(tmp_path):
     sweep = tmp_path / "sweep"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -59,6 +63,7 @@ def test_multirun_jobs_share_one_wandb_group(tmp_path):
         assert group in record.read_bytes()
 
 
+@pytest.mark.slow
 def test_a_run_resumed_in_its_directory_continues_its_wandb_run(cfg_factory, tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     short = ["logger=[csv,wandb]", "val_every_n_steps=100", "callbacks.resume_checkpoint.every_n_train_steps=2",
@@ -74,6 +79,7 @@ def test_a_run_resumed_in_its_directory_continues_its_wandb_run(cfg_factory, tmp
     assert (other / "wandb_run_id").read_text().strip() != run_id
 
 
+@pytest.mark.slow
 def test_a_run_resumed_in_its_directory_keeps_its_csv_rows(cfg_factory, tmp_path):
     import csv
 
@@ -93,6 +99,7 @@ def test_a_run_resumed_in_its_directory_keeps_its_csv_rows(cfg_factory, tmp_path
     assert len(both) == len(set(both))  # no step twice
 
 
+@pytest.mark.slow
 def test_resuming_from_a_mid_run_checkpoint_rewrites_the_rows_after_it_once(cfg_factory, tmp_path):
     """Rows logged after the checkpoint (before the stop) are dropped, as the resumed run logs them again."""
     import csv

@@ -31,6 +31,7 @@ def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.Comple
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_default_run_learns_and_writes_peft_checkpoints(cfg_factory, tmp_path):
     cfg = cfg_factory("trainer.max_steps=150", "val_every_n_steps=50", *SHORT)
     result = train(cfg)
@@ -72,6 +73,7 @@ def test_default_run_learns_and_writes_peft_checkpoints(cfg_factory, tmp_path):
         torch.testing.assert_close(peft_model.state_dict()[key], value)
 
 
+@pytest.mark.slow
 def test_multirun_of_two_variants_records_each_count(tmp_path):
     sweep = tmp_path / "sweep"
     proc = run_cli(
@@ -102,6 +104,7 @@ def test_multirun_of_two_variants_records_each_count(tmp_path):
         (["data.tasks=[forward_synthesis,retro]"], "unknown task 'retro'"),
     ],
 )
+@pytest.mark.slow
 def test_mistakes_end_with_one_clear_line(tmp_path, overrides, needle):
     proc = run_cli(["llasmol.train", *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=300)
     assert proc.returncode == 2
@@ -112,6 +115,7 @@ def test_mistakes_end_with_one_clear_line(tmp_path, overrides, needle):
         assert "model.path=" in errors[0]  # says how to point at local weights
 
 
+@pytest.mark.slow
 def test_a_machine_without_network_fails_fast_without_hf_hub_offline(tmp_path):
     """No HF_HUB_OFFLINE: the Hub is probed once (here: a closed local port, so nothing can download)
     instead of a minute of retries and a warning per retry; the run's log keeps the error too."""
@@ -146,6 +150,7 @@ def test_user_errors_raise_from_the_plain_function(cfg_factory):
         train(cfg_factory("data.micro_batch_size=3", *SHORT))
 
 
+@pytest.mark.slow
 def test_paper_recipe_runs_on_the_tiny_model(cfg_factory, tmp_path):
     """The paper's optimizer (8-bit AdamW), warm-up and computed accumulation, on CPU."""
     cfg = cfg_factory("recipe=paper", "data.effective_batch_size=16", "trainer.max_steps=3", "val_every_n_steps=2",
@@ -165,6 +170,7 @@ def test_paper_recipe_runs_on_the_tiny_model(cfg_factory, tmp_path):
     assert [int(r["step"]) for r in rows if r["val/loss"]] == [1, 3]
 
 
+@pytest.mark.slow
 def test_ddp_on_two_cpu_processes_runs_end_to_end(tmp_path):
     """`trainer=ddp trainer.accelerator=cpu trainer.devices=2`: gloo, validation generation and metrics."""
     run = tmp_path / "run"
@@ -194,6 +200,7 @@ def test_ddp_on_two_cpu_processes_runs_end_to_end(tmp_path):
         assert got == pytest.approx(values, abs=1e-9, nan_ok=True), task
 
 
+@pytest.mark.slow
 def test_a_short_run_validates_its_last_step_and_tells_its_story_in_train_log(tmp_path):
     """No terminal (nohup, SLURM, CI): train.log has a line per validation and a summary with what to run next."""
     run = tmp_path / "run"
