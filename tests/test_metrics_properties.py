@@ -112,3 +112,69 @@ def test_huge_and_binary_output():
     for task in TASKS:
         for text in (huge, binary, "<NUMBER> " + "9" * 5000 + " </NUMBER>", "\x00" * 10_000):
             _check(task, finalize(task, sample_stats(task, [text] * 3, GOLDS[task])))
+
+
+# --------------------------------------------------------------------------- bounded cost
+
+
+def _sulfur_grid(n: int) -> str:
+    """n^3 sulfur atoms, each bonded to six neighbours (a periodic 3-D grid): valid for RDKit, and minutes
+    of fingerprinting for n = 4 before the complexity bound."""
+    from rdkit import Chem
+
+    mol, index = Chem.RWMol(), {}
+    for x in range(n):
+        for y in range(n):
+            for z in range(n):
+                index[(x, y, z)] = mol.AddAtom(Chem.Atom(16))
+    for (x, y, z), i in index.items():
+        for dx, dy, dz in ((1, 0, 0), (0, 1, 0), (0, 0, 1)):
+            j = index[((x + dx) % n, (y + dy) % n, (z + dz) % n)]
+            if mol.GetBondBetweenAtoms(i, j) is None:
+                mol.AddBond(i, j, Chem.BondType.SINGLE)
+    return Chem.MolToSmiles(mol.GetMol())
+
+
+HOSTILE_SMILES = st.one_of(
+    st.sampled_from([_sulfur_grid(4), _sulfur_grid(3), "C" * 4000, "C1" + "C" * 398 + "1", "c1ccccc1" * 400]),
+    st.builds(lambda n: "C(" * n + "C" + ")" * n, st.integers(1, 1300)),  # deep branches
+    st.builds(lambda k: ".".join(["[Na+]"] * k), st.integers(1, 800)),  # many fragments
+)
+HUGE_NUMBERS = st.sampled_from(["1e200", "-1e300", "1e154", "9" * 400, "1e308", "-1.7976931348623157e308"])
+
+
+@settings(max_examples=25, deadline=20_000, suppress_health_check=[HealthCheck.too_slow])
+@given(answer=HOSTILE_SMILES, task=st.sampled_from(["forward_synthesis", "molecule_generation", "name_conversion-i2s"]))
+def test_pathological_molecules_are_scored_in_bounded_time(answer, task):
+    """Scoring never hangs: molecules past the size and ring bounds are refused before fingerprints, and
+    counted (`num_too_complex`) rather than scored; each example has 20 s (hypothesis' deadline)."""
+    stats = sample_stats(task, [f"<SMILES> {answer} </SMILES>"] * 3, ["CCO"])
+    _check(task, finalize(task, stats))
+    if answer == _sulfur_grid(4):
+        assert stats["num_too_complex"] == 1 and stats["num_valid"] == 0
+
+
+@settings(max_examples=20, deadline=5_000)
+@given(answer=HUGE_NUMBERS, gold=st.one_of(HUGE_NUMBERS, st.just("-1.41")),
+       task=st.sampled_from(["property_prediction-esol", "property_prediction-lipo"]))
+def test_huge_numbers_are_counted_never_raised(answer, gold, task):
+    """|x| above ~1.3e154 makes a squared error overflow: counted as an invalid answer, never raised."""
+    metrics = finalize(task, sample_stats(task, [f"<NUMBER> {answer} </NUMBER>"], [gold]))
+    _check(task, metrics)
+    assert metrics["num_valid"] + metrics["num_invalid"] == 1
+    assert metrics["num_valid"] == 0 or math.isfinite(metrics["rmse"])
+
+
+@settings(max_examples=3, deadline=30_000)
+@given(size=st.sampled_from([20_000, 1_000_000]))
+def test_long_pooled_captions_are_scored_in_bounded_time(size):
+    """A shared input's golds pooled (20 golds of 20 kB) against a 1 MB answer: cut, so seconds, not minutes."""
+    import random
+
+    rng = random.Random(size)
+    words = ["the", "molecule", "is", "an", "acid", "with", "a", "role", "as", "metabolite", "ring", "group"]
+    text = lambda n: " ".join(rng.choice(words) for _ in range(n // 5))  # noqa: E731
+    golds = [text(20_000) for _ in range(20)]
+    metrics = finalize("molecule_captioning", sample_stats("molecule_captioning", [text(size)], golds))
+    _check("molecule_captioning", metrics)
+    assert metrics["num_scored"] == 1

@@ -13,13 +13,15 @@ sample's predictions, best first (`extract_answer`), `golds` its gold answers:
   k or more predictions (a sample with fewer uses all it has); ``validity`` = valid top-1 answers / top-1
   answers; ``fts`` (Morgan), ``fts_maccs``, ``fts_rdk`` = mean over valid top-1 answers of the Tanimoto
   similarity to the most similar gold, per fingerprint (a gold that does not parse counts as 0);
-  ``num_valid``.
+  ``num_valid``; ``num_too_complex`` = top-1 answers RDKit reads but too large or ring-dense to score
+  (`molecules.MAX_ATOMS`, `MAX_RING_CLOSURES`), counted as not valid.
 - formula (NC-I2F, NC-S2F): ``exact_match``/``top{k}_exact_match`` when the atom counts and charge are
   equal (`llasmol.metrics.formula`); ``num_invalid`` = answers that do not parse as a formula.
 - iupac (NC-S2I): ``exact_match``/``top{k}_exact_match`` when the sets of non-empty ``';'``-separated
   parts, each stripped, are equal (case and inner spacing matter).
 - number (ESOL, Lipo): ``rmse`` over top-1 answers that parse as finite numbers (Python ``float``,
-  Unicode minus accepted; ``nan``/``inf``/``1e999`` do not parse), each against the closest gold;
+  Unicode minus accepted; ``nan``/``inf``/``1e999`` do not parse, nor a number whose squared error
+  overflows), each against the closest gold;
   ``num_valid`` + ``num_invalid`` + ``num_no_answer`` = ``num_samples``; RMSE with no valid answer is NaN.
 - boolean (BBBP, ClinTox, HIV, SIDER): the top-1 answer is ``yes``/``no`` case-insensitively, after
   stripping whitespace and one trailing period; ``accuracy`` = correct / *all* samples (a missing or
@@ -40,7 +42,7 @@ import math
 from typing import Optional, Sequence
 
 from llasmol.metrics.formula import parse_formula
-from llasmol.metrics.molecules import FINGERPRINTS, molecule_keys, parse_gold_molecule, tanimoto
+from llasmol.metrics.molecules import FINGERPRINTS, molecule_keys, parse_gold_molecule, tanimoto, too_complex
 
 TOPK: tuple[int, ...] = (1, 3, 5, 10)
 
@@ -109,9 +111,10 @@ _TOPK_METRICS = ("exact_match",) + tuple(f"top{k}_exact_match" for k in TOPK)
 
 class SmilesFamily(Family):
     name = "smiles"
-    stats = ("num_valid",) + _TOPK_STATS + ("fts_morgan_sum", "fts_maccs_sum", "fts_rdk_sum")
-    metric_names = _TOPK_METRICS + ("validity", "fts", "fts_maccs", "fts_rdk", "num_valid")
-    counts = frozenset({"num_valid"})
+    stats = ("num_valid", "num_too_complex") + _TOPK_STATS + ("fts_morgan_sum", "fts_maccs_sum", "fts_rdk_sum")
+    metric_names = _TOPK_METRICS + ("validity", "fts", "fts_maccs", "fts_rdk", "num_valid", "num_too_complex")
+    counts = frozenset({"num_valid", "num_too_complex"})
+    lower_is_better = frozenset({"num_too_complex"})
 
     def fill(self, answers, golds, stats):
         gold_mols = [parse_gold_molecule(g) for g in golds]
@@ -123,6 +126,8 @@ class SmilesFamily(Family):
             keys = (top1.keys if top1 is not None else None) if i == 0 else molecule_keys(answer)
             hits.append(keys is not None and keys in gold_keys)
         _topk_stats(hits, stats)
+        if top1 is None and answers and too_complex(answers[0]):
+            stats["num_too_complex"] = 1.0  # refused unscored (molecules.MAX_ATOMS, MAX_RING_CLOSURES)
         if top1 is not None:
             stats["num_valid"] = 1.0
             for name in FINGERPRINTS:
@@ -137,6 +142,7 @@ class SmilesFamily(Family):
             **_topk_metrics(stats),
             "validity": ratio(valid, stats["num_samples"] - stats["num_no_answer"]),
             "num_valid": valid,
+            "num_too_complex": stats["num_too_complex"],
             "fts": ratio(stats["fts_morgan_sum"], valid),
             "fts_maccs": ratio(stats["fts_maccs_sum"], valid),
             "fts_rdk": ratio(stats["fts_rdk_sum"], valid),
@@ -222,8 +228,13 @@ class NumberFamily(Family):
         if value is None or not gold_values:
             stats["num_invalid"] = 1.0
             return
+        # Products, not powers: a power raises OverflowError past ~1.3e154; a product gives inf.
+        error = min((value - gold) * (value - gold) for gold in gold_values)
+        if not math.isfinite(error):
+            stats["num_invalid"] = 1.0  # an answer (or gold) so large its error overflows: counted, not raised
+            return
         stats["num_valid"] = 1.0
-        stats["sq_err_sum"] = min((value - gold) ** 2 for gold in gold_values)
+        stats["sq_err_sum"] = error
 
     def metrics(self, stats):
         valid = stats["num_valid"]

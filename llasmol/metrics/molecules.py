@@ -33,6 +33,13 @@ RDLogger.DisableLog("rdApp.*")
 MAX_SMILES_CHARS = 4096
 """Answers longer than this are invalid without parsing (no SMolInstruct molecule comes close)."""
 
+# Fingerprints cost what a molecule's graph makes them cost, not what its text length says: 64 sulfur atoms
+# bonded six ways in a 3-D grid (680 characters, valid for RDKit) take RDKit minutes of path enumeration
+# and SMARTS matching. Answers past these bounds are refused before any fingerprint (counted as invalid,
+# and as `num_too_complex`); SMolInstruct's molecules are small ones (the paper: up to ~100 atoms).
+MAX_ATOMS = 300
+MAX_RING_CLOSURES = 40  # bonds - atoms + fragments: 31 for C60, 129 for that sulfur grid
+
 FINGERPRINTS: tuple[str, ...] = ("morgan", "maccs", "rdk")
 
 _MORGAN = rdFingerprintGenerator.GetMorganGenerator(radius=2)
@@ -43,6 +50,29 @@ class Molecule(NamedTuple):
 
     keys: frozenset[str]
     fingerprints: dict[str, object] | None
+
+
+def _too_complex(mols: list) -> bool:
+    atoms = sum(m.GetNumAtoms() for m in mols)
+    closures = sum(m.GetNumBonds() - m.GetNumAtoms() + 1 for m in mols)
+    return atoms > MAX_ATOMS or closures > MAX_RING_CLOSURES
+
+
+def too_complex(text: str | None) -> bool:
+    """Whether `text` is a SMILES RDKit reads but too large or too ring-dense to score (`MAX_ATOMS`,
+    `MAX_RING_CLOSURES`); parsing only, no fingerprints."""
+    if not isinstance(text, str) or not text or len(text) > MAX_SMILES_CHARS:
+        return False
+    mols = []
+    for part in text.replace(";", ".").split("."):
+        try:
+            mol = Chem.MolFromSmiles(part.strip()) if part.strip() else None
+        except Exception:
+            mol = None
+        if mol is None:
+            return False
+        mols.append(mol)
+    return _too_complex(mols)
 
 
 def _part_key(mol: Chem.Mol) -> str:
@@ -79,6 +109,8 @@ def parse_molecule(text: str | None, fingerprints: bool = False) -> Molecule | N
         if mol is None or mol.GetNumAtoms() == 0:
             return None
         mols.append(mol)
+    if _too_complex(mols):
+        return None
     try:
         keys = frozenset(_part_key(mol) for mol in mols)
         fps = None

@@ -62,24 +62,25 @@ class GenerationEvaluator(Callback):
                                   self.generation["max_prompt_tokens"], self.generation["batch_size"])
         with generation_progress("Generation", len(share), live_progress(trainer)) as advance:
             records = generate_records(generator, data, share, self._golds, self.generation, advance)
+        everything = sorted(gather_to_all(records), key=lambda r: r["index"])
+        out = Path(self.output_dir or trainer.default_root_dir)
+        # A validation after fit (of the last step) belongs to the epoch that step was trained in.
+        epoch = trainer.current_epoch if trainer.state.fn == "fit" or self._epoch is None else self._epoch
+        stem = validation_name(epoch, trainer.global_step)
+        if trainer.is_global_zero:  # the predictions first: a failure while scoring never loses the generation
+            write_jsonl(out / PREDICTIONS / f"{stem}.jsonl", everything)
         results = score(records, list(data.tasks), pl_module.device)
         flat = {f"val/{task}/{name}": float(value) for task, values in results.items()
                 for name, value in values.items() if isinstance(value, (int, float))}
         for key, value in flat.items():
             # Already synchronised (equal on every rank); sync_dist keeps Lightning's DDP bookkeeping quiet.
             pl_module.log(key, value, sync_dist=True)
-        everything = gather_to_all(records)
         if trainer.is_global_zero:
             from llasmol.training.tracking import log_predictions_table, update_best_summary, wandb_loggers
 
             if wandb_loggers(trainer):
-                log_predictions_table(trainer, sorted(everything, key=lambda r: r["index"]))
+                log_predictions_table(trainer, everything)
                 update_best_summary(trainer, flat)
-            out = Path(self.output_dir or trainer.default_root_dir)
-            # A validation after fit (of the last step) belongs to the epoch that step was trained in.
-            epoch = trainer.current_epoch if trainer.state.fn == "fit" or self._epoch is None else self._epoch
-            stem = validation_name(epoch, trainer.global_step)
-            write_jsonl(out / PREDICTIONS / f"{stem}.jsonl", sorted(everything, key=lambda r: r["index"]))
             write_json(out / METRICS / f"{stem}.json", results)
         self._last_results = results
 
