@@ -42,7 +42,8 @@ def answer_of(response: str, task: Optional[str] = None) -> Optional[str]:
     return extract_answer(task, response) if task else any_answer(response)
 
 
-def generate(cfg: DictConfig) -> list[str]:
+def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
+    """Responses to `query` (taken literally), or to `cfg.query` when none is given."""
     from llasmol.core.quiet import quiet_known_noise
 
     quiet_known_noise()
@@ -52,8 +53,13 @@ def generate(cfg: DictConfig) -> list[str]:
     from llasmol.inference.beam_search import BeamGenerator, task_settings
     from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
 
-    if not cfg.query:
+    query = query if query is not None else cfg.query
+    if not query:
         raise UserError('no query: run python -m llasmol.generate "<your question>" [ckpt=<run dir>]')
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError("the question holds bytes that are not UTF-8 text: pass it as UTF-8") from None
     if cfg.task:
         get_task(cfg.task, "task= (or leave task out for the default beams)")
     model_cfg, adapter, _ = resolve_checkpoint(cfg.ckpt, cfg)
@@ -62,7 +68,7 @@ def generate(cfg: DictConfig) -> list[str]:
     formatter = PromptFormatter(tokenizer, model_cfg.prompt_template)
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, 1)
     settings = task_settings(cfg.generation, cfg.task or "")  # no task: the default beam settings
-    responses = generator.generate([canonicalize_query(cfg.query)], settings)[0]
+    responses = generator.generate([canonicalize_query(query)], settings)[0]
     if responses is None:
         raise UserError(f"the query is longer than generation.max_prompt_tokens={cfg.generation.max_prompt_tokens} tokens")
     return responses
@@ -73,21 +79,24 @@ _VALUED_OPTIONS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--
                    "--config-dir", "-cd", "--experimental-rerun"}
 
 
-def _split_query(argv: list[str]) -> list[str]:
-    """Hydra takes only key=value overrides: move the first plain argument into `query=`."""
+def _split_query(argv: list[str]) -> tuple[list[str], Optional[str]]:
+    """Hydra takes only key=value overrides: the first plain argument is the question, taken out of the
+    arguments so that it is never parsed as config (`${oc.env:HOME}` in a question stays as written)."""
     for i, arg in enumerate(argv[1:], 1):
         if argv[i - 1] in _VALUED_OPTIONS:
             continue
         if not OVERRIDE.match(arg) and not arg.startswith("-"):
-            quoted = arg.replace("\\", "\\\\").replace("'", "\\'")
-            return argv[:i] + [f"query='{quoted}'"] + argv[i + 1 :]
-    return argv
+            return argv[:i] + argv[i + 1 :], arg
+    return argv, None
+
+
+_QUERY: Optional[str] = None  # the question from the command line, literally
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="generate")
 @report_user_errors
 def main(cfg: DictConfig) -> None:
-    responses = generate(cfg)
+    responses = generate(cfg, _QUERY)
     for rank, response in enumerate(responses, 1):
         print(f"[{rank}] {response}")
     print(f"answer: {answer_of(responses[0], cfg.task) if responses else None}", flush=True)
@@ -97,5 +106,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    sys.argv = _split_query(sys.argv)
+    sys.argv, _QUERY = _split_query(sys.argv)
     main()

@@ -349,3 +349,48 @@ def test_test_results_attach_to_the_run_and_reach_the_report_beside_the_paper(ru
     ours = json.loads((run / "metrics" / "test.json").read_text())["name_conversion-i2f"]["exact_match"]
     assert f"| name_conversion-i2f | exact_match | {ours:.3f} | 0.898 |" in table
     assert "| property_prediction-bbbp | mcc |" in table and "| property_prediction-esol | rmse |" in table
+
+
+def test_a_run_directory_cannot_switch_on_remote_code(run_dir, tmp_path):
+    """A run directory's config is data: it may not turn on trust_remote_code (nor add fields); the model
+    folder's auto_map code never runs, and the refusal is one line."""
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    evil = tmp_path / "evil_model"
+    evil.mkdir()
+    marker = tmp_path / "pwned"
+    (evil / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (evil / "config.json").write_text(json.dumps({"model_type": "evil", "auto_map": {
+        "AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.Evil", "AutoTokenizer": ["evil.Tok", None]}}))
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
+    cfg.model.trust_remote_code, cfg.model.path, cfg.model.random_init, cfg.model.tokenizer = True, str(evil), False, None
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    for args in (["llasmol.evaluate", f"ckpt={run}"], ["llasmol.generate", "What is <SMILES> CCO </SMILES> ?", f"ckpt={run}"]):
+        proc = run_cli(args, tmp_path)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert proc.returncode == 2 and len(errors) == 1 and "trust_remote_code" in errors[0], proc.stderr[-1500:]
+    assert not marker.exists()
+    cfg.model.trust_remote_code = False
+    cfg.model["_target_"] = "os.system"  # a field train never writes
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    proc = run_cli(["llasmol.evaluate", f"ckpt={run}"], tmp_path)
+    assert proc.returncode == 2 and "model._target_=" in proc.stderr and "llasmol.train does not write" in proc.stderr
+
+
+def test_a_question_is_taken_literally(run_dir, tmp_path):
+    """generate's question is never read as config: interpolations stay text, a broken one is no error."""
+    from llasmol.generate import _split_query
+
+    argv = ["generate", "Is ${oc.env:HOME} in <SMILES> CCO </SMILES> ?", "ckpt=x", "--cfg", "job"]
+    assert _split_query(argv) == (["generate", "ckpt=x", "--cfg", "job"], "Is ${oc.env:HOME} in <SMILES> CCO </SMILES> ?")
+    for question in ("Is ${oc.env:HOME} toxic?", "What is ${ 5 ?"):
+        proc = run_cli(["llasmol.generate", question, f"ckpt={run_dir}", "generation.max_new_tokens_limit=2"], tmp_path)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-1500:]
+    proc = subprocess.run([sys.executable, "-m", "llasmol.generate", b"bad \xff bytes", f"ckpt={run_dir}"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2 and "not UTF-8" in proc.stderr and "Traceback" not in proc.stderr

@@ -32,7 +32,7 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
     if (path / layout.HYDRA_CONFIG).is_file():
         run_cfg = OmegaConf.load(path / layout.HYDRA_CONFIG)
         _check_run_data(path, run_cfg)
-        return run_cfg.model, str(_best_adapter(path)), run_cfg.data
+        return _run_model(path, run_cfg, cfg), str(_best_adapter(path)), run_cfg.data
     if (path / ADAPTER_CONFIG).is_file():
         _check_adapter_base(path, cfg.model)
         return cfg.model, str(path), None
@@ -42,6 +42,35 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
             "with adapter_config.json and adapter_model.safetensors, or a Hub id owner/name"
         )
     return cfg.model, str(ckpt), None  # a Hub id such as osunlp/LlaSMol-Mistral-7B
+
+
+# The model fields `llasmol.train` writes into a run directory, and what each may hold.
+RUN_MODEL_FIELDS = {
+    "name": str, "hf_id": (str, type(None)), "arch": str, "tokenizer": (str, type(None)), "random_init": bool,
+    "init_seed": int, "path": (str, type(None)), "dtype": str, "trust_remote_code": bool, "prompt_template": str,
+    "head": str, "lora_targets": dict,
+}
+
+
+def _run_model(run_dir: Path, run_cfg: DictConfig, cfg: DictConfig) -> DictConfig:
+    """A run directory's model section, read as data: known fields of plain types only, and remote code
+    only when this command's own configuration asks for it (`model.trust_remote_code=true`), never because
+    a file on disk says so."""
+    where = f"{run_dir}/{layout.HYDRA_CONFIG}"
+    model = OmegaConf.to_container(run_cfg.get("model") or {}, resolve=False)
+    if not isinstance(model, dict) or not model:
+        raise UserError(f"{where} has no model section: evaluate only run directories written by llasmol.train")
+    for key, value in model.items():
+        if key not in RUN_MODEL_FIELDS or not isinstance(value, RUN_MODEL_FIELDS[key]):
+            raise UserError(f"{where} has model.{key}={str(value)[:60]!r}, which llasmol.train does not write: "
+                            "evaluate only run directories written by llasmol.train")
+    if model.get("tokenizer") not in (None, "tiny") or not all(
+            isinstance(v, (str, type(None))) for v in model.get("lora_targets", {}).values()):
+        raise UserError(f"{where} has a model.tokenizer or model.lora_targets llasmol.train does not write")
+    if model.get("trust_remote_code") and not cfg.model.get("trust_remote_code"):
+        raise UserError(f"{where} sets model.trust_remote_code=true: remote code runs only when asked for on the "
+                        "command line (add model.trust_remote_code=true if you trust this run's model folder)")
+    return OmegaConf.create(model)
 
 
 def _check_run_data(run_dir: Path, run_cfg: DictConfig) -> None:
