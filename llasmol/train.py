@@ -149,6 +149,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         log.info("validating the last step (%d): val_every_n_steps=%d does not divide it",
                  trainer.global_step, cfg.val_every_n_steps)
         trainer.validate(module, datamodule=datamodule, verbose=False)
+        for callback in trainer.checkpoint_callbacks:  # every rank: gathering sharded adapters is collective
+            if isinstance(callback, AdapterModelCheckpoint) and callback.monitor:
+                callback.save_best_now(trainer)
+    if trainer.is_global_zero:
+        resume.finish()
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     checkpoint = trainer.checkpoint_callback

@@ -224,6 +224,8 @@ def test_a_run_stopped_by_ctrl_c_or_sigterm_resumes_exactly_from_interrupted_ckp
                           per_epoch=96)
     expected = json.loads((reference / "result.json").read_text())
     assert resumed["metrics"]["val/loss"] == pytest.approx(expected["metrics"]["val/loss"], rel=1e-5)
+    # Finished, the run's interrupted.ckpt is stale: a later ckpt_path=last must not go back to it.
+    assert not ckpt.exists() and not ckpt.with_suffix(".adapter").exists()
 
 
 @pytest.mark.slow

@@ -216,3 +216,7 @@ def test_a_short_run_validates_its_last_step_and_tells_its_story_in_train_log(tm
     assert "done at step 3" in log and f"python -m llasmol.report {run}" in log
     assert f"python -m llasmol.evaluate ckpt={run} data.split=test" in log
     assert log.count("GPU available") == 1 and "Tip:" not in log  # Lightning's lines once, no advertising
+    # The validation after fit competes for the best checkpoint as the ones during fit do.
+    best = Path(json.loads((run / "result.json").read_text())["best_checkpoint"])
+    assert best.is_file() and f"val_loss{min(val_losses(run)):.4f}" in best.name, best
+    assert not (run / "checkpoints" / "interrupted.ckpt").exists()

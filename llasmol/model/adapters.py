@@ -128,7 +128,7 @@ def load_adapter(model, folder: Path):
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         raise UserError(f"cannot load the adapter {folder} ({type(err).__name__}: {str(err)[:160]}): check ckpt= "
                         "and model=") from None
-    expected = set(get_peft_model_state_dict(peft_model))
+    expected = set(get_peft_model_state_dict(peft_model, save_embedding_layers=False))
     missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if missing or extra:
         detail = "; ".join(part for part in (

@@ -26,6 +26,8 @@ TOUCH_POINTS: tuple[tuple[str, str, str, str, str], ...] = (
     ("lightning.pytorch.callbacks", "ModelCheckpoint", "_save_last_checkpoint", "class",
      "last.ckpt at the end of training when the step count is off the save interval"),
     ("lightning.pytorch.callbacks", "ModelCheckpoint", "_monitor_candidates", "class", "the same"),
+    ("lightning.pytorch.callbacks", "ModelCheckpoint", "_save_topk_checkpoint", "class",
+     "the validation of the last step, run after fit, competes for the best checkpoint too"),
     ("lightning.pytorch.callbacks", "ModelCheckpoint", "_last_global_step_saved", "instance", "the same"),
     ("lightning.pytorch.loggers", "CSVLogger", "_experiment", "instance",
      "a CSV writer that keeps the rows of a run resumed in place"),
@@ -95,6 +97,10 @@ class CheckpointWithHooks(ModelCheckpoint):
     def save_now(self, trainer, filepath: str) -> None:
         """Write a checkpoint to `filepath` at once (e.g. interrupted.ckpt)."""
         self._save_checkpoint(trainer, filepath)
+
+    def save_best_now(self, trainer) -> None:
+        """Let the latest validation compete for the best checkpoint (Lightning does it only during fit)."""
+        self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def save_last_unless_saved(self, trainer) -> None:
         """Write last.ckpt unless this step was saved already."""

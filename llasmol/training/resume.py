@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import signal
 import threading
 from dataclasses import dataclass
@@ -131,6 +132,14 @@ class Resume:
         if trainer.is_global_zero:
             for logger in wandb_loggers(trainer):
                 write_text(self.output_dir / layout.WANDB_ID, logger.experiment.id + "\n")
+
+    def finish(self) -> None:
+        """After a run that trained to its end: an interrupted.ckpt of it is stale (last.ckpt is newer and
+        what a resume takes), so it goes with its adapter."""
+        stale = self.output_dir / layout.CHECKPOINTS / layout.INTERRUPTED_CKPT
+        if stale.is_file():
+            stale.unlink()
+            shutil.rmtree(stale.with_suffix(".adapter"), ignore_errors=True)
 
 
 class StepSeeding(Callback):
