@@ -12,7 +12,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from llasmol.core.config import CONFIG_DIR
+from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import UserError, report_user_errors
 from llasmol.core.quiet import quiet_known_noise
 
@@ -104,4 +104,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_command_line("evaluate")
     main()

@@ -15,7 +15,7 @@ from typing import Optional
 import hydra
 from omegaconf import DictConfig
 
-from llasmol.core.config import CONFIG_DIR
+from llasmol.core.config import CONFIG_DIR, VALUED_OPTIONS, check_command_line
 from llasmol.core.errors import UserError, report_user_errors
 
 SMILES_SPAN = re.compile(r"(<SMILES>\s*)(.*?)(\s*</SMILES>)", re.S)
@@ -74,16 +74,11 @@ def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
     return responses
 
 
-# Hydra's options that take the next argument as their value (`--cfg job`, `-cn generate`, ...).
-_VALUED_OPTIONS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
-                   "--config-dir", "-cd", "--experimental-rerun"}
-
-
 def _split_query(argv: list[str]) -> tuple[list[str], Optional[str]]:
     """Hydra takes only key=value overrides: the first plain argument is the question, taken out of the
     arguments so that it is never parsed as config (`${oc.env:HOME}` in a question stays as written)."""
     for i, arg in enumerate(argv[1:], 1):
-        if argv[i - 1] in _VALUED_OPTIONS:
+        if argv[i - 1] in VALUED_OPTIONS:
             continue
         if not OVERRIDE.match(arg) and not arg.startswith("-"):
             return argv[:i] + argv[i + 1 :], arg
@@ -107,4 +102,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     sys.argv, _QUERY = _split_query(sys.argv)
+    check_command_line("generate")
     main()

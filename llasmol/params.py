@@ -11,7 +11,7 @@ import json
 import hydra
 from omegaconf import DictConfig
 
-from llasmol.core.config import CONFIG_DIR
+from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import report_user_errors
 
 
@@ -41,4 +41,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_command_line("params")
     main()

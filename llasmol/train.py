@@ -13,7 +13,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from llasmol.core import run_dir
-from llasmol.core.config import CONFIG_DIR
+from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import report_user_errors
 from llasmol.core.files import write_json
 from llasmol.core.quiet import quiet_known_noise
@@ -197,4 +197,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_command_line("train")
     main()

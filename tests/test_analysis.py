@@ -352,6 +352,8 @@ def _execute_notebook(name: str, env: str, value: Path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(REPO / "notebooks" / name, as_version=4)
+    raw_cells = json.loads((REPO / "notebooks" / name).read_text())["cells"]
+    assert all(c.get("id") for c in raw_cells), f"{name}: every cell needs an id (nbformat 4.5 warns otherwise)"
     # Committed without outputs, with one cell tagged as papermill's `parameters` that reads the variable.
     for cell in nb.cells:
         if cell.cell_type == "code":

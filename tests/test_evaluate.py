@@ -206,6 +206,24 @@ def test_batched_generation_equals_one_at_a_time(run_dir):
     assert all(len(r) == 5 for r in batched)
 
 
+def test_evaluate_says_which_adapter_of_a_run_it_takes(run_dir, tmp_path, caplog):
+    import shutil
+
+    from llasmol.inference.loading import resolve_checkpoint
+
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    cfg = compose_config(["paths.output_dir=/x"], "evaluate")
+    best = Path(json.loads((run / "result.json").read_text())["best_checkpoint"]).name
+    with caplog.at_level("INFO", logger="llasmol.inference.loading"):
+        assert resolve_checkpoint(str(run), cfg)[1] == str(run / "checkpoints" / best.replace(".ckpt", ".adapter"))
+    assert "(the best by val/loss;" in caplog.text
+    shutil.rmtree(run / "checkpoints" / best.replace(".ckpt", ".adapter"))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="llasmol.inference.loading"):
+        assert resolve_checkpoint(str(run), cfg)[1] == str(run / "checkpoints" / "last.adapter")
+    assert "(the last: the best one," in caplog.text and "is gone" in caplog.text
+
+
 def test_evaluate_an_adapter_folder_over_a_named_base(run_dir, tmp_path):
     adapter = run_dir / "checkpoints" / "last.adapter"
     cfg = compose_config([f"paths.output_dir={tmp_path}", f"ckpt={adapter}", "model=tiny", "data.split=validation",

@@ -134,10 +134,29 @@ def test_malformed_lines_can_be_skipped_and_counted(broken_root):
     assert all(lenient[i]["raw_input"] for i in range(len(lenient)))
 
 
-def test_unknown_config_option_lists_the_choices(tmp_path):
-    proc = run_cli(["llasmol.train", "model=mistrall", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert "mistrall" in proc.stderr and "mistral" in proc.stderr.replace("mistrall", "")
+@pytest.mark.parametrize("args,expected", [
+    (["model=mistrall"], "error: model=mistrall is not a choice of model: pick one of codellama, galactica, "
+                         "llama2, llama2_13b, mistral, tiny"),
+    # Each value of a sweep is checked before the first job runs.
+    (["--multirun", "lora=lite,fulll"], "error: lora=fulll is not a choice of lora: pick one of attn, ffn, full"),
+    (["trainer.max_stepz=3"], "error: trainer.max_stepz is not a setting of llasmol.train: check the spelling"),
+    (["max_steps"], "error: cannot read the argument 'max_steps': settings are key=value"),
+])
+def test_a_mistyped_choice_or_setting_is_one_line_before_anything_runs(tmp_path, args, expected):
+    proc = run_cli(["llasmol.train", *args, f"hydra.run.dir={tmp_path / 'run'}",
+                    f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path)
+    assert proc.returncode == 2 and one_error_line(proc).startswith(expected), proc.stderr[-1500:]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()  # no job started
+
+
+def test_good_command_lines_pass_the_check():
+    from llasmol.core.config import check_overrides, overrides_of
+
+    check_overrides("train", overrides_of(["--multirun", "lora=lite,attn,ffn,full", "model=tiny", "--cfg", "job",
+                                           "hydra/launcher=submitit_local", "+extra.key='a b'", "--info", "config"]))
+    check_overrides("evaluate", ["ckpt=/some/run", "data.split=test", "data.tasks=[forward_synthesis]"])
+    check_overrides("generate", ["task=forward_synthesis", "ckpt=none"])
+    assert overrides_of(["-cn", "train", "--info", "a=1", "-m", "b=2"]) == ["a=1", "b=2"]
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -69,3 +70,83 @@ class SweepSummary(Callback):
         if config.get("task_name") == "train":
             sweep = Path(config.hydra.sweep.dir).resolve()
             print(f"sweep folder: {sweep}\n  compare its variants: python -m llasmol.report {sweep}", flush=True)
+
+
+# Hydra's command-line options that take the next argument as their value (it is not an override);
+# --info takes one only optionally (`--info config`).
+VALUED_OPTIONS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                  "--config-dir", "-cd", "--experimental-rerun"}
+OPTIONAL_VALUE_OPTIONS = {"--info", "-i"}
+
+
+def overrides_of(argv: list[str]) -> list[str]:
+    """The key=value arguments of a command line (its options and their values left out)."""
+    out = []
+    for i, arg in enumerate(argv):
+        before = argv[i - 1] if i else ""
+        if arg.startswith("-") or before in VALUED_OPTIONS or (before in OPTIONAL_VALUE_OPTIONS and "=" not in arg):
+            continue
+        out.append(arg)
+    return out
+
+
+def _quoted(value: str) -> str:
+    return value if re.fullmatch(r"[\w./:@-]*", value) else "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def check_overrides(config_name: str, overrides: list[str]) -> None:
+    """A mistyped choice (model=mistrall) or setting (trainer.max_stepz=1) as one `UserError`, before Hydra
+    starts: Hydra's own message is a dozen lines and exits with status 1, after a multirun's first jobs
+    may have run. Each value of a sweep (lora=lite,fulll) is checked."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException, OverrideParseException
+
+    from llasmol.core.errors import UserError
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as err:
+        bad = str(err).split("\n", 1)[0].removeprefix("Error parsing override ")
+        raise UserError(f"cannot read the argument {bad}: settings are key=value (quote values with spaces "
+                        "or commas: key='a b')") from None
+    plain = [o.input_line for o in parsed if not o.is_sweep_override()]
+    trials = [plain]
+    for override in parsed:
+        if override.is_sweep_override():
+            try:
+                values = list(override.sweep_string_iterator())
+            except Exception:  # glob()/interval() sweeps: Hydra checks them itself
+                continue
+            trials += [plain + [f"{override.get_key_element()}={_quoted(v)}"] for v in values]
+    for trial in trials:
+        try:
+            compose_config(trial, config_name)
+        except HydraException as err:
+            raise UserError(_one_line(str(err), config_name)) from None
+        finally:
+            from hydra.core.global_hydra import GlobalHydra
+
+            GlobalHydra.instance().clear()
+
+
+def _one_line(message: str, config_name: str) -> str:
+    """Hydra's composition errors, said in one line with the fix."""
+    missing = re.search(r"Could not find '([^']+)/([^'/]+)'", message)
+    if missing:
+        group, choice = missing.groups()
+        options = re.findall(r"^\t(\S+)$", message.split("Config search path")[0], flags=re.M)
+        listed = ", ".join(options) if options else f"see llasmol/conf/{group}/"
+        return f"{group}={choice} is not a choice of {group}: pick one of {listed}"
+    unknown = re.search(r"Could not override '([^']+)'", message)
+    if unknown:
+        key = unknown.group(1)
+        return (f"{key} is not a setting of llasmol.{config_name}: check the spelling (python -m "
+                f"llasmol.{config_name} --cfg job lists them), or add a new key with +{key}=...")
+    return message.strip().splitlines()[0]
+
+
+def check_command_line(config_name: str) -> None:
+    """`check_overrides` for this process's command line; one `error:` line and exit status 2 on a mistake."""
+    from llasmol.core.errors import report_user_errors
+
+    report_user_errors(check_overrides)(config_name, overrides_of(sys.argv[1:]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Optional
@@ -13,6 +14,8 @@ from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
 from llasmol.model.adapters import ADAPTER_CONFIG, WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS, adapter_dir, readable_adapter
 from llasmol.model.lora import TINY_BASE
+
+log = logging.getLogger(__name__)
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")  # owner/name; never ./x or ../x
 DATAMODULE = "llasmol.data.datamodule.SMolInstructDataModule"
@@ -120,11 +123,16 @@ def _best_adapter(run_dir: Path) -> Path:
     candidates = []
     if result.is_file():
         best = json.loads(result.read_text()).get("best_checkpoint")
-        if best:
-            candidates.append(adapter_dir(best))
+        if best:  # by name: a run directory copied or moved elsewhere keeps its best checkpoint
+            candidates.append(adapter_dir(run_dir / layout.CHECKPOINTS / Path(best).name))
     candidates.append(adapter_dir(run_dir / layout.CHECKPOINTS / layout.LAST_CKPT))
-    for candidate in map(readable_adapter, candidates):
+    for i, candidate in enumerate(map(readable_adapter, candidates)):
         if (candidate / ADAPTER_CONFIG).is_file():
+            if len(candidates) == 1:
+                why = "the last: the run names no best one"
+            else:
+                why = "the best by val/loss" if i == 0 else f"the last: the best one, {candidates[0]}, is gone"
+            log.info("adapter: %s (%s; pass ckpt=<adapter folder> for another)", candidate, why)
             return candidate
     raise UserError(f"run directory {run_dir} has no adapter checkpoint yet (looked for {candidates[-1]})")
 
