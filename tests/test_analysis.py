@@ -250,7 +250,7 @@ def test_report_errors(tmp_path, capsys):
     }
     (tmp_path / "fresh").mkdir()
     write_json(tmp_path / "fresh" / "params.json", {"model": "tiny", "lora": "full", "trainable": 1, "total": 2})
-    cases[tmp_path / "fresh"] = "has no validation yet"
+    cases[tmp_path / "fresh"] = "has no validation yet (no metrics/val-epoch*-step*.json): a run validates every val_every_n_steps"
     write_json(tmp_path / "sw" / "0_tiny_full" / "params.json", {"model": "tiny", "lora": "full"})
     cases[tmp_path / "sw"] = "no run has a validation yet"
     for path, message in cases.items():

@@ -25,6 +25,11 @@ _VARIANT_NAME = re.compile(r"^(\d+)_")
 
 PathLike = Union[str, Path]
 
+# Why a run has nothing to report yet, and what to do.
+NO_VALIDATION = ("has no validation yet (no metrics/val-epoch*-step*.json): a run validates every "
+                 "val_every_n_steps optimizer steps and at its last step; wait for one, or score it with "
+                 "python -m llasmol.evaluate ckpt=<run dir>")
+
 
 def _finite_or_none(value):
     """JSON numbers as floats; NaN/inf (older files, result.json) and non-numbers become None."""
@@ -97,7 +102,7 @@ class Run:
         """The latest validation (``None``), the one at a list position (``-1``, ``0``) or by name
         (``"val-epoch0-step2"`` or its step as a string ``"step2"``)."""
         if not self.validations:
-            raise UserError(f"{self.path} has no validation yet (no metrics/val-epoch*-step*.json)")
+            raise UserError(f"{self.path} {NO_VALIDATION}")
         if which is None:
             return self.validations[-1]
         if isinstance(which, int):
@@ -231,7 +236,7 @@ def load_run(path: PathLike, require_validation: bool = False) -> Run:
         params = {}
     run = Run(path=path, params=params, validations=_load_validations(path), evaluations=_load_evaluations(path))
     if require_validation and not run.validations:
-        raise UserError(f"{path} has no validation yet (no metrics/val-epoch*-step*.json)")
+        raise UserError(f"{path} {NO_VALIDATION}")
     return run
 
 
