@@ -63,7 +63,10 @@ def test_each_validation_writes_predictions_and_metrics(run_dir):
         metrics = json.loads((run_dir / "metrics" / f"val-epoch0-step{step}.json").read_text())
         assert set(metrics) == set(tasks)
         for task, values in metrics.items():
-            assert values["num_samples"] == 2 and 0 <= values["num_no_answer"] <= 2
+            mine = [r for r in records if r["task"] == task]
+            no_answer = sum(1 for r in mine if not r["answers"] or r["answers"][0] is None)
+            assert values["num_samples"] == 2 and values["num_no_answer"] == no_answer, task
+            assert values["num_skipped"] == sum(1 for r in mine if r["skipped"]), task
     # The same subset every validation.
     first = [json.loads(x)["index"] for x in (run_dir / "predictions" / "val-epoch0-step2.jsonl").read_text().splitlines()]
     last = [json.loads(x)["index"] for x in (run_dir / "predictions" / "val-epoch0-step4.jsonl").read_text().splitlines()]

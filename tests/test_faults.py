@@ -190,8 +190,11 @@ def test_non_finite_loss_stops_training_with_one_line(tmp_path):
     line = one_error_line(proc)
     assert "training loss became" in line and "optimizer.lr" in line
     # The checkpoints written before are whole: each loads and has its adapter.
-    for ckpt in (tmp_path / "run" / "checkpoints").glob("*.ckpt"):
-        torch.load(ckpt, map_location="cpu", weights_only=False)
+    ckpts = sorted((tmp_path / "run" / "checkpoints").glob("*.ckpt"))
+    assert ckpts, "validation every step: the steps before the blow-up left checkpoints"
+    for ckpt in ckpts:
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        assert state["state_dict"] and all(torch.isfinite(t).all() for t in state["state_dict"].values())
         assert (ckpt.with_name(ckpt.stem + ".adapter") / "adapter_model.safetensors").is_file()
 
 

@@ -89,6 +89,9 @@ def test_extract_huge_text_is_fast():
         ("CCO;O", "O.CCO"),  # ';' is '.' and fragment order does not matter
         ("O . CCO", "CCO.O"),  # spaces around the dot
         ("N[C@@H](C)C(=O)O", "C[C@H](N)C(=O)O"),  # the same enantiomer, written differently
+        # Isotope labels go before comparing, as the official canonicalisation drops them.
+        ("[13CH3]O", "CO"),
+        ("[2H]C([2H])([2H])O.CC", "CO.CC"),
     ],
 )
 def test_smiles_same_molecule(pred, gold):
@@ -108,12 +111,27 @@ def test_smiles_same_molecule(pred, gold):
         ("C/C=C/C", "C/C=C\\C"),  # E vs Z
         ("CCO", "CCO.O"),  # a missing fragment
         ("CCN", "CCO"),
+        ("CC(=O)[O-]", "CC(=O)O"),  # acetate is not acetic acid: the net charge differs
+        ("[NH4+]", "N"),
+        ("CC(O)=C", "CC(C)=O"),  # keto and enol: standard InChI keeps these apart
     ],
 )
 def test_smiles_different_molecule(pred, gold):
     metrics = score("retrosynthesis", [([smiles(pred)], [gold])])
     assert metrics["exact_match"] == 0.0
     assert metrics["validity"] == 1.0
+
+
+@pytest.mark.parametrize("pred, gold", [
+    ("O=C1C=CC=CN1", "OC1=NC=CC=C1"),  # 2-pyridone and 2-hydroxypyridine
+    ("[NH3+]CC(=O)[O-]", "NCC(=O)O"),  # zwitterionic and neutral glycine
+])
+def test_identity_is_standard_inchi_so_the_tautomers_it_merges_match(pred, gold):
+    """Not canonical SMILES (they differ here): exact match as the official scorer, though the fingerprints,
+    of the graphs as written, differ."""
+    metrics = score("molecule_generation", [([smiles(pred)], [gold])])
+    assert metrics["exact_match"] == 1.0
+    assert metrics["fts"] < 0.5
 
 
 def test_enantiomers_have_full_morgan_similarity_but_no_match():
@@ -357,6 +375,39 @@ def test_property_golds_are_each_samples_own_but_generation_golds_pool():
     assert score_records(records)[i2s]["exact_match"] == pytest.approx(2 / 3)
 
 
+def test_a_prediction_matching_only_another_samples_gold_for_the_same_input_counts():
+    """Generation tasks pool golds by input (FS: one reactant set, several recorded products): a prediction
+    that is none of its own sample's golds but another's for the same input is right; a wrong prediction
+    added to a pooled input never raises exact match."""
+    fs = "forward_synthesis"
+    records = [
+        {"task": fs, "input": "A", "gold": "CCO", "predictions": [smiles("CCN")]},  # the other sample's gold
+        {"task": fs, "input": "A", "gold": "CCN", "predictions": [smiles("C1CC1")]},  # wrong
+        {"task": fs, "input": "B", "gold": "CCC", "predictions": [smiles("CCO")]},  # A's gold, not B's
+    ]
+    got = score_records(records)[fs]
+    assert got["exact_match"] == pytest.approx(1 / 3)
+    assert got["num_samples"] == 3
+    more = records + [{"task": fs, "input": "A", "gold": "CO", "predictions": [smiles("CCCC")]}]
+    assert score_records(more)[fs]["exact_match"] == pytest.approx(1 / 4)
+
+
+def test_captions_are_scored_against_every_gold_of_the_input():
+    task = "molecule_captioning"
+    golds = ["The molecule is a toxic gas used in industry.",
+             "The molecule is a primary alcohol that is ethane in which one hydrogen is replaced by a hydroxy group."]
+    best = score(task, [([golds[1]], golds)])
+    assert best["bleu4"] == pytest.approx(1.0) and best["rougeL"] == pytest.approx(1.0)
+    assert best["meteor"] > 0.99
+    first_only = score(task, [([golds[1]], golds[:1])])
+    assert first_only["bleu4"] < 0.5 and first_only["rougeL"] < 0.5
+    # Pooled across the samples sharing the input, as the other generation tasks.
+    records = [{"task": task, "input": "CCO", "gold": golds[0], "predictions": [golds[1]]},
+               {"task": task, "input": "CCO", "gold": golds[1], "predictions": [golds[0]]}]
+    pooled = score_records(records)[task]
+    assert pooled["rougeL"] == pytest.approx(1.0) and pooled["bleu4"] == pytest.approx(1.0)
+
+
 def test_classification_degenerate():
     task = "property_prediction-hiv"
     metrics = score(task, [([tagged(task, "No")], ["No"])] * 5)
@@ -445,9 +496,20 @@ def test_unknown_task_raises():
 
 
 def test_finalize_with_no_samples_is_zero_not_an_error():
+    """No sample: every count is 0, every rate 0.0 (no ZeroDivisionError), RMSE NaN (nothing to average)."""
+    from llasmol.metrics.scoring import family
+
     for task in STATS:
         metrics = finalize(task, {})
-        assert metrics["num_samples"] == 0
+        assert {"num_samples", "num_no_answer", "num_skipped"} <= set(metrics) <= (
+            set(family(task).metric_names) | {"num_samples", "num_no_answer", "num_skipped"}), task
+        for name, value in metrics.items():
+            if name == "tokenizer_scibert":
+                continue  # which tokenizer scored captions, not a count
+            if name == "rmse":
+                assert math.isnan(value), task
+            else:
+                assert value == 0.0, (task, name)
 
 
 def test_each_family_declares_what_it_reports_and_what_kind_it_is():

@@ -9,7 +9,13 @@ Rules (LlaSMol paper, Appendix A.4):
   answer longer than `MAX_SMILES_CHARS` is invalid.
 - Identity: the set of standard InChI strings of the parts (a part whose InChI RDKit cannot
   make, e.g. with dummy atoms, is keyed by its canonical SMILES instead).  So Kekulé vs
-  aromatic spelling, fragment order and repeated fragments do not matter; stereo does.
+  aromatic spelling, fragment order, repeated fragments and the tautomers and protonation
+  states standard InChI merges (2-pyridone and 2-hydroxypyridine; zwitterionic and neutral
+  glycine) do not matter; stereo and net charge do.  Isotope labels are dropped first, from
+  identity and fingerprints alike, as the official scorer does: it canonicalises every answer
+  and gold (LLM4Chem utils/metrics.py lines 158 and 170) by rebuilding each atom from its
+  element and charge (utils/smiles_canonicalization.py lines 16-17) before comparing InChI
+  (utils/metrics.py lines 57-62), so ``[13CH4]`` is methane there.
 - Fingerprints are of the whole (dotted) molecule: Morgan radius 2 unfolded count fingerprint
   (rdFingerprintGenerator's sparse count fingerprint, the same as the legacy
   ``GetMorganFingerprint(mol, 2)``), MACCS keys, and ``RDKFingerprint``; similarity is
@@ -75,6 +81,18 @@ def too_complex(text: str | None) -> bool:
     return _too_complex(mols)
 
 
+def _without_isotopes(mol: Chem.Mol) -> Chem.Mol | None:
+    """`mol` as the official scorer's canonicalisation leaves it: isotope labels dropped, and the hydrogens
+    that were atoms only because they were labelled ([2H]) folded back into their heavy atoms."""
+    mol = Chem.Mol(mol)
+    for atom in mol.GetAtoms():
+        atom.SetIsotope(0)
+    try:
+        return Chem.RemoveHs(mol)
+    except Exception:
+        return None
+
+
 def _part_key(mol: Chem.Mol) -> str:
     try:
         inchi = Chem.MolToInchi(mol)
@@ -98,7 +116,7 @@ def parse_molecule(text: str | None, fingerprints: bool = False) -> Molecule | N
     if not isinstance(text, str) or not text or len(text) > MAX_SMILES_CHARS:
         return None
     parts = [part.strip() for part in text.replace(";", ".").split(".")]
-    mols = []
+    mols, texts = [], []
     for part in parts:
         if not part or any(ch.isspace() for ch in part):
             return None
@@ -108,14 +126,20 @@ def parse_molecule(text: str | None, fingerprints: bool = False) -> Molecule | N
             return None
         if mol is None or mol.GetNumAtoms() == 0:
             return None
+        if any(atom.GetIsotope() for atom in mol.GetAtoms()):
+            mol = _without_isotopes(mol)
+            if mol is None:
+                return None
+            part = Chem.MolToSmiles(mol)  # the whole molecule's fingerprints are of the unlabelled part
         mols.append(mol)
+        texts.append(part)
     if _too_complex(mols):
         return None
     try:
         keys = frozenset(_part_key(mol) for mol in mols)
         fps = None
         if fingerprints:
-            whole = mols[0] if len(mols) == 1 else Chem.MolFromSmiles(".".join(parts))
+            whole = mols[0] if len(mols) == 1 else Chem.MolFromSmiles(".".join(texts))
             if whole is None:
                 return None
             fps = _fingerprints(whole)
