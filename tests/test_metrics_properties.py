@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -178,3 +180,125 @@ def test_long_pooled_captions_are_scored_in_bounded_time(size):
     metrics = finalize("molecule_captioning", sample_stats("molecule_captioning", [text(size)], golds))
     _check("molecule_captioning", metrics)
     assert metrics["num_scored"] == 1
+
+
+# --------------------------------------------------------------------------- relations that must hold
+
+MOLECULES = ["CC(=O)Oc1ccccc1C(=O)O", "N[C@@H](C)C(=O)O", "C/C=C/C(=O)O", "O=C1C=CC=CN1", "[NH4+].[Cl-]",
+             "CCO.CC(=O)Cl", "c1ccc2[nH]ccc2c1", "F[P-](F)(F)(F)(F)F.[Li+]"]
+TOPK_TASKS = [t for t in TASKS if get_task(t).family in ("smiles", "formula", "iupac")]
+TOP1_TASKS = [t for t in TASKS if t not in TOPK_TASKS]
+
+
+def _wrap(task: str, text: str) -> str:
+    tag = get_task(task).answer_tag
+    return text if tag is None else f"Answer: <{tag}> {text} </{tag}> ."
+
+
+@SETTINGS
+@given(smiles=st.sampled_from(MOLECULES), seed=st.integers(0, 2**16))
+def test_any_spelling_of_the_gold_molecule_scores_as_the_gold(smiles, seed):
+    """A random SMILES of the gold (atom order, aromatic or not, fragment order) is the same molecule: exact
+    match and every fingerprint similarity 1, for every SMILES task."""
+    from rdkit import Chem
+
+    mol = Chem.MolFromSmiles(smiles)
+    spelled = Chem.MolToRandomSmilesVect(mol, 1, randomSeed=seed)[0]
+    if seed % 2:
+        Chem.Kekulize(mol, clearAromaticFlags=True)
+        spelled = Chem.MolToRandomSmilesVect(mol, 1, randomSeed=seed)[0]
+    parts = spelled.split(".")
+    spelled = ".".join(parts[::-1] if seed % 3 else parts)
+    for task in ("forward_synthesis", "retrosynthesis", "molecule_generation", "name_conversion-i2s"):
+        metrics = finalize(task, sample_stats(task, [_wrap(task, spelled)], [smiles]))
+        assert metrics["exact_match"] == 1.0 and metrics["validity"] == 1.0, (task, spelled)
+        assert metrics["fts"] == metrics["fts_maccs"] == 1.0, (task, spelled)
+        # RDKit's path fingerprint of bond-less salts ([NH4+].[Cl-]) is empty: Tanimoto 0 against itself.
+        assert metrics["fts_rdk"] == (1.0 if mol.GetNumBonds() else 0.0), (task, spelled)
+
+
+@SETTINGS
+@given(task=st.sampled_from(TASKS), gold_index=st.integers(0, 1))
+def test_the_gold_itself_is_a_perfect_answer(task, gold_index):
+    golds = GOLDS[task]
+    gold = golds[min(gold_index, len(golds) - 1)]
+    metrics = finalize(task, sample_stats(task, [_wrap(task, gold)] * 3, golds))
+    _check(task, metrics)
+    family = get_task(task).family
+    if family in ("smiles", "formula", "iupac"):
+        assert metrics["exact_match"] == 1.0 and metrics["top3_exact_match"] == 1.0
+    elif family == "number":
+        assert metrics["rmse"] == 0.0 and metrics["num_valid"] == 1.0
+    elif family == "boolean":
+        assert metrics["accuracy"] == 1.0 and metrics["num_invalid"] == 0.0
+    else:
+        assert metrics["rouge1"] == metrics["rougeL"] == metrics["bleu2"] == 1.0 and metrics["meteor"] > 0.99
+
+
+@SETTINGS
+@given(elements=st.permutations(["C2", "H6", "O"]))
+def test_a_formula_in_any_element_order_matches(elements):
+    task = "name_conversion-i2f"
+    assert finalize(task, sample_stats(task, [_wrap(task, "".join(elements))], ["C2H6O"]))["exact_match"] == 1.0
+
+
+CANDIDATES = st.lists(st.sampled_from(MOLECULES + ["C1CC", "not a molecule", "", "C2H6O", "CCO", "ethanol"]),
+                      min_size=1, max_size=10)
+
+
+@SETTINGS
+@given(task=st.sampled_from(TOPK_TASKS), answers=CANDIDATES, k=st.sampled_from([1, 3, 5]), data=st.data())
+def test_reordering_the_beams_below_top_k_changes_nothing_up_to_k(task, answers, k, data):
+    """hit_top{j} for j <= k reads the first k answers only; validity, similarity and invalid counts read
+    the first answer only."""
+    golds = [MOLECULES[0], "CCO"] if get_task(task).family == "smiles" else GOLDS[task]
+    tail = data.draw(st.permutations(answers[k:]))
+    before = sample_stats(task, [_wrap(task, a) for a in answers], golds)
+    after = sample_stats(task, [_wrap(task, a) for a in answers[:k] + list(tail)], golds)
+    for name, value in before.items():
+        if name.startswith("hit_top") and int(name.removeprefix("hit_top")) > k:
+            continue
+        assert after[name] == value, (task, name)
+    # and reordering inside the top k changes no hit_top{j} for j >= k
+    head = data.draw(st.permutations(answers[:k]))
+    inside = sample_stats(task, [_wrap(task, a) for a in list(head) + answers[k:]], golds)
+    assert all(inside[f"hit_top{j}"] == before[f"hit_top{j}"] for j in (1, 3, 5, 10) if j >= k)
+
+
+@SETTINGS
+@given(task=st.sampled_from(TOP1_TASKS), answers=st.lists(TEXT, min_size=2, max_size=5), data=st.data())
+def test_only_the_first_answer_counts_for_property_and_caption_tasks(task, answers, data):
+    tail = data.draw(st.permutations(answers[1:]))
+    assert sample_stats(task, answers, GOLDS[task]) == sample_stats(task, answers[:1] + list(tail), GOLDS[task])
+
+
+POOL = ["CCO", "CCN", "CCC", "c1ccccc1", "CC(=O)O"]
+
+
+@SETTINGS
+@given(golds=st.lists(st.sampled_from(POOL), min_size=1, max_size=4),
+       predictions=st.lists(st.sampled_from(POOL + ["C1CC1"]), min_size=1, max_size=4),
+       extra_gold=st.sampled_from(POOL), wrong=st.sampled_from(["C1CC1", "CCCCCC", "bad"]))
+def test_pooling_is_monotone(golds, predictions, extra_gold, wrong):
+    """Samples sharing an input share their golds: one more gold in the pool never turns a hit into a miss,
+    and one more sample answering wrongly, with a gold already in the pool, never raises exact match."""
+    from llasmol.metrics import score_records
+
+    fs = "forward_synthesis"
+    records = [{"task": fs, "input": "A", "gold": g, "predictions": [_wrap(fs, p)]}
+               for g, p in zip(golds, predictions)]
+    base = score_records(records)[fs]
+    hits = base["exact_match"] * base["num_samples"]
+    # an extra gold, on a sample whose answer is wrong for every gold of the pool
+    richer = score_records(records + [{"task": fs, "input": "A", "gold": extra_gold,
+                                       "predictions": [_wrap(fs, wrong)]}])[fs]
+    assert richer["exact_match"] * richer["num_samples"] >= hits
+    # a wrong answer with a gold the pool has already
+    worse = score_records(records + [{"task": fs, "input": "A", "gold": golds[0],
+                                      "predictions": [_wrap(fs, wrong)]}])[fs]
+    assert worse["exact_match"] * worse["num_samples"] == pytest.approx(hits)
+    assert worse["exact_match"] <= base["exact_match"]
+    # the same golds pooled under another input do not count here
+    apart = score_records([dict(r, input=f"A{i}") for i, r in enumerate(records)])[fs]
+    own = sum(1 for g, p in zip(golds, predictions) if g == p)
+    assert apart["exact_match"] * apart["num_samples"] == pytest.approx(own)
