@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import UserError, report_user_errors
 from llasmol.core.quiet import quiet_known_noise
+from llasmol.core.settings import check_settings
 
 def _cell(value: Any) -> str:
     if isinstance(value, float) and not value.is_integer():
@@ -86,6 +87,7 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
 def evaluate(cfg: DictConfig) -> dict:
     """Score `cfg.predictions`, or generate with `cfg.ckpt` on `cfg.data.split` and score that."""
     quiet_known_noise()
+    check_settings(cfg)
     if cfg.predictions:
         results, out = score_file(cfg)
     elif cfg.ckpt:

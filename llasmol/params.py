@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import report_user_errors
+from llasmol.core.settings import check_settings
 
 
 def count_trainable(cfg: DictConfig) -> dict:
@@ -22,6 +23,7 @@ def count_trainable(cfg: DictConfig) -> dict:
     from llasmol.model.base import build_meta_model, load_tokenizer
     from llasmol.model.lora import apply_lora, count_parameters
 
+    check_settings(cfg)
     # The tiny model's vocabulary is its bundled tokenizer's; real bases carry theirs in config.json.
     vocab = len(load_tokenizer(cfg.model)) if cfg.model.get("tokenizer") == "tiny" else None
     with torch.device("meta"):

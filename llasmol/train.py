@@ -17,6 +17,7 @@ from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import report_user_errors
 from llasmol.core.files import write_json
 from llasmol.core.quiet import quiet_known_noise
+from llasmol.core.settings import check_settings
 
 log = logging.getLogger("llasmol.train")
 
@@ -76,6 +77,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     from llasmol.training.tracking import check_loggers
 
     quiet_known_noise()
+    check_settings(cfg)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)

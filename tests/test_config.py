@@ -163,3 +163,43 @@ def test_gpu_presets_run_fp32_when_put_on_cpu():
     assert cpu_ddp.trainer.precision == "32-true" and cpu_ddp.trainer.strategy == "ddp"
     assert compose_config(["trainer=ddp", "trainer.accelerator=cpu", "trainer.precision=bf16-mixed",
                            "paths.output_dir=/x"]).trainer.precision == "bf16-mixed"  # asked for, given
+
+
+@pytest.mark.parametrize("command,override,expected", [
+    ("train", "data.max_length=0", "data.max_length=0 must be an integer >= 16"),
+    ("train", "data.max_length=-1", "data.max_length=-1 must be an integer >= 16"),
+    ("train", "lora.r=0", "lora.r=0 must be an integer >= 1"),
+    ("params", "lora.r=0", "lora.r=0 must be an integer >= 1"),
+    ("train", "optimizer.lr=nan", "optimizer.lr=nan must be a number > 0"),
+    ("train", "optimizer.lr=-0.001", "optimizer.lr=-0.001 must be a number > 0"),
+    ("train", "trainer.max_steps=-5", "trainer.max_steps=-5 must be an integer >= 1 or -1"),
+    ("train", "trainer.max_steps=0", "trainer.max_steps=0 must be an integer >= 1 or -1"),
+    ("train", "val_every_n_steps=2.5", "val_every_n_steps=2.5 must be an integer >= 1"),
+    ("train", "lora.dropout=1.0", "lora.dropout=1.0 must be a number >= 0 and < 1"),
+    ("train", "data.micro_batch_size=true", "data.micro_batch_size=True must be an integer"),
+    ("evaluate", "generation.batch_size=0", "generation.batch_size=0 must be an integer >= 1"),
+    ("evaluate", "generation.tasks.retrosynthesis.num_beams=0",
+     "generation.tasks.retrosynthesis.num_beams=0 must be an integer >= 1"),
+    ("generate", "generation.default.num_return_sequences=5",
+     "generation.default.num_return_sequences=5 exceeds its num_beams=4"),
+])
+def test_settings_outside_their_values_are_named(command, override, expected):
+    from llasmol.core.errors import UserError
+    from llasmol.core.settings import check_settings
+
+    with pytest.raises(UserError) as err:
+        check_settings(compose_config([override, "paths.output_dir=/x"] if command != "generate" else [override],
+                                      command))
+    assert str(err.value).startswith(expected), str(err.value)
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate", "generate", "params"])
+def test_every_shipped_configuration_passes_the_settings_check(command):
+    from llasmol.core.settings import check_settings
+
+    extra = ["paths.output_dir=/x"] if command in ("train", "evaluate") else []
+    choices = [[f"model={model}"] for model in ("tiny", "mistral", "llama2", "llama2_13b", "codellama", "galactica")]
+    if command in ("train", "params"):
+        choices += [["model=mistral", f"lora={lora}"] for lora in ("lite", "attn", "ffn", "plus", "large")]
+    for overrides in choices:
+        check_settings(compose_config([*overrides, *extra], command))
