@@ -88,6 +88,9 @@ def evaluate(cfg: DictConfig) -> dict:
     """Score `cfg.predictions`, or generate with `cfg.ckpt` on `cfg.data.split` and score that."""
     quiet_known_noise()
     check_settings(cfg)
+    if cfg.output and Path(cfg.output).is_dir():
+        raise UserError(f"output={cfg.output} is a directory: name the metrics file, e.g. "
+                        f"output={Path(cfg.output) / 'metrics.json'}")
     if cfg.predictions:
         results, out = score_file(cfg)
     elif cfg.ckpt:

@@ -148,6 +148,54 @@ def test_bad_predictions_files_end_with_one_line(tmp_path, content, needle):
     assert len(errors) == 1 and needle in errors[0] and "Traceback" not in proc.stderr, proc.stderr[-1500:]
 
 
+GOOD = {"task": "forward_synthesis", "input": "a", "gold": "C", "predictions": ["<SMILES> C </SMILES>"]}
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b'\xff\xfe{"task": 1}\n', "line 1 is not UTF-8 text"),
+    (json.dumps(GOOD).encode() + b"\n" + json.dumps({**GOOD, "input": "caf\u00e9"}).encode().replace(
+        b"\\u00e9", b"\xe9") + b"\n", "line 2 is not UTF-8 text"),
+    (json.dumps({**GOOD, "input": ["a", "b"]}).encode(), "line 1: input must be a string, not list"),
+    (json.dumps({**GOOD, "raw_input": {"smiles": "C"}}).encode(), "line 1: raw_input must be a string or null, not dict"),
+    (json.dumps({**GOOD, "target": 3}).encode(), "line 1: target must be a string or null, not int"),
+    (json.dumps({**GOOD, "skipped": "no"}).encode(), 'line 1: skipped must be true or false, not "no"'),
+    (json.dumps({**GOOD, "task": ["forward_synthesis"]}).encode(), "line 1: task must be a task name"),
+    (b'{"task": "forward_synthesis", "input": "a", "gold": ' + b"[" * 50_000 + b"]" * 50_000 + b', "predictions": []}',
+     "line 1 cannot be read (nested too deeply)"),
+    (b'{"task": "forward_synthesis", "input": "a", "gold": ' + b"9" * 5000 + b', "predictions": []}',
+     "line 1 cannot be read (Exceeds the limit"),
+    (b"[1, 2]\n", "line 1 lacks task, input, gold, predictions"),
+])
+def test_predictions_files_of_the_wrong_kind_are_named(tmp_path, content, needle):
+    from llasmol.core.errors import UserError
+    from llasmol.inference.predictions import read_predictions
+
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(UserError) as err:
+        read_predictions(path)
+    assert needle in str(err.value) and str(path) in str(err.value), str(err.value)
+
+
+def test_a_directory_or_pipe_given_as_the_predictions_file_is_named(tmp_path):
+    from llasmol.core.errors import UserError
+    from llasmol.inference.predictions import read_predictions
+
+    with pytest.raises(UserError, match="is a directory: pass predictions=<file.jsonl>"):
+        read_predictions(tmp_path)
+    fifo = tmp_path / "p.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match="is not a regular file"):
+        read_predictions(fifo)  # never opened: reading a pipe nobody writes would block forever
+    with pytest.raises(UserError, match="does not exist"):
+        read_predictions(tmp_path / "missing.jsonl")
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps(GOOD) + "\n")
+    proc = run_cli(["llasmol.evaluate", f"predictions={good}", f"output={tmp_path}", f"hydra.run.dir={tmp_path / 'h'}"],
+                   tmp_path)
+    assert proc.returncode == 2 and f"error: output={tmp_path} is a directory: name the metrics file" in proc.stderr
+
+
 def test_evaluate_a_run_directory_on_the_test_split(run_dir, tmp_path):
     cfg = compose_config([f"paths.output_dir={tmp_path}", f"ckpt={run_dir}", "data.split=test",
                           "data.max_samples_per_task={test:2}", "generation.max_new_tokens_limit=8"], "evaluate")

@@ -90,8 +90,67 @@ def missing_split(root: Path) -> str:
     return "split 'dev' not found"
 
 
+def non_object_raw_line(root: Path) -> str:
+    # Valid JSON, but not a record: found at start-up, not hours later when a batch reads it.
+    path = root / "raw" / "train" / "name_conversion-s2f.jsonl"
+    lines = path.read_text().splitlines()
+    lines[1] = '["CCO", "C2H6O"]'
+    path.write_text("\n".join(lines) + "\n")
+    return f"{path} line 2 is not a JSON object with input and output (it is list)"
+
+
+def record_without_output(root: Path) -> str:
+    path = root / "raw" / "train" / "name_conversion-s2f.jsonl"
+    lines = path.read_text().splitlines()
+    lines[0] = '{"input": "CCO"}'
+    path.write_text("\n".join(lines) + "\n")
+    return f"{path} line 1 is not a JSON object with input and output (it is dict)"
+
+
+def templates_not_a_list(root: Path) -> str:
+    path = root / "template" / "instruction_tuning" / "name_conversion-s2f.json"
+    path.write_text(json.dumps({"input": "<INPUT>", "output": "<OUTPUT>"}))
+    return "template/instruction_tuning/name_conversion-s2f.json is not a list of"
+
+
+def template_not_strings(root: Path) -> str:
+    path = root / "template" / "instruction_tuning" / "name_conversion-s2f.json"
+    templates = json.loads(path.read_text())
+    templates[0]["input"] = ["<INPUT>"]
+    path.write_text(json.dumps(templates))
+    return "template/instruction_tuning/name_conversion-s2f.json is not a list of"
+
+
+def core_tag_wrong_shape(root: Path) -> str:
+    path = root / "core_tag" / "name_conversion-s2f.json"
+    path.write_text(json.dumps({"input": "<SMILES>", "output": ["<MOLFORMULA>", "</MOLFORMULA>"]}))
+    return "core_tag/name_conversion-s2f.json is not"
+
+
+def deeply_nested_template(root: Path) -> str:
+    path = root / "template" / "instruction_tuning" / "name_conversion-s2f.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    return "is nested too deeply"
+
+
+def latin1_template(root: Path) -> str:
+    path = root / "template" / "instruction_tuning" / "name_conversion-s2f.json"
+    path.write_bytes('[{"input": "caf\xe9 <INPUT>", "output": "<OUTPUT>"}]'.encode("latin-1"))
+    return "is not UTF-8 text"
+
+
+@pytest.mark.parametrize("corrupt", [non_object_raw_line, record_without_output, templates_not_a_list,
+                                     template_not_strings, core_tag_wrong_shape, deeply_nested_template,
+                                     latin1_template, corrupt_train_line, index_beyond_raw])
+def test_data_of_the_wrong_shape_is_named_when_the_split_is_opened(broken_root, corrupt):
+    needle = corrupt(broken_root)
+    with pytest.raises(UserError) as err:
+        SMolInstructSplit(broken_root, "train", ["name_conversion-s2f", "property_prediction-esol"])
+    assert needle in str(err.value), str(err.value)
+
+
 @pytest.mark.parametrize("corrupt", [corrupt_template, corrupt_raw_line, corrupt_train_line, index_beyond_raw,
-                                     missing_split, missing_task_file, missing_template])
+                                     missing_split, missing_task_file, missing_template, non_object_raw_line])
 @pytest.mark.slow
 def test_bad_data_ends_with_one_line_naming_it(broken_root, tmp_path, corrupt):
     needle = corrupt(broken_root)

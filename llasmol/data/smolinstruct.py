@@ -54,11 +54,16 @@ def _read_json(path: Path, what: str) -> Any:
             return json.load(fh)
     except json.JSONDecodeError as err:
         raise UserError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}): fix or re-extract it") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text: fix or re-extract it") from None
+    except RecursionError:
+        raise UserError(f"{path} is nested too deeply to be SMolInstruct data: fix or re-extract it") from None
 
 
 def _line_offsets(path: Path) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
-    """Byte offset and length of every non-empty line, and for those that do not parse as JSON (by
-    index among the non-empty lines) where they are in the file and why: "line 4 (Expecting value)".
+    """Byte offset and length of every non-empty line, and for those that are not a JSON object with
+    `input` and `output` (by index among the non-empty lines) where they are in the file and why:
+    "line 4 is not valid JSON (Expecting value)".
 
     Every line is parsed once here (about 3 s per million lines) so that a malformed line stops the run
     at start-up, not when a batch first reads it hours later. Offsets go into compact arrays (12 bytes
@@ -70,9 +75,15 @@ def _line_offsets(path: Path) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
         for number, line in enumerate(fh, 1):
             if line.strip():
                 try:
-                    json.loads(line)
-                except ValueError as err:
-                    bad[len(offsets)] = f"line {number} ({getattr(err, 'msg', type(err).__name__)})"
+                    record = json.loads(line)
+                except ValueError as err:  # UnicodeDecodeError too
+                    bad[len(offsets)] = f"line {number} is not valid JSON ({getattr(err, 'msg', type(err).__name__)})"
+                except RecursionError:
+                    bad[len(offsets)] = f"line {number} is not valid JSON (nested too deeply)"
+                else:
+                    if not isinstance(record, dict) or "input" not in record or "output" not in record:
+                        bad[len(offsets)] = (f"line {number} is not a JSON object with input and output "
+                                             f"(it is {type(record).__name__})")
                 offsets.append(pos)
                 lengths.append(len(line))
             pos += len(line)
@@ -262,7 +273,7 @@ class SMolInstructSplit:
         if used_bad is not None and used_bad.any() and not self.skip_bad_lines:
             where = bad_lines[int(idx[used_bad].min())]
             raise UserError(
-                f"{raw_path} {where.replace(' (', ' is not valid JSON (', 1)}: fix the line, or set "
+                f"{raw_path} {where}: fix the line, or set "
                 "data.skip_bad_lines=true to skip and count such lines"
             )
         if used_bad is not None and used_bad.any():
@@ -282,6 +293,12 @@ class SMolInstructSplit:
         idx = idx.astype(np.int32)  # checked above: a line number of the raw file (4 bytes a sample, not 8)
         template_name = header.get("template_name", sample_group)
         templates = _read_json(self.root / "template" / template_name / f"{task}.json", f"templates of {task}")
+        template_file = f"template/{template_name}/{task}.json"
+        if not isinstance(templates, list) or not templates or not all(
+                isinstance(t, dict) and isinstance(t.get("input"), str) and isinstance(t.get("output"), str)
+                for t in templates):
+            raise UserError(f"{template_file} is not a list of {{\"input\": ..., \"output\": ...}} strings: "
+                            "re-extract the templates")
         for i, tpl in enumerate(templates):
             if "<INPUT>" not in tpl.get("input", "") or "<OUTPUT>" not in tpl.get("output", ""):
                 raise UserError(
@@ -292,6 +309,11 @@ class SMolInstructSplit:
             raise UserError(f"template_id {int(template_id.max())} of {task} has no template ({len(templates)} exist)")
         template_id = template_id.astype(np.int16)  # a handful of templates per task
         tags = _read_json(self.root / "core_tag" / f"{task}.json", f"core tags of {task}")
+        if not isinstance(tags, dict) or not all(
+                isinstance(tags.get(side), list) and len(tags[side]) == 2
+                and all(tag is None or isinstance(tag, str) for tag in tags[side]) for side in ("input", "output")):
+            raise UserError(f"core_tag/{task}.json is not {{\"input\": [open, close], \"output\": [open, close]}} "
+                            "(tags as strings or null): re-extract the core tags")
         if self.selfies:
             templates = [{k: v.replace("SMILES", "SELFIES") for k, v in t.items()} for t in templates]
         return _TaskTable(
@@ -353,12 +375,16 @@ class SMolInstructSplit:
         fh.seek(int(table.line_offsets[line]))
         text = fh.readline()
         try:
-            return json.loads(text)
-        except json.JSONDecodeError as err:
+            record = json.loads(text)
+        except (ValueError, RecursionError) as err:
             raise UserError(
-                f"{table.raw_path} line {line + 1} is not valid JSON ({err.msg}): fix the line, or set "
-                "data.skip_bad_lines=true to skip and count such lines"
+                f"{table.raw_path} line {line + 1} is not valid JSON ({getattr(err, 'msg', type(err).__name__)}): "
+                "fix the line, or set data.skip_bad_lines=true to skip and count such lines"
             ) from None
+        if not isinstance(record, dict) or "input" not in record or "output" not in record:
+            raise UserError(f"{table.raw_path} line {line + 1} is not a JSON object with input and output: the file "
+                            "changed since the run started; fix the line")
+        return record
 
     def __getitem__(self, i: int) -> dict:
         if not 0 <= i < len(self):

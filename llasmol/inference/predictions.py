@@ -31,28 +31,58 @@ def _texts(value, what: str, where: str, allow_none: bool = False) -> list[str]:
     return out
 
 
+def _checked_path(path: Path) -> None:
+    if path.is_dir():
+        raise UserError(f"predictions file {path} is a directory: pass predictions=<file.jsonl>")
+    if path.exists() and not path.is_file():
+        raise UserError(f"predictions file {path} is not a regular file (a pipe or device): save the predictions "
+                        "to a .jsonl file and pass that")
+    if not path.exists():
+        raise UserError(f"predictions file {path} does not exist: pass predictions=<file.jsonl>")
+
+
+def _field_types(record: dict, where: str) -> None:
+    """The fields other code reads beside gold and predictions: text where text is expected."""
+    if not isinstance(record["input"], str):
+        raise UserError(f"{where}: input must be a string, not {type(record['input']).__name__}")
+    for key in ("raw_input", "target"):
+        if record.get(key) is not None and not isinstance(record[key], str):
+            raise UserError(f"{where}: {key} must be a string or null, not {type(record[key]).__name__}")
+    if "skipped" in record and not isinstance(record["skipped"], bool):
+        raise UserError(f"{where}: skipped must be true or false, not {json.dumps(record['skipped'])[:40]}")
+
+
 def read_predictions(path: str | Path, allow_empty: bool = False) -> list[dict]:
     """Records of a predictions JSONL file, checked line by line (an empty file is an error unless
     `allow_empty`: a run's validation may have had nothing to generate)."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"predictions file {path} does not exist: pass predictions=<file.jsonl>")
+    _checked_path(path)
     records = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            where = f"{path} line {lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise UserError(f"{where} is not UTF-8 text: write the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
-                raise UserError(f"{path} line {lineno} is not valid JSON ({err.msg})") from None
+                raise UserError(f"{where} is not valid JSON ({err.msg})") from None
+            except (ValueError, RecursionError) as err:  # 5,000-digit integers; nesting deeper than Python's stack
+                reason = "nested too deeply" if isinstance(err, RecursionError) else str(err).split(";")[0][:80]
+                raise UserError(f"{where} cannot be read ({reason})") from None
             missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
             if missing:
                 raise UserError(
-                    f"{path} line {lineno} lacks {', '.join(missing)}: each line needs " + ", ".join(REQUIRED)
+                    f"{where} lacks {', '.join(missing)}: each line needs " + ", ".join(REQUIRED)
                 )
-            where = f"{path} line {lineno}"
+            if not isinstance(record["task"], str):
+                raise UserError(f"{where}: task must be a task name, not {json.dumps(record['task'])[:40]}")
             get_task(record["task"], where)
+            _field_types(record, where)
             record["skipped"] = is_skipped(record)
             record["gold"] = _texts(record["gold"], "gold", where)
             record["predictions"] = _texts(record["predictions"], "predictions", where, allow_none=True)
@@ -60,5 +90,3 @@ def read_predictions(path: str | Path, allow_empty: bool = False) -> list[dict]:
     if not records and not allow_empty:
         raise UserError(f"predictions file {path} is empty: it needs one JSON object per line")
     return records
-
-
