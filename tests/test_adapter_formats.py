@@ -141,6 +141,37 @@ def test_adapter_keys_must_fit_the_model_and_are_named(cfg, twins, tmp_path, cha
     assert needle in str(err.value)
 
 
+@pytest.mark.parametrize("damage,needle", [
+    ("truncated", "adapter_model.safetensors is not a readable safetensors file"),
+    ("rank_zero", "`r` should be a positive integer value but the value passed is 0"),
+    ("foreign_targets", "Target modules {'nope_proj'} not found in the base model"),
+    ("config_not_json", "adapter_config.json is not valid JSON"),
+])
+def test_a_damaged_adapter_is_one_line_naming_the_bad_value(cfg, twins, tmp_path, damage, needle):
+    import json
+    import shutil
+
+    new, _ = twins
+    folder = tmp_path / damage
+    shutil.copytree(new, folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    if damage == "truncated":
+        data = (folder / WEIGHTS_SAFETENSORS).read_bytes()
+        (folder / WEIGHTS_SAFETENSORS).write_bytes(data[: len(data) // 2])
+    elif damage == "rank_zero":
+        (folder / "adapter_config.json").write_text(json.dumps({**config, "r": 0}))
+    elif damage == "foreign_targets":
+        (folder / "adapter_config.json").write_text(json.dumps({**config, "target_modules": ["nope_proj"]}))
+    else:
+        (folder / "adapter_config.json").write_text("{not json")
+    from llasmol.inference.loading import resolve_checkpoint
+
+    with pytest.raises(UserError) as err:
+        model_cfg, adapter, _ = resolve_checkpoint(str(folder), cfg)
+        load_model(model_cfg, adapter)
+    assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
 def test_a_hub_adapter_offline_and_not_cached_is_one_line(cfg, monkeypatch):
     import llasmol.core.offline
 

@@ -26,6 +26,38 @@ def _loader(n=50, batch=4, world=1, rank=0, lengths=None) -> ResumableDataLoader
     return ResumableDataLoader(list(range(n)), batch_size=batch, sampler=sampler)
 
 
+class _Crafted:
+    """Unpickling this creates a file: what a hostile checkpoint would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("kind", ["weights_only_dict", "crafted_pickle", "text", "adapter_weights"])
+def test_a_checkpoint_llasmol_train_did_not_write_is_named_and_never_run(tmp_path, kind):
+    path, marker = tmp_path / "given.ckpt", tmp_path / "ran"
+    if kind == "weights_only_dict":
+        torch.save({"state_dict": {"w": torch.ones(2)}}, path)
+    elif kind == "crafted_pickle":
+        torch.save({"global_step": 3, "hook": _Crafted(marker)}, path)
+    elif kind == "text":
+        path.write_text("not a checkpoint")
+    else:
+        from safetensors.torch import save_file
+
+        save_file({"w": torch.ones(2)}, str(path))
+    with pytest.raises(UserError) as err:
+        resolve_resume(str(path), tmp_path / "run", "tiny", "full")
+    message = str(err.value)
+    assert message.startswith(f"ckpt_path={path} is not a checkpoint of llasmol.train: ")
+    assert "weights_only=False" not in message and not marker.exists()
+    if kind == "crafted_pickle":
+        assert "nothing in it was run" in message
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_a_restored_loader_serves_the_rest_of_the_epoch_then_whole_epochs(world):
     import numpy as np

@@ -82,7 +82,33 @@ def resolve_resume(ckpt_path: Optional[str], output_dir: Path, model: str, lora:
         return str(found)
     if not path.is_file():
         raise UserError(f"ckpt_path={ckpt_path} does not exist: give last, auto, a run directory or a .ckpt file")
+    check_training_checkpoint(path)
     return str(path)
+
+
+# What every Lightning checkpoint of a fit holds, beside the weights.
+TRAINING_STATE_KEYS = ("pytorch-lightning_version", "global_step", "state_dict", "optimizer_states", "loops")
+
+
+def check_training_checkpoint(path: Path) -> None:
+    """A `UserError` unless `path` is a checkpoint `llasmol.train` can resume: read weights-only with its
+    tensors memory-mapped (cheap at any size), so nothing in a crafted file runs."""
+    import pickle
+
+    why = ""
+    try:
+        state = torch.load(str(path), map_location="cpu", mmap=True, weights_only=True)
+    except pickle.UnpicklingError:
+        why = "it holds objects other than tensors and plain containers; nothing in it was run"
+    except Exception:
+        why = "it is not a file torch.save wrote"
+    else:
+        missing = [k for k in TRAINING_STATE_KEYS if not isinstance(state, dict) or k not in state]
+        if missing:
+            why = f"it holds no training state (no {', '.join(missing[:2])})"
+    if why:
+        raise UserError(f"ckpt_path={path} is not a checkpoint of llasmol.train: {why}. Give a run directory or "
+                        "its checkpoints/last.ckpt; an adapter folder is evaluated with llasmol.evaluate ckpt=")
 
 
 def checkpoint_step(path: str) -> int:
