@@ -6,8 +6,9 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -17,6 +18,7 @@ from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import report_user_errors
 from llasmol.core.files import write_json
 from llasmol.core.quiet import quiet_known_noise
+from llasmol.core.run_lock import check_run_lock, hold_run_lock
 from llasmol.core.settings import check_settings
 
 log = logging.getLogger("llasmol.train")
@@ -81,6 +83,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if rank_zero_only.rank == 0:
+        hold_run_lock(out)  # one run per directory, until this process ends
 
     # Checks, cheapest first: the checkpoint to resume, a strategy, logger or quantisation the machine
     # cannot run, the data (indexed now when local, so bad data stops the run before loggers start).
@@ -198,6 +204,17 @@ def main(cfg: DictConfig) -> None:
         print(f"run directory: {result['output_dir']}", flush=True)
 
 
+def _named_run_dir(argv: list[str]) -> Optional[Path]:
+    """The run directory a command line names (`hydra.run.dir=`), if any."""
+    named = [a.split("=", 1)[1] for a in argv if a.startswith(("hydra.run.dir=", "++hydra.run.dir="))]
+    return Path(named[-1]) if named else None
+
+
 if __name__ == "__main__":
     check_command_line("train")
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if rank_zero_only.rank == 0:  # DDP's other processes run this line too, while rank 0 holds the lock
+        # Before Hydra writes its config into the folder: a second run must not replace the first one's.
+        report_user_errors(check_run_lock)(_named_run_dir(sys.argv[1:]))
     main()

@@ -444,3 +444,54 @@ def test_a_command_stopped_by_a_mistake_leaves_no_empty_run_folder(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "llasmol.train", "data.micro_batch_size=3", "logger=csv"],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert "set data.effective_batch_size=6 (or another multiple of 3)" in proc.stderr
+
+
+HOLDER = """
+import sys, time
+from llasmol.core.run_lock import hold_run_lock
+hold_run_lock(sys.argv[1])
+print("holding", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_run_directory_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
+    from llasmol.core.run_lock import check_run_lock, hold_run_lock
+
+    run = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        for attempt in (hold_run_lock, check_run_lock):
+            with pytest.raises(UserError, match=rf"{run} is in use by another llasmol.train \(pid {holder.pid} on "):
+                attempt(run)
+    finally:
+        holder.kill()  # no chance to clean up: the kernel releases the lock
+        holder.wait()
+    check_run_lock(run)
+    hold_run_lock(run)  # free again
+    hold_run_lock(run)  # and taking it twice in one process is not a conflict
+
+
+@pytest.mark.slow
+def test_a_second_run_into_a_busy_directory_stops_before_touching_it(tmp_path):
+    run = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-m", "llasmol.train", f"hydra.run.dir={run}", "logger=csv",
+                              "trainer.max_steps=400", "trainer.enable_progress_bar=false", "seed=1"],
+                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and first.poll() is None and not (
+                (run / ".lock").is_file() and (run / ".lock").read_text()):
+            time.sleep(0.05)
+        config = (run / ".hydra" / "overrides.yaml").read_text()
+        second = run_cli(["llasmol.train", f"hydra.run.dir={run}", "logger=csv", "seed=2"], tmp_path)
+        assert second.returncode == 2
+        assert one_error_line(second).startswith(f"error: {run} is in use by another llasmol.train (pid {first.pid} ")
+        assert (run / ".hydra" / "overrides.yaml").read_text() == config  # the first run's config, untouched
+        assert "is in use" not in (run / "train.log").read_text()  # its Hydra never started there
+        assert first.poll() is None  # the first run goes on
+    finally:
+        first.kill()
+        first.wait()

@@ -74,7 +74,7 @@ def _remove_empty_run_folder() -> None:
         return  # a folder the user chose keeps its log, error included
     if folder.resolve() == Path.cwd().resolve() or not folder.is_dir():
         return  # e.g. generate and params run in place
-    if all(p.name in (".hydra", task_log) for p in folder.iterdir()):
+    if all(p.name in (".hydra", ".lock", task_log) for p in folder.iterdir()):
         for handler in logging.getLogger().handlers:
             if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == folder:
                 handler.close()

@@ -1,0 +1,65 @@
+"""One `llasmol.train` per run directory: an advisory lock (`flock`) on `<run dir>/.lock`, held for the life
+of the training process. The kernel drops it when that process ends, however it ends (a kill, a pre-empted
+job, a crash), so a killed run never leaves it stuck and `ckpt_path=last` in place works right after. On
+network filesystems Linux maps `flock` onto NFS byte-range locks (a shared cluster's run directories too)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Optional
+
+from llasmol.core.errors import UserError
+
+LOCK = ".lock"
+_held: dict[str, int] = {}  # run directory -> the open descriptor holding its lock (this process)
+
+
+def _owner(path: Path) -> str:
+    try:
+        info = json.loads(path.read_text())
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["started"]))
+        return f"pid {info['pid']} on {info['host']}, started {started}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+
+
+def _busy(run_dir: Path) -> UserError:
+    return UserError(f"{run_dir} is in use by another llasmol.train ({_owner(run_dir / LOCK)}): wait for it to "
+                     "end, or give this run its own hydra.run.dir")
+
+
+def hold_run_lock(run_dir: Path) -> None:
+    """Take `run_dir`'s lock for the rest of this process, or a `UserError` naming the run that holds it."""
+    run_dir = Path(run_dir)
+    key = str(run_dir.resolve())
+    if key in _held:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise _busy(run_dir) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}).encode())
+    _held[key] = fd
+
+
+def check_run_lock(run_dir: Optional[Path]) -> None:
+    """A `UserError` when another process holds `run_dir`'s lock; takes nothing (a command-line check made
+    before Hydra writes its config files into the folder)."""
+    if run_dir is None or not (Path(run_dir) / LOCK).is_file():
+        return
+    fd = os.open(Path(run_dir) / LOCK, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _busy(Path(run_dir)) from None
+    finally:
+        os.close(fd)  # closing drops the shared lock, if it was taken
