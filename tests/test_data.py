@@ -374,7 +374,7 @@ def test_raw_line_index_equals_a_line_by_line_scan(tmp_path):
 
     rng = random.Random(3)
     choices = [b"", b"  ", b"\t", b"{not json", None]
-    lines = [c if (c := rng.choice(choices)) is not None else b'{"input": "' + b"C" * rng.randint(0, 9000) + b'"}'
+    lines = [c if (c := rng.choice(choices)) is not None else b'{"input": "' + b"C" * rng.randint(0, 9000) + b'", "output": "O"}'
              for _ in range(400)]
     for ending in (b"\n", b""):
         path = tmp_path / "raw.jsonl"

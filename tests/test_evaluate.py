@@ -214,6 +214,7 @@ def test_generate_command_answers_on_cpu(run_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[0].startswith("[1] ")
     assert proc.stdout.splitlines()[-1].startswith("answer: ")
+    assert "adapter: " in proc.stderr and "adapter: " not in proc.stdout  # stdout holds the answers only
     assert not (tmp_path / "outputs").exists()  # one question leaves no run folder behind
 
 
