@@ -109,5 +109,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_command_line("evaluate")
+    check_command_line("evaluate", run_folder=True)
     main()

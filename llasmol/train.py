@@ -8,13 +8,13 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from llasmol.core import run_dir
-from llasmol.core.config import CONFIG_DIR, check_command_line
+from llasmol.core.config import CONFIG_DIR, check_command_line, named_run_dir
 from llasmol.core.errors import report_user_errors
 from llasmol.core.files import write_json
 from llasmol.core.quiet import quiet_known_noise
@@ -87,6 +87,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     if rank_zero_only.rank == 0:
         hold_run_lock(out)  # one run per directory, until this process ends
+        from llasmol.training.checkpointing import tidy_run_dir
+
+        for note in tidy_run_dir(out):  # what a killed run left: safe to touch now the lock is ours
+            log.warning("%s", note)
 
     # Checks, cheapest first: the checkpoint to resume, a strategy, logger or quantisation the machine
     # cannot run, the data (indexed now when local, so bad data stops the run before loggers start).
@@ -204,17 +208,11 @@ def main(cfg: DictConfig) -> None:
         print(f"run directory: {result['output_dir']}", flush=True)
 
 
-def _named_run_dir(argv: list[str]) -> Optional[Path]:
-    """The run directory a command line names (`hydra.run.dir=`), if any."""
-    named = [a.split("=", 1)[1] for a in argv if a.startswith(("hydra.run.dir=", "++hydra.run.dir="))]
-    return Path(named[-1]) if named else None
-
-
 if __name__ == "__main__":
-    check_command_line("train")
+    check_command_line("train", run_folder=True)
     from lightning.pytorch.utilities import rank_zero_only
 
     if rank_zero_only.rank == 0:  # DDP's other processes run this line too, while rank 0 holds the lock
         # Before Hydra writes its config into the folder: a second run must not replace the first one's.
-        report_user_errors(check_run_lock)(_named_run_dir(sys.argv[1:]))
+        report_user_errors(check_run_lock)(named_run_dir(sys.argv[1:]))
     main()

@@ -54,7 +54,9 @@ TARGETS: dict[str, list[str]] = {
         "test_a_kill_while_writing_predictions_leaves_the_old_file_whole",
         "test_checkpoints_are_written_through_a_rename_in_their_own_folder",
         "test_an_adapter_save_stopped_between_its_renames_leaves_the_previous_one_readable",
-        "test_written_files_and_adapter_folders_respect_the_umask")],
+        "test_written_files_and_adapter_folders_respect_the_umask",
+        "test_temporaries_of_dead_writers_are_removed_and_those_of_live_ones_kept",
+        "test_a_full_disk_or_read_only_folder_is_a_user_error_naming_the_file")],
 }
 
 # Survivors that change nothing a user could observe, by mutant id, with the reason (filled in after

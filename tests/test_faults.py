@@ -495,3 +495,164 @@ def test_a_second_run_into_a_busy_directory_stops_before_touching_it(tmp_path):
     finally:
         first.kill()
         first.wait()
+
+
+STALLING_TRAIN = """
+import runpy, sys, time
+import llasmol.core.files as files
+
+real, saves = files._atomic_write, []
+
+
+def atomic_write(path, write, binary=False):
+    if path.name == "last.ckpt":
+        saves.append(path)
+        if len(saves) == 2:  # the second last.ckpt: stall half-way through, to be killed there
+            def stalled(fh):
+                fh.write(b"half a checkpoint")
+                (path.parents[1] / "stalled").write_text("")
+                time.sleep(600)
+            return real(path, stalled, binary)
+    return real(path, write, binary)
+
+
+files._atomic_write = atomic_write
+sys.argv = ["llasmol.train", *sys.argv[1:]]
+runpy.run_module("llasmol.train", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_kill_during_a_checkpoint_write_keeps_adapter_and_checkpoint_of_one_step(tmp_path):
+    """SIGKILL while last.ckpt is being written (no handler runs): last.adapter and last.ckpt stay a pair of
+    one step, and the next start in the folder removes what the killed writes left."""
+    from llasmol.model.adapters import adapter_step
+    from llasmol.training.resume import checkpoint_step
+
+    run = tmp_path / "run"
+    args = [f"hydra.run.dir={run}", "logger=csv", "trainer.enable_progress_bar=false", "checkpoint_every_n_steps=2",
+            "val_every_n_steps=1000", "trainer.max_steps=6"]
+    proc = subprocess.Popen([sys.executable, "-c", STALLING_TRAIN, *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None and not (run / "stalled").exists():
+            time.sleep(0.1)
+        assert (run / "stalled").exists(), proc.stderr.read()[-2000:] if proc.poll() is not None else "timeout"
+    finally:
+        proc.kill()
+        proc.wait()
+    checkpoints = run / "checkpoints"
+    last, adapter = checkpoints / "last.ckpt", checkpoints / "last.adapter"
+    assert checkpoint_step(str(last)) == adapter_step(adapter) == 2  # the step-4 pair was never half-installed
+    left = sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("."))
+    assert [n for n in left if n.startswith(".last.ckpt.") and n.endswith(".tmp")], left  # the killed writes'
+    assert [n for n in left if n.startswith(".last.adapter.")], left
+
+    resumed = run_cli(["llasmol.train", *args, "ckpt_path=last"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert re.search(r"removed 2 temporary file\(s\) left by writes a stop interrupted", (run / "train.log").read_text())
+    assert not [p.name for p in checkpoints.iterdir() if p.name.startswith(".")]
+    assert checkpoint_step(str(last)) == adapter_step(adapter) == 6
+
+
+def _mounted_tmpfs(folder: Path, options: str) -> None:
+    folder.mkdir(parents=True)
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a small file system here ({mount.stderr.decode().strip()[:80]})")
+
+
+@pytest.mark.slow
+def test_a_full_disk_ends_training_with_one_line_naming_the_file(tmp_path):
+    small = tmp_path / "small"
+    _mounted_tmpfs(small, "size=700k")  # room for the run's logs and an adapter, not for a checkpoint
+    try:
+        run = small / "run"
+        proc = run_cli(["llasmol.train", f"hydra.run.dir={run}", "logger=csv", "trainer.enable_progress_bar=false",
+                        "trainer.max_steps=2", "val_every_n_steps=1000"], tmp_path)
+        line = one_error_line(proc)
+        assert proc.returncode == 2
+        assert re.match(rf"error: cannot write {run}/checkpoints/last\.ckpt: no space left on device \(0\.00 GB free "
+                        r"there\); free space there .* hydra\.run\.dir=", line), line
+        assert line in (run / "train.log").read_text()  # the log says why the run ended
+        assert not [p.name for p in (run / "checkpoints").iterdir()]  # no temporaries, no adapter without its .ckpt
+    finally:
+        subprocess.run(["umount", str(small)])
+
+
+@pytest.mark.slow
+def test_a_read_only_run_folder_is_one_line_before_hydra_writes(tmp_path):
+    frozen = tmp_path / "frozen"
+    _mounted_tmpfs(frozen, "size=100k,ro")
+    try:
+        for command in ("llasmol.train", "llasmol.evaluate"):
+            proc = run_cli([command, f"hydra.run.dir={frozen}/run"], tmp_path)
+            assert one_error_line(proc) == (
+                f"error: {frozen} is on a read-only file system, so the run folder {frozen}/run cannot be written "
+                "there: give the run a writable folder with hydra.run.dir=<folder> (or run from a writable directory)")
+            assert proc.returncode == 2
+    finally:
+        subprocess.run(["umount", str(frozen)])
+
+
+def test_temporaries_of_dead_writers_are_removed_and_those_of_live_ones_kept(tmp_path):
+    from llasmol.core.files import remove_stale_temporaries, write_json
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid, live_pid = int(dead.stdout), os.getpid()
+    (tmp_path / "checkpoints" / f".last.adapter.{dead_pid}.ab_c1234").mkdir(parents=True)
+    (tmp_path / "checkpoints" / f".last.adapter.{dead_pid}.ab_c1234" / "adapter_model.safetensors").write_bytes(b"x" * 10)
+    (tmp_path / "checkpoints" / f".last.ckpt.{dead_pid}.q1w2e3r4.tmp").write_bytes(b"y" * 5)
+    (tmp_path / "predictions").mkdir()
+    (tmp_path / "predictions" / f".val.jsonl.{live_pid}.q1w2e3r4.tmp").write_text("live")
+    kept = ["notes.txt", ".hidden", f".last.ckpt.{dead_pid}.tmp", "last.ckpt"]
+    for name in kept:
+        (tmp_path / "checkpoints" / name).write_text("mine")
+    write_json(tmp_path / "metrics.json", {"a": 1})  # a finished write leaves no temporary
+
+    removed, size = remove_stale_temporaries(tmp_path)
+    assert sorted(p.name for p in removed) == [f".last.adapter.{dead_pid}.ab_c1234", f".last.ckpt.{dead_pid}.q1w2e3r4.tmp"]
+    assert size == 15
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == sorted(kept)
+    assert (tmp_path / "predictions" / f".val.jsonl.{live_pid}.q1w2e3r4.tmp").read_text() == "live"
+
+
+def test_a_full_disk_or_read_only_folder_is_a_user_error_naming_the_file(tmp_path, monkeypatch):
+    import errno
+
+    from llasmol.core.files import write_json
+
+    for code, words in ((errno.ENOSPC, "no space left on device ("), (errno.EROFS, "read-only file system;"),
+                        (errno.EDQUOT, "disk quota exceeded (")):
+        def full(fd, code=code):
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(os, "fsync", full)
+        with pytest.raises(UserError, match=re.escape(f"cannot write {tmp_path / 'm.json'}: {words}")):
+            write_json(tmp_path / "m.json", {"a": 1})
+        assert list(tmp_path.iterdir()) == []  # the temporary went with the error
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    with pytest.raises(OSError, match="I/O error"):  # a failing disk is not a user's mistake: it stays loud
+        write_json(tmp_path / "m.json", {"a": 1})
+
+
+def test_the_next_start_brings_back_a_stepped_aside_adapter_and_names_a_split_pair(tmp_path):
+    from llasmol.core.files import write_torch
+    from llasmol.training.checkpointing import tidy_run_dir
+
+    checkpoints = tmp_path / "checkpoints"
+    (checkpoints / ".last.adapter.old").mkdir(parents=True)  # stopped between the two renames of a save
+    (checkpoints / ".last.adapter.old" / "adapter_config.json").write_text("{}")
+    (checkpoints / ".last.adapter.old" / "trainer_state.json").write_text('{"global_step": 4}')
+    write_torch(checkpoints / "last.ckpt", {"global_step": 4})
+    (checkpoints / "best.adapter").mkdir()
+    (checkpoints / "best.adapter" / "trainer_state.json").write_text('{"global_step": 9}')
+    write_torch(checkpoints / "best.ckpt", {"global_step": 8})
+
+    notes = tidy_run_dir(tmp_path)
+    assert notes == ["restored last.adapter (its replacement was stopped between two renames)",
+                     "best.adapter holds step 9 but best.ckpt step 8 (a stop between their final renames); "
+                     "the next save under this name writes both again"]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["best.adapter", "best.ckpt", "last.adapter", "last.ckpt"]
+    assert tidy_run_dir(tmp_path) == [notes[1]]  # in order now, but for the pair that only a new save mends

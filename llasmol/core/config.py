@@ -145,8 +145,34 @@ def _one_line(message: str, config_name: str) -> str:
     return message.strip().splitlines()[0]
 
 
-def check_command_line(config_name: str) -> None:
-    """`check_overrides` for this process's command line; one `error:` line and exit status 2 on a mistake."""
+def named_run_dir(argv: list[str]) -> Path | None:
+    """The folder a command line names for its run (`hydra.run.dir=`, or a sweep's `hydra.sweep.dir=`)."""
+    named = [a.split("=", 1)[1] for a in argv
+             if a.lstrip("+").startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+    return Path(named[-1]) if named else None
+
+
+def check_writable(folder: Path) -> None:
+    """A `UserError` when `folder` (or, while it does not exist yet, the nearest folder above it) cannot
+    be written: a read-only file system, or a folder the user may not write to."""
+    from llasmol.core.errors import UserError
+
+    existing = Path(os.path.abspath(folder))
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if os.access(existing, os.W_OK | os.X_OK):
+        return
+    read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+    why = "is on a read-only file system" if read_only else "is not writable by this user"
+    raise UserError(f"{existing} {why}, so the run folder {folder} cannot be written there: give the run a "
+                    "writable folder with hydra.run.dir=<folder> (or run from a writable directory)")
+
+
+def check_command_line(config_name: str, run_folder: bool = False) -> None:
+    """`check_overrides` for this process's command line; one `error:` line and exit status 2 on a mistake.
+    `run_folder`: the command writes a run folder, which must be writable (checked before Hydra writes)."""
     from llasmol.core.errors import report_user_errors
 
     report_user_errors(check_overrides)(config_name, overrides_of(sys.argv[1:]))
+    if run_folder:
+        report_user_errors(check_writable)(named_run_dir(sys.argv[1:]) or Path("outputs"))

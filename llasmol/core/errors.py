@@ -48,9 +48,13 @@ def _cause_line(message: str) -> str:
 def _log_to_files(line: str) -> None:
     """The run's log file (Hydra's `<task>.log`) says why the run ended; the console has it already."""
     record = logging.LogRecord("llasmol", logging.ERROR, __file__, 0, line, None, None)
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(record)
+    raise_exceptions, logging.raiseExceptions = logging.raiseExceptions, False  # a full disk: no traceback
+    try:
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.FileHandler):
+                handler.handle(record)
+    finally:
+        logging.raiseExceptions = raise_exceptions
 
 
 def _remove_empty_run_folder() -> None:

@@ -1,10 +1,18 @@
-"""Files written so that an interruption leaves either the old file or the complete new one."""
+"""Files written so that an interruption leaves either the old file or the complete new one.
+
+A write goes to a temporary name in the target's folder, `.<name>.<pid>.<random>.tmp`, and is renamed
+into place. A process killed mid-write leaves that temporary behind; the pid in its name lets the next
+start (`remove_stale_temporaries`) tell it from the temporary of a writer still running.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterable
@@ -18,20 +26,82 @@ def shareable_mode(directory: bool = False) -> int:
     return (0o777 if directory else 0o666) & ~umask
 
 
+_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+         errno.EROFS: "read-only file system", errno.EACCES: "permission denied", errno.EPERM: "permission denied"}
+
+
+def raise_if_unwritable(err: BaseException, path: Path) -> None:
+    """A `UserError` naming `path` when `err` says its folder cannot take the file (a full disk or quota,
+    a read-only or foreign folder): a fact about the machine the user can fix, not a bug to trace."""
+    if not isinstance(err, OSError) or err.errno not in _FULL:
+        return
+    from llasmol.core.errors import UserError
+
+    reason = _FULL[err.errno]
+    fix = "make that folder writable or"
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            free = shutil.disk_usage(Path(path).parent).free / 1e9
+            reason += f" ({free:.2f} GB free there)"
+        except OSError:
+            pass
+        fix = "free space there (old runs' checkpoints/) or"
+    raise UserError(f"cannot write {path}: {reason}; {fix} write the run elsewhere with hydra.run.dir=...") from err
+
+
 def _atomic_write(path: Path, write, binary: bool = False) -> None:
     # The temporary file sits in the target's folder: os.replace is atomic only within one filesystem.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
         os.fchmod(fd, shareable_mode())
         with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise_if_unwritable(err, path)
         raise
+
+
+# `.<name>.<pid>.<8 random>` (+ `.tmp` for files); `.<name>.old` is an adapter stepped aside mid-save.
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[a-z0-9_]{8}(\.tmp)?$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # someone else's process (or a number no process has): leave its files alone
+    return pid != 0
+
+
+def remove_stale_temporaries(folder: str | os.PathLike) -> tuple[list[Path], int]:
+    """Remove, under `folder`, the temporary files and folders of writers that no longer run on this machine
+    (a kill mid-write leaves them: at 7B each is adapter- or checkpoint-sized). Returns them and their
+    size in bytes. Temporaries of live processes, and every other file, are left alone."""
+    removed, size = [], 0
+    for root, dirs, files in os.walk(folder):
+        for name in [*files, *dirs]:
+            match = _TEMPORARY.match(name)
+            if not match or _alive(int(match["pid"])):
+                continue
+            path = Path(root) / name
+            if path.is_dir():
+                size += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+                shutil.rmtree(path, ignore_errors=True)
+                dirs.remove(name)
+            else:
+                size += path.stat().st_size
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed, size
 
 
 def _strict(value):

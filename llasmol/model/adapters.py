@@ -9,18 +9,21 @@ neither needs the other, and nothing here needs Lightning.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from llasmol.core.errors import UserError
-from llasmol.core.files import shareable_mode
+from llasmol.core.files import raise_if_unwritable, shareable_mode
 
 log = logging.getLogger(__name__)
 
 ADAPTER_CONFIG = "adapter_config.json"
 WEIGHTS_SAFETENSORS = "adapter_model.safetensors"
+TRAINER_STATE = "trainer_state.json"  # {"global_step": N}: which optimizer step these weights are
 WEIGHTS_PICKLE = "adapter_model.bin"  # PEFT before 0.7 (Mol-Instructions' Molinst, early LlaSMol releases)
 
 
@@ -42,26 +45,55 @@ def readable_adapter(target: Path) -> Path:
     return target
 
 
-def save_adapter_atomically(model, target: Path, state_dict: dict | None = None, card: str | None = None) -> None:
-    """A folder cannot be replaced in one rename: the old adapter steps aside, the new one is renamed in,
-    then the old one goes; `readable_adapter` covers the moment between the two renames. `card` replaces
-    PEFT's empty model card (README.md)."""
+def stage_adapter(model, target: Path, state_dict: dict | None = None, card: str | None = None,
+                  step: int | None = None) -> Path:
+    """Write the adapter into a temporary folder beside `target` (named for this process, so the next start
+    can tell it from a live writer's) and return it; `commit_adapter` moves it into place. Saving takes
+    the time; committing is two renames. `card` replaces PEFT's empty model card (README.md); `step`, the
+    optimizer step of these weights, goes to `trainer_state.json` (as Hugging Face's Trainer names it)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    old = _previous(target)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.{os.getpid()}."))
     try:
         tmp.chmod(shareable_mode(directory=True))
         # No embedding layers: LoRA here never resizes them (and PEFT's "auto" asks the base's config for it).
         model.save_pretrained(str(tmp), state_dict=state_dict, save_embedding_layers=False)
         if card is not None:
             (tmp / "README.md").write_text(card, encoding="utf-8")
+        if step is not None:
+            (tmp / TRAINER_STATE).write_text(json.dumps({"global_step": int(step)}) + "\n", encoding="utf-8")
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise_if_unwritable(err, target)
+        raise
+    return tmp
+
+
+def commit_adapter(staged: Path, target: Path) -> None:
+    """A folder cannot be replaced in one rename: the old adapter steps aside, the staged one is renamed in,
+    then the old one goes; `readable_adapter` covers the moment between the two renames."""
+    old = _previous(target)
+    try:
         if target.exists():
             shutil.rmtree(old, ignore_errors=True)
             target.rename(old)
-        tmp.rename(target)
+        staged.rename(target)
         shutil.rmtree(old, ignore_errors=True)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(staged, ignore_errors=True)
+
+
+def save_adapter_atomically(model, target: Path, state_dict: dict | None = None, card: str | None = None,
+                            step: int | None = None) -> None:
+    commit_adapter(stage_adapter(model, target, state_dict, card, step), target)
+
+
+def adapter_step(folder: Path) -> int | None:
+    """The optimizer step an adapter folder was saved at (`trainer_state.json`), if it says."""
+    try:
+        step = json.loads((Path(folder) / TRAINER_STATE).read_text(encoding="utf-8"))["global_step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return step if isinstance(step, int) else None
 
 
 # --------------------------------------------------------------------------- reading adapter weights

@@ -1,9 +1,13 @@
 """Checkpoints that a PEFT user can load as they are, and that are never half-written.
 
 Next to each Lightning checkpoint `X.ckpt` (optimizer, scheduler, loop state: what resuming needs) the
-adapter is written in PEFT's own format to `X.adapter/` (`llasmol.model.adapters`). The adapter goes first,
-into a temporary folder renamed into place, and `X.ckpt` is written to a temporary file in the same folder
-and renamed (`AtomicCheckpointIO`): a `.ckpt` that exists is complete and so is its adapter.
+adapter is written in PEFT's own format to `X.adapter/` (`llasmol.model.adapters`). The adapter is saved
+first into a temporary folder, then `X.ckpt` is written to a temporary file in the same folder and renamed
+(`AtomicCheckpointIO`), and only then is the adapter renamed into place: a kill at any point of the long
+writes leaves the previous pair, both of one step (each adapter records its step in
+`trainer_state.json`). Only a kill between the final renames, microseconds apart, can part them; the next
+start in the run directory names such a pair (`tidy_run_dir`), and removes the temporaries killed writes
+left behind.
 
 Two instances run by default (conf/callbacks/default.yaml): one keeps the best adapter by validation loss,
 the other (`resume=True`) rewrites `last.ckpt` every few optimizer steps and at the end of training, and
@@ -20,7 +24,9 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from llasmol.core.run_dir import INTERRUPTED_CKPT
-from llasmol.model.adapters import adapter_card, adapter_dir, save_adapter_atomically
+from llasmol.core.files import remove_stale_temporaries
+from llasmol.core.run_dir import CHECKPOINTS
+from llasmol.model.adapters import ADAPTER_CONFIG, adapter_card, adapter_dir, adapter_step, commit_adapter, stage_adapter
 from llasmol.training.distributed import module_state_dict
 from llasmol.training.lightning_private import CheckpointWithHooks
 
@@ -51,6 +57,7 @@ class AdapterModelCheckpoint(CheckpointWithHooks):
         super().__init__(*args, **kwargs)
         self.resume = resume
         self.card_facts: dict | None = None  # set by `train`: what the adapter's README.md says about it
+        self._staged: dict[str, Path] = {}  # checkpoint path -> its adapter, saved, waiting for the .ckpt
 
     def before_save(self, trainer, filepath: str) -> None:
         module = trainer.lightning_module
@@ -61,7 +68,17 @@ class AdapterModelCheckpoint(CheckpointWithHooks):
             if self.card_facts is not None:
                 metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
                 card = adapter_card(self.card_facts, metrics, trainer.global_step)
-            save_adapter_atomically(module.model, adapter_dir(filepath), module.adapter_state_dict(state), card)
+            self._staged[filepath] = stage_adapter(module.model, adapter_dir(filepath),
+                                                   module.adapter_state_dict(state), card, trainer.global_step)
+
+    def after_save(self, trainer, filepath: str, saved: bool) -> None:
+        staged = self._staged.pop(filepath, None)
+        if staged is None:
+            return
+        if saved:
+            commit_adapter(staged, adapter_dir(filepath))
+        else:  # the .ckpt was not written: its previous adapter stays with the previous .ckpt
+            shutil.rmtree(staged, ignore_errors=True)
 
     def after_remove(self, trainer, filepath: str) -> None:
         if trainer.is_global_zero:
@@ -85,3 +102,40 @@ class AdapterModelCheckpoint(CheckpointWithHooks):
 
                 log.warning("interrupted at step %d, saved %s; continue with:\n  %s", trainer.global_step, path,
                             resume_command(Path(trainer.default_root_dir)))
+
+
+def tidy_run_dir(run_dir: Path) -> list[str]:
+    """Put a run directory in order before training writes to it again (the caller holds its run lock):
+    remove the temporaries of writes a kill stopped, bring back an adapter stepped aside by a save stopped
+    between its renames, and name any checkpoint whose adapter is of another step. Returns what it did and
+    found, one line each, for the log."""
+    notes = []
+    removed, size = remove_stale_temporaries(run_dir)
+    if removed:
+        notes.append(f"removed {len(removed)} temporary file(s) left by writes a stop interrupted "
+                     f"({size / 1e6:.1f} MB): {', '.join(p.name for p in removed[:3])}{', ...' if len(removed) > 3 else ''}")
+    checkpoints = Path(run_dir) / CHECKPOINTS
+    if not checkpoints.is_dir():
+        return notes
+    for old in sorted(checkpoints.glob(".*.adapter.old")):
+        target = old.with_name(old.name[1:-len(".old")])
+        if not target.exists() and (old / ADAPTER_CONFIG).is_file():
+            old.rename(target)
+            notes.append(f"restored {target.name} (its replacement was stopped between two renames)")
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+    for ckpt in sorted(checkpoints.glob("*.ckpt")):
+        adapter = adapter_dir(ckpt)
+        stored = adapter_step(adapter)
+        if stored is None or not ckpt.is_file():
+            continue  # adapters of earlier versions record no step; FSDP/DeepSpeed checkpoints are folders
+        from llasmol.training.resume import checkpoint_step
+
+        try:
+            step = checkpoint_step(str(ckpt))
+        except Exception:  # noqa: BLE001 - a damaged checkpoint is named where it is used
+            continue
+        if step != stored:
+            notes.append(f"{adapter.name} holds step {stored} but {ckpt.name} step {step} (a stop between their "
+                         f"final renames); the next save under this name writes both again")
+    return notes

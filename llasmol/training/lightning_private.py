@@ -83,12 +83,20 @@ class CheckpointWithHooks(ModelCheckpoint):
     def before_save(self, trainer, filepath: str) -> None:
         """Called before every checkpoint write."""
 
+    def after_save(self, trainer, filepath: str, saved: bool) -> None:
+        """Called after every checkpoint write; `saved` is False when the write raised."""
+
     def after_remove(self, trainer, filepath: str) -> None:
         """Called after a checkpoint file was removed."""
 
     def _save_checkpoint(self, trainer, filepath: str) -> None:
         self.before_save(trainer, filepath)
-        super()._save_checkpoint(trainer, filepath)
+        try:
+            super()._save_checkpoint(trainer, filepath)
+        except BaseException:
+            self.after_save(trainer, filepath, saved=False)
+            raise
+        self.after_save(trainer, filepath, saved=True)
 
     def _remove_checkpoint(self, trainer, filepath: str) -> None:
         super()._remove_checkpoint(trainer, filepath)
