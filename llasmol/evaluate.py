@@ -1,6 +1,7 @@
 """`python -m llasmol.evaluate`: the paper's metrics for a predictions file or a trained model.
 
     python -m llasmol.evaluate predictions=<file.jsonl>                     # no model needed
+    python -m llasmol.evaluate predictions=<folder of .jsonl>               # e.g. LLM4Chem's eval output
     python -m llasmol.evaluate ckpt=<run dir | adapter dir> data.split=test  # generate, then score
 """
 

@@ -181,7 +181,7 @@ def test_a_directory_or_pipe_given_as_the_predictions_file_is_named(tmp_path):
     from llasmol.core.errors import UserError
     from llasmol.inference.predictions import read_predictions
 
-    with pytest.raises(UserError, match="is a directory: pass predictions=<file.jsonl>"):
+    with pytest.raises(UserError, match="holds no .jsonl files: pass predictions=<file.jsonl> or a folder"):
         read_predictions(tmp_path)
     fifo = tmp_path / "p.jsonl"
     os.mkfifo(fifo)
@@ -464,3 +464,40 @@ def test_a_question_is_taken_literally(run_dir, tmp_path):
                           capture_output=True, text=True, cwd=tmp_path, timeout=300,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 2 and "not UTF-8" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_llm4chem_output_folders_score_as_our_own_predictions_files(tmp_path):
+    """The official generate_on_dataset.py output (a folder of <task>.jsonl, `output`, one gold per line)
+    gives the numbers of the same answers in our format (golds pooled over samples of one input)."""
+    from llasmol.core.tasks import get_task
+    from llasmol.inference.records import split_golds
+    from llasmol.metrics.scoring import score_records
+
+    source = SMolInstructSource.from_config(compose_config(["paths.output_dir=/x"]).data)
+    split, golds = source.split("test"), split_golds(source.pooling_split("test"))
+    official, ours = {}, []
+    for i in range(len(split)):
+        sample = split[i]
+        tag = get_task(sample["task"]).answer_tag
+        answer = sample["raw_output"] if i % 3 else "C"
+        texts = None if i % 7 == 0 else [f"<{tag}> {answer} </{tag}>" if tag else answer, "<SMILES> O </SMILES>"]
+        official.setdefault(sample["task"], []).append(
+            {"input": sample["raw_input"], "gold": sample["raw_output"], "output": texts, "task": sample["task"],
+             "split": "test", "target": sample.get("target"), "input_text": sample["input"],
+             "real_input_text": sample["input"]})
+        ours.append({"task": sample["task"], "input": sample["input"], "raw_input": sample["raw_input"],
+                     "target": sample.get("target"), "gold": golds.golds(sample, sample["raw_output"]),
+                     "predictions": texts})
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    for task, lines in official.items():
+        (folder / f"{task}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (folder / "notes.txt").write_text("not a predictions file")
+
+    cfg = compose_config([f"paths.output_dir={tmp_path}", f"predictions={folder}"], "evaluate")
+    result = evaluate(cfg)
+    assert result["metrics"] == score_records(ours)
+    assert result["output"] == str(tmp_path / "eval.metrics.json")
+    s2f = result["metrics"]["name_conversion-s2f"]
+    assert 0 < s2f["exact_match"] < 1 and s2f["num_skipped"] > 0
+    assert len(result["metrics"]) == len(official) >= 10

@@ -4,6 +4,13 @@ directories' `predictions/*.jsonl` read by `llasmol.analysis`, and any other sys
 Each line needs ``task``, ``input``, ``gold`` and ``predictions`` (strings, or lists of strings; numbers are
 read as their text; ``predictions`` null means the prompt was skipped). Records come back with ``gold``
 and ``predictions`` as lists of strings and ``skipped`` as a boolean; other fields are kept as they are.
+
+The official LLM4Chem code's output is read as it is: `generate_on_dataset.py` writes one `<task>.jsonl`
+per task into a folder, each line with ``input`` (the core input, e.g. a SMILES), ``gold`` (that sample's
+own answer), ``output`` (the generated texts, best first, or null) and ``input_text`` (the prompt). Given
+that folder (or one of its files), ``output`` is read as ``predictions``, ``input`` as ``raw_input`` and
+``input_text`` as ``input``; golds are pooled across samples of one input by the same rule as ours
+(`llasmol.metrics.scoring.record_golds`), so the file scores as the paper's `compute_metrics.py` does.
 """
 
 from __future__ import annotations
@@ -31,9 +38,30 @@ def _texts(value, what: str, where: str, allow_none: bool = False) -> list[str]:
     return out
 
 
-def _checked_path(path: Path) -> None:
+def _files(path: Path) -> list[Path]:
+    """The file itself, or a folder's `*.jsonl` files (LLM4Chem writes one per task)."""
     if path.is_dir():
-        raise UserError(f"predictions file {path} is a directory: pass predictions=<file.jsonl>")
+        files = sorted(p for p in path.glob("*.jsonl") if p.is_file())
+        if not files:
+            raise UserError(f"predictions folder {path} holds no .jsonl files: pass predictions=<file.jsonl> or a "
+                            "folder of them (one per task, as LLM4Chem's generate_on_dataset.py writes)")
+        return files
+    _checked_path(path)
+    return [path]
+
+
+def _from_llm4chem(record: dict) -> dict:
+    """An LLM4Chem `generate_on_dataset.py` line in our field names (see the module's docstring)."""
+    record = dict(record)
+    record["predictions"] = record.pop("output")
+    if "raw_input" not in record:
+        record["raw_input"] = record["input"]
+        if isinstance(record.get("input_text"), str):
+            record["input"] = record["input_text"]
+    return record
+
+
+def _checked_path(path: Path) -> None:
     if path.exists() and not path.is_file():
         raise UserError(f"predictions file {path} is not a regular file (a pipe or device): save the predictions "
                         "to a .jsonl file and pass that")
@@ -53,10 +81,17 @@ def _field_types(record: dict, where: str) -> None:
 
 
 def read_predictions(path: str | Path, allow_empty: bool = False) -> list[dict]:
-    """Records of a predictions JSONL file, checked line by line (an empty file is an error unless
-    `allow_empty`: a run's validation may have had nothing to generate)."""
-    path = Path(path)
-    _checked_path(path)
+    """Records of a predictions JSONL file (or a folder of them), checked line by line (an empty file is an
+    error unless `allow_empty`: a run's validation may have had nothing to generate)."""
+    records = []
+    for file in _files(Path(path)):
+        records += _read_file(file)
+    if not records and not allow_empty:
+        raise UserError(f"predictions file {path} is empty: it needs one JSON object per line")
+    return records
+
+
+def _read_file(path: Path) -> list[dict]:
     records = []
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, 1):
@@ -74,10 +109,13 @@ def read_predictions(path: str | Path, allow_empty: bool = False) -> list[dict]:
             except (ValueError, RecursionError) as err:  # 5,000-digit integers; nesting deeper than Python's stack
                 reason = "nested too deeply" if isinstance(err, RecursionError) else str(err).split(";")[0][:80]
                 raise UserError(f"{where} cannot be read ({reason})") from None
+            if isinstance(record, dict) and "output" in record and "predictions" not in record:
+                record = _from_llm4chem(record)
             missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
             if missing:
                 raise UserError(
                     f"{where} lacks {', '.join(missing)}: each line needs " + ", ".join(REQUIRED)
+                    + " (or output for predictions, as LLM4Chem's generate_on_dataset.py writes)"
                 )
             if not isinstance(record["task"], str):
                 raise UserError(f"{where}: task must be a task name, not {json.dumps(record['task'])[:40]}")
@@ -87,6 +125,4 @@ def read_predictions(path: str | Path, allow_empty: bool = False) -> list[dict]:
             record["gold"] = _texts(record["gold"], "gold", where)
             record["predictions"] = _texts(record["predictions"], "predictions", where, allow_none=True)
             records.append(record)
-    if not records and not allow_empty:
-        raise UserError(f"predictions file {path} is empty: it needs one JSON object per line")
     return records
