@@ -3,6 +3,7 @@
     python -m llasmol.evaluate predictions=<file.jsonl>                     # no model needed
     python -m llasmol.evaluate predictions=<folder of .jsonl>               # e.g. LLM4Chem's eval output
     python -m llasmol.evaluate ckpt=<run dir | adapter dir> data.split=test  # generate, then score
+    python -m llasmol.evaluate ckpt=none model=mistral                      # the bare base, zero-shot
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ def evaluate(cfg: DictConfig) -> dict:
     elif cfg.ckpt:
         results, out = generate_and_score(cfg)
     else:
-        raise UserError("nothing to evaluate: pass predictions=<file.jsonl> or ckpt=<run dir | adapter dir>")
+        raise UserError("nothing to evaluate: pass predictions=<file.jsonl>, ckpt=<run dir | adapter dir> or "
+                        "ckpt=none (the bare base model)")
     return {"metrics": results, "output": str(out)}
 
 

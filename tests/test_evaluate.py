@@ -501,3 +501,35 @@ def test_llm4chem_output_folders_score_as_our_own_predictions_files(tmp_path):
     s2f = result["metrics"]["name_conversion-s2f"]
     assert 0 < s2f["exact_match"] < 1 and s2f["num_skipped"] > 0
     assert len(result["metrics"]) == len(official) >= 10
+
+
+def test_the_bare_base_model_is_evaluated_with_ckpt_none(tmp_path):
+    """The paper's zero-shot rows: the base without any adapter, the same prompts, beams and scoring."""
+    from llasmol.data.formatting import PROMPT_TEMPLATES
+    from llasmol.inference.predictions import read_predictions
+
+    common = [f"paths.output_dir={tmp_path}", "data.max_samples_per_task={test:2}", "generation.max_new_tokens_limit=3",
+              "data.tasks=[name_conversion-s2f,property_prediction-bbbp]"]
+    result = evaluate(compose_config([*common, "ckpt=none"], "evaluate"))
+    assert set(result["metrics"]) == {"name_conversion-s2f", "property_prediction-bbbp"}
+    assert result["metrics"]["name_conversion-s2f"]["num_samples"] == 2
+    records = read_predictions(tmp_path / "predictions" / "test.jsonl")
+    assert [len(r["predictions"]) for r in records] == [3, 3, 1, 1]  # the paper's beams: 3 for NC-S2F, 1 for BBBP
+
+    # Another template (e.g. Mol-Instructions' for its Molinst adapters) changes the prompt, hence the answers.
+    alpaca = tmp_path / "alpaca"
+    evaluate(compose_config([*common[1:], f"paths.output_dir={alpaca}", "ckpt=none", "model.prompt_template=alpaca"],
+                            "evaluate"))
+    other = read_predictions(alpaca / "predictions" / "test.jsonl")
+    assert [r["predictions"] for r in other] != [r["predictions"] for r in records]
+    assert PROMPT_TEMPLATES["alpaca"].endswith("### Instruction:\n{input}\n\n### Response:\n")
+
+
+def test_prompt_templates_by_name_or_literal():
+    from llasmol.core.errors import UserError
+    from llasmol.data.formatting import resolve_prompt_template
+
+    assert resolve_prompt_template("llasmol") == "[INST] {input} [/INST]"
+    assert resolve_prompt_template("Q: {input} A:") == "Q: {input} A:"
+    with pytest.raises(UserError, match=r"model.prompt_template='alpacca' is neither a template name \(llasmol, alpaca, plain\)"):
+        resolve_prompt_template("alpacca")

@@ -17,6 +17,27 @@ from llasmol.core.errors import UserError
 
 IGNORE_INDEX = -100
 
+# `model.prompt_template` by name (or any literal with `{input}`). `llasmol`: the paper's, for every base.
+# `alpaca`: Mol-Instructions' default (its `generate.py` uses alpaca-lora's Prompter), for evaluating its
+# Molinst adapters as the paper did (App. A.2.4, with our queries as the instruction). `plain`: the query
+# alone, for a base model asked zero-shot without any chat markup.
+PROMPT_TEMPLATES = {
+    "llasmol": "[INST] {input} [/INST]",
+    "alpaca": ("Below is an instruction that describes a task. Write a response that appropriately completes "
+               "the request.\n\n### Instruction:\n{input}\n\n### Response:\n"),
+    "plain": "{input}",
+}
+
+
+def resolve_prompt_template(value: str) -> str:
+    """A template by name from `PROMPT_TEMPLATES`, or `value` itself when it holds `{input}`."""
+    if value in PROMPT_TEMPLATES:
+        return PROMPT_TEMPLATES[value]
+    if "{input}" not in value:
+        raise UserError(f"model.prompt_template={value!r} is neither a template name ({', '.join(PROMPT_TEMPLATES)}) "
+                        "nor a template with the {input} placeholder")
+    return value
+
 
 @dataclass
 class Encoded:
@@ -26,7 +47,7 @@ class Encoded:
 
 
 class PromptFormatter:
-    """Formats and tokenizes samples; `prompt_template` must contain `{input}`.
+    """Formats and tokenizes samples; `prompt_template` is a name from `PROMPT_TEMPLATES` or holds `{input}`.
 
     The tokenizer must name its BOS and EOS tokens (`llasmol.model.base.load_tokenizer` fills them in from
     the base's config.json when its files do not).
@@ -35,12 +56,11 @@ class PromptFormatter:
     def __init__(
         self,
         tokenizer,
-        prompt_template: str = "[INST] {input} [/INST]",
+        prompt_template: str = "llasmol",
         max_length: int = 512,
         train_on_inputs: bool = True,
     ) -> None:
-        if "{input}" not in prompt_template:
-            raise UserError(f"model.prompt_template {prompt_template!r} lacks the {{input}} placeholder")
+        prompt_template = resolve_prompt_template(prompt_template)
         if tokenizer.eos_token is None:
             raise UserError("the tokenizer defines no EOS token and the base's config.json names none: "
                             "set model.arch to a config with eos_token_id")

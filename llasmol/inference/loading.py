@@ -27,9 +27,10 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
     - a run directory (has `.hydra/config.yaml`): its model, and the adapter of its best checkpoint
       (by validation loss), else of `last.ckpt`;
     - a PEFT adapter folder (has `adapter_config.json`) or a Hub adapter id: the adapter over `cfg.model`;
-    - None: the bare base model of `cfg.model`.
+    - None or `none`: the bare base model of `cfg.model` (the paper's zero-shot rows).
     """
-    if ckpt is None:
+    if ckpt is None or str(ckpt).lower() == "none":
+        log.info("no adapter: the bare base %s (ckpt=none)", cfg.model.get("hf_id") or cfg.model.get("name"))
         return cfg.model, None, None
     path = Path(ckpt)
     if (path / layout.HYDRA_CONFIG).is_file():
