@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -25,37 +25,64 @@ def _cell(value: Any) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
-def format_table(results: dict[str, dict[str, Any]]) -> str:
-    """A per-task text table: one row per task, its metrics as `name=value`."""
+def format_table(results: dict[str, dict[str, Any]], intervals: Optional[dict] = None) -> str:
+    """A per-task text table: one row per task, its metrics as `name=value [lo, hi]`."""
     width = max((len(t) for t in results), default=4)
+    bounds = (intervals or {}).get("tasks", {})
+
+    def cell(task: str, name: str, value: Any) -> str:
+        interval = bounds.get(task, {}).get(name)
+        return f"{name}={_cell(value)}" + (f" [{_cell(interval[0])}, {_cell(interval[1])}]" if interval else "")
+
     return "\n".join(
-        f"{task:<{width}}  " + "  ".join(f"{k}={_cell(v)}" for k, v in metrics.items())
+        f"{task:<{width}}  " + "  ".join(cell(task, k, v) for k, v in metrics.items())
         for task, metrics in results.items()
     )
 
 
-def score_file(cfg: DictConfig) -> tuple[dict, Path]:
+def intervals_path(metrics_file: Path) -> Path:
+    """Where the intervals of a metrics file go: beside it, `<name>.intervals.json`."""
+    from llasmol.core.run_dir import INTERVALS_SUFFIX
+
+    return metrics_file.with_name(metrics_file.stem + INTERVALS_SUFFIX + ".json")
+
+
+def score_and_write(records: list[dict], out: Path, settings) -> tuple[dict, Optional[dict]]:
+    """The metrics of `records` (written to `out`) and, unless `settings.resamples` is 0, their bootstrap
+    intervals (written beside it). The per-sample statistics are computed once for both."""
     from llasmol.core.files import write_json
+    from llasmol.metrics.intervals import bootstrap_intervals, per_sample_statistics
+
+    samples = per_sample_statistics(records)
+    results = {task: sample.metrics() for task, sample in samples.items()}
+    write_json(out, results)
+    intervals = None
+    if settings.resamples:
+        intervals = {"level": settings.level, "resamples": settings.resamples, "seed": settings.seed,
+                     "tasks": bootstrap_intervals(samples, settings.resamples, settings.seed, settings.level)}
+        write_json(intervals_path(out), intervals)
+    return results, intervals
+
+
+def score_file(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
     from llasmol.inference.predictions import read_predictions
-    from llasmol.metrics.scoring import score_records
 
     records = read_predictions(cfg.predictions)
-    results = score_records(records)
     src = Path(cfg.predictions)
     out = Path(cfg.output) if cfg.output else src.with_name(src.stem + ".metrics.json")
-    write_json(out, results)
-    return results, out
+    results, intervals = score_and_write(records, out, cfg.intervals)
+    return results, intervals, out
 
 
 def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     from llasmol.core import run_dir
-    from llasmol.core.files import write_json, write_jsonl
+    from llasmol.core.files import write_jsonl
     from llasmol.data.formatting import PromptFormatter
     from llasmol.data.source import SMolInstructSource
     from llasmol.inference.beam_search import BeamGenerator
     from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
     from llasmol.inference.progress import generation_progress
-    from llasmol.inference.records import balanced_subset, generate_records, score, split_golds
+    from llasmol.inference.records import balanced_subset, generate_records, split_golds
 
     model_cfg, adapter, run_data = resolve_checkpoint(cfg.ckpt, cfg)
     # A run directory brings the data it was trained on; this command's split and sample cap apply.
@@ -80,10 +107,9 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     out_dir = Path(cfg.ckpt) if run_data is not None and not capped else Path(cfg.paths.output_dir)
     # The predictions first: a failure while scoring never discards the generation.
     write_jsonl(out_dir / run_dir.PREDICTIONS / f"{split_name}.jsonl", records)
-    results = score(records, list(split.tasks), device)
     out = Path(cfg.output) if cfg.output else out_dir / run_dir.METRICS / f"{split_name}.json"
-    write_json(out, results)
-    return results, out
+    results, intervals = score_and_write(records, out, cfg.intervals)
+    return results, intervals, out
 
 
 def evaluate(cfg: DictConfig) -> dict:
@@ -94,20 +120,23 @@ def evaluate(cfg: DictConfig) -> dict:
         raise UserError(f"output={cfg.output} is a directory: name the metrics file, e.g. "
                         f"output={Path(cfg.output) / 'metrics.json'}")
     if cfg.predictions:
-        results, out = score_file(cfg)
+        results, intervals, out = score_file(cfg)
     elif cfg.ckpt:
-        results, out = generate_and_score(cfg)
+        results, intervals, out = generate_and_score(cfg)
     else:
         raise UserError("nothing to evaluate: pass predictions=<file.jsonl>, ckpt=<run dir | adapter dir> or "
                         "ckpt=none (the bare base model)")
-    return {"metrics": results, "output": str(out)}
+    return {"metrics": results, "intervals": intervals, "output": str(out)}
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="evaluate")
 @report_user_errors
 def main(cfg: DictConfig) -> None:
     result = evaluate(cfg)
-    print(format_table(result["metrics"]))
+    print(format_table(result["metrics"], result["intervals"]))
+    if result["intervals"]:
+        print(f"[lo, hi]: {result['intervals']['level']:.0%} bootstrap intervals (tasks with pooled golds resample "
+              "inputs), written beside the metrics")
     print(f"metrics written to {result['output']}", flush=True)
 
 

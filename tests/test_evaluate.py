@@ -77,6 +77,18 @@ def test_each_validation_writes_predictions_and_metrics(run_dir):
     for task, values in metrics.items():
         for name, value in values.items():
             assert same(logged[f"val/{task}/{name}"], value), (task, name)
+    # Beside them, bootstrap intervals: in a file and logged as val/<task>/<metric>_lo, _hi.
+    intervals = json.loads((run_dir / "metrics" / "val-epoch0-step4.intervals.json").read_text())
+    assert intervals["resamples"] == 1000 and set(intervals["tasks"]) == set(tasks)
+    records = [json.loads(x) for x in (run_dir / "predictions" / "val-epoch0-step4.jsonl").read_text().splitlines()]
+    from llasmol.metrics.intervals import bootstrap_intervals, per_sample_statistics
+
+    assert intervals["tasks"] == json.loads(json.dumps(bootstrap_intervals(per_sample_statistics(records))))
+    for task, values in intervals["tasks"].items():
+        for name, pair in values.items():
+            if pair is not None:
+                assert pair[0] <= pair[1]
+                assert (logged[f"val/{task}/{name}_lo"], logged[f"val/{task}/{name}_hi"]) == pytest.approx(tuple(pair))
 
 
 def test_a_predictions_file_rescores_to_the_logged_numbers(run_dir, tmp_path):
@@ -533,3 +545,26 @@ def test_prompt_templates_by_name_or_literal():
     assert resolve_prompt_template("Q: {input} A:") == "Q: {input} A:"
     with pytest.raises(UserError, match=r"model.prompt_template='alpacca' is neither a template name \(llasmol, alpaca, plain\)"):
         resolve_prompt_template("alpacca")
+
+
+def test_evaluate_writes_bootstrap_intervals_beside_the_metrics(tmp_path):
+    rows = [{"task": "property_prediction-bbbp", "input": f"q{i}", "gold": "Yes",
+             "predictions": ["<BOOLEAN> Yes </BOOLEAN>" if i % 4 else "<BOOLEAN> No </BOOLEAN>"]} for i in range(40)]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = evaluate(compose_config([f"paths.output_dir={tmp_path}", f"predictions={path}"], "evaluate"))
+    saved = json.loads((tmp_path / "p.metrics.intervals.json").read_text())
+    assert saved == json.loads(json.dumps(result["intervals"]))
+    assert (saved["level"], saved["resamples"], saved["seed"]) == (0.95, 1000, 0)
+    lo, hi = saved["tasks"]["property_prediction-bbbp"]["accuracy"]
+    assert lo < result["metrics"]["property_prediction-bbbp"]["accuracy"] == 0.75 < hi
+    assert "num_samples" not in saved["tasks"]["property_prediction-bbbp"]
+
+    proc = run_cli(["llasmol.evaluate", f"predictions={path}", f"hydra.run.dir={tmp_path / 'h'}",
+                    f"output={tmp_path / 'off.json'}", "intervals.resamples=0"], tmp_path)
+    assert proc.returncode == 0 and "accuracy=0.7500 " in proc.stdout and "[" not in proc.stdout
+    assert not (tmp_path / "off.intervals.json").exists()
+    proc = run_cli(["llasmol.evaluate", f"predictions={path}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
+    assert re.search(r"accuracy=0\.7500 \[0\.6\d+, 0\.8\d+\]", proc.stdout), proc.stdout
+    bad = run_cli(["llasmol.evaluate", f"predictions={path}", "intervals.level=95"], tmp_path)
+    assert bad.returncode == 2 and "intervals.level=95" in bad.stderr and "0.95 for 95% intervals" in bad.stderr

@@ -189,7 +189,7 @@ def _load_validations(path: Path) -> list[Validation]:
 def _load_evaluations(path: Path) -> dict[str, dict[str, dict[str, Optional[float]]]]:
     out = {}
     for file in sorted((path / layout.METRICS).glob("*.json")) if (path / layout.METRICS).is_dir() else []:
-        if _VALIDATION_NAME.match(file.stem):
+        if _VALIDATION_NAME.match(file.stem) or file.stem.endswith(layout.INTERVALS_SUFFIX):
             continue
         data = _read_json(file)
         if isinstance(data, dict):

@@ -13,6 +13,7 @@ INTERRUPTED_CKPT = "interrupted.ckpt"  # written when Ctrl-C or SIGTERM stops th
 RESUME_CKPTS = (LAST_CKPT, INTERRUPTED_CKPT)
 PREDICTIONS = "predictions"  # <validation or split>.jsonl
 METRICS = "metrics"  # <validation or split>.json
+INTERVALS_SUFFIX = ".intervals"  # metrics/<name>.intervals.json: the bootstrap intervals of metrics/<name>.json
 CSV_LOG = "csv/metrics.csv"
 WANDB_ID = "wandb_run_id"  # the run's W&B id, continued by an in-place resume
 

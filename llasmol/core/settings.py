@@ -70,6 +70,9 @@ RULES: tuple[Rule, ...] = (
     Rule("generation.max_new_tokens_limit", True, 1, nullable=True),
     Rule("generation.batch_size", True, 1),
     Rule("callbacks.generation_evaluator.samples_per_task", True, 0, nullable=True),
+    Rule("intervals.resamples", True, 0, hint="0 turns intervals off; 1000 is the default"),
+    Rule("intervals.seed", True, 0),
+    Rule("intervals.level", False, 0, low_open=True, high=1, hint="0.95 for 95% intervals"),
 )
 # Every beam setting, the default's and each task's.
 BEAM_RULES: tuple[Rule, ...] = (

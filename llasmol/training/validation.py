@@ -3,6 +3,8 @@ the paper's chemistry metrics, logged as `val/<task>/<metric>` and written to th
 
     predictions/val-epoch{E}-step{S}.jsonl   one line per sample (task, input, gold, predictions, answers)
     metrics/val-epoch{E}-step{S}.json        {task: {metric: value}}
+    metrics/val-epoch{E}-step{S}.intervals.json   their bootstrap intervals, also logged as
+                                                  val/<task>/<metric>_lo and _hi
 
 Under DDP each rank generates its stride of the subset; the metric sums are torchmetrics states, so
 2 ranks give the same numbers as 1, and rank 0 gathers the records to write one file.
@@ -20,7 +22,7 @@ from lightning.pytorch.callbacks import Callback
 from llasmol.inference.records import balanced_subset, gather_to_all, generate_records, score, split_golds
 from llasmol.inference.beam_search import BeamGenerator
 from llasmol.core.files import write_json, write_jsonl
-from llasmol.core.run_dir import METRICS, PREDICTIONS, validation_name
+from llasmol.core.run_dir import INTERVALS_SUFFIX, METRICS, PREDICTIONS, validation_name
 from llasmol.core.tasks import get_task
 from llasmol.inference.progress import generation_progress
 from llasmol.training.lightning_private import live_progress
@@ -31,8 +33,9 @@ log = logging.getLogger("llasmol.train")
 
 class GenerationEvaluator(Callback):
     def __init__(self, generation: dict, samples_per_task: Optional[int] = 20, seed: int = 13,
-                 output_dir: Optional[str] = None) -> None:
+                 output_dir: Optional[str] = None, intervals: Optional[dict] = None) -> None:
         self.generation = generation
+        self.intervals = intervals or {"resamples": 0}
         self.samples_per_task = samples_per_task
         self.seed = seed
         self.output_dir = output_dir
@@ -72,7 +75,10 @@ class GenerationEvaluator(Callback):
         results = score(records, list(data.tasks), pl_module.device)
         flat = {f"val/{task}/{name}": float(value) for task, values in results.items()
                 for name, value in values.items() if isinstance(value, (int, float))}
-        for key, value in flat.items():
+        intervals = self._intervals(everything)
+        bounds = {f"val/{task}/{name}_{side}": bound for task, values in (intervals or {}).get("tasks", {}).items()
+                  for name, pair in values.items() if pair for side, bound in zip(("lo", "hi"), pair)}
+        for key, value in {**flat, **bounds}.items():
             # Already synchronised (equal on every rank); sync_dist keeps Lightning's DDP bookkeeping quiet.
             pl_module.log(key, value, sync_dist=True)
         if trainer.is_global_zero:
@@ -82,7 +88,21 @@ class GenerationEvaluator(Callback):
                 log_predictions_table(trainer, everything)
                 update_best_summary(trainer, flat)
             write_json(out / METRICS / f"{stem}.json", results)
+            if intervals:
+                write_json(out / METRICS / f"{stem}{INTERVALS_SUFFIX}.json", intervals)
         self._last_results = results
+
+    def _intervals(self, records: list[dict]) -> Optional[dict]:
+        """Bootstrap intervals of all ranks' records (gathered: the same on every rank, seeded)."""
+        settings = self.intervals
+        if not settings.get("resamples") or not records:
+            return None
+        from llasmol.metrics.intervals import bootstrap_intervals, per_sample_statistics
+
+        tasks = bootstrap_intervals(per_sample_statistics(records), settings["resamples"], settings["seed"],
+                                    settings["level"])
+        return {"level": settings["level"], "resamples": settings["resamples"], "seed": settings["seed"],
+                "tasks": tasks}
 
     def on_validation_end(self, trainer, pl_module) -> None:
         # val/loss is aggregated only after the epoch-end hooks, so its best value and the log line are here.

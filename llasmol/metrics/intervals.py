@@ -1,0 +1,144 @@
+"""Bootstrap confidence intervals and paired comparisons, from the per-sample statistics the scorer keeps.
+
+Every metric is a function of sums of per-sample statistics (`llasmol.metrics.scoring`), so a bootstrap
+resample is a weighted sum of rows already computed: RDKit never runs again. A resample draws the units
+of a task with replacement; the unit is a sample, except for tasks whose golds are pooled across samples
+that share an input (the task table's `pooled`): there the unit is the input, with all its samples, since
+those samples are not independent (they share one gold list). Intervals are percentile intervals.
+
+A paired comparison of two evaluations on the same samples resamples the units once for both and takes
+the difference of the metric in each resample: the spread of that difference, not of each metric alone,
+tells a real gap from noise (the two models' errors on the same hard samples cancel).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+import numpy as np
+
+from llasmol.core.tasks import get_task
+from llasmol.metrics.families import COUNTS
+from llasmol.metrics.scoring import STATS, finalize, gold_key, is_skipped, record_golds, sample_stats
+
+CHUNK = 128  # resamples summed at once: bounds memory at CHUNK x samples floats per task
+
+
+@dataclass
+class TaskSample:
+    """One task's per-sample statistics (rows in `STATS[task]` order) and each row's resampling unit."""
+
+    task: str
+    stats: np.ndarray  # (samples, statistics)
+    units: np.ndarray  # (samples,) unit index of each row, 0..n_units-1
+
+    @property
+    def n_units(self) -> int:
+        return int(self.units.max()) + 1 if len(self.units) else 0
+
+    def metrics(self) -> dict[str, float]:
+        """The task's metrics from all rows: the sums added in record order, as `score_records` adds them
+        (so both give the same floats)."""
+        total = functools.reduce(np.add, self.stats, np.zeros(self.stats.shape[1]))
+        return finalize(self.task, dict(zip(STATS[self.task], total.tolist())))
+
+
+def per_sample_statistics(records: Iterable[dict]) -> dict[str, TaskSample]:
+    """The statistics of every record, grouped by task, with their resampling units."""
+    records = list(records)
+    rows: dict[str, list] = defaultdict(list)
+    keys: dict[str, list] = defaultdict(list)
+    for record, golds in zip(records, record_golds(records)):
+        task = record["task"]
+        stats = sample_stats(task, record.get("predictions"), golds, is_skipped(record))
+        rows[task].append([stats[name] for name in STATS[task]])
+        keys[task].append(gold_key(record) if get_task(task).pooled else len(keys[task]))
+    out = {}
+    for task in rows:
+        index: dict = {}
+        units = np.array([index.setdefault(k, len(index)) for k in keys[task]], dtype=np.int64)
+        out[task] = TaskSample(task, np.asarray(rows[task], dtype=np.float64), units)
+    return out
+
+
+def _weights(rng: np.random.Generator, sample: TaskSample, count: int) -> np.ndarray:
+    """(count, samples): how many times each row is drawn in each resample (its unit's draws)."""
+    n = sample.n_units
+    draws = rng.integers(0, n, size=(count, n))
+    per_unit = np.zeros((count, n), dtype=np.float64)
+    np.add.at(per_unit, (np.arange(count)[:, None], draws), 1.0)
+    return per_unit[:, sample.units]
+
+
+def _metric_rows(task: str, sums: np.ndarray) -> list[dict[str, float]]:
+    names = STATS[task]
+    return [finalize(task, dict(zip(names, row))) for row in sums]
+
+
+def _percentiles(values: list[float], level: float) -> Optional[list[float]]:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return None
+    tail = (1.0 - level) / 2 * 100
+    lo, hi = np.percentile(finite, [tail, 100 - tail])
+    return [float(lo), float(hi)]
+
+
+def bootstrap_intervals(samples: dict[str, TaskSample], resamples: int = 1000, seed: int = 0,
+                        level: float = 0.95) -> dict[str, dict[str, Optional[list[float]]]]:
+    """``{task: {metric: [lo, hi]}}`` for every metric that is not a count (None: undefined in every
+    resample, e.g. RMSE with no valid answer). One seeded generator per task: adding a task changes no
+    other task's interval."""
+    out = {}
+    for task, sample in samples.items():
+        rng = np.random.default_rng([seed, *task.encode()])
+        collected: dict[str, list[float]] = defaultdict(list)
+        for start in range(0, resamples, CHUNK):
+            weights = _weights(rng, sample, min(CHUNK, resamples - start))
+            for metrics in _metric_rows(task, weights @ sample.stats):
+                for name, value in metrics.items():
+                    if name not in COUNTS:
+                        collected[name].append(value)
+        out[task] = {name: _percentiles(values, level) for name, values in collected.items()}
+    return out
+
+
+def _pair_key(record: dict) -> tuple:
+    return record["task"], record.get("index"), gold_key(record)
+
+
+def paired_difference(records_a: list[dict], records_b: list[dict], metrics: dict[str, str],
+                      resamples: int = 1000, seed: int = 0, level: float = 0.95) -> dict[str, dict]:
+    """For each task in `metrics` ({task: metric}) evaluated in both: A's value minus B's, with a paired
+    bootstrap interval, on the samples both evaluated (matched by task, sample index and input).
+
+    Returns ``{task: {"metric", "a", "b", "difference", "interval": [lo, hi] | None, "excludes_zero",
+    "samples"}}``.
+    """
+    b_by_key = {_pair_key(r): r for r in records_b}
+    shared = [(r, b_by_key[_pair_key(r)]) for r in records_a if _pair_key(r) in b_by_key]
+    stats_a = per_sample_statistics([a for a, _ in shared])
+    stats_b = per_sample_statistics([b for _, b in shared])
+    out = {}
+    for task, metric in metrics.items():
+        if task not in stats_a:
+            continue
+        sa, sb = stats_a[task], stats_b[task]
+        value_a, value_b = sa.metrics()[metric], sb.metrics()[metric]
+        rng = np.random.default_rng([seed, *task.encode()])
+        differences = []
+        for start in range(0, resamples, CHUNK):
+            weights = _weights(rng, sa, min(CHUNK, resamples - start))  # the same draws for both
+            for ma, mb in zip(_metric_rows(task, weights @ sa.stats), _metric_rows(task, weights @ sb.stats)):
+                differences.append(ma[metric] - mb[metric])
+        interval = _percentiles(differences, level)
+        out[task] = {
+            "metric": metric, "a": value_a, "b": value_b, "difference": value_a - value_b, "interval": interval,
+            "excludes_zero": interval is not None and (interval[0] > 0 or interval[1] < 0),
+            "samples": int(len(sa.units)),
+        }
+    return out
