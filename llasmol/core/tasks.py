@@ -1,13 +1,24 @@
 """The 14 SMolInstruct tasks and what each one is: one row per task, the only place these facts live.
 
 A task's row says its name (as in the official archive), its metric family (`llasmol.metrics.families`), the tag its answer sits in, whether golds are pooled over samples
-that share an input, and the metric the paper's main tables report first. Adding a task is one row here,
+that share an input, the metric the paper's main tables report first, the group of related tasks whose
+samples must share a split, and its sample counts in the paper's Table 1. Adding a task is one row here,
 plus its beam settings in `conf/generation/paper.yaml`.
 
 Pooling follows the official scorer (LLM4Chem config.py `TASKS_WITH_READING_GOLD_FROM_DATASET`): for the
 generation tasks any gold of the samples with the same core input (and target) is right; property tasks
 are scored against each sample's own label (pooling SIDER would let one answer count for another side
 effect of the same molecule).
+
+Split groups follow the paper's Section 4.2 ("Data Splitting"): samples of related tasks that describe the
+same reaction (FS and RS, `REACTION`) or the same molecule (MC and MG; the four NC tasks) are placed in the
+same split, so that a reaction or molecule seen in training is never asked about in evaluation by its
+reverse task. `llasmol.analysis.leakage` checks a copy of the data against this.
+
+Counts are Table 1's #Train, #Valid, #Test (samples: SIDER counts one per molecule and side effect), as
+the LLM4Chem project page prints the table (its statistics image). The first arXiv version's Table 1
+has other train/valid counts for 8 tasks (e.g. 300,000 train samples for each NC task, 988,626 for FS);
+its test column is cut off in our text of it.
 """
 
 from __future__ import annotations
@@ -25,26 +36,32 @@ class Task:
     answer_tag: Optional[str]  # the response wraps its answer in <TAG> ... </TAG>; None: the whole response
     pooled: bool
     headline: str
+    split_group: Optional[str]  # related tasks whose samples of one molecule/reaction share a split
+    paper_counts: tuple[int, int, int]  # Table 1: train, validation, test samples
+
+
+REACTION = "reaction"  # the split group of FS and RS: one reaction, read forwards and backwards
 
 
 TASKS: tuple[Task, ...] = (
-    Task("forward_synthesis", "smiles", "SMILES", True, "exact_match"),
-    Task("retrosynthesis", "smiles", "SMILES", True, "exact_match"),
-    Task("molecule_captioning", "caption", None, True, "meteor"),
-    Task("molecule_generation", "smiles", "SMILES", True, "exact_match"),
-    Task("name_conversion-i2f", "formula", "MOLFORMULA", True, "exact_match"),
-    Task("name_conversion-i2s", "smiles", "SMILES", True, "exact_match"),
-    Task("name_conversion-s2f", "formula", "MOLFORMULA", True, "exact_match"),
-    Task("name_conversion-s2i", "iupac", "IUPAC", True, "exact_match"),
-    Task("property_prediction-esol", "number", "NUMBER", False, "rmse"),
-    Task("property_prediction-lipo", "number", "NUMBER", False, "rmse"),
-    Task("property_prediction-bbbp", "boolean", "BOOLEAN", False, "accuracy"),
-    Task("property_prediction-clintox", "boolean", "BOOLEAN", False, "accuracy"),
-    Task("property_prediction-hiv", "boolean", "BOOLEAN", False, "accuracy"),
-    Task("property_prediction-sider", "boolean", "BOOLEAN", False, "accuracy"),
+    Task("forward_synthesis", "smiles", "SMILES", True, "exact_match", REACTION, (971_809, 2_049, 4_062)),
+    Task("retrosynthesis", "smiles", "SMILES", True, "exact_match", REACTION, (941_735, 2_092, 4_156)),
+    Task("molecule_captioning", "caption", None, True, "meteor", "description", (56_498, 1_269, 2_538)),
+    Task("molecule_generation", "smiles", "SMILES", True, "exact_match", "description", (56_498, 1_269, 2_493)),
+    Task("name_conversion-i2f", "formula", "MOLFORMULA", True, "exact_match", "name", (300_000, 1_497, 2_993)),
+    Task("name_conversion-i2s", "smiles", "SMILES", True, "exact_match", "name", (299_890, 1_496, 2_993)),
+    Task("name_conversion-s2f", "formula", "MOLFORMULA", True, "exact_match", "name", (299_890, 1_496, 2_993)),
+    Task("name_conversion-s2i", "iupac", "IUPAC", True, "exact_match", "name", (299_890, 1_496, 2_993)),
+    Task("property_prediction-esol", "number", "NUMBER", False, "rmse", None, (888, 111, 112)),
+    Task("property_prediction-lipo", "number", "NUMBER", False, "rmse", None, (3_360, 420, 420)),
+    Task("property_prediction-bbbp", "boolean", "BOOLEAN", False, "accuracy", None, (1_569, 196, 197)),
+    Task("property_prediction-clintox", "boolean", "BOOLEAN", False, "accuracy", None, (1_144, 143, 144)),
+    Task("property_prediction-hiv", "boolean", "BOOLEAN", False, "accuracy", None, (32_864, 4_104, 4_107)),
+    Task("property_prediction-sider", "boolean", "BOOLEAN", False, "accuracy", None, (22_820, 2_860, 2_860)),
 )
 
 TASK_NAMES: tuple[str, ...] = tuple(t.name for t in TASKS)
+PAPER_TOTALS = (3_288_855, 20_498, 33_061)  # Table 1's "Overall" row: the rows above add up to it
 _BY_NAME = {t.name: t for t in TASKS}
 assert len(_BY_NAME) == len(TASKS)
 
