@@ -22,7 +22,7 @@ import re
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -60,6 +60,20 @@ def _read_json(path: Path, what: str) -> Any:
         raise UserError(f"{path} is nested too deeply to be SMolInstruct data: fix or re-extract it") from None
 
 
+def _parse_raw_line(line: bytes) -> tuple[Optional[dict], Optional[str]]:
+    """A raw line's record, or None and why it is not one: the one rule for a raw line, whether it is
+    indexed at start-up (`_line_offsets`) or streamed (`read_raw_records`)."""
+    try:
+        record = json.loads(line)
+    except ValueError as err:  # UnicodeDecodeError too
+        return None, f"is not valid JSON ({getattr(err, 'msg', type(err).__name__)})"
+    except RecursionError:
+        return None, "is not valid JSON (nested too deeply)"
+    if not isinstance(record, dict) or "input" not in record or "output" not in record:
+        return None, f"is not a JSON object with input and output (it is {type(record).__name__})"
+    return record, None
+
+
 def _line_offsets(path: Path) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
     """Byte offset and length of every non-empty line, and for those that are not a JSON object with
     `input` and `output` (by index among the non-empty lines) where they are in the file and why:
@@ -74,16 +88,9 @@ def _line_offsets(path: Path) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
     with path.open("rb") as fh:
         for number, line in enumerate(fh, 1):
             if line.strip():
-                try:
-                    record = json.loads(line)
-                except ValueError as err:  # UnicodeDecodeError too
-                    bad[len(offsets)] = f"line {number} is not valid JSON ({getattr(err, 'msg', type(err).__name__)})"
-                except RecursionError:
-                    bad[len(offsets)] = f"line {number} is not valid JSON (nested too deeply)"
-                else:
-                    if not isinstance(record, dict) or "input" not in record or "output" not in record:
-                        bad[len(offsets)] = (f"line {number} is not a JSON object with input and output "
-                                             f"(it is {type(record).__name__})")
+                _, why = _parse_raw_line(line)
+                if why is not None:
+                    bad[len(offsets)] = f"line {number} {why}"
                 offsets.append(pos)
                 lengths.append(len(line))
             pos += len(line)
@@ -219,6 +226,55 @@ def raw_split(split: str) -> str:
     return split[: -len("_subset")] if split.endswith("_subset") else split
 
 
+def raw_path(root: str | os.PathLike, split: str, task: str, raw_dir: str = "raw") -> Path:
+    """The raw JSONL file of `task` that split folder `split` indexes; UserError when it is missing."""
+    path = Path(root) / raw_dir / raw_split(split) / f"{task}.jsonl"
+    if not path.is_file():
+        raise UserError(f"missing raw data file {path} for task {task}: is data.path complete?")
+    return path
+
+
+def read_raw_records(path: Path, on_bad: Optional[Callable[[int, str], None]] = None) -> Iterator[tuple[int, dict]]:
+    """(line number, record) of every non-empty line of a raw file, one line in memory at a time.
+
+    A line that is not a JSON object with `input` and `output` stops with its file and line, or, with
+    `on_bad`, is passed to it (line number, why: "is not valid JSON (...)") and left out (data.skip_bad_lines).
+    """
+    try:
+        fh = path.open("rb")
+    except OSError as err:
+        raise UserError(f"cannot read {path} ({err.strerror}): check the file and its permissions") from None
+    with fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            record, why = _parse_raw_line(line)
+            if why is None:
+                yield number, record
+            elif on_bad is not None:
+                on_bad(number, why)
+            else:
+                raise UserError(f"{path} line {number} {why}: fix the line, or set data.skip_bad_lines=true "
+                                "to skip and count such lines")
+
+
+def read_core_tags(root: str | os.PathLike, task: str) -> dict:
+    """`core_tag/<task>.json`: the tags around the core input and output, e.g. {"input": ["<SMILES>", "</SMILES>"], ...}."""
+    tags = _read_json(Path(root) / "core_tag" / f"{task}.json", f"core tags of {task}")
+    if not isinstance(tags, dict) or not all(
+            isinstance(tags.get(side), list) and len(tags[side]) == 2
+            and all(tag is None or isinstance(tag, str) for tag in tags[side]) for side in ("input", "output")):
+        raise UserError(f"core_tag/{task}.json is not {{\"input\": [open, close], \"output\": [open, close]}} "
+                        "(tags as strings or null): re-extract the core tags")
+    return tags
+
+
+def count_samples(root: str | os.PathLike, sample_group: str, split: str, task: str) -> int:
+    """How many samples the sample list of `task` in split folder `split` holds (read piece by piece)."""
+    path = Path(root) / "sample" / sample_group / split / f"{task}.json"
+    return len(_read_sample_list(path, task, None)[1])
+
+
 def _smiles_to_selfies(smiles: str) -> str:
     import selfies
 
@@ -265,15 +321,13 @@ class SMolInstructSplit:
                 f"split {self.split!r} not found: {split_dir} does not exist (check data.path and data.splits{hint})"
             )
         header, idx, template_id, targets = _read_sample_list(split_dir / f"{task}.json", task, limit)
-        raw_path = self.root / self._raw_dir / raw_split(self.split) / f"{task}.jsonl"
-        if not raw_path.is_file():
-            raise UserError(f"missing raw data file {raw_path} for task {task}: is data.path complete?")
-        offsets, line_bytes, bad_lines = _line_offsets(raw_path)
+        raw_file = raw_path(self.root, self.split, task, self._raw_dir)
+        offsets, line_bytes, bad_lines = _line_offsets(raw_file)
         used_bad = np.isin(idx, np.fromiter(bad_lines, dtype=np.int64)) if bad_lines else None
         if used_bad is not None and used_bad.any() and not self.skip_bad_lines:
             where = bad_lines[int(idx[used_bad].min())]
             raise UserError(
-                f"{raw_path} {where}: fix the line, or set "
+                f"{raw_file} {where}: fix the line, or set "
                 "data.skip_bad_lines=true to skip and count such lines"
             )
         if used_bad is not None and used_bad.any():
@@ -283,11 +337,11 @@ class SMolInstructSplit:
             self.skipped[task] = int((~keep).sum())
             idx, template_id = idx[keep], template_id[keep]
             targets = [t for t, k in zip(targets, keep) if k] if targets is not None else None
-            log.warning("%s: skipped %d sample(s) on %d malformed line(s)", raw_path, self.skipped[task], lines_used)
+            log.warning("%s: skipped %d sample(s) on %d malformed line(s)", raw_file, self.skipped[task], lines_used)
         if len(idx) and (idx.max() >= len(offsets) or idx.min() < 0):
             bad = int(idx[(idx >= len(offsets)) | (idx < 0)][0])
             raise UserError(
-                f"sample index {bad} in {split_dir / (task + '.json')} is beyond {raw_path} "
+                f"sample index {bad} in {split_dir / (task + '.json')} is beyond {raw_file} "
                 f"({len(offsets)} lines): the sample list and raw file come from different versions"
             )
         idx = idx.astype(np.int32)  # checked above: a line number of the raw file (4 bytes a sample, not 8)
@@ -308,17 +362,12 @@ class SMolInstructSplit:
         if len(template_id) and template_id.max() >= len(templates):
             raise UserError(f"template_id {int(template_id.max())} of {task} has no template ({len(templates)} exist)")
         template_id = template_id.astype(np.int16)  # a handful of templates per task
-        tags = _read_json(self.root / "core_tag" / f"{task}.json", f"core tags of {task}")
-        if not isinstance(tags, dict) or not all(
-                isinstance(tags.get(side), list) and len(tags[side]) == 2
-                and all(tag is None or isinstance(tag, str) for tag in tags[side]) for side in ("input", "output")):
-            raise UserError(f"core_tag/{task}.json is not {{\"input\": [open, close], \"output\": [open, close]}} "
-                            "(tags as strings or null): re-extract the core tags")
+        tags = read_core_tags(self.root, task)
         if self.selfies:
             templates = [{k: v.replace("SMILES", "SELFIES") for k, v in t.items()} for t in templates]
         return _TaskTable(
             task=task,
-            raw_path=raw_path,
+            raw_path=raw_file,
             line_offsets=offsets,
             line_bytes=line_bytes,
             sample_idx=idx,

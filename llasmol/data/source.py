@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional
 
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import TASK_NAMES, check_tasks
-from llasmol.data.smolinstruct import SMolInstructSplit, raw_split
+from llasmol.data.smolinstruct import SMolInstructSplit, count_samples, raw_path, raw_split
 
 DEFAULT_SPLITS = {"train": "train", "validation": "dev", "test": "test"}
 
@@ -48,8 +48,9 @@ class SMolInstructSource:
     def from_config(cls, data_cfg: Mapping[str, Any], **overrides: Any) -> "SMolInstructSource":
         """The source a `data=` config describes (a run directory's or the command's); keys that are not
         about the source (batch sizes, max_length, ...) are left to those that use them."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{**{k: v for k, v in dict(data_cfg).items() if k in known}, **overrides})
+        # Only the source's own keys are read: the others may interpolate what a command lacks (a model).
+        own = {f.name: data_cfg[f.name] for f in fields(cls) if not f.name.startswith("_") and f.name in data_cfg}
+        return cls(**{**own, **overrides})
 
     def root(self) -> str:
         """The local folder of the copy; fetches the Hub archive on first use when `path` is null."""
@@ -76,10 +77,21 @@ class SMolInstructSource:
     def split(self, name: str) -> SMolInstructSplit:
         """Split `name` (train, validation or test), opened on first use."""
         if name not in self._opened:
-            if name not in self.splits:
-                raise UserError(f"unknown split {name!r}: data.splits defines {sorted(self.splits)}")
-            self._opened[name] = self._open(self.splits[name], self.max_samples_per_task.get(name))
+            self._opened[name] = self._open(self._folder(name), self.max_samples_per_task.get(name))
         return self._opened[name]
+
+    def raw_file(self, name: str, task: str) -> Path:
+        """The raw JSONL file of `task` behind split `name`, to stream (`smolinstruct.read_raw_records`)."""
+        return raw_path(self.root(), self._folder(name), task)
+
+    def sample_count(self, name: str, task: str) -> int:
+        """The samples of `task` in split `name`'s sample list, without opening the split."""
+        return count_samples(self.root(), self.sample_group, self._folder(name), task)
+
+    def _folder(self, name: str) -> str:
+        if name not in self.splits:
+            raise UserError(f"unknown split {name!r}: data.splits defines {sorted(self.splits)}")
+        return self.splits[name]
 
     def pooling_split(self, name: str) -> SMolInstructSplit:
         """The samples whose golds pool for split `name`: its own, or for a subset (`test_subset`) its full
