@@ -52,7 +52,28 @@ TEMPLATES = {
     ],
 }
 
+# Tasks that the paper splits together with others (FS with RS, MC with MG, the NC tasks), for the leakage
+# audit's tests: `write_smolinstruct(root, tasks=tuple(TASKS) + tuple(RELATED_TASKS))`.
+RELATED_TASKS = {
+    "retrosynthesis": (["<SMILES>", "</SMILES>"], ["<SMILES>", "</SMILES>"]),
+    "molecule_captioning": (["<SMILES>", "</SMILES>"], [None, None]),
+    "molecule_generation": ([None, None], ["<SMILES>", "</SMILES>"]),
+    "name_conversion-i2f": (["<IUPAC>", "</IUPAC>"], ["<MOLFORMULA>", "</MOLFORMULA>"]),
+    "name_conversion-i2s": (["<IUPAC>", "</IUPAC>"], ["<SMILES>", "</SMILES>"]),
+    "name_conversion-s2i": (["<SMILES>", "</SMILES>"], ["<IUPAC>", "</IUPAC>"]),
+}
+TEMPLATES.update({task: [{"input": "Answer for <INPUT> :", "output": "<OUTPUT>"}] for task in RELATED_TASKS})
+
 SPLITS = ("train", "dev", "test")
+
+
+def name_of(k: int) -> str:
+    """Molecule k's name in the name-conversion tasks (a stand-in for its IUPAC name)."""
+    return f"fixture-compound-{k}"
+
+
+def caption_of(k: int, smiles: str) -> str:
+    return f"The molecule is fixture compound {k}, {CalcMolFormula(Chem.MolFromSmiles(smiles))}."
 
 
 def core_pair(task: str, smiles: str, k: int):
@@ -65,6 +86,18 @@ def core_pair(task: str, smiles: str, k: int):
         return smiles, f"{-0.25 * len(smiles):.2f}"
     if task == "property_prediction-bbbp":
         return smiles, "Yes" if k % 2 else "No"
+    if task == "retrosynthesis":  # the forward reaction read backwards: product -> reactants
+        return smiles, f"{smiles}.O"
+    if task == "molecule_captioning":
+        return smiles, caption_of(k, smiles)
+    if task == "molecule_generation":
+        return caption_of(k, smiles), smiles
+    if task == "name_conversion-i2f":
+        return name_of(k), CalcMolFormula(Chem.MolFromSmiles(smiles))
+    if task == "name_conversion-i2s":
+        return name_of(k), smiles
+    if task == "name_conversion-s2i":
+        return smiles, name_of(k)
     # SIDER's raw output is a dict of targets; each sample picks one.
     return smiles, {"Hepatobiliary disorders": "Yes" if k % 3 else "No", "Eye disorders": "No" if k % 2 else "Yes"}
 
@@ -78,7 +111,7 @@ def write_smolinstruct(root: Path, tasks=tuple(TASKS)) -> Path:
     root = Path(root)
     for task in tasks:
         (root / "core_tag").mkdir(parents=True, exist_ok=True)
-        tin, tout = TASKS[task]
+        tin, tout = {**TASKS, **RELATED_TASKS}[task]
         (root / "core_tag" / f"{task}.json").write_text(json.dumps({"input": tin, "output": tout}))
         (root / "template" / "instruction_tuning").mkdir(parents=True, exist_ok=True)
         (root / "template" / "instruction_tuning" / f"{task}.json").write_text(json.dumps(TEMPLATES[task]))
@@ -103,3 +136,16 @@ def write_smolinstruct(root: Path, tasks=tuple(TASKS)) -> Path:
                 (sdir.parent / "test_subset").mkdir(exist_ok=True)
                 (sdir.parent / "test_subset" / f"{task}.json").write_text(json.dumps(subset))
     return root
+
+
+def add_record(root: Path, task: str, split: str, core_in: str, core_out) -> int:
+    """Append one raw record (and its sample) to `task`'s files in `split`; returns its raw line number (1-based)."""
+    raw = Path(root) / "raw" / split / f"{task}.jsonl"
+    with raw.open("a") as fh:
+        fh.write(json.dumps({"input": core_in, "output": core_out, "task": task, "split": split}) + "\n")
+    line = len(raw.read_text().splitlines())
+    listing = Path(root) / "sample" / "instruction_tuning" / split / f"{task}.json"
+    record = json.loads(listing.read_text())
+    record["samples"].append({"idx": line - 1, "template_id": 0, "target": None})
+    listing.write_text(json.dumps(record))
+    return line
