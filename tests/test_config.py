@@ -84,6 +84,16 @@ def test_evaluate_and_generate_carry_only_the_groups_they_use(model):
     assert evaluate.data.split == "test"
 
 
+def test_audit_carries_the_data_group_alone():
+    cfg = compose_config(["paths.output_dir=/x"], "audit")
+    assert not {"model", "trainer", "optimizer", "callbacks", "logger", "lora", "generation"} & set(cfg)
+    assert cfg.data.path.endswith("llasmol/data/bundled")
+    assert list(cfg.held_out) == ["validation", "test"] and cfg.fail_on_duplicates is True and cfg.workers is None
+    full = compose_config(["data=smolinstruct", "data.path=/data/SMolInstruct", "paths.output_dir=/x"], "audit")
+    assert full.data.path == "/data/SMolInstruct" and dict(full.data.splits) == {"train": "train", "validation": "dev",
+                                                                                   "test": "test"}
+
+
 def test_model_files_hold_model_facts_only():
     """No model file picks other groups: what a base implies is in conf/setup/ alone."""
     for path in (CONFIG_DIR / "model").glob("*.yaml"):

@@ -14,8 +14,8 @@ What is checked, after the paper's Section 4.2 (quality control and data splitti
 - Samples per task and split beside the paper's Table 1 (`llasmol.core.tasks`).
 
 Memory: the held-out splits (validation, test) are read first and indexed by key; the training split is
-then streamed and only looked up, so the index grows with the held-out splits (about 33,000 samples in the
-full dataset, some 300 bytes each) and not with the training data. Duplicates are found per file by
+then streamed and only looked up, so the index grows with the held-out splits (about 54,000 samples in the
+full dataset, a few hundred bytes each) and not with the training data. Duplicates are found per file by
 sorting its 8-byte keys (about 30 bytes per line of the largest raw file while it is sorted). Line numbers
 are 1-based lines of the raw files.
 """
@@ -225,9 +225,10 @@ def audit(source: SMolInstructSource, held_out: Iterable[str] = ("validation", "
 
     A cross-split finding fails the audit when one of its splits is in `held_out`; duplicates fail it when
     `fail_on_duplicates`. `summary.passed` says whether it passed. `workers` processes compute the
-    molecules' keys of large files (None: one per available CPU); 1 keeps everything in this process.
+    molecules' keys of large files (None: one per available CPU, at most 8); 1 keeps everything in this process.
     """
-    workers = available_cpus() if workers is None else int(workers)
+    # Each worker holds its own RDKit and key cache (about 120 MB): the default stops at 8.
+    workers = min(available_cpus(), 8) if workers is None else int(workers)
     if workers < 1:
         raise UserError(f"workers={workers}: give at least 1 (or null for one per CPU)")
     held_out = list(held_out)
