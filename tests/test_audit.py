@@ -154,11 +154,17 @@ def test_bad_input_is_one_line(copy, tmp_path):
         audit(tmp_path / "nowhere", tmp_path / "out")
     raw = copy / "raw" / "test" / "property_prediction-esol.jsonl"
     raw.write_text(raw.read_text() + "[1, 2]\n")
-    with pytest.raises(UserError, match=r"property_prediction-esol.jsonl line 9 is a JSON list, not an object"):
+    # The rule training applies at start-up: every raw line is an object with input and output.
+    with pytest.raises(UserError, match=r"property_prediction-esol.jsonl line 9 is not a JSON object with input "
+                                        r"and output \(it is list\): fix the line, or set data.skip_bad_lines=true"):
         audit(copy, tmp_path / "out")
-    raw.write_text(raw.read_text() + "{not json\n")
+    raw.write_text(raw.read_text() + "{not json\n" + json.dumps({"input": "CCO"}) + "\n")
     skipped = audit(copy, tmp_path / "out", "data.skip_bad_lines=true")
-    assert skipped["skipped_lines"]["count"] == 2 and skipped["summary"]["passed"]
+    assert skipped["skipped_lines"]["count"] == 3 and skipped["summary"]["passed"]
+    assert [(s["line"], s["why"]) for s in skipped["skipped_lines"]["examples"]] == [
+        (9, "is not a JSON object with input and output (it is list)"),
+        (10, "is not valid JSON (Expecting property name enclosed in double quotes)"),
+        (11, "is not a JSON object with input and output (it is dict)")]
     with pytest.raises(UserError, match="held_out lists 'dev'"):
         audit(copy, tmp_path / "out", "held_out=[dev]")
 

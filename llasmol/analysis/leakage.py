@@ -107,7 +107,7 @@ class _Audit:
         on_bad = bad if self.source.skip_bad_lines else None
         started = time.perf_counter()
         pool = self._pool() if self.workers > 1 and path.stat().st_size > _POOL_BYTES else None
-        for line, inp, out in keyed_records(read_raw_records(path, on_bad), kinds, path, pool, self.workers):
+        for line, inp, out in keyed_records(read_raw_records(path, on_bad), kinds, pool, self.workers):
             for role, value, kind in (("input", inp, kinds[0]), ("gold", out, kinds[1])):
                 if value.problem:
                     self.problem(side, role, value, line)

@@ -21,10 +21,8 @@ import json
 import os
 from collections import deque
 from concurrent.futures import Executor
-from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple, Optional
 
-from llasmol.core.errors import UserError
 from llasmol.metrics.molecules import parse_molecule, too_complex
 
 SMILES, NAME, TEXT = "smiles", "name", "text"
@@ -109,15 +107,14 @@ def _fields(values: list, kinds: tuple[str, str]) -> list[tuple[Field, Field]]:
     return [(field(i, kinds[0]), field(o, kinds[1])) for i, o in values]
 
 
-def keyed_records(records: Iterable[tuple[int, dict]], kinds: tuple[str, str], path: Path, pool: Optional[Executor],
+def keyed_records(records: Iterable[tuple[int, dict]], kinds: tuple[str, str], pool: Optional[Executor],
                   workers: int) -> Iterator[tuple[int, Field, Field]]:
     """(line, input Field, output Field) of each raw record, in file order. With `pool`, the workers key
     chunks of records; at most two chunks per worker are waiting, so memory stays flat for any file size."""
 
     def values() -> Iterator[tuple[int, Any, Any]]:
+        # `read_raw_records` passes only objects with both fields (the rule training checks at start-up).
         for line, record in records:
-            if "input" not in record or "output" not in record:
-                raise UserError(f"{path} line {line} lacks \"input\" or \"output\": every raw record needs both")
             yield line, record["input"], record["output"]
 
     if pool is None:
