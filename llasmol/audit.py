@@ -16,7 +16,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from llasmol.core.config import CONFIG_DIR
+from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import report_user_errors
 
 
@@ -25,8 +25,10 @@ def run_audit(cfg: DictConfig) -> dict:
     from llasmol.analysis.audit_report import to_markdown
     from llasmol.analysis.leakage import audit
     from llasmol.core.files import write_json, write_text
+    from llasmol.core.settings import check_settings
     from llasmol.data.source import SMolInstructSource
 
+    check_settings(cfg)  # workers=0, examples=-1: one line before any file is read
     source = SMolInstructSource.from_config(cfg.data)
     result = audit(source, held_out=list(cfg.held_out), examples=int(cfg.examples),
                    fail_on_duplicates=bool(cfg.fail_on_duplicates), workers=cfg.workers)
@@ -55,4 +57,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_command_line("audit")  # a mistyped setting (held_outt=...) is one line, before Hydra starts
     main()

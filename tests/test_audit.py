@@ -15,6 +15,7 @@ from smolinstruct_fixture import MOLECULES, RELATED_TASKS, TASKS, add_record, na
 
 from llasmol.analysis import leakage, sample_keys
 from llasmol.audit import exit_status, run_audit
+from llasmol.core.config import check_overrides
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import PAPER_TOTALS
 from llasmol.core.tasks import TASKS as TASK_TABLE
@@ -167,6 +168,10 @@ def test_bad_input_is_one_line(copy, tmp_path):
         (11, "is not a JSON object with input and output (it is dict)")]
     with pytest.raises(UserError, match="held_out lists 'dev'"):
         audit(copy, tmp_path / "out", "held_out=[dev]")
+    with pytest.raises(UserError, match=r"^workers=0 must be an integer >= 1 or null"):
+        audit(copy, tmp_path / "out", "workers=0")
+    with pytest.raises(UserError, match=r"^held_outt is not a setting of llasmol.audit: check the spelling"):
+        check_overrides("audit", ["held_outt=[test]"])  # what the command checks before Hydra starts
 
 
 def test_the_bundled_sample_passes_its_own_audit(tmp_path):

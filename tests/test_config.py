@@ -192,6 +192,8 @@ def test_gpu_presets_run_fp32_when_put_on_cpu():
      "generation.tasks.retrosynthesis.num_beams=0 must be an integer >= 1"),
     ("generate", "generation.default.num_return_sequences=5",
      "generation.default.num_return_sequences=5 exceeds its num_beams=4"),
+    ("audit", "workers=0", "workers=0 must be an integer >= 1 or null (null: one per CPU, at most 8)"),
+    ("audit", "examples=-1", "examples=-1 must be an integer >= 0"),
 ])
 def test_settings_outside_their_values_are_named(command, override, expected):
     from llasmol.core.errors import UserError
@@ -203,10 +205,14 @@ def test_settings_outside_their_values_are_named(command, override, expected):
     assert str(err.value).startswith(expected), str(err.value)
 
 
-@pytest.mark.parametrize("command", ["train", "evaluate", "generate", "params"])
+@pytest.mark.parametrize("command", ["train", "evaluate", "generate", "params", "audit"])
 def test_every_shipped_configuration_passes_the_settings_check(command):
     from llasmol.core.settings import check_settings
 
+    if command == "audit":  # no model group: the data groups it reads
+        for data in ("bundled", "smolinstruct"):
+            check_settings(compose_config([f"data={data}", "paths.output_dir=/x"], command))
+        return
     extra = ["paths.output_dir=/x"] if command in ("train", "evaluate") else []
     choices = [[f"model={model}"] for model in ("tiny", "mistral", "llama2", "llama2_13b", "codellama", "galactica")]
     if command in ("train", "params"):

@@ -215,6 +215,7 @@ def test_good_command_lines_pass_the_check():
                                            "hydra/launcher=submitit_local", "+extra.key='a b'", "--info", "config"]))
     check_overrides("evaluate", ["ckpt=/some/run", "data.split=test", "data.tasks=[forward_synthesis]"])
     check_overrides("generate", ["task=forward_synthesis", "ckpt=none"])
+    check_overrides("audit", ["data=smolinstruct", "data.path=/data/SMolInstruct", "held_out=[test]", "workers=2"])
     assert overrides_of(["-cn", "train", "--info", "a=1", "-m", "b=2"]) == ["a=1", "b=2"]
 
 

@@ -73,6 +73,9 @@ RULES: tuple[Rule, ...] = (
     Rule("intervals.resamples", True, 0, hint="0 turns intervals off; 1000 is the default"),
     Rule("intervals.seed", True, 0),
     Rule("intervals.level", False, 0, low_open=True, high=1, hint="0.95 for 95% intervals"),
+    # python -m llasmol.audit's own settings (top-level keys of conf/audit.yaml only).
+    Rule("workers", True, 1, nullable=True, hint="null: one per CPU, at most 8"),
+    Rule("examples", True, 0),
 )
 # Every beam setting, the default's and each task's.
 BEAM_RULES: tuple[Rule, ...] = (
