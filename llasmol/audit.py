@@ -57,5 +57,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_command_line("audit")  # a mistyped setting (held_outt=...) is one line, before Hydra starts
+    # A mistyped setting (held_outt=...) or an unwritable run folder is one line, before Hydra starts.
+    check_command_line("audit", run_folder=True)
     main()

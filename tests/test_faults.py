@@ -587,7 +587,7 @@ def test_a_read_only_run_folder_is_one_line_before_hydra_writes(tmp_path):
     frozen = tmp_path / "frozen"
     _mounted_tmpfs(frozen, "size=100k,ro")
     try:
-        for command in ("llasmol.train", "llasmol.evaluate"):
+        for command in ("llasmol.train", "llasmol.evaluate", "llasmol.audit"):
             proc = run_cli([command, f"hydra.run.dir={frozen}/run"], tmp_path)
             assert one_error_line(proc) == (
                 f"error: {frozen} is on a read-only file system, so the run folder {frozen}/run cannot be written "
