@@ -151,10 +151,12 @@ def plot_trends(trends: Table, path: Optional[PathLike] = None, title: str = "Me
 
 
 def plot_ablation(data: dict[str, dict[str, Optional[float]]], path: Optional[PathLike] = None,
-                  title: str = "LoRA variants") -> Figure:
+                  title: str = "LoRA variants", intervals: Optional[dict[str, dict[str, Sequence[float]]]] = None
+                  ) -> Figure:
     """The variants side by side (input: `compare.ablation_data`): a panel for ``val/loss`` (the number
     that separates variants of a short run), one for trainable parameters, one bar group per task for the
-    headline fractions, and one for RMSE; panels with no value are left out, a missing value leaves a gap."""
+    headline fractions, and one for RMSE; panels with no value are left out, a missing value leaves a gap.
+    `intervals` (``{group: {variant: [lo, hi]}}``, `pairs.ablation_intervals`) draws each bar's interval."""
     variants = list(dict.fromkeys(v for values in data.values() for v in values))
     present = {g: vals for g, vals in data.items() if any(v is not None for v in vals.values())}
 
@@ -179,8 +181,15 @@ def plot_ablation(data: dict[str, dict[str, Optional[float]]], path: Optional[Pa
         for i, variant in enumerate(variants):
             xs = [g + (i - (len(variants) - 1) / 2) * width for g in range(len(groups))]
             values = [present[group].get(variant) for group in groups]
-            bars = ax.bar(xs, [math.nan if v is None else v for v in values], width=width,
-                          label=variant, color=f"C{i}")
+            heights = [math.nan if v is None else v for v in values]
+            bounds = [(intervals or {}).get(group, {}).get(variant) for group in groups]
+            errors = None
+            if any(b is not None for b in bounds):  # asymmetric bars: value - lo below, hi - value above
+                # A percentile interval of a non-linear metric (RMSE, MCC) may sit off its value: clip at 0.
+                errors = [[max(0.0, h - b[0]) if b and h == h else 0.0 for h, b in zip(heights, bounds)],
+                          [max(0.0, b[1] - h) if b and h == h else 0.0 for h, b in zip(heights, bounds)]]
+            bars = ax.bar(xs, heights, width=width, label=variant, color=f"C{i}", yerr=errors,
+                          error_kw={"elinewidth": 0.8, "capsize": 2, "ecolor": "0.2"})
             if kind_ in ("val/loss", "lower"):  # small differences between tall bars: print the values
                 ax.bar_label(bars, fmt="%.3f", fontsize="x-small")
         ax.set_xticks(range(len(groups)))

@@ -1,0 +1,116 @@
+"""Honest comparisons: the bootstrap interval beside each metric of a run, and paired differences between
+runs evaluated on the same samples (`llasmol.metrics.intervals` does the resampling).
+
+A run is compared on its whole test split when it has one (`evaluate ckpt=<run> data.split=test`, or a
+baseline's), else on its latest validation; two runs are paired on the samples both answered, matched by
+task, sample index and input. A difference whose interval excludes zero is one the samples can tell apart
+at that level; one whose interval straddles zero may be noise.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import combinations
+from pathlib import Path
+from typing import Optional, Sequence
+
+from llasmol.analysis.runs import Run, Validation
+from llasmol.analysis.tables import HEADLINE, Table
+from llasmol.core.run_dir import INTERVALS_SUFFIX, METRICS, PREDICTIONS
+from llasmol.inference.predictions import read_predictions
+from llasmol.metrics.intervals import bootstrap_intervals, paired_difference, per_sample_statistics
+
+
+def basis(run: Run) -> tuple[str, list[dict]]:
+    """What `run` is compared on: (``test`` or its latest validation's name, those prediction records)."""
+    test = run.path / PREDICTIONS / "test.jsonl"
+    if test.is_file():
+        return "test", read_predictions(test, allow_empty=True)
+    latest = run.latest
+    if latest is None or latest.predictions_path is None:
+        return "-", []
+    return latest.name, latest.predictions()
+
+
+def intervals_of(metrics_path: Path, records: Sequence[dict], resamples: int = 1000, seed: int = 0,
+                 level: float = 0.95) -> dict:
+    """The intervals written beside `metrics_path` (``{task: {metric: [lo, hi]}}``), or, for a run written
+    before intervals were (no such file), computed now from its prediction records."""
+    saved = metrics_path.with_name(metrics_path.stem + INTERVALS_SUFFIX + ".json")
+    if saved.is_file():
+        try:
+            tasks = json.loads(saved.read_text(encoding="utf-8")).get("tasks")
+        except (OSError, ValueError, AttributeError):
+            tasks = None
+        if isinstance(tasks, dict):
+            return tasks
+    if not records:
+        return {}
+    return bootstrap_intervals(per_sample_statistics(records), resamples, seed, level)
+
+
+def interval_table(val: Validation) -> Table:
+    """One row per task and metric with an interval: the value beside its bounds."""
+    intervals = intervals_of(val.metrics_path, val.predictions())
+    rows = []
+    for task, values in val.metrics.items():
+        for name, pair in intervals.get(task, {}).items():
+            if pair is not None:
+                rows.append([task, name, values.get(name), pair[0], pair[1]])
+    return Table(["task", "metric", "value", "lo", "hi"], rows, title=f"95% bootstrap intervals at {val.name}")
+
+
+def ablation_intervals(runs: Sequence[Run], labels: Sequence[str]) -> dict[str, dict[str, list[float]]]:
+    """``{task/metric: {label: [lo, hi]}}`` of each task's headline metric at each run's latest validation:
+    the error bars of the ablation chart."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for run, label in zip(runs, labels):
+        latest = run.latest
+        if latest is None:
+            continue
+        for task, values in intervals_of(latest.metrics_path, latest.predictions()).items():
+            pair = values.get(HEADLINE.get(task, ""))
+            if pair is not None:
+                out.setdefault(f"{task}/{HEADLINE[task]}", {})[label] = pair
+    return out
+
+
+def paired_table(runs: Sequence[Run], labels: Sequence[str], resamples: int = 1000, seed: int = 0,
+                 level: float = 0.95) -> Table:
+    """For each pair of runs (in the given order), each task's headline metric: A, B, A - B with its
+    paired bootstrap interval, whether the interval excludes zero, and the number of shared samples."""
+    bases = [basis(run) for run in runs]
+    rows = []
+    for (i, a), (j, b) in combinations(enumerate(runs), 2):
+        (where_a, records_a), (where_b, records_b) = bases[i], bases[j]
+        if where_a != where_b and "test" in (where_a, where_b):
+            # One was evaluated on the test split, the other not: compare their latest validations instead.
+            where_a, records_a = (a.latest.name, a.latest.predictions()) if a.latest else ("-", [])
+            where_b, records_b = (b.latest.name, b.latest.predictions()) if b.latest else ("-", [])
+        tasks = {r["task"]: HEADLINE[r["task"]] for r in records_a}
+        result = paired_difference(records_a, records_b, tasks, resamples, seed, level)
+        on = where_a if where_a == where_b else f"{where_a} / {where_b}"
+        for task, d in result.items():
+            lo, hi = d["interval"] or (None, None)
+            rows.append([labels[i], labels[j], on, task, d["metric"], d["a"], d["b"], d["difference"], lo, hi,
+                         "yes" if d["excludes_zero"] else "no", d["samples"]])
+    columns = ["a", "b", "on", "task", "metric", "a_value", "b_value", "difference", "lo", "hi", "excludes_zero",
+               "samples"]
+    return Table(columns, rows, title=f"Paired differences (A - B) with {level:.0%} bootstrap intervals")
+
+
+def paired_runs_note(table: Table) -> str:
+    """One line per pair saying on how many tasks the difference is clear."""
+    lines = []
+    pairs = dict.fromkeys((r["a"], r["b"]) for r in table.records())
+    for a, b in pairs:
+        mine = [r for r in table.records() if (r["a"], r["b"]) == (a, b)]
+        clear = [r["task"] for r in mine if r["excludes_zero"] == "yes"]
+        lines.append(f"- {a} vs {b}: {len(clear)} of {len(mine)} tasks differ beyond noise"
+                     + (f" ({', '.join(clear)})" if clear else ""))
+    return "\n".join(lines)
+
+
+def compare_two(run_a: Run, run_b: Run, labels: Optional[Sequence[str]] = None, **settings) -> Table:
+    """`paired_table` of two runs."""
+    return paired_table([run_a, run_b], labels or [run_a.name, run_b.name], **settings)

@@ -1,0 +1,102 @@
+"""Intervals beside a run's metrics and paired comparisons between runs, on hand-made run directories."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llasmol.analysis import load_run
+from llasmol.analysis.pairs import ablation_intervals, basis, interval_table, intervals_of, paired_table
+from llasmol.core.files import write_json, write_jsonl
+from llasmol.metrics.scoring import score_records
+
+BBBP, S2F = "property_prediction-bbbp", "name_conversion-s2f"
+
+
+def records(right_bbbp: list[bool], right_s2f: list[bool]) -> list[dict]:
+    out = []
+    for i, ok in enumerate(right_bbbp):
+        out.append({"task": BBBP, "index": i, "input": f"b{i}", "gold": ["Yes"],
+                    "predictions": ["<BOOLEAN> Yes </BOOLEAN>" if ok else "<BOOLEAN> No </BOOLEAN>"]})
+    for i, ok in enumerate(right_s2f, len(out)):
+        out.append({"task": S2F, "index": i, "input": f"f{i}", "gold": ["C2H6O"],
+                    "predictions": ["<MOLFORMULA> C2H6O </MOLFORMULA>" if ok else "<MOLFORMULA> CH4 </MOLFORMULA>"]})
+    return out
+
+
+def write_run(path: Path, recs: list[dict], lora: str, test: list[dict] | None = None) -> Path:
+    write_json(path / "params.json", {"model": "tiny", "lora": lora, "trainable": 10, "total": 100, "percent": 10})
+    write_jsonl(path / "predictions" / "val-epoch0-step4.jsonl", recs)
+    write_json(path / "metrics" / "val-epoch0-step4.json", score_records(recs))
+    if test is not None:
+        write_jsonl(path / "predictions" / "test.jsonl", test)
+        write_json(path / "metrics" / "test.json", score_records(test))
+    return path
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    strong = records([i % 10 != 0 for i in range(120)], [i % 2 == 0 for i in range(40)])  # 90% and 50%
+    weak = records([i % 10 < 6 for i in range(120)], [i % 2 == 0 for i in range(40)])  # 60% and the same 50%
+    return (load_run(write_run(tmp_path / "0_tiny_full", strong, "full")),
+            load_run(write_run(tmp_path / "1_tiny_lite", weak, "lite")))
+
+
+def test_a_clear_gap_excludes_zero_and_an_equal_task_does_not(two_runs):
+    table = paired_table(list(two_runs), ["full", "lite"])
+    bbbp, s2f = table.row("full"), [r for r in table.records() if r["task"] == S2F][0]
+    assert (bbbp["task"], bbbp["on"], bbbp["samples"]) == (BBBP, "val-epoch0-step4", 120)
+    assert bbbp["difference"] == pytest.approx(0.3) and bbbp["excludes_zero"] == "yes"
+    assert bbbp["lo"] > 0.15 and bbbp["hi"] < 0.45
+    assert s2f["difference"] == 0.0 and s2f["excludes_zero"] == "no" and (s2f["lo"], s2f["hi"]) == (0.0, 0.0)
+
+
+def test_a_run_paired_with_itself_is_exactly_zero(two_runs):
+    table = paired_table([two_runs[0], two_runs[0]], ["a", "b"])
+    assert {r["difference"] for r in table.records()} == {0.0}
+    assert {(r["lo"], r["hi"], r["excludes_zero"]) for r in table.records()} == {(0.0, 0.0, "no")}
+
+
+def test_the_test_split_is_the_basis_when_both_have_it(tmp_path, two_runs):
+    test = records([True] * 30, [True] * 10)
+    a = load_run(write_run(tmp_path / "a", records([True], [True]), "full", test=test))
+    b = load_run(write_run(tmp_path / "b", records([False], [True]), "lite", test=records([False] * 30, [True] * 10)))
+    assert basis(a)[0] == "test"
+    rows = paired_table([a, b], ["a", "b"]).records()
+    assert {r["on"] for r in rows} == {"test"} and rows[0]["samples"] == 30 and rows[0]["difference"] == 1.0
+    # One evaluated on the test split, the other not: their validations are compared instead.
+    rows = paired_table([a, two_runs[1]], ["a", "lite"]).records()
+    assert {r["on"] for r in rows} == {"val-epoch0-step4"}
+
+
+def test_intervals_are_read_beside_the_metrics_or_computed_for_older_runs(two_runs):
+    run = two_runs[0]
+    val = run.latest
+    computed = intervals_of(val.metrics_path, val.predictions())
+    lo, hi = computed[BBBP]["accuracy"]
+    assert lo < 0.9 < hi
+    table = interval_table(val)
+    assert table.records()[0] == {"task": BBBP, "metric": "accuracy", "value": 0.9, "lo": lo, "hi": hi}
+    write_json(val.metrics_path.with_name("val-epoch0-step4.intervals.json"),
+               {"level": 0.95, "resamples": 5, "seed": 0, "tasks": {BBBP: {"accuracy": [0.1, 0.2]}}})
+    assert intervals_of(val.metrics_path, val.predictions()) == {BBBP: {"accuracy": [0.1, 0.2]}}
+    bars = ablation_intervals(list(two_runs), ["full", "lite"])
+    assert bars[f"{BBBP}/accuracy"]["full"] == [0.1, 0.2]
+    assert set(bars[f"{S2F}/exact_match"]) == {"lite"}  # full's file, written by hand above, has no S2F
+
+
+def test_the_ablation_chart_draws_the_intervals(two_runs, tmp_path):
+    from matplotlib.container import ErrorbarContainer
+
+    from llasmol.analysis import ablation_data
+    from llasmol.analysis.plots import plot_ablation
+
+    runs, labels = list(two_runs), ["0_tiny_full", "1_tiny_lite"]
+    data = ablation_data(runs)
+    fig = plot_ablation(data, tmp_path / "a.png", intervals=ablation_intervals(runs, list(data["val/loss"])))
+    bars = [c for ax in fig.axes for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 2  # one per variant in the fraction panel
+    assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
+    assert labels  # the labels the chart uses are ablation_data's
