@@ -20,7 +20,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 # (module, class, attribute, where it is set: "class" or "instance", why we touch it)
 TOUCH_POINTS: tuple[tuple[str, str, str, str, str], ...] = (
     ("lightning.pytorch.callbacks", "ModelCheckpoint", "_save_checkpoint", "class",
-     "every save goes through it: the PEFT adapter is written first, beside the .ckpt"),
+     "every save goes through it: the PEFT adapter is saved before the .ckpt and renamed in after it"),
     ("lightning.pytorch.callbacks", "ModelCheckpoint", "_remove_checkpoint", "class",
      "a replaced best checkpoint takes its adapter folder along"),
     ("lightning.pytorch.callbacks", "ModelCheckpoint", "_save_last_checkpoint", "class",
