@@ -80,7 +80,8 @@ def report_sweep(sweep_dir, out_dir=None) -> list[Path]:
     table = analysis.compare_table(runs)
     note = (
         "Run rows: each variant's latest validation (a subset of the validation split). Paper rows: "
-        "LlaSMol's reported test-set numbers (fractions); '-' where not available.\n\n"
+        "the paper's reported test-set numbers (fractions), their tables in `paper_source`; '-' where not "
+        "available. Every system the paper reports: `analysis.paper_table()`.\n\n"
     )
     _write(out / "comparison.md", note + table.to_markdown(), written)
     _write(out / "comparison.csv", table.to_csv(), written)

@@ -5,10 +5,27 @@
     analysis.metric_table(run)                      # per-task metrics of the latest validation
     analysis.plot_topk(analysis.topk_curves(run))   # top-k exact match curves
     analysis.compare_table("outputs/train/multirun/<date>_<time>")   # variants beside the paper
+    analysis.paper_table()                          # every system the paper reports, with its source
 """
 
-from llasmol.analysis.compare import ablation_data, compare_table, variant_label, variant_labels
-from llasmol.analysis.paper import PAPER_MODEL_OF_BASE, PAPER_MODELS, PAPER_RESULTS, PAPER_TRAINABLE, paper_metric
+from llasmol.analysis.compare import (
+    COMPARE_PAPER_MODELS,
+    ablation_data,
+    compare_table,
+    paper_table,
+    variant_label,
+    variant_labels,
+)
+from llasmol.analysis.paper import (
+    PAPER_LLASMOL_MODELS,
+    PAPER_MODEL_OF_BASE,
+    PAPER_MODELS,
+    PAPER_RESULTS,
+    PAPER_SOURCES,
+    PAPER_TRAINABLE,
+    PaperSource,
+    paper_metric,
+)
 from llasmol.analysis.plots import (
     PNGImage,
     draw_examples,

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Union
 
-from llasmol.analysis.paper import PAPER_MODELS, PAPER_RESULTS, PAPER_TRAINABLE
+from llasmol.analysis.paper import PAPER_MODELS, PAPER_RESULTS, PAPER_SOURCES, PAPER_TRAINABLE
 from llasmol.analysis.runs import PathLike, Run, load_sweep
 from llasmol.analysis.tables import HEADLINE, Table
+
+# The paper rows `compare_table` shows unless told: the base of Section 5.4's LoRA ablation (LlaSMol Llama 2,
+# which `paper_trainable` refers to) and the paper's best model.  `paper_models=PAPER_MODELS` shows every
+# system the paper reports; `paper_table` lists them all without runs.
+COMPARE_PAPER_MODELS: tuple[str, ...] = ("LlaSMol-Mistral", "LlaSMol-Llama 2")
 
 
 def _runs(source: Union[PathLike, Sequence[Run]]) -> list[Run]:
@@ -46,7 +51,7 @@ def variant_labels(runs: Sequence[Run]) -> list[str]:
 def compare_table(
     source: Union[PathLike, Sequence[Run]],
     metrics: Optional[dict[str, Sequence[str]]] = None,
-    paper_models: Sequence[str] = PAPER_MODELS,
+    paper_models: Sequence[str] = COMPARE_PAPER_MODELS,
 ) -> Table:
     """One row per variant (its latest validation), one per variant evaluated on the whole test split, then
     one row per paper model.
@@ -54,36 +59,60 @@ def compare_table(
     Columns: ``variant``, ``source`` (``run`` or ``paper``), ``lora``, ``trainable``, ``percent``
     (of all parameters, in percent), ``paper_trainable``, ``paper_percent`` (Section 5.4's counts
     for the same `lora=` setting on Llama-2-7B), ``validation``, ``val/loss`` (at that validation: the
-    number that separates the variants of a short run), then ``<task>/<metric>`` for each
+    number that separates the variants of a short run), ``paper_source`` (a paper row's tables and
+    whether it is on the whole test set, `PaperSource.label`), then ``<task>/<metric>`` for each
     task's headline metric.  Paper rows carry the reported test-set numbers (fractions) and are
-    blank where the paper's number is not available.
+    blank where the paper's number is not available; ``lora`` and the trainable counts are filled
+    for the LlaSMol rows only (the main tables' models use the full LoRA setting).
     """
     runs = _runs(source)
     columns = comparison_columns(runs, metrics)
     head = ["variant", "source", "lora", "trainable", "percent", "paper_trainable", "paper_percent", "validation",
-            "val/loss"]
+            "val/loss", "paper_source"]
     rows = []
     for run, label in zip(runs, variant_labels(runs)):
         paper = PAPER_TRAINABLE.get(run.lora or "", {})
         latest = run.latest
         rows.append(
             [label, "run", run.lora, run.params.get("trainable"), run.params.get("percent"),
-             paper.get("trainable"), paper.get("percent"), latest.name if latest else None, run.val_loss]
+             paper.get("trainable"), paper.get("percent"), latest.name if latest else None, run.val_loss, None]
             + [latest.metrics.get(t, {}).get(m) if latest else None for t, m in columns]
         )
     for run, label in zip(runs, variant_labels(runs)):
         if "test" in run.evaluations:  # the whole test split, where evaluated: comparable with the paper rows
             test = run.evaluations["test"]
             rows.append([f"{label} (test)", "run", run.lora, run.params.get("trainable"), run.params.get("percent"),
-                         None, None, "test", None] + [test.get(t, {}).get(m) for t, m in columns])
+                         None, None, "test", None, None] + [test.get(t, {}).get(m) for t, m in columns])
     for model in paper_models:
-        results = PAPER_RESULTS[model]
-        full = PAPER_TRAINABLE["full"]  # the main-table models use the basic (full) LoRA setting
+        results, src = PAPER_RESULTS[model], PAPER_SOURCES[model]
+        lora, full = ("full", PAPER_TRAINABLE["full"]) if src.kind == "LlaSMol" else (None, {})
         rows.append(
-            [model, "paper", "full", None, None, full["trainable"], full["percent"], "test", None]
+            [model, "paper", lora, None, None, full.get("trainable"), full.get("percent"),
+             "test" if src.full_test_set else "test subset", None, src.label]
             + [results.get(t, {}).get(m) for t, m in columns]
         )
     return Table(head + [f"{t}/{m}" for t, m in columns], rows, title="Variants beside the paper")
+
+
+def paper_table(
+    tasks: Optional[Sequence[str]] = None,
+    models: Sequence[str] = PAPER_MODELS,
+    metrics: Optional[dict[str, Sequence[str]]] = None,
+) -> Table:
+    """The paper's reported numbers side by side: one row per system (`models`, default all), with its
+    ``kind``, ``paper_source`` (tables; whole test set or not) and ``caveat``, then ``<task>/<metric>``
+    for each of `tasks` (default: every task any of `models` has) with its headline metric (or the
+    metrics `metrics[task]` names).  Blank where the paper's number is not here (see `paper`)."""
+    if tasks is None:
+        tasks = list(dict.fromkeys(t for m in models for t in PAPER_RESULTS[m]))
+    columns = [(t, m) for t in tasks for m in ((metrics or {}).get(t) or [HEADLINE.get(t)]) if m]
+    rows = [
+        [model, PAPER_SOURCES[model].kind, PAPER_SOURCES[model].label, PAPER_SOURCES[model].caveat or None]
+        + [PAPER_RESULTS[model].get(t, {}).get(m) for t, m in columns]
+        for model in models
+    ]
+    return Table(["system", "kind", "paper_source", "caveat"] + [f"{t}/{m}" for t, m in columns], rows,
+                 title="The paper's reported numbers (test set)")
 
 
 def ablation_data(

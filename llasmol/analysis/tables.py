@@ -282,7 +282,7 @@ def evaluation_table(run: Run, split: str = "test") -> Table:
     """A run's whole-split results (`evaluate ckpt=<run> data.split=<split>`) beside the paper's Table
     values for the same base (`paper.PAPER_MODEL_OF_BASE`): one row per task and metric the paper reports
     for it (the task's headline metric where the paper has none)."""
-    from llasmol.analysis.paper import PAPER_MODEL_OF_BASE, PAPER_RESULTS
+    from llasmol.analysis.paper import PAPER_MODEL_OF_BASE, PAPER_RESULTS, PAPER_SOURCES
 
     if split not in run.evaluations:
         have = ", ".join(sorted(run.evaluations)) or "none"
@@ -295,5 +295,6 @@ def evaluation_table(run: Run, split: str = "test") -> Table:
         reported = paper.get(task, {})
         names = [m for m in _ordered_metrics(reported) if m in values] or [HEADLINE.get(task)]
         rows += [[task, m, values.get(m), reported.get(m)] for m in names if m]
-    title = f"{run.name}: {split} results" + (f" beside {paper_model} (paper, test set)" if paper_model else "")
+    source = f" (paper, {PAPER_SOURCES[paper_model].label})" if paper_model else ""
+    title = f"{run.name}: {split} results" + (f" beside {paper_model}{source}" if paper_model else "")
     return Table(["task", "metric", "ours", f"paper {paper_model}" if paper_model else "paper"], rows, title=title)
