@@ -524,3 +524,30 @@ def test_each_family_declares_what_it_reports_and_what_kind_it_is():
         assert reported <= set(fam.metric_names), (fam.name, reported - set(fam.metric_names))
         assert fam.counts <= set(fam.metric_names) and fam.lower_is_better <= set(fam.metric_names)
     assert FAMILIES["number"].score_lower_is_better and not FAMILIES["smiles"].score_lower_is_better
+
+
+def test_each_family_judges_a_top1_answer_as_the_failure_tables_count_it():
+    from llasmol.metrics.families import FAMILIES
+
+    def judged(task, prediction, gold):
+        return FAMILIES[get_task(task).family].judge(sample_stats(task, [prediction], [gold]))[0]
+
+    fs = "forward_synthesis"
+    assert judged(fs, "<SMILES> CCO </SMILES>", "OCC") == "correct"
+    assert judged(fs, "<SMILES> CCN </SMILES>", "OCC") == "wrong"  # a molecule, not the gold one
+    assert judged(fs, "<SMILES> C1CC </SMILES>", "OCC") == "invalid"  # does not parse
+    assert judged("name_conversion-s2f", "<MOLFORMULA> C2H6O </MOLFORMULA>", "C2H6O") == "correct"
+    assert judged("name_conversion-s2f", "<MOLFORMULA> CH4 </MOLFORMULA>", "C2H6O") == "wrong"
+    assert judged("property_prediction-bbbp", "<BOOLEAN> No </BOOLEAN>", "Yes") == "wrong"
+    assert judged("property_prediction-bbbp", "<BOOLEAN> maybe </BOOLEAN>", "Yes") == "invalid"
+
+
+def test_without_a_task_the_first_closed_tag_pair_gives_the_answer():
+    from llasmol.metrics.extract import any_answer
+
+    assert any_answer("It is <NUMBER> -1.2 </NUMBER> mol/L") == "-1.2"
+    assert any_answer("<SMILES> CCO </SMILES> and <NUMBER> 3 </NUMBER>") == "CCO"
+    assert any_answer("<NUMBER> 3 </NUMBER> then <SMILES> CCO </SMILES>") == "3"
+    assert any_answer("<SMILES> CCO and no closing tag") is None
+    assert any_answer("no tags at all") is None
+    assert any_answer(None) is None
