@@ -64,6 +64,9 @@ TARGETS: dict[str, list[str]] = {
 EQUIVALENT: dict[str, str] = {
     "llasmol/metrics/families.py:94:31:constant:1":
         "has_top{k} is only read as `> 0` (was a top-k answer list ever that long); 2.0 reads the same",
+    "llasmol/metrics/formula.py:49:16:compare:1":
+        "flips the sign of every charge alike; a formula's charge is only ever compared with another "
+        "formula's, parsed the same way, so no comparison changes",
 }
 
 _SWAP_COMPARE = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,

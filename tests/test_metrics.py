@@ -540,6 +540,33 @@ def test_each_family_judges_a_top1_answer_as_the_failure_tables_count_it():
     assert judged("name_conversion-s2f", "<MOLFORMULA> CH4 </MOLFORMULA>", "C2H6O") == "wrong"
     assert judged("property_prediction-bbbp", "<BOOLEAN> No </BOOLEAN>", "Yes") == "wrong"
     assert judged("property_prediction-bbbp", "<BOOLEAN> maybe </BOOLEAN>", "Yes") == "invalid"
+    assert judged("property_prediction-esol", "<NUMBER> -1.0 </NUMBER>", "-1.5") == "scored"
+    assert judged("property_prediction-esol", "<NUMBER> about two </NUMBER>", "-1.5") == "invalid"
+
+
+def test_tables_list_every_score_before_every_count():
+    from llasmol.metrics.families import COUNTS, FAMILIES, METRIC_ORDER
+
+    everything = {m for f in FAMILIES.values() for m in f.metric_names}
+    assert everything <= set(METRIC_ORDER)
+    first_count = min(i for i, m in enumerate(METRIC_ORDER) if m in COUNTS)
+    assert all(m in COUNTS or m in ("num_samples", "num_no_answer", "num_skipped") for m in METRIC_ORDER[first_count:])
+    assert METRIC_ORDER[0] not in COUNTS and "exact_match" in METRIC_ORDER[:first_count]
+
+
+def test_isotope_counts_default_to_one_and_labelled_atoms_differ_from_natural_ones():
+    assert parse_formula("[13C]H4") == parse_formula("[13C]1H4") != parse_formula("CH4")
+    assert parse_formula("[1H]2O") != parse_formula("H2O")  # an explicit mass is a label, not the natural mix
+    assert parse_formula("[2H]2O") == parse_formula("D2O")
+
+
+def test_the_atom_bound_admits_300_atoms_and_refuses_301():
+    from llasmol.metrics.molecules import MAX_ATOMS, too_complex
+
+    assert MAX_ATOMS == 300
+    assert not too_complex("C" * 300) and too_complex("C" * 301)
+    stats = sample_stats("forward_synthesis", ["<SMILES> " + "C" * 301 + " </SMILES>"], ["CCO"])
+    assert stats["num_too_complex"] == 1 and stats["num_valid"] == 0
 
 
 def test_without_a_task_the_first_closed_tag_pair_gives_the_answer():
