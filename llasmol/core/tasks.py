@@ -2,7 +2,8 @@
 
 A task's row says its name (as in the official archive), its metric family (`llasmol.metrics.families`), the tag its answer sits in, whether golds are pooled over samples
 that share an input, the metric the paper's main tables report first, the group of related tasks whose
-samples must share a split, and its sample counts in the paper's Table 1. Adding a task is one row here,
+samples must share a split, its sample counts in the paper's Table 1, and what its core input is (a
+SMILES, an IUPAC name or free text: what a non-LLM baseline can read). Adding a task is one row here,
 plus its beam settings in `conf/generation/paper.yaml`.
 
 Pooling follows the official scorer (LLM4Chem config.py `TASKS_WITH_READING_GOLD_FROM_DATASET`): for the
@@ -38,26 +39,29 @@ class Task:
     headline: str
     split_group: Optional[str]  # related tasks whose samples of one molecule/reaction share a split
     paper_counts: tuple[int, int, int]  # Table 1: train, validation, test samples
+    input_kind: str  # smiles | iupac | text: the core input (reactions are '.'-joined SMILES)
 
 
 REACTION = "reaction"  # the split group of FS and RS: one reaction, read forwards and backwards
 
 
 TASKS: tuple[Task, ...] = (
-    Task("forward_synthesis", "smiles", "SMILES", True, "exact_match", REACTION, (971_809, 2_049, 4_062)),
-    Task("retrosynthesis", "smiles", "SMILES", True, "exact_match", REACTION, (941_735, 2_092, 4_156)),
-    Task("molecule_captioning", "caption", None, True, "meteor", "description", (56_498, 1_269, 2_538)),
-    Task("molecule_generation", "smiles", "SMILES", True, "exact_match", "description", (56_498, 1_269, 2_493)),
-    Task("name_conversion-i2f", "formula", "MOLFORMULA", True, "exact_match", "name", (300_000, 1_497, 2_993)),
-    Task("name_conversion-i2s", "smiles", "SMILES", True, "exact_match", "name", (299_890, 1_496, 2_993)),
-    Task("name_conversion-s2f", "formula", "MOLFORMULA", True, "exact_match", "name", (299_890, 1_496, 2_993)),
-    Task("name_conversion-s2i", "iupac", "IUPAC", True, "exact_match", "name", (299_890, 1_496, 2_993)),
-    Task("property_prediction-esol", "number", "NUMBER", False, "rmse", None, (888, 111, 112)),
-    Task("property_prediction-lipo", "number", "NUMBER", False, "rmse", None, (3_360, 420, 420)),
-    Task("property_prediction-bbbp", "boolean", "BOOLEAN", False, "accuracy", None, (1_569, 196, 197)),
-    Task("property_prediction-clintox", "boolean", "BOOLEAN", False, "accuracy", None, (1_144, 143, 144)),
-    Task("property_prediction-hiv", "boolean", "BOOLEAN", False, "accuracy", None, (32_864, 4_104, 4_107)),
-    Task("property_prediction-sider", "boolean", "BOOLEAN", False, "accuracy", None, (22_820, 2_860, 2_860)),
+    Task("forward_synthesis", "smiles", "SMILES", True, "exact_match", REACTION, (971_809, 2_049, 4_062), "smiles"),
+    Task("retrosynthesis", "smiles", "SMILES", True, "exact_match", REACTION, (941_735, 2_092, 4_156), "smiles"),
+    Task("molecule_captioning", "caption", None, True, "meteor", "description", (56_498, 1_269, 2_538), "smiles"),
+    Task("molecule_generation", "smiles", "SMILES", True, "exact_match", "description", (56_498, 1_269, 2_493),
+         "text"),
+    Task("name_conversion-i2f", "formula", "MOLFORMULA", True, "exact_match", "name", (300_000, 1_497, 2_993), "iupac"),
+    Task("name_conversion-i2s", "smiles", "SMILES", True, "exact_match", "name", (299_890, 1_496, 2_993), "iupac"),
+    Task("name_conversion-s2f", "formula", "MOLFORMULA", True, "exact_match", "name", (299_890, 1_496, 2_993),
+         "smiles"),
+    Task("name_conversion-s2i", "iupac", "IUPAC", True, "exact_match", "name", (299_890, 1_496, 2_993), "smiles"),
+    Task("property_prediction-esol", "number", "NUMBER", False, "rmse", None, (888, 111, 112), "smiles"),
+    Task("property_prediction-lipo", "number", "NUMBER", False, "rmse", None, (3_360, 420, 420), "smiles"),
+    Task("property_prediction-bbbp", "boolean", "BOOLEAN", False, "accuracy", None, (1_569, 196, 197), "smiles"),
+    Task("property_prediction-clintox", "boolean", "BOOLEAN", False, "accuracy", None, (1_144, 143, 144), "smiles"),
+    Task("property_prediction-hiv", "boolean", "BOOLEAN", False, "accuracy", None, (32_864, 4_104, 4_107), "smiles"),
+    Task("property_prediction-sider", "boolean", "BOOLEAN", False, "accuracy", None, (22_820, 2_860, 2_860), "smiles"),
 )
 
 TASK_NAMES: tuple[str, ...] = tuple(t.name for t in TASKS)

@@ -462,6 +462,26 @@ class SMolInstructSplit:
             "target": target,
         }
 
+    def core_samples(self, task: str) -> Iterator[tuple[Any, Any, Optional[str]]]:
+        """(core input, core output, target) of every sample of `task`, in the order of their raw lines: a
+        whole training split for a method that learns from it, without a template or a seek back per sample."""
+        k = self.tasks.index(task)
+        table = self._tables[k]
+        order = np.argsort(table.sample_idx, kind="stable")
+        last, record = -1, None
+        for j in order:
+            line = int(table.sample_idx[j])
+            if line != last:
+                record, last = self.raw_record(k, line), line
+            core_in, core_out, target = record["input"], record["output"], None
+            if isinstance(core_out, dict):
+                target = table.targets[j]
+                core_out = core_out[target]
+            if self._encode_selfies:
+                core_in = _smiles_to_selfies(core_in) if table.input_tags[0] == "<SELFIES>" else core_in
+                core_out = _smiles_to_selfies(core_out) if table.output_tags[0] == "<SELFIES>" else core_out
+            yield core_in, core_out, target
+
     def _wrap(self, text: str, tags: tuple[Optional[str], Optional[str]]) -> str:
         if self.insert_core_tags and tags[0] is not None:
             return f"{tags[0]} {text} {tags[1]}"

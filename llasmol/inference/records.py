@@ -10,6 +10,7 @@ numbers on its own.
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
@@ -49,8 +50,6 @@ def generate_records(generator: BeamGenerator, split, indices: list[int], golds:
 
     `advance(n)` is called as samples finish (for a progress bar).
     """
-    from llasmol.metrics.extract import extract_answer
-
     by_task: dict[str, list[int]] = defaultdict(list)
     samples = {i: split[i] for i in indices}
     for i in indices:
@@ -60,22 +59,28 @@ def generate_records(generator: BeamGenerator, split, indices: list[int], golds:
         outputs = generator.generate([samples[i]["input"] for i in rows], task_settings(gen_cfg, task))
         if advance is not None:
             advance(len(rows))
-        for i, predictions in zip(rows, outputs):
-            sample = samples[i]
-            records.append(
-                {
-                    "task": task,
-                    "index": i,
-                    "input": sample["input"],
-                    "raw_input": sample["raw_input"],
-                    **({"target": sample["target"]} if sample.get("target") is not None else {}),
-                    "gold": golds.golds(sample, sample["raw_output"]),
-                    "predictions": predictions,
-                    "answers": None if predictions is None else [extract_answer(task, p) for p in predictions],
-                    "skipped": predictions is None,
-                }
-            )
+        records.extend(make_record(i, samples[i], golds, predictions) for i, predictions in zip(rows, outputs))
     return records
+
+
+def make_record(index: int, sample: dict, golds: GoldPool, predictions: Optional[list[str]]) -> dict:
+    """The predictions-file record of sample `index` of a split answered with `predictions` (raw responses,
+    best first; None: not generated). Every writer of predictions files (validation, evaluate, the
+    baselines) builds its records here, so they carry the same fields."""
+    from llasmol.metrics.extract import extract_answer
+
+    task = sample["task"]
+    return {
+        "task": task,
+        "index": index,
+        "input": sample["input"],
+        "raw_input": sample["raw_input"],
+        **({"target": sample["target"]} if sample.get("target") is not None else {}),
+        "gold": golds.golds(sample, sample["raw_output"]),
+        "predictions": predictions,
+        "answers": None if predictions is None else [extract_answer(task, p) for p in predictions],
+        "skipped": predictions is None,
+    }
 
 
 def gather_to_all(records: list[dict]) -> list[dict]:
@@ -97,3 +102,15 @@ def score(records: list[dict], tasks: list[str], device) -> dict[str, dict[str, 
         stats = sample_stats(record["task"], record["predictions"], record["gold"], record["skipped"])
         metric.update([record["task"]], [stats])
     return metric.compute()
+
+
+def write_and_score(records: list[dict], tasks: list[str], predictions_path: Path, metrics_path: Path,
+                    device="cpu") -> dict[str, dict[str, float]]:
+    """Write `records` as a predictions file, then score them and write the metrics file (the predictions
+    first: a failure while scoring never discards them); the metrics, ``{task: {metric: value}}``."""
+    from llasmol.core.files import write_json, write_jsonl
+
+    write_jsonl(predictions_path, records)
+    results = score(records, tasks, device)
+    write_json(metrics_path, results)
+    return results

@@ -36,6 +36,13 @@ def extract_answer(task: str, text: str) -> str | None:
     return _between(text, tag)
 
 
+def wrap_answer(task: str, answer: str) -> str:
+    """A response carrying `answer` as SMolInstruct writes it (``<SMILES> CCO </SMILES>``; a caption as it
+    is): what a system that is not a language model answers, so the same extraction reads it back."""
+    tag = get_task(task).answer_tag
+    return answer if tag is None else f"<{tag}> {answer} </{tag}>"
+
+
 def _between(text: str, tag: str) -> str | None:
     opening, closing = f"<{tag}>", f"</{tag}>"
     # The first closing tag with an opening before it is the first one after the first opening; two
