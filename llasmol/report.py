@@ -1,6 +1,7 @@
 """Write an analysis report of a run (or a multirun) into its `report/` folder.
 
     python -m llasmol.report <run_dir>        # metrics, failures, trends, top-k, worst examples
+    python -m llasmol.report <baseline dir>   # the same for a baseline's split (python -m llasmol.baseline)
     python -m llasmol.report <multirun_dir>   # the variants beside the paper + the ablation chart
     python -m llasmol.report <run_dir> --validation val-epoch0-step200 --worst 8
 
@@ -39,17 +40,18 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[P
         _write(out / f"{split}.md", table.to_markdown(), written)
         _write(out / f"{split}.csv", table.to_csv(), written)
     metrics = analysis.metric_table(val)
-    metrics.title = f"{run.name}: metrics at {val.name}"
+    metrics.title = f"{run.label}: metrics at {val.name}"
     _write(out / "metrics.md", metrics.to_markdown(), written)
     _write(out / "metrics.csv", metrics.to_csv(), written)
     _write(out / "topk.csv", analysis.topk_table(val).to_csv(), written)
-    analysis.plot_topk(analysis.topk_curves(val), out / "topk.png", title=f"{run.name}: top-k exact match at {val.name}")
+    analysis.plot_topk(analysis.topk_curves(val), out / "topk.png", title=f"{run.label}: top-k exact match at {val.name}")
     written.append(out / "topk.png")
 
-    trends = analysis.metric_trends(run)
-    _write(out / "trends.csv", trends.to_csv(), written)
-    analysis.plot_trends(trends, out / "trends.png", title=f"{run.name}: headline metrics across validations")
-    written.append(out / "trends.png")
+    if run.validations:  # a baseline or an evaluation alone has no validations to follow
+        trends = analysis.metric_trends(run)
+        _write(out / "trends.csv", trends.to_csv(), written)
+        analysis.plot_trends(trends, out / "trends.png", title=f"{run.label}: headline metrics across validations")
+        written.append(out / "trends.png")
 
     if val.predictions_path is None:
         print(f"note: {run.path} has no predictions/{val.name}.jsonl: no failure breakdown or worst examples")
@@ -58,7 +60,7 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[P
     failures = analysis.failure_table(val)
     _write(out / "failures.md", failures.to_markdown(), written)
     _write(out / "failures.csv", failures.to_csv(), written)
-    analysis.plot_failures(counts, out / "failures.png", title=f"{run.name}: top-1 answer outcomes at {val.name}")
+    analysis.plot_failures(counts, out / "failures.png", title=f"{run.label}: top-1 answer outcomes at {val.name}")
     written.append(out / "failures.png")
 
     worst_by_task = analysis.worst_examples(val, n=worst)
@@ -72,16 +74,18 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[P
 def report_sweep(sweep_dir, out_dir=None) -> list[Path]:
     """Write a multirun's comparison; returns the files written."""
     runs = analysis.load_sweep(sweep_dir)
-    if not any(run.validations for run in runs):
-        raise UserError(f"{sweep_dir}: no run has a validation yet (no metrics/val-epoch*-step*.json)")
+    if not any(run.validations or run.evaluations for run in runs):
+        raise UserError(f"{sweep_dir}: no run has a validation yet (no metrics/val-epoch*-step*.json) nor an "
+                        "evaluated split (metrics/<split>.json)")
     out = Path(out_dir) if out_dir else Path(sweep_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     table = analysis.compare_table(runs)
     note = (
-        "Run rows: each variant's latest validation (a subset of the validation split). Paper rows: "
-        "the paper's reported test-set numbers (fractions), their tables in `paper_source`; '-' where not "
-        "available. Every system the paper reports: `analysis.paper_table()`.\n\n"
+        "Run rows: each variant's latest validation (a subset of the validation split); '(test)' rows: the whole "
+        "test split (baselines have only these). Paper rows: the paper's reported test-set numbers (fractions), "
+        "their tables in `paper_source`; '-' where not available. Every system the paper reports: "
+        "`analysis.paper_table()`.\n\n"
     )
     _write(out / "comparison.md", note + table.to_markdown(), written)
     _write(out / "comparison.csv", table.to_csv(), written)
@@ -94,7 +98,8 @@ def report_sweep(sweep_dir, out_dir=None) -> list[Path]:
 def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
     parser = argparse.ArgumentParser(prog="python -m llasmol.report", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="a run directory or a multirun directory")
-    parser.add_argument("--validation", help="a run's validation to report, e.g. val-epoch0-step200 (default: latest)")
+    parser.add_argument("--validation", help="a run's validation to report, e.g. val-epoch0-step200, or an evaluated "
+                        "split, e.g. test (default: the latest validation; a baseline: its test split)")
     parser.add_argument("--worst", type=int, default=5, help="worst examples per task (default 5)")
     parser.add_argument("--out", help="folder to write into (default: <path>/report)")
     args = parser.parse_args(argv)

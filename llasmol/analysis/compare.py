@@ -20,14 +20,18 @@ def _runs(source: Union[PathLike, Sequence[Run]]) -> list[Run]:
     return load_sweep(source)
 
 
+def _compared(run: Run) -> dict[str, dict[str, Optional[float]]]:
+    """The metrics a run is compared by: its latest validation's, or for a folder without validations (a
+    baseline) its test split's."""
+    return run.latest.metrics if run.latest is not None else run.evaluations.get("test", {})
+
+
 def comparison_columns(runs: Sequence[Run], metrics: Optional[dict[str, Sequence[str]]] = None) -> list[tuple[str, str]]:
-    """(task, metric) pairs to compare: every task any run's latest validation has, in first-seen
-    order, with its headline metric (or the metrics `metrics[task]` names)."""
+    """(task, metric) pairs to compare: every task any run's latest validation (a baseline: its test split)
+    has, in first-seen order, with its headline metric (or the metrics `metrics[task]` names)."""
     columns: list[tuple[str, str]] = []
     for run in runs:
-        if run.latest is None:
-            continue
-        for task in run.latest.metrics:
+        for task in _compared(run):
             wanted = (metrics or {}).get(task) or [HEADLINE.get(task)]
             for m in wanted:
                 if m and (task, m) not in columns:
@@ -36,7 +40,10 @@ def comparison_columns(runs: Sequence[Run], metrics: Optional[dict[str, Sequence
 
 
 def variant_label(run: Run) -> str:
-    """A short name for a variant: ``<model>/<lora>`` when known, else the folder name."""
+    """A short name for a variant: ``baseline:<method>`` for a baseline, ``<model>/<lora>`` when known, else
+    the folder name."""
+    if run.baseline is not None:
+        return run.label
     if run.params.get("model") and run.params.get("lora"):
         return f"{run.params['model']}/{run.params['lora']}"
     return run.name
@@ -53,10 +60,10 @@ def compare_table(
     metrics: Optional[dict[str, Sequence[str]]] = None,
     paper_models: Sequence[str] = COMPARE_PAPER_MODELS,
 ) -> Table:
-    """One row per variant (its latest validation), one per variant evaluated on the whole test split, then
-    one row per paper model.
+    """One row per variant (its latest validation), one per variant evaluated on the whole test split (a
+    baseline has this row only, named ``baseline:<method> (test)``), then one row per paper model.
 
-    Columns: ``variant``, ``source`` (``run`` or ``paper``), ``lora``, ``trainable``, ``percent``
+    Columns: ``variant``, ``source`` (``run``, ``baseline`` or ``paper``), ``lora``, ``trainable``, ``percent``
     (of all parameters, in percent), ``paper_trainable``, ``paper_percent`` (Section 5.4's counts
     for the same `lora=` setting on Llama-2-7B), ``validation``, ``val/loss`` (at that validation: the
     number that separates the variants of a short run), ``paper_source`` (a paper row's tables and
@@ -73,6 +80,8 @@ def compare_table(
     for run, label in zip(runs, variant_labels(runs)):
         paper = PAPER_TRAINABLE.get(run.lora or "", {})
         latest = run.latest
+        if latest is None and "test" in run.evaluations:
+            continue  # nothing but a test split (a baseline): its test row below says it all
         rows.append(
             [label, "run", run.lora, run.params.get("trainable"), run.params.get("percent"),
              paper.get("trainable"), paper.get("percent"), latest.name if latest else None, run.val_loss, None]
@@ -81,8 +90,9 @@ def compare_table(
     for run, label in zip(runs, variant_labels(runs)):
         if "test" in run.evaluations:  # the whole test split, where evaluated: comparable with the paper rows
             test = run.evaluations["test"]
-            rows.append([f"{label} (test)", "run", run.lora, run.params.get("trainable"), run.params.get("percent"),
-                         None, None, "test", None, None] + [test.get(t, {}).get(m) for t, m in columns])
+            rows.append([f"{label} (test)", "baseline" if run.baseline is not None else "run", run.lora,
+                         run.params.get("trainable"), run.params.get("percent"), None, None, "test", None, None]
+                        + [test.get(t, {}).get(m) for t, m in columns])
     for model in paper_models:
         results, src = PAPER_RESULTS[model], PAPER_SOURCES[model]
         lora, full = ("full", PAPER_TRAINABLE["full"]) if src.kind == "LlaSMol" else (None, {})
@@ -119,7 +129,7 @@ def ablation_data(
     source: Union[PathLike, Sequence[Run]], metrics: Optional[dict[str, str]] = None
 ) -> dict[str, dict[str, Optional[float]]]:
     """``{task/metric: {variant label: value}}`` of each task's headline metric (or ``metrics[task]``) at
-    each variant's latest validation, with ``val/loss`` and ``trainable (M)`` first; the input of
+    each variant's latest validation (a baseline: its test split), with ``val/loss`` and ``trainable (M)`` first; the input of
     `llasmol.analysis.plots.plot_ablation`."""
     runs = _runs(source)
     wanted = {t: [m] for t, m in (metrics or {}).items()}
@@ -131,7 +141,6 @@ def ablation_data(
     }
     for task, metric in comparison_columns(runs, wanted):
         data[f"{task}/{metric}"] = {
-            label: run.latest.metrics.get(task, {}).get(metric) if run.latest else None
-            for run, label in zip(runs, variant_labels(runs))
+            label: _compared(run).get(task, {}).get(metric) for run, label in zip(runs, variant_labels(runs))
         }
     return data

@@ -1,8 +1,11 @@
-"""Reading run directories (single runs and multiruns) written by `python -m llasmol.train`.
+"""Reading run directories (single runs and multiruns) written by `python -m llasmol.train`, and the folders
+of `python -m llasmol.baseline`, read the same way.
 
 A run directory holds ``params.json``, ``metrics/val-epoch{E}-step{S}.json`` (one per validation),
-``predictions/val-epoch{E}-step{S}.jsonl`` and ``csv/metrics.csv``; a multirun directory holds one
-run directory per job, named ``<n>_<model>_<lora>``.  Everything here only reads files: nothing is
+``predictions/val-epoch{E}-step{S}.jsonl`` and ``csv/metrics.csv``, and ``metrics/<split>.json`` with
+``predictions/<split>.jsonl`` for a whole split evaluated at once; a baseline's folder holds the latter and
+``baseline.json`` (its method). A multirun directory holds one run directory per job, named
+``<n>_<model>_<lora>`` (``<n>_<method>`` for baselines).  Everything here only reads files: nothing is
 imported from torch or Lightning.
 """
 
@@ -48,18 +51,20 @@ def _read_json(path: Path):
 
 @dataclass
 class Validation:
-    """One validation of a run: its metrics and (read on demand) its predictions."""
+    """One validation of a run, or a whole split scored at once (`split`: `evaluate ckpt=<run>`, a baseline):
+    its metrics and (read on demand) its predictions."""
 
-    epoch: int
-    step: int
+    epoch: Optional[int]
+    step: Optional[int]
     metrics_path: Path
     predictions_path: Optional[Path]
     metrics: dict[str, dict[str, Optional[float]]]
     _records: Optional[list[dict]] = field(default=None, repr=False)
+    split: Optional[str] = None
 
     @property
     def name(self) -> str:
-        return f"val-epoch{self.epoch}-step{self.step}"
+        return self.split or f"val-epoch{self.epoch}-step{self.step}"
 
     @property
     def tasks(self) -> list[str]:
@@ -81,26 +86,53 @@ class Run:
     validations: list[Validation]
     # Metrics of whole splits the run was evaluated on (`evaluate ckpt=<run> data.split=test`), by split.
     evaluations: dict[str, dict[str, dict[str, Optional[float]]]] = field(default_factory=dict)
+    # A baseline's folder: its baseline.json (method, settings, tasks, time); None for a trained run.
+    baseline: Optional[dict] = None
 
     @property
     def name(self) -> str:
         return self.path.name
 
     @property
+    def label(self) -> str:
+        """What tables call it: ``baseline:<method>`` for a baseline, else the folder name."""
+        return f"baseline:{self.baseline.get('method')}" if self.baseline is not None else self.name
+
+    @property
     def lora(self) -> Optional[str]:
+        if self.baseline is not None:
+            return None
         return self.params.get("lora") or _name_part(self.path.name, -1)
 
     @property
     def model(self) -> Optional[str]:
+        if self.baseline is not None:
+            return None
         return self.params.get("model") or _name_part(self.path.name, -2)
 
     @property
     def latest(self) -> Optional[Validation]:
         return self.validations[-1] if self.validations else None
 
+    def evaluation(self, split: str) -> Validation:
+        """The whole split `split` as scored (metrics and predictions), read like a validation."""
+        if split not in self.evaluations:
+            have = ", ".join(sorted(self.evaluations)) or "none"
+            raise UserError(f"{self.path} has no {split} results (has: {have})")
+        predictions = self.path / layout.PREDICTIONS / f"{split}.jsonl"
+        return Validation(epoch=None, step=None, metrics_path=self.path / layout.METRICS / f"{split}.json",
+                          predictions_path=predictions if predictions.is_file() else None,
+                          metrics=self.evaluations[split], split=split)
+
     def validation(self, which: Union[None, int, str] = None) -> Validation:
         """The latest validation (``None``), the one at a list position (``-1``, ``0``) or by name
-        (``"val-epoch0-step2"`` or its step as a string ``"step2"``)."""
+        (``"val-epoch0-step2"`` or its step as a string ``"step2"``), or an evaluated split by name
+        (``"test"``). A folder with no validation but evaluated splits (a baseline's) gives its ``test``
+        split (else its first) for ``None``."""
+        if isinstance(which, str) and which in self.evaluations:
+            return self.evaluation(which)
+        if not self.validations and self.evaluations and which is None:
+            return self.evaluation("test" if "test" in self.evaluations else sorted(self.evaluations)[0])
         if not self.validations:
             raise UserError(f"{self.path} {NO_VALIDATION}")
         if which is None:
@@ -222,7 +254,8 @@ def is_multirun_dir(path: PathLike) -> bool:
 
 
 def load_run(path: PathLike, require_validation: bool = False) -> Run:
-    """Read a run directory; a `UserError` when it is not one (or has no validation, if required)."""
+    """Read a run directory; a `UserError` when it is not one (or, if required, has neither a validation
+    nor an evaluated split to report)."""
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path} is not a directory")
@@ -234,9 +267,12 @@ def load_run(path: PathLike, require_validation: bool = False) -> Run:
     params = _read_json(params_file) if params_file.is_file() else {}
     if not isinstance(params, dict):
         params = {}
-    run = Run(path=path, params=params, validations=_load_validations(path), evaluations=_load_evaluations(path))
-    if require_validation and not run.validations:
-        raise UserError(f"{path} {NO_VALIDATION}")
+    baseline_file = path / layout.BASELINE
+    baseline = _read_json(baseline_file) if baseline_file.is_file() else None
+    run = Run(path=path, params=params, validations=_load_validations(path), evaluations=_load_evaluations(path),
+              baseline=baseline if isinstance(baseline, dict) else None)
+    if require_validation and not (run.validations or run.evaluations):
+        raise UserError(f"{path} {NO_VALIDATION} (nor an evaluated split: metrics/<split>.json)")
     return run
 
 

@@ -280,15 +280,16 @@ def metric_trends(run: Run, metrics: Union[None, str, Sequence[str]] = None) -> 
 
 def evaluation_table(run: Run, split: str = "test") -> Table:
     """A run's whole-split results (`evaluate ckpt=<run> data.split=<split>`) beside the paper's Table
-    values for the same base (`paper.PAPER_MODEL_OF_BASE`): one row per task and metric the paper reports
-    for it (the task's headline metric where the paper has none)."""
-    from llasmol.analysis.paper import PAPER_MODEL_OF_BASE, PAPER_RESULTS, PAPER_SOURCES
+    values for the same base (`paper.PAPER_MODEL_OF_BASE`; a baseline's beside the paper's first model): one
+    row per task and metric the paper reports for it (the task's headline metric where the paper has none)."""
+    from llasmol.analysis.paper import PAPER_MODEL_OF_BASE, PAPER_MODELS, PAPER_RESULTS, PAPER_SOURCES
 
     if split not in run.evaluations:
         have = ", ".join(sorted(run.evaluations)) or "none"
         raise UserError(f"{run.path} has no {split} results (has: {have}): run python -m llasmol.evaluate "
                         f"ckpt={run.path} data.split={split}")
-    paper_model = PAPER_MODEL_OF_BASE.get(run.model or "")
+    # A baseline stands beside the paper's first (best) model: what a fine-tuned LLM reaches on the task.
+    paper_model = PAPER_MODELS[0] if run.baseline is not None else PAPER_MODEL_OF_BASE.get(run.model or "")
     paper = PAPER_RESULTS.get(paper_model, {}) if paper_model else {}
     rows = []
     for task, values in run.evaluations[split].items():
@@ -296,5 +297,5 @@ def evaluation_table(run: Run, split: str = "test") -> Table:
         names = [m for m in _ordered_metrics(reported) if m in values] or [HEADLINE.get(task)]
         rows += [[task, m, values.get(m), reported.get(m)] for m in names if m]
     source = f" (paper, {PAPER_SOURCES[paper_model].label})" if paper_model else ""
-    title = f"{run.name}: {split} results" + (f" beside {paper_model}{source}" if paper_model else "")
+    title = f"{run.label}: {split} results" + (f" beside {paper_model}{source}" if paper_model else "")
     return Table(["task", "metric", "ours", f"paper {paper_model}" if paper_model else "paper"], rows, title=title)

@@ -67,7 +67,7 @@ class SweepSummary(Callback):
     command that compares its variants (the jobs' own output scrolled past long before)."""
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        if config.get("task_name") == "train":
+        if config.get("task_name") in ("train", "baseline"):
             sweep = Path(config.hydra.sweep.dir).resolve()
             print(f"sweep folder: {sweep}\n  compare its variants: python -m llasmol.report {sweep}", flush=True)
 
