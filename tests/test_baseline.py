@@ -1,0 +1,269 @@
+"""`python -m llasmol.baseline`: each method answers the bundled sample (and a small copy with the three tasks
+the sample lacks), writes a predictions file like any other, and is scored and reported as a run is."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import compose_config
+from llasmol import analysis
+from llasmol.baseline import baseline
+from llasmol.core.errors import UserError
+from llasmol.core.tasks import get_task
+from llasmol.data.smiles import canonical_kekule
+from llasmol.data.source import SMolInstructSource
+from llasmol.evaluate import evaluate
+from llasmol.inference.beam_search import task_settings
+from llasmol.inference.predictions import read_predictions
+from llasmol.metrics import extract_answer
+from llasmol.report import report_run
+
+# The fields every predictions record carries (llasmol.inference.records.make_record).
+RECORD_FIELDS = {"task", "index", "input", "raw_input", "gold", "predictions", "answers", "skipped"}
+
+
+def run_method(folder: Path, *overrides: str) -> dict:
+    cfg = compose_config([f"paths.output_dir={folder}", *overrides], config_name="baseline")
+    return baseline(cfg)["metrics"]
+
+
+def records_of(folder: Path, split: str = "test") -> list[dict]:
+    return read_predictions(folder / "predictions" / f"{split}.jsonl")
+
+
+# --------------------------------------------------------------------------- a copy with MC, MG and SIDER
+
+MOLECULES = ["CCO", "CC(=O)O", "c1ccccc1", "CCN(CC)CC", "CC(C)O", "CCCCCC", "c1ccncc1", "CC(=O)Nc1ccc(O)cc1",
+             "ClCCl", "CCOC(C)=O", "OCC(O)CO", "C1CCOC1", "CS(C)=O", "N#Cc1ccccc1", "CC(C)(C)O", "Oc1ccccc1"]
+SIDE_EFFECTS = ("Hepatobiliary disorders", "Eye disorders")
+SMILES_TAGS = ["<SMILES>", "</SMILES>"]
+
+
+def _caption(k: int) -> str:
+    return f"The molecule is compound number {k}, a small organic molecule of class {k % 3}."
+
+
+def write_extra_tasks(root: Path) -> Path:
+    """SMolInstruct's layout with the three tasks the bundled sample lacks. SIDER: every molecule once per
+    side effect, 'Yes' for the first and 'No' for the second, so only a model per side effect can be right."""
+    tasks = {
+        "molecule_captioning": (SMILES_TAGS, [None, None], lambda k, s: (s, _caption(k))),
+        "molecule_generation": ([None, None], SMILES_TAGS, lambda k, s: (_caption(k), s)),
+        "property_prediction-sider": (SMILES_TAGS, ["<BOOLEAN>", "</BOOLEAN>"],
+                                      lambda k, s: (s, {SIDE_EFFECTS[0]: "Yes", SIDE_EFFECTS[1]: "No"})),
+    }
+    for task, (tags_in, tags_out, pair) in tasks.items():
+        (root / "core_tag").mkdir(parents=True, exist_ok=True)
+        (root / "core_tag" / f"{task}.json").write_text(json.dumps({"input": tags_in, "output": tags_out}))
+        (root / "template" / "instruction_tuning").mkdir(parents=True, exist_ok=True)
+        (root / "template" / "instruction_tuning" / f"{task}.json").write_text(
+            json.dumps([{"input": "Question: <INPUT>", "output": "<OUTPUT>"}]))
+        for split in ("train", "dev", "test"):
+            chosen = [k for k in range(len(MOLECULES)) if (k % 4 == 3) == (split == "test") and split != "dev"]
+            chosen = chosen or [0]
+            lines, samples = [], []
+            for k in chosen:
+                core_in, core_out = pair(k, canonical_kekule(MOLECULES[k]))
+                lines.append(json.dumps({"input": core_in, "output": core_out}))
+                for target in (SIDE_EFFECTS if isinstance(core_out, dict) else (None,)):
+                    samples.append({"idx": len(lines) - 1, "template_id": 0, "target": target})
+            (root / "raw" / split).mkdir(parents=True, exist_ok=True)
+            (root / "raw" / split / f"{task}.jsonl").write_text("\n".join(lines) + "\n")
+            folder = root / "sample" / "instruction_tuning" / split
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{task}.json").write_text(json.dumps({"template_name": "instruction_tuning", "samples": samples}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def extra_root(tmp_path_factory) -> Path:
+    return write_extra_tasks(tmp_path_factory.mktemp("extra"))
+
+
+# --------------------------------------------------------------------------- rdkit
+
+
+def test_rdkit_formulas_match_every_s2f_gold_and_read_as_a_run(tmp_path):
+    metrics = run_method(tmp_path, "method=rdkit")
+    assert list(metrics) == ["name_conversion-s2f"]  # every other task of the sample is skipped
+    s2f = metrics["name_conversion-s2f"]
+    assert s2f["num_samples"] == 30 and s2f["exact_match"] == 1.0 and s2f["num_invalid"] == 0
+    records = records_of(tmp_path)
+    assert len(records) == 30
+    for r in records:
+        assert RECORD_FIELDS <= set(r) and not r["skipped"]
+        assert r["predictions"] == [f"<MOLFORMULA> {r['answers'][0]} </MOLFORMULA>"]
+    # The file re-scores to the same numbers through evaluate's own path.
+    rescored = evaluate(compose_config(["paths.output_dir=/x", f"predictions={tmp_path}/predictions/test.jsonl"],
+                                       config_name="evaluate"))["metrics"]
+    assert rescored == json.loads((tmp_path / "metrics" / "test.json").read_text()) == metrics
+    info = json.loads((tmp_path / "baseline.json").read_text())
+    assert info["method"] == "rdkit" and info["tasks"] == ["name_conversion-s2f"] and len(info["skipped"]) == 10
+    assert info["seconds"]["total"] > 0 and info["peak_rss_mib"] > 0
+    # The report and the comparison read the folder as the run `baseline:rdkit`.
+    written = {p.name for p in report_run(tmp_path)}
+    assert {"test.md", "metrics.md", "failures.md", "worst.md", "topk.png"} <= written
+    assert "baseline:rdkit: test results beside LlaSMol-Mistral" in (tmp_path / "report" / "test.md").read_text()
+    table = analysis.compare_table([analysis.load_run(tmp_path)])
+    row = table.row("baseline:rdkit (test)")
+    assert row["source"] == "baseline" and row["name_conversion-s2f/exact_match"] == 1.0
+
+
+def test_a_method_asked_for_a_task_it_cannot_answer_says_so(tmp_path):
+    with pytest.raises(UserError, match=r"method=rdkit cannot answer forward_synthesis .* it answers name_conversion-s2f"):
+        run_method(tmp_path, "method=rdkit", "data.tasks=[name_conversion-s2f,forward_synthesis]")
+    with pytest.raises(UserError, match="no method given: pass method=<name>, one of rdkit, opsin, fingerprint, nearest"):
+        run_method(tmp_path)
+
+
+def test_unknown_method_is_one_line_listing_the_methods(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.run([sys.executable, "-m", "llasmol.baseline", "method=nearest", f"hydra.run.dir={tmp_path}"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: unknown method='nearest': pass method=<name>, one of rdkit, opsin, fingerprint, nearest_neighbor"]
+
+
+# --------------------------------------------------------------------------- opsin
+
+
+def test_opsin_reproduces_the_samples_opsin_built_golds(tmp_path):
+    metrics = run_method(tmp_path, "method=opsin")
+    assert set(metrics) == {"name_conversion-i2f", "name_conversion-i2s"}
+    for task in metrics:
+        assert metrics[task]["num_samples"] == 30 and metrics[task]["exact_match"] == 1.0, task
+    for r in records_of(tmp_path):
+        if r["task"] == "name_conversion-i2s":  # written in SMolInstruct's SMILES form, as the golds are
+            assert r["answers"] == [canonical_kekule(r["answers"][0])] and r["answers"][0] in r["gold"]
+
+
+def test_opsin_without_java_is_one_line_saying_what_to_install(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    with pytest.raises(UserError, match=r"no java is on PATH: pip install 'llasmol\[opsin\]'.*default-jre-headless"):
+        run_method(tmp_path, "method=opsin")
+
+
+# --------------------------------------------------------------------------- fingerprint
+
+
+def _train_labels(task: str) -> list[str]:
+    source = SMolInstructSource.from_config(compose_config(["paths.output_dir=/x"], config_name="baseline").data)
+    return [out for _, out, _ in source.split("train").core_samples(task)]
+
+
+def test_fingerprint_forests_beat_a_constant_predictor(tmp_path):
+    tasks = "data.tasks=[property_prediction-esol,property_prediction-bbbp]"
+    metrics = run_method(tmp_path / "a", "method=fingerprint", tasks)
+    golds = {t: [r["gold"][0] for r in records_of(tmp_path / "a") if r["task"] == t] for t in metrics}
+    # ESOL: the training mean for every molecule; BBBP: the training majority answer.
+    mean = float(np.mean([float(y) for y in _train_labels("property_prediction-esol")]))
+    constant_rmse = math.sqrt(np.mean([(float(y) - mean) ** 2 for y in golds["property_prediction-esol"]]))
+    majority = Counter(_train_labels("property_prediction-bbbp")).most_common(1)[0][0]
+    constant_accuracy = np.mean([y == majority for y in golds["property_prediction-bbbp"]])
+    assert metrics["property_prediction-esol"]["rmse"] < constant_rmse - 0.2  # 1.90 vs 2.37
+    assert metrics["property_prediction-bbbp"]["accuracy"] > constant_accuracy + 0.05  # 0.93 vs 0.80
+    assert metrics["property_prediction-esol"]["num_valid"] == 30
+    # Seeded: a second run writes the same predictions.
+    run_method(tmp_path / "b", "method=fingerprint", tasks)
+    assert [r["predictions"] for r in records_of(tmp_path / "a")] == [r["predictions"] for r in records_of(tmp_path / "b")]
+
+
+def test_fingerprint_learns_one_classifier_per_side_effect(tmp_path, extra_root):
+    metrics = run_method(tmp_path, "method=fingerprint", f"data.path={extra_root}")
+    assert list(metrics) == ["property_prediction-sider"]
+    # Each molecule is Yes for one side effect and No for the other: only per-target models are all right.
+    sider = metrics["property_prediction-sider"]
+    assert sider["num_samples"] == 8 and sider["accuracy"] == 1.0
+    assert {r["target"] for r in records_of(tmp_path)} == set(SIDE_EFFECTS)
+
+
+# --------------------------------------------------------------------------- nearest_neighbor
+
+
+@pytest.mark.parametrize("copy", ["bundled", "extra"])
+def test_nearest_neighbor_answers_every_sample_of_every_task(tmp_path, extra_root, copy):
+    gen = compose_config(["paths.output_dir=/x"], config_name="baseline").generation
+    data = [] if copy == "bundled" else [f"data.path={extra_root}"]
+    metrics = run_method(tmp_path, "method=nearest_neighbor", *data)
+    expected = 11 if copy == "bundled" else 3  # together, all 14 tasks
+    assert len(metrics) == expected
+    for task, values in metrics.items():
+        assert values["num_no_answer"] == 0, task
+    for r in records_of(tmp_path):
+        k = task_settings(gen, r["task"]).num_return_sequences
+        assert 1 <= len(r["predictions"]) <= k and all(a is not None for a in r["answers"]), r["task"]
+        assert r["answers"] == [extract_answer(r["task"], p) for p in r["predictions"]]
+        if get_task(r["task"]).answer_tag == "SMILES":
+            assert len(r["predictions"]) == k  # 5 or 10 nearest reactions, names, descriptions: distinct answers
+    if copy == "extra":  # the caption nearest in Morgan space, scored by METEOR like a model's
+        assert 0 < metrics["molecule_captioning"]["meteor"] <= 1
+        assert metrics["property_prediction-sider"]["accuracy"] == 1.0  # neighbours of the same side effect only
+
+
+def test_nearest_neighbor_finds_each_training_input_itself(tmp_path):
+    metrics = run_method(tmp_path, "method=nearest_neighbor", "data.split=train")
+    for task, values in metrics.items():
+        assert values["num_samples"] == 300, task
+        family = get_task(task).family
+        if family == "number":
+            assert values["rmse"] == 0.0, task
+        elif family == "boolean":
+            assert values["accuracy"] == 1.0, task
+        else:
+            assert values["exact_match"] == 1.0, task
+
+
+def test_tanimoto_search_equals_rdkits_bulk_similarity():
+    from rdkit import Chem, DataStructs
+    from rdkit.Chem import rdFingerprintGenerator
+
+    from llasmol.baselines.morgan import morgan_packed, top_k_similar
+
+    source = SMolInstructSource.from_config(compose_config(["paths.output_dir=/x"], config_name="baseline").data)
+    smiles = [x for x, _, _ in source.split("train").core_samples("name_conversion-s2f")]
+    queries, table = smiles[:25] + ["not a SMILES"], smiles[25:]
+    rows, sims = top_k_similar(morgan_packed(queries), morgan_packed(table), k=4, table_rows=64)  # 5 blocks
+    generator = rdFingerprintGenerator.GetMorganGenerator(radius=2, fpSize=2048)
+    fps = [generator.GetFingerprint(Chem.MolFromSmiles(s)) for s in table]
+    for q, found, values in zip(queries[:25], rows, sims):
+        expected = sorted(DataStructs.BulkTanimotoSimilarity(generator.GetFingerprint(Chem.MolFromSmiles(q)), fps))
+        assert values.tolist() == pytest.approx(expected[::-1][:4], abs=1e-6)
+        assert [DataStructs.TanimotoSimilarity(generator.GetFingerprint(Chem.MolFromSmiles(q)), fps[j])
+                for j in found] == pytest.approx(values.tolist(), abs=1e-6)
+    assert sims[-1].tolist() == [0.0] * 4  # an unreadable SMILES is similar to nothing
+
+
+def test_fingerprints_from_worker_processes_equal_the_serial_ones(monkeypatch):
+    import llasmol.baselines.morgan as morgan
+
+    source = SMolInstructSource.from_config(compose_config(["paths.output_dir=/x"], config_name="baseline").data)
+    smiles = [x for x, _, _ in source.split("train").core_samples("forward_synthesis")] + ["CCO", "CCO", "?"]
+    serial = morgan.morgan_packed(smiles, n_jobs=1)
+    monkeypatch.setattr(morgan, "_PARALLEL_FROM", 1)
+    assert np.array_equal(morgan.morgan_packed(smiles, n_jobs=2), serial)
+    assert serial.shape == (303, 256) and serial[:-1].any(axis=1).all() and not serial[-1].any()
+    assert np.array_equal(serial[-3], serial[-2])
+
+
+# --------------------------------------------------------------------------- the notebook
+
+
+@pytest.mark.slow
+def test_the_analysis_notebook_reads_a_baseline_folder(tmp_path, monkeypatch):
+    from test_analysis import _execute_notebook
+
+    run_method(tmp_path, "method=rdkit")
+    text, images = _execute_notebook("analyze_predictions.ipynb", "LLASMOL_RUN_DIR", tmp_path, monkeypatch)
+    assert "baseline:rdkit" in text and "| name_conversion-s2f |" in text and images >= 2
