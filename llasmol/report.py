@@ -90,7 +90,8 @@ def report_sweep(sweep_dir, out_dir=None) -> list[Path]:
     _write(out / "comparison.md", note + table.to_markdown(), written)
     _write(out / "comparison.csv", table.to_csv(), written)
     analysis.plot_ablation(analysis.ablation_data(runs), out / "ablation.png",
-                           title=f"{Path(sweep_dir).name}: variants at their latest validation")
+                           title=f"{Path(sweep_dir).name}: variants at their latest validation"
+                           + ("" if all(run.validations for run in runs) else " (or test split)"))
     written.append(out / "ablation.png")
     return written
 
