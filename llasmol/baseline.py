@@ -16,23 +16,38 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from llasmol.core.config import CONFIG_DIR
+from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import report_user_errors
 from llasmol.core.quiet import quiet_known_noise
+from llasmol.core.settings import check_settings
+
+
+def make_method(cfg: DictConfig):
+    """The method `cfg.method` with its settings, every setting checked (one `UserError` for a bad one)."""
+    from llasmol.baselines import get_method
+
+    cls = get_method(cfg.method)
+    check_settings(cfg)
+    # The method's own settings, with the Morgan fingerprint shared by the methods that use one.
+    blocks = [*cls.shared_settings, cls.name]
+    settings = {k: v for b in blocks if b in cfg for k, v in OmegaConf.to_container(cfg[b], resolve=True).items()}
+    return cls(settings, seed=int(cfg.seed), n_jobs=int(cfg.n_jobs))
+
+
+def check_config(cfg: DictConfig) -> None:
+    """For `check_command_line`: each composed config of the command line (each value of a sweep) names a
+    method and has settings it takes. No method at all is said when the command runs (`--help` needs none)."""
+    if cfg.get("method") is not None:
+        make_method(cfg)
 
 
 def baseline(cfg: DictConfig) -> dict:
     """Run `cfg.method` on `cfg.data.split`; returns the metrics and where they were written."""
-    from llasmol.baselines import get_method
     from llasmol.baselines.runner import run_baseline
     from llasmol.data.source import SMolInstructSource
 
     quiet_known_noise()
-    cls = get_method(cfg.method)
-    # The method's own settings, with the Morgan fingerprint shared by the methods that use one.
-    blocks = [*cls.shared_settings, cls.name]
-    settings = {k: v for b in blocks if b in cfg for k, v in OmegaConf.to_container(cfg[b], resolve=True).items()}
-    method = cls(settings, seed=int(cfg.seed), n_jobs=int(cfg.n_jobs))
+    method = make_method(cfg)
     data = OmegaConf.to_container(cfg.data, resolve=True)
     source = SMolInstructSource.from_config(data)
     results, out = run_baseline(method, source, cfg.data.split, cfg.generation, Path(cfg.paths.output_dir),
@@ -51,4 +66,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_command_line("baseline", run_folder=True, check=check_config)
     main()

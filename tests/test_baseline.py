@@ -132,6 +132,40 @@ def test_unknown_method_is_one_line_listing_the_methods(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: unknown method='nearest': pass method=<name>, one of rdkit, opsin, fingerprint, nearest_neighbor"]
+    assert not (tmp_path / "baseline.json").exists()
+
+
+def test_a_mistyped_method_in_a_sweep_stops_before_the_first_method_runs(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.run([sys.executable, "-m", "llasmol.baseline", "--multirun", "method=rdkit,rdkt",
+                           f"hydra.sweep.dir={tmp_path / 'sweep'}"], capture_output=True, text=True, cwd=tmp_path,
+                          env=env, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: unknown method='rdkt': pass method=<name>, one of rdkit, opsin, fingerprint, nearest_neighbor"]
+    assert not (tmp_path / "sweep").exists()  # rdkit, the first value, did not run either
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("n_jobs=0", "n_jobs=0 must be an integer >= 1"),
+    ("morgan.n_bits=100", "morgan.n_bits=100 must be an integer >= 8, a multiple of 8"),
+    ("morgan.radius=-1", "morgan.radius=-1 must be an integer >= 0"),
+    ("fingerprint.n_estimators=0", "fingerprint.n_estimators=0 must be an integer >= 1"),
+    ("fingerprint.max_features=half", "fingerprint.max_features='half' must be sqrt, log2, null"),
+    ("fingerprint.max_features=1.5", "fingerprint.max_features=1.5 must be sqrt, log2, null"),
+    ("nearest_neighbor.max_train_inputs=0", "nearest_neighbor.max_train_inputs=0 must be an integer >= 1"),
+    ("nearest_neighbor.text_ngrams=[5,3]", "nearest_neighbor.text_ngrams=[5, 3] must be two integers"),
+])
+def test_a_bad_setting_of_a_method_is_named_before_any_data_is_read(tmp_path, override, expected):
+    from llasmol.baseline import check_config
+
+    method = "nearest_neighbor" if override.startswith(("nearest", "n_jobs", "morgan")) else "fingerprint"
+    cfg = compose_config([f"paths.output_dir={tmp_path}", f"method={method}", override, "data.path=/nonexistent"],
+                         config_name="baseline")
+    for check in (check_config, baseline):
+        with pytest.raises(UserError) as err:
+            check(cfg)
+        assert str(err.value).startswith(expected), str(err.value)
+    check_config(compose_config([f"paths.output_dir={tmp_path}", f"method={method}"], config_name="baseline"))
 
 
 # --------------------------------------------------------------------------- opsin

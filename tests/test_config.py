@@ -194,6 +194,8 @@ def test_gpu_presets_run_fp32_when_put_on_cpu():
      "generation.default.num_return_sequences=5 exceeds its num_beams=4"),
     ("audit", "workers=0", "workers=0 must be an integer >= 1 or null (null: one per CPU, at most 8)"),
     ("audit", "examples=-1", "examples=-1 must be an integer >= 0"),
+    ("baseline", "morgan.n_bits=2047", "morgan.n_bits=2047 must be an integer >= 8, a multiple of 8"),
+    ("baseline", "nearest_neighbor.table_rows=0", "nearest_neighbor.table_rows=0 must be an integer >= 1"),
 ])
 def test_settings_outside_their_values_are_named(command, override, expected):
     from llasmol.core.errors import UserError
@@ -205,7 +207,7 @@ def test_settings_outside_their_values_are_named(command, override, expected):
     assert str(err.value).startswith(expected), str(err.value)
 
 
-@pytest.mark.parametrize("command", ["train", "evaluate", "generate", "params", "audit"])
+@pytest.mark.parametrize("command", ["train", "evaluate", "generate", "params", "audit", "baseline"])
 def test_every_shipped_configuration_passes_the_settings_check(command):
     from llasmol.core.settings import check_settings
 
@@ -213,9 +215,11 @@ def test_every_shipped_configuration_passes_the_settings_check(command):
         for data in ("bundled", "smolinstruct"):
             check_settings(compose_config([f"data={data}", "paths.output_dir=/x"], command))
         return
-    extra = ["paths.output_dir=/x"] if command in ("train", "evaluate") else []
+    extra = ["paths.output_dir=/x"] if command in ("train", "evaluate", "baseline") else []
     choices = [[f"model={model}"] for model in ("tiny", "mistral", "llama2", "llama2_13b", "codellama", "galactica")]
     if command in ("train", "params"):
         choices += [["model=mistral", f"lora={lora}"] for lora in ("lite", "attn", "ffn", "plus", "large")]
+    if command == "baseline":  # no model: its choices are the methods
+        choices = [[f"method={method}"] for method in ("rdkit", "opsin", "fingerprint", "nearest_neighbor")]
     for overrides in choices:
         check_settings(compose_config([*overrides, *extra], command))

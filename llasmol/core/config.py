@@ -6,6 +6,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Callable, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
@@ -94,10 +95,11 @@ def _quoted(value: str) -> str:
     return value if re.fullmatch(r"[\w./:@-]*", value) else "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def check_overrides(config_name: str, overrides: list[str]) -> None:
+def check_overrides(config_name: str, overrides: list[str], check: Optional[Callable] = None) -> None:
     """A mistyped choice (model=mistrall) or setting (trainer.max_stepz=1) as one `UserError`, before Hydra
     starts: Hydra's own message is a dozen lines and exits with status 1, after a multirun's first jobs
-    may have run. Each value of a sweep (lora=lite,fulll) is checked."""
+    may have run. Each value of a sweep (lora=lite,fulll) is checked; `check`, when given, is called with
+    each composed config to name a bad value of a plain setting (a baseline's method=rdkt)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException, OverrideParseException
 
@@ -120,7 +122,9 @@ def check_overrides(config_name: str, overrides: list[str]) -> None:
             trials += [plain + [f"{override.get_key_element()}={_quoted(v)}"] for v in values]
     for trial in trials:
         try:
-            compose_config(trial, config_name)
+            cfg = compose_config(trial, config_name)
+            if check is not None:
+                check(cfg)
         except HydraException as err:
             raise UserError(_one_line(str(err), config_name)) from None
         finally:
@@ -168,11 +172,12 @@ def check_writable(folder: Path) -> None:
                     "writable folder with hydra.run.dir=<folder> (or run from a writable directory)")
 
 
-def check_command_line(config_name: str, run_folder: bool = False) -> None:
+def check_command_line(config_name: str, run_folder: bool = False, check: Optional[Callable] = None) -> None:
     """`check_overrides` for this process's command line; one `error:` line and exit status 2 on a mistake.
-    `run_folder`: the command writes a run folder, which must be writable (checked before Hydra writes)."""
+    `run_folder`: the command writes a run folder, which must be writable (checked before Hydra writes);
+    `check`: the command's own check of each composed config (see `check_overrides`)."""
     from llasmol.core.errors import report_user_errors
 
-    report_user_errors(check_overrides)(config_name, overrides_of(sys.argv[1:]))
+    report_user_errors(check_overrides)(config_name, overrides_of(sys.argv[1:]), check)
     if run_folder:
         report_user_errors(check_writable)(named_run_dir(sys.argv[1:]) or Path("outputs"))

@@ -23,13 +23,15 @@ class Rule:
     nullable: bool = False  # null means "not set" (eval_batch_size: the micro-batch)
     also: tuple = ()  # extra allowed values outside the range (max_steps=-1: by epochs)
     hint: str = ""
+    multiple_of: Optional[int] = None  # integers only: a multiple of this (bits packed 8 to a byte)
 
     def describe(self) -> str:
         kind = "an integer" if self.integer else "a number"
         bound = f"> {self.low:g}" if self.low_open else f">= {self.low:g}"
         upper = f" and < {self.high:g}" if self.high is not None else ""
         extra = "".join(f" or {v}" for v in self.also)
-        return f"{kind} {bound}{upper}{extra}{' or null' if self.nullable else ''}"
+        multiple = f", a multiple of {self.multiple_of}" if self.multiple_of else ""
+        return f"{kind} {bound}{upper}{multiple}{extra}{' or null' if self.nullable else ''}"
 
     def allows(self, value) -> bool:
         if value is None:
@@ -43,6 +45,8 @@ class Rule:
         if not math.isfinite(value):
             return False
         if value < self.low or (self.low_open and value == self.low):
+            return False
+        if self.multiple_of and value % self.multiple_of:
             return False
         return self.high is None or value < self.high
 
@@ -76,6 +80,14 @@ RULES: tuple[Rule, ...] = (
     # python -m llasmol.audit's own settings (top-level keys of conf/audit.yaml only).
     Rule("workers", True, 1, nullable=True, hint="null: one per CPU, at most 8"),
     Rule("examples", True, 0),
+    # python -m llasmol.baseline
+    Rule("n_jobs", True, 1),
+    Rule("morgan.radius", True, 0, hint="ECFP4 is radius 2"),
+    Rule("morgan.n_bits", True, 8, multiple_of=8, hint="the default is 2048"),
+    Rule("fingerprint.n_estimators", True, 1),
+    Rule("fingerprint.min_samples_leaf", True, 1),
+    Rule("nearest_neighbor.max_train_inputs", True, 1, nullable=True, hint="null indexes every training input"),
+    Rule("nearest_neighbor.table_rows", True, 1),
 )
 # Every beam setting, the default's and each task's.
 BEAM_RULES: tuple[Rule, ...] = (
