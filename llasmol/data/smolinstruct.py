@@ -441,17 +441,7 @@ class SMolInstructSplit:
         k = self.task_index(i)
         table = self._tables[k]
         j = i - (int(self._ends[k - 1]) if k else 0)
-        record = self.raw_record(k, int(table.sample_idx[j]))
-        core_in, core_out = record["input"], record["output"]
-        target = None
-        if isinstance(core_out, dict):  # multi-target tasks: the sample list says which target
-            target = table.targets[j]
-            core_out = core_out[target]
-        if self._encode_selfies:
-            if table.input_tags[0] == "<SELFIES>":
-                core_in = _smiles_to_selfies(core_in)
-            if table.output_tags[0] == "<SELFIES>":
-                core_out = _smiles_to_selfies(core_out)
+        core_in, core_out, target = self._core(table, j, self.raw_record(k, int(table.sample_idx[j])))
         template = table.templates[int(table.template_id[j])]
         return {
             "task": table.task,
@@ -473,14 +463,22 @@ class SMolInstructSplit:
             line = int(table.sample_idx[j])
             if line != last:
                 record, last = self.raw_record(k, line), line
-            core_in, core_out, target = record["input"], record["output"], None
-            if isinstance(core_out, dict):
-                target = table.targets[j]
-                core_out = core_out[target]
-            if self._encode_selfies:
-                core_in = _smiles_to_selfies(core_in) if table.input_tags[0] == "<SELFIES>" else core_in
-                core_out = _smiles_to_selfies(core_out) if table.output_tags[0] == "<SELFIES>" else core_out
-            yield core_in, core_out, target
+            yield self._core(table, j, record)
+
+    def _core(self, table, j: int, record: dict) -> tuple[Any, Any, Optional[str]]:
+        """(core input, core output, target) of sample `j` of `table`, read from its raw `record`: the one
+        place both a templated sample and a core sample come from."""
+        core_in, core_out = record["input"], record["output"]
+        target = None
+        if isinstance(core_out, dict):  # multi-target tasks: the sample list says which target
+            target = table.targets[j]
+            core_out = core_out[target]
+        if self._encode_selfies:
+            if table.input_tags[0] == "<SELFIES>":
+                core_in = _smiles_to_selfies(core_in)
+            if table.output_tags[0] == "<SELFIES>":
+                core_out = _smiles_to_selfies(core_out)
+        return core_in, core_out, target
 
     def _wrap(self, text: str, tags: tuple[Optional[str], Optional[str]]) -> str:
         if self.insert_core_tags and tags[0] is not None:
