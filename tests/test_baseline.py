@@ -168,6 +168,37 @@ def test_a_bad_setting_of_a_method_is_named_before_any_data_is_read(tmp_path, ov
     check_config(compose_config([f"paths.output_dir={tmp_path}", f"method={method}"], config_name="baseline"))
 
 
+def test_a_report_over_a_run_and_two_baselines_has_a_row_for_each(tmp_path, capsys):
+    import csv
+
+    from test_analysis import write_run
+
+    from llasmol.report import main as report_main
+
+    sweep = tmp_path / "sweep"
+    run = write_run(sweep / "0_tiny_lite", "lite", 100)
+    rdkit = run_method(sweep / "1_rdkit", "method=rdkit")
+    forest = run_method(sweep / "2_fingerprint", "method=fingerprint",
+                        "data.tasks=[property_prediction-esol,property_prediction-bbbp]")
+    written = report_main([str(sweep)])
+    capsys.readouterr()
+    assert {p.name for p in written} == {"comparison.md", "comparison.csv", "ablation.png"}
+    rows = {r["variant"]: r for r in csv.DictReader((sweep / "report" / "comparison.csv").open())}
+    assert list(rows) == ["tiny/lite", "baseline:rdkit (test)", "baseline:fingerprint (test)", "LlaSMol-Mistral",
+                          "LlaSMol-Llama 2"]
+    assert [rows[v]["source"] for v in rows] == ["run", "baseline", "baseline", "paper", "paper"]
+    latest = json.loads((run / "metrics" / "val-epoch0-step10.json").read_text())
+    assert float(rows["tiny/lite"]["name_conversion-s2f/exact_match"]) == pytest.approx(
+        latest["name_conversion-s2f"]["exact_match"])
+    assert float(rows["baseline:rdkit (test)"]["name_conversion-s2f/exact_match"]) == 1.0 == \
+        rdkit["name_conversion-s2f"]["exact_match"]
+    assert rows["baseline:rdkit (test)"]["property_prediction-bbbp/accuracy"] == ""  # rdkit has no such row
+    assert float(rows["baseline:fingerprint (test)"]["property_prediction-bbbp/accuracy"]) == pytest.approx(
+        forest["property_prediction-bbbp"]["accuracy"])
+    markdown = (sweep / "report" / "comparison.md").read_text()
+    assert all(f"| {variant} |" in markdown for variant in rows)
+
+
 # --------------------------------------------------------------------------- opsin
 
 
