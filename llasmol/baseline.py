@@ -50,9 +50,10 @@ def baseline(cfg: DictConfig) -> dict:
     method = make_method(cfg)
     data = OmegaConf.to_container(cfg.data, resolve=True)
     source = SMolInstructSource.from_config(data)
-    results, out = run_baseline(method, source, cfg.data.split, cfg.generation, Path(cfg.paths.output_dir),
-                                Path(cfg.output) if cfg.output else None, named_tasks=data.get("tasks") is not None)
-    return {"metrics": results, "output": str(out), "folder": str(cfg.paths.output_dir)}
+    results, intervals, out = run_baseline(method, source, cfg.data.split, cfg.generation,
+                                           Path(cfg.paths.output_dir), Path(cfg.output) if cfg.output else None,
+                                           named_tasks=data.get("tasks") is not None, intervals_cfg=cfg.intervals)
+    return {"metrics": results, "intervals": intervals, "output": str(out), "folder": str(cfg.paths.output_dir)}
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="baseline")
@@ -61,7 +62,7 @@ def main(cfg: DictConfig) -> None:
     from llasmol.evaluate import format_table
 
     result = baseline(cfg)
-    print(format_table(result["metrics"]))
+    print(format_table(result["metrics"], result["intervals"]))
     print(f"metrics written to {result['output']}\n  report: python -m llasmol.report {result['folder']}", flush=True)
 
 

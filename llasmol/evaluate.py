@@ -40,32 +40,9 @@ def format_table(results: dict[str, dict[str, Any]], intervals: Optional[dict] =
     )
 
 
-def intervals_path(metrics_file: Path) -> Path:
-    """Where the intervals of a metrics file go: beside it, `<name>.intervals.json`."""
-    from llasmol.core.run_dir import INTERVALS_SUFFIX
-
-    return metrics_file.with_name(metrics_file.stem + INTERVALS_SUFFIX + ".json")
-
-
-def score_and_write(records: list[dict], out: Path, settings) -> tuple[dict, Optional[dict]]:
-    """The metrics of `records` (written to `out`) and, unless `settings.resamples` is 0, their bootstrap
-    intervals (written beside it). The per-sample statistics are computed once for both."""
-    from llasmol.core.files import write_json
-    from llasmol.metrics.intervals import bootstrap_intervals, per_sample_statistics
-
-    samples = per_sample_statistics(records)
-    results = {task: sample.metrics() for task, sample in samples.items()}
-    write_json(out, results)
-    intervals = None
-    if settings.resamples:
-        intervals = {"level": settings.level, "resamples": settings.resamples, "seed": settings.seed,
-                     "tasks": bootstrap_intervals(samples, settings.resamples, settings.seed, settings.level)}
-        write_json(intervals_path(out), intervals)
-    return results, intervals
-
-
 def score_file(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
     from llasmol.inference.predictions import read_predictions
+    from llasmol.inference.records import score_and_write
 
     records = read_predictions(cfg.predictions)
     src = Path(cfg.predictions)
@@ -76,13 +53,12 @@ def score_file(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
 
 def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     from llasmol.core import run_dir
-    from llasmol.core.files import write_jsonl
     from llasmol.data.formatting import PromptFormatter
     from llasmol.data.source import SMolInstructSource
     from llasmol.inference.beam_search import BeamGenerator
     from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
     from llasmol.inference.progress import generation_progress
-    from llasmol.inference.records import balanced_subset, generate_records, split_golds
+    from llasmol.inference.records import balanced_subset, generate_records, split_golds, write_and_score
 
     model_cfg, adapter, run_data = resolve_checkpoint(cfg.ckpt, cfg)
     # A run directory brings the data it was trained on; this command's split and sample cap apply.
@@ -105,10 +81,9 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     # a capped split (data.max_samples_per_task) or another checkpoint writes to this command's folder.
     capped = bool(source.max_samples_per_task.get(split_name))
     out_dir = Path(cfg.ckpt) if run_data is not None and not capped else Path(cfg.paths.output_dir)
-    # The predictions first: a failure while scoring never discards the generation.
-    write_jsonl(out_dir / run_dir.PREDICTIONS / f"{split_name}.jsonl", records)
     out = Path(cfg.output) if cfg.output else out_dir / run_dir.METRICS / f"{split_name}.json"
-    results, intervals = score_and_write(records, out, cfg.intervals)
+    results, intervals = write_and_score(records, out_dir / run_dir.PREDICTIONS / f"{split_name}.jsonl", out,
+                                         cfg.intervals)
     return results, intervals, out
 
 

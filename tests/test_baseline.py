@@ -106,6 +106,9 @@ def test_rdkit_formulas_match_every_s2f_gold_and_read_as_a_run(tmp_path):
     rescored = evaluate(compose_config(["paths.output_dir=/x", f"predictions={tmp_path}/predictions/test.jsonl"],
                                        config_name="evaluate"))["metrics"]
     assert rescored == json.loads((tmp_path / "metrics" / "test.json").read_text()) == metrics
+    # Bootstrap intervals beside the metrics, as evaluate writes them: every answer right, so [1, 1].
+    intervals = json.loads((tmp_path / "metrics" / "test.intervals.json").read_text())
+    assert intervals["resamples"] == 1000 and intervals["tasks"]["name_conversion-s2f"]["exact_match"] == [1.0, 1.0]
     info = json.loads((tmp_path / "baseline.json").read_text())
     assert info["method"] == "rdkit" and info["tasks"] == ["name_conversion-s2f"] and len(info["skipped"]) == 10
     assert info["seconds"]["total"] > 0 and info["peak_rss_mib"] > 0

@@ -61,10 +61,13 @@ def _examples(split, task: str) -> Examples:
 
 
 def run_baseline(method: Baseline, source: SMolInstructSource, split_name: str, gen_cfg, out_dir: Path,
-                 metrics_path: Optional[Path] = None, named_tasks: bool = False) -> tuple[dict, Path]:
-    """Answer split `split_name` of `source` with `method`, write the predictions, metrics and baseline.json
-    into `out_dir`; returns (metrics, metrics file). `gen_cfg` (the generation group) says how many answers
-    each task scores; `named_tasks`: the user listed data.tasks."""
+                 metrics_path: Optional[Path] = None, named_tasks: bool = False,
+                 intervals_cfg=None) -> tuple[dict, Optional[dict], Path]:
+    """Answer split `split_name` of `source` with `method`, write the predictions, metrics (with their
+    bootstrap intervals, as evaluate writes them) and baseline.json into `out_dir`; returns (metrics,
+    intervals or None, metrics file). `gen_cfg` (the generation group) says how many answers each task
+    scores; `intervals_cfg` the intervals group (None: no intervals); `named_tasks`: the user listed
+    data.tasks."""
     import torch
 
     torch.set_num_threads(method.n_jobs)  # scoring and the similarity search: bounded like the rest
@@ -103,7 +106,8 @@ def run_baseline(method: Baseline, source: SMolInstructSource, split_name: str, 
 
     tick = time.perf_counter()
     metrics_path = metrics_path or out_dir / run_dir.METRICS / f"{split_name}.json"
-    results = write_and_score(records, tasks, out_dir / run_dir.PREDICTIONS / f"{split_name}.jsonl", metrics_path)
+    results, intervals = write_and_score(records, out_dir / run_dir.PREDICTIONS / f"{split_name}.jsonl", metrics_path,
+                                         intervals_cfg)
     seconds["score"] = time.perf_counter() - tick
     seconds["total"] = time.perf_counter() - started
     write_json(out_dir / run_dir.BASELINE, {
@@ -112,4 +116,4 @@ def run_baseline(method: Baseline, source: SMolInstructSource, split_name: str, 
         "seed": method.seed, "n_jobs": method.n_jobs, "seconds": {k: round(v, 3) for k, v in seconds.items()},
         "peak_rss_mib": round(_peak_rss_mib(), 1),
     })
-    return results, metrics_path
+    return results, intervals, metrics_path

@@ -104,13 +104,36 @@ def score(records: list[dict], tasks: list[str], device) -> dict[str, dict[str, 
     return metric.compute()
 
 
-def write_and_score(records: list[dict], tasks: list[str], predictions_path: Path, metrics_path: Path,
-                    device="cpu") -> dict[str, dict[str, float]]:
-    """Write `records` as a predictions file, then score them and write the metrics file (the predictions
-    first: a failure while scoring never discards them); the metrics, ``{task: {metric: value}}``."""
-    from llasmol.core.files import write_json, write_jsonl
+def intervals_path(metrics_file: Path) -> Path:
+    """Where the intervals of a metrics file go: beside it, `<name>.intervals.json`."""
+    from llasmol.core.run_dir import INTERVALS_SUFFIX
+
+    return metrics_file.with_name(metrics_file.stem + INTERVALS_SUFFIX + ".json")
+
+
+def score_and_write(records: list[dict], out: Path, settings) -> tuple[dict, Optional[dict]]:
+    """The metrics of `records` (written to `out`) and, unless `settings` is None or its `resamples` is 0,
+    their bootstrap intervals (written beside it). The per-sample statistics are computed once for both."""
+    from llasmol.core.files import write_json
+    from llasmol.metrics.intervals import bootstrap_intervals, per_sample_statistics
+
+    samples = per_sample_statistics(records)
+    results = {task: sample.metrics() for task, sample in samples.items()}
+    write_json(out, results)
+    intervals = None
+    if settings is not None and settings.resamples:
+        intervals = {"level": settings.level, "resamples": settings.resamples, "seed": settings.seed,
+                     "tasks": bootstrap_intervals(samples, settings.resamples, settings.seed, settings.level)}
+        write_json(intervals_path(out), intervals)
+    return results, intervals
+
+
+def write_and_score(records: list[dict], predictions_path: Path, metrics_path: Path,
+                    settings=None) -> tuple[dict, Optional[dict]]:
+    """Write `records` as a predictions file, then score them into the metrics file and its intervals (the
+    predictions first: a failure while scoring never discards them); (metrics, intervals or None). Every
+    whole-split predictions file (evaluate, the baselines) is written and scored here."""
+    from llasmol.core.files import write_jsonl
 
     write_jsonl(predictions_path, records)
-    results = score(records, tasks, device)
-    write_json(metrics_path, results)
-    return results
+    return score_and_write(records, metrics_path, settings)
