@@ -3,12 +3,15 @@
     python -m llasmol.report <run_dir>        # metrics, failures, trends, top-k, worst examples
     python -m llasmol.report <baseline dir>   # the same for a baseline's split (python -m llasmol.baseline)
     python -m llasmol.report <multirun_dir>   # the variants beside the paper + the ablation chart
+    python -m llasmol.report <run A> <run B>  # A - B per task, with paired bootstrap intervals
     python -m llasmol.report <run_dir> --validation val-epoch0-step200 --worst 8
 
 A run's report (of its latest validation unless ``--validation`` picks one):
-``metrics.md``/``.csv`` (per task), ``topk.csv``, ``failures.md``/``.csv``, ``worst.md``,
-``trends.csv``, ``topk.png``, ``failures.png``, ``trends.png`` and ``worst_<task>.png`` for SMILES
-tasks with gold molecules.  A multirun's: ``comparison.md``/``.csv`` and ``ablation.png``.
+``metrics.md``/``.csv`` (per task), ``intervals.md``/``.csv`` (each metric's 95% bootstrap interval),
+``topk.csv``, ``failures.md``/``.csv``, ``worst.md``, ``trends.csv``, ``topk.png``, ``failures.png``,
+``trends.png`` and ``worst_<task>.png`` for SMILES tasks with gold molecules.  A multirun's:
+``comparison.md``/``.csv``, ``ablation.png`` (with intervals) and ``pairs.md``/``.csv`` (every pair of
+variants). Two runs: ``pairs.md``/``.csv`` in ``<run A>/report/vs_<run B>/``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from llasmol import analysis
+from llasmol.analysis import pairs
 from llasmol.core.errors import UserError, report_user_errors
 from llasmol.core.tasks import get_task
 
@@ -43,6 +47,10 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[P
     metrics.title = f"{run.label}: metrics at {val.name}"
     _write(out / "metrics.md", metrics.to_markdown(), written)
     _write(out / "metrics.csv", metrics.to_csv(), written)
+    intervals = pairs.interval_table(val)
+    intervals.title = f"{run.label}: 95% bootstrap intervals at {val.name}"
+    _write(out / "intervals.md", INTERVALS_NOTE + intervals.to_markdown(), written)
+    _write(out / "intervals.csv", intervals.to_csv(), written)
     _write(out / "topk.csv", analysis.topk_table(val).to_csv(), written)
     analysis.plot_topk(analysis.topk_curves(val), out / "topk.png", title=f"{run.label}: top-k exact match at {val.name}")
     written.append(out / "topk.png")
@@ -89,16 +97,50 @@ def report_sweep(sweep_dir, out_dir=None) -> list[Path]:
     )
     _write(out / "comparison.md", note + table.to_markdown(), written)
     _write(out / "comparison.csv", table.to_csv(), written)
-    analysis.plot_ablation(analysis.ablation_data(runs), out / "ablation.png",
+    data = analysis.ablation_data(runs)
+    labels = list(data["val/loss"])
+    analysis.plot_ablation(data, out / "ablation.png",
                            title=f"{Path(sweep_dir).name}: variants at their latest validation"
-                           + ("" if all(run.validations for run in runs) else " (or test split)"))
+                           + ("" if all(run.validations for run in runs) else " (or test split)")
+                           + ", 95% intervals", intervals=pairs.ablation_intervals(runs, labels))
     written.append(out / "ablation.png")
+    written += _write_pairs(pairs.paired_table(runs, labels), out)
     return written
+
+
+def report_two(path_a, path_b, out_dir=None) -> list[Path]:
+    """Write the paired comparison of two runs; returns the files written."""
+    run_a, run_b = (analysis.load_run(p, require_validation=True) for p in (path_a, path_b))
+    labels = [run_a.label, run_b.label] if run_a.label != run_b.label else [str(path_a), str(path_b)]
+    out = Path(out_dir) if out_dir else run_a.path / "report" / f"vs_{run_b.name}"
+    out.mkdir(parents=True, exist_ok=True)
+    return _write_pairs(pairs.paired_table([run_a, run_b], labels), out)
+
+
+def _write_pairs(table, out: Path) -> list[Path]:
+    written: list[Path] = []
+    note = (PAIRS_NOTE + pairs.paired_runs_note(table) + "\n\n") if table.rows else (
+        "No two runs share scored samples (paired comparisons need the same samples).\n\n")
+    _write(out / "pairs.md", note + table.to_markdown(), written)
+    _write(out / "pairs.csv", table.to_csv(), written)
+    print(pairs.paired_runs_note(table) if table.rows else note.strip())
+    return written
+
+
+INTERVALS_NOTE = (
+    "Percentile intervals of 1,000 bootstrap resamples of the scored samples (for tasks whose golds are "
+    "pooled over one input, of the inputs). They say how much the number could move on another draw of "
+    "samples of this size.\n\n")
+PAIRS_NOTE = (
+    "A - B of each task's headline metric on the samples both answered, with a 95% paired bootstrap "
+    "interval (both resampled together). `excludes_zero: yes`: the samples tell A and B apart; `no`: the "
+    "difference may be noise. RMSE is lower-is-better: there a negative difference favours A.\n\n")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
     parser = argparse.ArgumentParser(prog="python -m llasmol.report", description=__doc__.splitlines()[0])
-    parser.add_argument("path", help="a run directory or a multirun directory")
+    parser.add_argument("path", nargs="+", help="a run directory or a multirun directory; or two run "
+                        "directories to compare")
     parser.add_argument("--validation", help="a run's validation to report, e.g. val-epoch0-step200, or an evaluated "
                         "split, e.g. test (default: the latest validation; a baseline: its test split)")
     parser.add_argument("--worst", type=int, default=5, help="worst examples per task (default 5)")
@@ -109,10 +151,19 @@ def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
 
 @report_user_errors
 def _run(args) -> list[Path]:
-    path = Path(args.path)
-    if not path.is_dir():
-        raise UserError(f"{path} is not a directory (give a run directory or a multirun directory)")
-    if analysis.is_run_dir(path):
+    if len(args.path) > 2:
+        raise UserError(f"{len(args.path)} paths given: give one run or multirun directory, or two runs to compare")
+    for given in args.path:
+        if not Path(given).is_dir():
+            raise UserError(f"{given} is not a directory (give a run directory or a multirun directory)")
+    path = Path(args.path[0])
+    if len(args.path) == 2:
+        for given in args.path:
+            if not analysis.is_run_dir(given):
+                raise UserError(f"{given} is not a run directory: two paths compare two runs (params.json, "
+                                "metrics/, predictions/)")
+        written = report_two(path, Path(args.path[1]), args.out)
+    elif analysis.is_run_dir(path):
         written = report_run(path, args.out, args.validation, args.worst)
     elif analysis.is_multirun_dir(path):
         written = report_sweep(path, args.out)

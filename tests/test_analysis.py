@@ -309,9 +309,12 @@ def test_report_on_real_run(real_sweep, capsys):
     written = report_main([str(run_dir)])
     capsys.readouterr()
     report = run_dir / "report"
-    for name in ("metrics.md", "metrics.csv", "failures.md", "failures.csv", "trends.csv",
-                 "topk.png", "failures.png", "trends.png"):
+    for name in ("metrics.md", "metrics.csv", "intervals.md", "intervals.csv", "failures.md", "failures.csv",
+                 "trends.csv", "topk.png", "failures.png", "trends.png"):
         assert (report / name).is_file(), name
+    saved = json.loads((run_dir / "metrics" / f"{analysis.load_run(run_dir).latest.name}.intervals.json").read_text())
+    for row in csv.DictReader((report / "intervals.csv").open()):  # the run's own intervals, beside each value
+        assert [float(row["lo"]), float(row["hi"])] == pytest.approx(saved["tasks"][row["task"]][row["metric"]])
     for png in report.glob("*.png"):
         assert png.read_bytes().startswith(PNG_MAGIC), png
     assert any(p.name.startswith("worst_") for p in written)  # the sample's SMILES tasks have golds
@@ -335,8 +338,16 @@ def test_report_on_real_sweep(real_sweep, capsys):
     written = report_main([str(real_sweep)])
     capsys.readouterr()
     report = real_sweep / "report"
-    assert {p.name for p in written} == {"comparison.md", "comparison.csv", "ablation.png"}
+    assert {p.name for p in written} == {"comparison.md", "comparison.csv", "ablation.png", "pairs.md", "pairs.csv"}
     assert (report / "ablation.png").read_bytes().startswith(PNG_MAGIC)
+    pairs = list(csv.DictReader((report / "pairs.csv").open()))
+    tasks = {r["task"] for r in pairs}
+    assert {(r["a"], r["b"]) for r in pairs} == {("tiny/lite", "tiny/attn")} and len(tasks) == len(pairs) >= 10
+    for r in pairs:  # the two variants validated on the same subset: every sample paired
+        assert int(r["samples"]) >= 1 and r["excludes_zero"] in ("yes", "no") and r["on"].startswith("val-epoch")
+        if r["difference"]:  # blank where a metric is undefined on one side (RMSE with no valid number)
+            assert float(r["difference"]) == pytest.approx(float(r["a_value"]) - float(r["b_value"]))
+            assert float(r["lo"]) <= float(r["hi"])
     rows = list(csv.DictReader((report / "comparison.csv").open()))
     assert [r["variant"] for r in rows] == ["tiny/lite", "tiny/attn", "LlaSMol-Mistral", "LlaSMol-Llama 2"]
     params = [json.loads((real_sweep / d / "params.json").read_text()) for d in ("0_tiny_lite", "1_tiny_attn")]
@@ -430,3 +441,20 @@ def test_charts_say_something_on_a_short_sweep():
     assert len(plot_trends(trends, title="run Y").axes) == 1  # no RMSE yet: no empty panel
     trends.rows[1][3] = 1.2
     assert [ax.get_ylabel() for ax in plot_trends(trends).axes] == ["value (fraction)", "RMSE (lower is better)"]
+
+
+def test_report_compares_two_runs_and_a_run_with_itself_is_zero(real_sweep, capsys):
+    a, b = real_sweep / "0_tiny_lite", real_sweep / "1_tiny_attn"
+    written = report_main([str(a), str(b)])
+    assert {p.name for p in written} == {"pairs.md", "pairs.csv"} and written[0].parent == a / "report" / "vs_1_tiny_attn"
+    assert "tasks differ beyond noise" in capsys.readouterr().out
+    same = report_main([str(a), str(a), "--out", str(real_sweep / "self")])
+    rows = list(csv.DictReader((real_sweep / "self" / "pairs.csv").open()))
+    defined = [r for r in rows if r["difference"]]
+    assert len(defined) >= 8 and {(float(r["difference"]), float(r["lo"]), float(r["hi"]), r["excludes_zero"])
+                                  for r in defined} == {(0.0, 0.0, 0.0, "no")}
+    assert all(r["excludes_zero"] == "no" and not r["lo"] for r in rows if not r["difference"])
+    assert same[0].name == "pairs.md"
+    with pytest.raises(SystemExit) as stop:
+        report_main([str(a), str(real_sweep)])
+    assert stop.value.code == 2 and "is not a run directory: two paths compare two runs" in capsys.readouterr().err

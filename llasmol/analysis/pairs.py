@@ -61,14 +61,15 @@ def interval_table(val: Validation) -> Table:
 
 
 def ablation_intervals(runs: Sequence[Run], labels: Sequence[str]) -> dict[str, dict[str, list[float]]]:
-    """``{task/metric: {label: [lo, hi]}}`` of each task's headline metric at each run's latest validation:
-    the error bars of the ablation chart."""
+    """``{task/metric: {label: [lo, hi]}}`` of each task's headline metric at each run's latest validation
+    (a baseline: its test split): the error bars of the ablation chart."""
     out: dict[str, dict[str, list[float]]] = {}
     for run, label in zip(runs, labels):
-        latest = run.latest
-        if latest is None:
+        # The bars' own source (`compare.ablation_data`): the latest validation, a baseline's test split.
+        shown = run.latest if run.latest is not None else (run.evaluation("test") if "test" in run.evaluations else None)
+        if shown is None:
             continue
-        for task, values in intervals_of(latest.metrics_path, latest.predictions()).items():
+        for task, values in intervals_of(shown.metrics_path, shown.predictions()).items():
             pair = values.get(HEADLINE.get(task, ""))
             if pair is not None:
                 out.setdefault(f"{task}/{HEADLINE[task]}", {})[label] = pair

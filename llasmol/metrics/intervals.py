@@ -116,8 +116,8 @@ def paired_difference(records_a: list[dict], records_b: list[dict], metrics: dic
     """For each task in `metrics` ({task: metric}) evaluated in both: A's value minus B's, with a paired
     bootstrap interval, on the samples both evaluated (matched by task, sample index and input).
 
-    Returns ``{task: {"metric", "a", "b", "difference", "interval": [lo, hi] | None, "excludes_zero",
-    "samples"}}``.
+    Returns ``{task: {"metric", "a", "b", "difference" (None where either value is undefined), "interval":
+    [lo, hi] | None, "excludes_zero", "samples"}}``.
     """
     b_by_key = {_pair_key(r): r for r in records_b}
     shared = [(r, b_by_key[_pair_key(r)]) for r in records_a if _pair_key(r) in b_by_key]
@@ -135,9 +135,12 @@ def paired_difference(records_a: list[dict], records_b: list[dict], metrics: dic
             weights = _weights(rng, sa, min(CHUNK, resamples - start))  # the same draws for both
             for ma, mb in zip(_metric_rows(task, weights @ sa.stats), _metric_rows(task, weights @ sb.stats)):
                 differences.append(ma[metric] - mb[metric])
+        difference = value_a - value_b
+        if not math.isfinite(difference):  # e.g. RMSE with no valid answer on one side: no difference to bound
+            difference, differences = None, []
         interval = _percentiles(differences, level)
         out[task] = {
-            "metric": metric, "a": value_a, "b": value_b, "difference": value_a - value_b, "interval": interval,
+            "metric": metric, "a": value_a, "b": value_b, "difference": difference, "interval": interval,
             "excludes_zero": interval is not None and (interval[0] > 0 or interval[1] < 0),
             "samples": int(len(sa.units)),
         }
