@@ -578,3 +578,11 @@ def test_without_a_task_the_first_closed_tag_pair_gives_the_answer():
     assert any_answer("<SMILES> CCO and no closing tag") is None
     assert any_answer("no tags at all") is None
     assert any_answer(None) is None
+
+
+def test_molecules_without_an_inchi_are_keyed_by_canonical_smiles():
+    # InChI has no attachment points: '*' fragments (R groups in SMolInstruct answers) fall back to SMILES.
+    assert parse_molecule("*CC").keys == parse_molecule("CC*").keys == frozenset({"smiles:*CC"})
+    assert parse_molecule("*CC").keys != parse_molecule("*CCC").keys
+    assert sample_stats("forward_synthesis", ["<SMILES> CC* </SMILES>"], ["*CC"])["hit_top1"] == 1.0
+    assert sample_stats("forward_synthesis", ["<SMILES> *CCC </SMILES>"], ["*CC"])["hit_top1"] == 0.0
