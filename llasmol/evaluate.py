@@ -2,6 +2,7 @@
 
     python -m llasmol.evaluate predictions=<file.jsonl>                     # no model needed
     python -m llasmol.evaluate predictions=<folder of .jsonl>               # e.g. LLM4Chem's eval output
+    python -m llasmol.evaluate predictions=<file or folder> name=gpt-4      # kept as a report row
     python -m llasmol.evaluate ckpt=<run dir | adapter dir> data.split=test  # generate, then score
     python -m llasmol.evaluate ckpt=none model=mistral                      # the bare base, zero-shot
 """
@@ -46,8 +47,23 @@ def score_file(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
 
     records = read_predictions(cfg.predictions)
     src = Path(cfg.predictions)
+    if cfg.get("name"):  # another system's answers, kept as a row that report and the notebooks read
+        return _system_row(cfg, records, src)
     out = Path(cfg.output) if cfg.output else src.with_name(src.stem + ".metrics.json")
     results, intervals = score_and_write(records, out, cfg.intervals)
+    return results, intervals, out
+
+
+def _system_row(cfg: DictConfig, records: list[dict], src: Path) -> tuple[dict, Optional[dict], Path]:
+    from llasmol.core import run_dir
+    from llasmol.core.files import write_json
+    from llasmol.inference.records import write_and_score
+
+    folder, split = Path(cfg.paths.output_dir), cfg.data.split
+    out = Path(cfg.output) if cfg.output else folder / run_dir.METRICS / f"{split}.json"
+    results, intervals = write_and_score(records, folder / run_dir.PREDICTIONS / f"{split}.jsonl", out, cfg.intervals)
+    write_json(folder / run_dir.SYSTEM, {"name": str(cfg.name), "predictions": str(src.resolve()), "split": split,
+                                         "samples": len(records)})
     return results, intervals, out
 
 

@@ -478,12 +478,11 @@ def test_a_question_is_taken_literally(run_dir, tmp_path):
     assert proc.returncode == 2 and "not UTF-8" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_llm4chem_output_folders_score_as_our_own_predictions_files(tmp_path):
-    """The official generate_on_dataset.py output (a folder of <task>.jsonl, `output`, one gold per line)
-    gives the numbers of the same answers in our format (golds pooled over samples of one input)."""
+def llm4chem_folder(tmp_path) -> tuple[Path, dict, list[dict]]:
+    """The bundled test split answered in the official generate_on_dataset.py layout (a folder of
+    <task>.jsonl), and the same answers as records in our format: (folder, official lines, ours)."""
     from llasmol.core.tasks import get_task
     from llasmol.inference.records import split_golds
-    from llasmol.metrics.scoring import score_records
 
     source = SMolInstructSource.from_config(compose_config(["paths.output_dir=/x"]).data)
     split, golds = source.split("test"), split_golds(source.pooling_split("test"))
@@ -497,13 +496,22 @@ def test_llm4chem_output_folders_score_as_our_own_predictions_files(tmp_path):
             {"input": sample["raw_input"], "gold": sample["raw_output"], "output": texts, "task": sample["task"],
              "split": "test", "target": sample.get("target"), "input_text": sample["input"],
              "real_input_text": sample["input"]})
-        ours.append({"task": sample["task"], "input": sample["input"], "raw_input": sample["raw_input"],
+        ours.append({"task": sample["task"], "index": i, "input": sample["input"], "raw_input": sample["raw_input"],
                      "target": sample.get("target"), "gold": golds.golds(sample, sample["raw_output"]),
                      "predictions": texts})
     folder = tmp_path / "eval"
     folder.mkdir()
     for task, lines in official.items():
         (folder / f"{task}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return folder, official, ours
+
+
+def test_llm4chem_output_folders_score_as_our_own_predictions_files(tmp_path):
+    """The official generate_on_dataset.py output (a folder of <task>.jsonl, `output`, one gold per line)
+    gives the numbers of the same answers in our format (golds pooled over samples of one input)."""
+    from llasmol.metrics.scoring import score_records
+
+    folder, official, ours = llm4chem_folder(tmp_path)
     (folder / "notes.txt").write_text("not a predictions file")
 
     cfg = compose_config([f"paths.output_dir={tmp_path}", f"predictions={folder}"], "evaluate")
@@ -568,3 +576,32 @@ def test_evaluate_writes_bootstrap_intervals_beside_the_metrics(tmp_path):
     assert re.search(r"accuracy=0\.7500 \[0\.6\d+, 0\.8\d+\]", proc.stdout), proc.stdout
     bad = run_cli(["llasmol.evaluate", f"predictions={path}", "intervals.level=95"], tmp_path)
     assert bad.returncode == 2 and "intervals.level=95" in bad.stderr and "0.95 for 95% intervals" in bad.stderr
+
+
+def test_another_systems_predictions_become_a_named_report_row(tmp_path, capsys):
+    """evaluate predictions=<LLM4Chem output> name=...: a folder report reads as a row named for the system,
+    paired with our own records of the same answers (matched by input and order: no indices there)."""
+    from llasmol import analysis
+    from llasmol.analysis.pairs import paired_table
+    from llasmol.core.files import write_json, write_jsonl
+    from llasmol.metrics.scoring import score_records
+    from llasmol.report import main as report_main
+
+    folder, _, ours = llm4chem_folder(tmp_path)
+    row = tmp_path / "row"
+    result = evaluate(compose_config([f"paths.output_dir={row}", f"predictions={folder}", "name=LLM4Chem-demo"],
+                                     "evaluate"))
+    assert result["output"] == str(row / "metrics" / "test.json")
+    assert json.loads((row / "system.json").read_text())["name"] == "LLM4Chem-demo"
+    run = analysis.load_run(row)
+    assert run.label == "LLM4Chem-demo" and run.evaluations["test"] == result["metrics"]
+    assert {p.name for p in report_main([str(row)])} >= {"metrics.md", "intervals.md", "test.md"}
+    assert "LLM4Chem-demo" in (row / "report" / "metrics.md").read_text()
+
+    mine = tmp_path / "mine"  # the same answers as a llasmol evaluation folder (with indices)
+    write_jsonl(mine / "predictions" / "test.jsonl", ours)
+    write_json(mine / "metrics" / "test.json", score_records(ours))
+    table = paired_table([run, analysis.load_run(mine)], ["LLM4Chem-demo", "mine"])
+    assert len(table.rows) == len(result["metrics"]) >= 10
+    assert {r["difference"] for r in table.records() if r["difference"] is not None} == {0.0}
+    assert {r["samples"] for r in table.records()} == {30}

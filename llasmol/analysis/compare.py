@@ -40,9 +40,9 @@ def comparison_columns(runs: Sequence[Run], metrics: Optional[dict[str, Sequence
 
 
 def variant_label(run: Run) -> str:
-    """A short name for a variant: ``baseline:<method>`` for a baseline, ``<model>/<lora>`` when known, else
-    the folder name."""
-    if run.baseline is not None:
+    """A short name for a variant: ``baseline:<method>`` for a baseline, the name of an outside system,
+    ``<model>/<lora>`` when known, else the folder name."""
+    if run.baseline is not None or run.system is not None:
         return run.label
     if run.params.get("model") and run.params.get("lora"):
         return f"{run.params['model']}/{run.params['lora']}"

@@ -88,6 +88,8 @@ class Run:
     evaluations: dict[str, dict[str, dict[str, Optional[float]]]] = field(default_factory=dict)
     # A baseline's folder: its baseline.json (method, settings, tasks, time); None for a trained run.
     baseline: Optional[dict] = None
+    # Another system's answers scored by `evaluate predictions=... name=...`: its system.json.
+    system: Optional[dict] = None
 
     @property
     def name(self) -> str:
@@ -95,8 +97,13 @@ class Run:
 
     @property
     def label(self) -> str:
-        """What tables call it: ``baseline:<method>`` for a baseline, else the folder name."""
-        return f"baseline:{self.baseline.get('method')}" if self.baseline is not None else self.name
+        """What tables call it: ``baseline:<method>`` for a baseline, the system's name for outside answers
+        (`evaluate predictions=... name=...`), else the folder name."""
+        if self.baseline is not None:
+            return f"baseline:{self.baseline.get('method')}"
+        if self.system is not None and isinstance(self.system.get("name"), str):
+            return self.system["name"]
+        return self.name
 
     @property
     def lora(self) -> Optional[str]:
@@ -269,8 +276,10 @@ def load_run(path: PathLike, require_validation: bool = False) -> Run:
         params = {}
     baseline_file = path / layout.BASELINE
     baseline = _read_json(baseline_file) if baseline_file.is_file() else None
+    system = _read_json(path / layout.SYSTEM) if (path / layout.SYSTEM).is_file() else None
     run = Run(path=path, params=params, validations=_load_validations(path), evaluations=_load_evaluations(path),
-              baseline=baseline if isinstance(baseline, dict) else None)
+              baseline=baseline if isinstance(baseline, dict) else None,
+              system=system if isinstance(system, dict) else None)
     if require_validation and not (run.validations or run.evaluations):
         raise UserError(f"{path} {NO_VALIDATION} (nor an evaluated split: metrics/<split>.json)")
     return run

@@ -16,6 +16,7 @@ METRICS = "metrics"  # <validation or split>.json
 INTERVALS_SUFFIX = ".intervals"  # metrics/<name>.intervals.json: the bootstrap intervals of metrics/<name>.json
 CSV_LOG = "csv/metrics.csv"
 WANDB_ID = "wandb_run_id"  # the run's W&B id, continued by an in-place resume
+SYSTEM = "system.json"  # evaluate predictions= name=<label>: an outside system's row (its name, its source file)
 BASELINE = "baseline.json"  # a baseline's folder: the method, its settings, tasks answered and skipped, time, memory
 
 

@@ -107,20 +107,34 @@ def bootstrap_intervals(samples: dict[str, TaskSample], resamples: int = 1000, s
     return out
 
 
-def _pair_key(record: dict) -> tuple:
-    return record["task"], record.get("index"), gold_key(record)
+def _pair_keys(records: list[dict], by_index: bool) -> list[tuple]:
+    """What identifies a sample across two files: its split index and input when both files have indices
+    (llasmol's own), else its input and how many samples with that input came before it (another system's
+    output, in the split's order)."""
+    if by_index:
+        return [(r["task"], r["index"], gold_key(r)) for r in records]
+    seen: dict[tuple, int] = defaultdict(int)
+    keys = []
+    for record in records:
+        key = gold_key(record)
+        keys.append((key, seen[key]))
+        seen[key] += 1
+    return keys
 
 
 def paired_difference(records_a: list[dict], records_b: list[dict], metrics: dict[str, str],
                       resamples: int = 1000, seed: int = 0, level: float = 0.95) -> dict[str, dict]:
     """For each task in `metrics` ({task: metric}) evaluated in both: A's value minus B's, with a paired
-    bootstrap interval, on the samples both evaluated (matched by task, sample index and input).
+    bootstrap interval, on the samples both evaluated (matched by task, sample index and input; by input
+    and order for files without indices).
 
     Returns ``{task: {"metric", "a", "b", "difference" (None where either value is undefined), "interval":
     [lo, hi] | None, "excludes_zero", "samples"}}``.
     """
-    b_by_key = {_pair_key(r): r for r in records_b}
-    shared = [(r, b_by_key[_pair_key(r)]) for r in records_a if _pair_key(r) in b_by_key]
+    indexed = all(isinstance(r.get("index"), int) for r in [*records_a, *records_b])
+    keys_a, keys_b = _pair_keys(records_a, indexed), _pair_keys(records_b, indexed)
+    b_by_key = dict(zip(keys_b, records_b))
+    shared = [(r, b_by_key[k]) for r, k in zip(records_a, keys_a) if k in b_by_key]
     stats_a = per_sample_statistics([a for a, _ in shared])
     stats_b = per_sample_statistics([b for _, b in shared])
     out = {}
