@@ -173,3 +173,17 @@ def test_ensure_wordnet_copies_with_lf_line_endings(monkeypatch, tmp_path):
         reader = WordNetCorpusReader(str(target), None)
     assert reader.get_version() == "3.0"
     assert "dog.n.01" in {s.name() for s in reader.synsets("dog")}
+
+
+def test_bleu_applies_the_brevity_penalty_of_the_closest_reference():
+    import math
+
+    hypothesis = "the molecule is an acid".split()
+    references = ["the molecule is an acid found in plants and fungi".split(), "an acid".split()]
+    stats = textmod.bleu_stats(references[:1], hypothesis)
+    assert stats["bleu_ref_len"] == 10 and stats["bleu_hyp_len"] == 5
+    # every n-gram matches: BLEU is the brevity penalty alone, exp(1 - 10/5)
+    assert textmod.bleu_from_stats(stats, 2) == pytest.approx(math.exp(1 - 10 / 5))
+    # of two references the closer length counts (2 is 3 away, 10 is 5): longer than it, no penalty
+    both = textmod.bleu_stats(references, hypothesis)
+    assert both["bleu_ref_len"] == 2 and textmod.bleu_from_stats(both, 2) == pytest.approx(1.0)
