@@ -229,7 +229,14 @@ def _interval(killed: int, n: int) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _report(results: list[Mutant], total: int, args) -> str:
+def _report(results: list[Mutant], total: int, args, rerun: dict[str, str] | None = None) -> str:
+    """The score table and the survivors. `rerun`: survivors of the recorded run run again after tests were
+    added for them (`--ids`, results in rerun/), by id -> status; both scores are shown."""
+    first = [m for m in results if m.id not in EQUIVALENT]
+    first_killed = sum(m.status.startswith("killed") for m in first)
+    if rerun:
+        results = [Mutant(**{**asdict(m), "status": f"{rerun[m.id]} (after tests were added)"})
+                   if m.id in rerun and rerun[m.id].startswith("killed") else m for m in results]
     rows = []
     for module in TARGETS:
         mine = [m for m in results if m.module == module]
@@ -245,6 +252,10 @@ def _report(results: list[Mutant], total: int, args) -> str:
         f"{total} mutants of the target modules, drawn at random; each run against its module's fast tests.", "",
         f"**Score: {killed}/{len(scored)} non-equivalent mutants killed = {killed / max(1, len(scored)):.1%}** "
         f"(95% interval {lo:.1%}–{hi:.1%}); {len(results) - len(scored)} judged equivalent.", "",
+        *([f"The recorded run itself killed {first_killed}/{len(first)} ({first_killed / max(1, len(first)):.1%}); "
+           f"tests were then added for its survivors, and those survivors run again (`--ids`, "
+           f"bench/results/rerun/): {sum(s.startswith('killed') for s in rerun.values())} of {len(rerun)} "
+           "are killed now.", ""] if rerun else []),
         "| module | mutants run | equivalent | killed |", "|---|---|---|---|", *rows, "",
         "## Survivors", "",
         "| mutant | change | verdict |", "|---|---|---|",
@@ -273,7 +284,10 @@ def main() -> None:
         recorded = json.loads((args.out / "mutation.json").read_text())
         results = [Mutant(**m) for m in recorded["mutants"]]
         args.sample, args.seed = recorded["sample"], recorded["seed"]
-        (args.out / "mutation.md").write_text(_report(results, recorded["total_mutants"], args))
+        rerun_file = args.out / "rerun" / "mutation.json"
+        rerun = ({m["id"]: m["status"] for m in json.loads(rerun_file.read_text())["mutants"]}
+                 if rerun_file.is_file() else None)
+        (args.out / "mutation.md").write_text(_report(results, recorded["total_mutants"], args, rerun))
         print((args.out / "mutation.md").read_text())
         return
     everything = [(m, src) for module in TARGETS for m, src in mutants(module)]
@@ -317,7 +331,8 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "mutation.json").write_text(json.dumps(
-        {"command": f"python scripts/mutation_score.py --sample {args.sample} --seed {args.seed}",
+        {"command": ("python scripts/mutation_score.py --ids " + " ".join(args.ids)) if args.ids else
+                    f"python scripts/mutation_score.py --sample {args.sample} --seed {args.seed}",
          "sample": args.sample, "seed": args.seed, "total_mutants": len(everything),
          "mutants": [asdict(m) for m in results]}, indent=1) + "\n")
     (args.out / "mutation.md").write_text(_report(results, len(everything), args))
