@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 from llasmol.analysis.runs import Run, Validation
 from llasmol.analysis.tables import HEADLINE, Table
-from llasmol.core.run_dir import INTERVALS_SUFFIX, METRICS, PREDICTIONS
+from llasmol.core.run_dir import PREDICTIONS, intervals_file
 from llasmol.inference.predictions import read_predictions
 from llasmol.metrics.intervals import bootstrap_intervals, paired_difference, per_sample_statistics
 
@@ -36,7 +36,7 @@ def intervals_of(metrics_path: Path, records: Sequence[dict], resamples: int = 1
                  level: float = 0.95) -> dict:
     """The intervals written beside `metrics_path` (``{task: {metric: [lo, hi]}}``), or, for a run written
     before intervals were (no such file), computed now from its prediction records."""
-    saved = metrics_path.with_name(metrics_path.stem + INTERVALS_SUFFIX + ".json")
+    saved = intervals_file(metrics_path)
     if saved.is_file():
         try:
             tasks = json.loads(saved.read_text(encoding="utf-8")).get("tasks")

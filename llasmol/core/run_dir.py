@@ -4,6 +4,8 @@ analysis read them. (The checkpoint folder and the CSV logger's folder are also 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 PARAMS = "params.json"  # trainable/total parameters, model and LoRA variant
 RESULT = "result.json"  # final metrics, best checkpoint, global step
 HYDRA_CONFIG = ".hydra/config.yaml"  # the resolved config of the run
@@ -18,6 +20,11 @@ CSV_LOG = "csv/metrics.csv"
 WANDB_ID = "wandb_run_id"  # the run's W&B id, continued by an in-place resume
 SYSTEM = "system.json"  # evaluate predictions= name=<label>: an outside system's row (its name, its source file)
 BASELINE = "baseline.json"  # a baseline's folder: the method, its settings, tasks answered and skipped, time, memory
+
+
+def intervals_file(metrics_file: Path) -> Path:
+    """The bootstrap intervals of a metrics file: beside it, `<name>.intervals.json`."""
+    return metrics_file.with_name(metrics_file.stem + INTERVALS_SUFFIX + ".json")
 
 
 def validation_name(epoch: int, step: int) -> str:

@@ -104,17 +104,11 @@ def score(records: list[dict], tasks: list[str], device) -> dict[str, dict[str, 
     return metric.compute()
 
 
-def intervals_path(metrics_file: Path) -> Path:
-    """Where the intervals of a metrics file go: beside it, `<name>.intervals.json`."""
-    from llasmol.core.run_dir import INTERVALS_SUFFIX
-
-    return metrics_file.with_name(metrics_file.stem + INTERVALS_SUFFIX + ".json")
-
-
 def score_and_write(records: list[dict], out: Path, settings) -> tuple[dict, Optional[dict]]:
     """The metrics of `records` (written to `out`) and, unless `settings` is None or its `resamples` is 0,
     their bootstrap intervals (written beside it). The per-sample statistics are computed once for both."""
     from llasmol.core.files import write_json
+    from llasmol.core.run_dir import intervals_file
     from llasmol.metrics.intervals import bootstrap_intervals, per_sample_statistics
 
     samples = per_sample_statistics(records)
@@ -124,7 +118,7 @@ def score_and_write(records: list[dict], out: Path, settings) -> tuple[dict, Opt
     if settings is not None and settings.resamples:
         intervals = {"level": settings.level, "resamples": settings.resamples, "seed": settings.seed,
                      "tasks": bootstrap_intervals(samples, settings.resamples, settings.seed, settings.level)}
-        write_json(intervals_path(out), intervals)
+        write_json(intervals_file(out), intervals)
     return results, intervals
 
 

@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import Callback
 from llasmol.inference.records import balanced_subset, gather_to_all, generate_records, score, split_golds
 from llasmol.inference.beam_search import BeamGenerator
 from llasmol.core.files import write_json, write_jsonl
-from llasmol.core.run_dir import INTERVALS_SUFFIX, METRICS, PREDICTIONS, validation_name
+from llasmol.core.run_dir import METRICS, PREDICTIONS, intervals_file, validation_name
 from llasmol.core.tasks import get_task
 from llasmol.inference.progress import generation_progress
 from llasmol.training.lightning_private import live_progress
@@ -89,7 +89,7 @@ class GenerationEvaluator(Callback):
                 update_best_summary(trainer, flat)
             write_json(out / METRICS / f"{stem}.json", results)
             if intervals:
-                write_json(out / METRICS / f"{stem}{INTERVALS_SUFFIX}.json", intervals)
+                write_json(intervals_file(out / METRICS / f"{stem}.json"), intervals)
         self._last_results = results
 
     def _intervals(self, records: list[dict]) -> Optional[dict]:
