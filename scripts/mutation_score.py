@@ -79,6 +79,14 @@ EQUIVALENT: dict[str, str] = {
         "NLTK's lazy WordNet loads on its first use anyway; loading it up front only moves the cost",
     "llasmol/metrics/text.py:266:7:compare:1":
         "an empty hypothesis has no matched n-gram: the loop below returns 0.0 for it as the guard does",
+    "llasmol/metrics/text.py:271:27:compare:1":
+        "`total` is max(1, ...) in bleu_stats, so a sum of them is never 0: `<= 0` and `< 0` agree",
+    "llasmol/metrics/text.py:218:29:constant:1":
+        "the ROUGE scorer's cache size: 0 builds a new scorer per call, the same scores",
+    "llasmol/core/files.py:24:21:constant:1":
+        "the value os.umask sets for an instant is never used: the call only reads the old umask, restored next",
+    "llasmol/core/files.py:99:16:statement:1":
+        "os.walk then tries to list the folder just removed, fails, and skips it (walk ignores such errors)",
     "llasmol/metrics/molecules.py:114:58:constant:1":
         "fingerprints computed without being asked: the same keys and validity, more time",
 }

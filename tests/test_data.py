@@ -389,3 +389,25 @@ def test_raw_line_index_equals_a_line_by_line_scan(tmp_path):
             pos += len(line)
         assert list(zip(offsets.tolist(), sizes.tolist())) == expected
         assert {i: int(where.split()[1]) for i, where in bad.items()} == broken and broken
+
+
+def test_a_sampler_given_part_of_its_world_asks_the_process_group_for_both():
+    from llasmol.data.sampler import ShardedShuffleSampler
+
+    for given in ({"world_size": 1}, {"rank": 0}):
+        sampler = ShardedShuffleSampler(10, seed=1, **given)
+        assert (sampler.rank, sampler.world_size) == (0, 1)  # no process group: one process
+        assert sorted(sampler) == list(range(10))
+
+
+def test_micro_batches_of_one_sample_are_not_grouped_by_length():
+    import numpy as np
+
+    from llasmol.data.sampler import ShardedShuffleSampler
+
+    lengths = np.arange(200)[::-1].copy()
+    plain = list(ShardedShuffleSampler(200, seed=5, rank=0, world_size=1))
+    one = list(ShardedShuffleSampler(200, seed=5, rank=0, world_size=1, lengths=lengths, batch_size=1))
+    assert one == plain  # nothing to pad in a batch of one: the shuffle stays as it is
+    four = list(ShardedShuffleSampler(200, seed=5, rank=0, world_size=1, lengths=lengths, batch_size=4))
+    assert sorted(four) == sorted(plain) and four != plain

@@ -76,3 +76,24 @@ def test_files_get_the_mode_a_plain_open_would_give(tmp_path):
         assert files.shareable_mode(directory=True) == 0o750
     finally:
         os.umask(old)
+
+
+def test_records_are_written_as_readable_utf8_and_a_full_disk_names_the_free_space(tmp_path, monkeypatch):
+    import errno
+    import os
+    import shutil
+    from collections import namedtuple
+
+    import pytest
+
+    from llasmol.core.errors import UserError
+    from llasmol.core.files import write_jsonl
+
+    write_jsonl(tmp_path / "p.jsonl", [{"caption": "café, 5 µM"}])
+    assert (tmp_path / "p.jsonl").read_bytes() == '{"caption": "café, 5 µM"}\n'.encode()  # not \\u escapes
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10e9, 8.5e9, 1.5e9))
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    with pytest.raises(UserError, match=r"no space left on device \(1\.50 GB free there\)"):
+        write_jsonl(tmp_path / "q.jsonl", [{"a": 1}])
