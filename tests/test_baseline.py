@@ -185,7 +185,9 @@ def test_a_report_over_a_run_and_two_baselines_has_a_row_for_each(tmp_path, caps
                         "data.tasks=[property_prediction-esol,property_prediction-bbbp]")
     written = report_main([str(sweep)])
     capsys.readouterr()
-    assert {p.name for p in written} == {"comparison.md", "comparison.csv", "ablation.png"}
+    assert {p.name for p in written} == {"comparison.md", "comparison.csv", "ablation.png", "pairs.md", "pairs.csv"}
+    # Paired only where two rows scored the same samples: the two baselines share no task, the run validated.
+    assert "No two runs share scored samples" in (sweep / "report" / "pairs.md").read_text()
     rows = {r["variant"]: r for r in csv.DictReader((sweep / "report" / "comparison.csv").open())}
     assert list(rows) == ["tiny/lite", "baseline:rdkit (test)", "baseline:fingerprint (test)", "LlaSMol-Mistral",
                           "LlaSMol-Llama 2"]
