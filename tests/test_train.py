@@ -208,7 +208,9 @@ def test_a_short_run_validates_its_last_step_and_tells_its_story_in_train_log(tm
                     "logger=csv", "trainer.enable_progress_bar=false", "generation.max_new_tokens_limit=4",
                     "callbacks.generation_evaluator.samples_per_task=1"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert sorted(p.name for p in (run / "metrics").iterdir()) == ["val-epoch0-step2.json", "val-epoch0-step3.json"]
+    assert sorted(p.name for p in (run / "metrics").iterdir()) == [
+        "val-epoch0-step2.intervals.json", "val-epoch0-step2.json", "val-epoch0-step3.intervals.json",
+        "val-epoch0-step3.json"]  # each validation's metrics and, beside them, their bootstrap intervals
     log = (run / "train.log").read_text()
     lines = [line for line in log.splitlines() if "validation at step" in line]
     assert [line.split("validation at step ")[1].split(":")[0] for line in lines] == ["2", "3"]
