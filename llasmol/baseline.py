@@ -59,10 +59,10 @@ def baseline(cfg: DictConfig) -> dict:
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="baseline")
 @report_user_errors
 def main(cfg: DictConfig) -> None:
-    from llasmol.evaluate import format_table
+    from llasmol.analysis.tables import metric_lines
 
     result = baseline(cfg)
-    print(format_table(result["metrics"], result["intervals"]))
+    print(metric_lines(result["metrics"], result["intervals"]))
     print(f"metrics written to {result['output']}\n  report: python -m llasmol.report {result['folder']}", flush=True)
 
 

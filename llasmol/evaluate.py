@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -19,27 +19,6 @@ from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import UserError, report_user_errors
 from llasmol.core.quiet import quiet_known_noise
 from llasmol.core.settings import check_settings
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float) and not value.is_integer():
-        return f"{value:.4f}"
-    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
-
-
-def format_table(results: dict[str, dict[str, Any]], intervals: Optional[dict] = None) -> str:
-    """A per-task text table: one row per task, its metrics as `name=value [lo, hi]`."""
-    width = max((len(t) for t in results), default=4)
-    bounds = (intervals or {}).get("tasks", {})
-
-    def cell(task: str, name: str, value: Any) -> str:
-        interval = bounds.get(task, {}).get(name)
-        return f"{name}={_cell(value)}" + (f" [{_cell(interval[0])}, {_cell(interval[1])}]" if interval else "")
-
-    return "\n".join(
-        f"{task:<{width}}  " + "  ".join(cell(task, k, v) for k, v in metrics.items())
-        for task, metrics in results.items()
-    )
-
 
 def score_file(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
     from llasmol.inference.predictions import read_predictions
@@ -124,7 +103,9 @@ def evaluate(cfg: DictConfig) -> dict:
 @report_user_errors
 def main(cfg: DictConfig) -> None:
     result = evaluate(cfg)
-    print(format_table(result["metrics"], result["intervals"]))
+    from llasmol.analysis.tables import metric_lines
+
+    print(metric_lines(result["metrics"], result["intervals"]))
     if result["intervals"]:
         print(f"[lo, hi]: {result['intervals']['level']:.0%} bootstrap intervals (tasks with pooled golds resample "
               "inputs), written beside the metrics")

@@ -13,7 +13,7 @@ import csv
 import io
 import math
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Optional, Sequence, Union
 
 from llasmol.analysis.runs import Run, Validation
 from llasmol.core.errors import UserError
@@ -109,6 +109,28 @@ def format_cell(cell: Cell, digits: int = 3) -> str:
             return str(int(cell))
         return f"{cell:.{digits}f}"
     return str(cell)
+
+
+def _text_cell(value: Any) -> str:
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:.4f}"
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
+def metric_lines(results: dict[str, dict[str, Any]], intervals: Optional[dict] = None) -> str:
+    """What `evaluate` and `baseline` print: one line per task, its metrics as `name=value [lo, hi]`."""
+    width = max((len(t) for t in results), default=4)
+    bounds = (intervals or {}).get("tasks", {})
+
+    def cell(task: str, name: str, value: Any) -> str:
+        interval = bounds.get(task, {}).get(name)
+        bounds_text = f" [{_text_cell(interval[0])}, {_text_cell(interval[1])}]" if interval else ""
+        return f"{name}={_text_cell(value)}{bounds_text}"
+
+    return "\n".join(
+        f"{task:<{width}}  " + "  ".join(cell(task, k, v) for k, v in metrics.items())
+        for task, metrics in results.items()
+    )
 
 
 def _validation(source: Union[Run, Validation], which=None) -> Validation:
