@@ -19,6 +19,12 @@ RUN = ["trainer.max_steps=4", "val_every_n_steps=2", "data.max_samples_per_task=
 
 
 def wandb_run_files(run_dir: Path) -> list[Path]:
+    """The offline runs' record files, once W&B's writer has flushed them: `finish` returns before its
+    service has written the last records (the summary: `*_best`), which a run in this process must not read
+    half-written. At process exit, as for a user, the service flushes on its own."""
+    import wandb
+
+    wandb.teardown()
     return sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
 
 
