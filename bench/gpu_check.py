@@ -1,6 +1,7 @@
 """GPU check: a Mistral-7B-shaped model with random bf16 weights (nothing downloaded), the paper's LoRA
 (`full`, r=16) and 8-bit AdamW, 20 training steps on 512-token micro-batches, then one beam-search
 validation batch. Prints training tokens/s, peak GPU memory and model-FLOPs utilisation (MFU).
+`--quantization 4bit|8bit` loads the base quantised (QLoRA) through llasmol's own loader instead.
 
     bash bench/gpu_check.sh                      # on a machine with an NVIDIA GPU; about a minute on an H200
     python bench/gpu_check.py --help             # shapes, steps, switches
@@ -41,6 +42,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--beams", type=int, default=8, help="forward synthesis: 8 beams, 5 returned")
     p.add_argument("--returns", type=int, default=5)
     p.add_argument("--optimizer", choices=["adamw8bit", "adamw"], default="adamw8bit")
+    p.add_argument("--quantization", choices=["none", "8bit", "4bit"], default="none",
+                   help="QLoRA: the base quantised by bitsandbytes, loaded as llasmol.train loads it")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the architecture's)")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
     p.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak, if not in the table")
@@ -55,18 +59,38 @@ def build(args, torch):
     from llasmol.model.blocks import compile_blocks, enable_gradient_checkpointing
     from llasmol.model.lora import apply_lora
 
-    cfg = compose_config(["model=mistral", f"lora={args.lora}", "paths.output_dir=/unused"])
-    config = arch_config(args.arch)
+    cfg = compose_config(["model=mistral", f"lora={args.lora}", f"quantization={args.quantization}",
+                          "paths.output_dir=/unused"])
+    config = arch_config(args.arch, **({"num_hidden_layers": args.layers} if args.layers else {}))
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     torch.manual_seed(0)
-    with torch.device(args.device):
-        base = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if args.quantization == "none":
+        with torch.device(args.device):
+            base = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    else:
+        base = quantized_base(cfg, config, dtype, torch)
     model = apply_lora(base, cfg.model, cfg.lora)
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     if args.compile:
         compile_blocks(model)
     return model, config
+
+
+def quantized_base(cfg, config, dtype, torch):
+    """Random weights written as safetensors, then loaded quantised by `load_base_model` from that folder,
+    exactly as `llasmol.train model.path=<folder> quantization=4bit` loads a real base."""
+    import tempfile
+
+    from transformers import AutoModelForCausalLM
+
+    from llasmol.model.base import load_base_model
+
+    with tempfile.TemporaryDirectory(prefix="llasmol-gpu-check-") as folder:
+        AutoModelForCausalLM.from_config(config, dtype=dtype).save_pretrained(folder, safe_serialization=True)
+        cfg.model.path, cfg.model.dtype = folder, str(dtype).removeprefix("torch.")
+        no_tokenizer = type("Tokenizer", (), {"pad_token_id": 0})()  # the loader reads only the pad id
+        return load_base_model(cfg.model, no_tokenizer, cfg.quantization)
 
 
 def flops_per_token(model, config, seq_len: int) -> float:
@@ -105,9 +129,10 @@ def train_steps(model, args, torch, vocab: int) -> dict:
     generator = torch.Generator(device="cpu").manual_seed(1)
     model.train()
     losses = []
+    device = next(p.device for p in model.parameters() if p.requires_grad)
 
     def step():
-        ids = torch.randint(0, vocab, (args.micro_batch, args.seq_len), generator=generator).to(args.device)
+        ids = torch.randint(0, vocab, (args.micro_batch, args.seq_len), generator=generator).to(device)
         with autocast:
             loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids).loss
         loss.backward()
@@ -138,7 +163,7 @@ def beam_search(model, args, torch, vocab: int) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     ids = torch.randint(3, vocab, (args.prompts, args.prompt_len), generator=torch.Generator().manual_seed(2))
-    ids = ids.to(args.device)
+    ids = ids.to(next(model.parameters()).device)
     start = time.perf_counter()
     with torch.no_grad():
         out = model.generate(
@@ -174,7 +199,8 @@ def main(argv=None) -> dict:
     result = {
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
         "arch": args.arch, "lora": args.lora, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
-        "optimizer": args.optimizer, "gradient_checkpointing": args.gradient_checkpointing,
+        "optimizer": args.optimizer, "quantization": args.quantization, "layers": config.num_hidden_layers,
+        "gradient_checkpointing": args.gradient_checkpointing,
         "compile": args.compile, "peak_tflops": peak, "build_seconds": round(built, 1),
         "flops_per_token": per_token, "train": train, "beam_search": beam_search(model, args, torch, vocab),
         "total_seconds": round(time.perf_counter() - started, 1),

@@ -1,7 +1,8 @@
 """`python -m llasmol.params model=<m> lora=<l>`: trainable-parameter count on the meta device.
 
-Nothing is downloaded or allocated: the model is built from its bundled config.json facts. The last line
-printed is a JSON object `{"trainable": int, "total": int, "percent": float}`.
+Nothing is downloaded or allocated: the model is built from its bundled config.json facts. It also says
+how much memory the base's weights take in `model.dtype`, or quantised (`quantization=4bit|8bit`). The last
+line printed is a JSON object `{"trainable": int, "total": int, "percent": float, "weight_bytes": int}`.
 """
 
 from __future__ import annotations
@@ -16,30 +17,48 @@ from llasmol.core.errors import report_user_errors
 from llasmol.core.settings import check_settings
 
 
+def _meta_base(cfg: DictConfig):
+    from llasmol.model.base import build_meta_model, load_tokenizer
+
+    # The tiny model's vocabulary is its bundled tokenizer's; real bases carry theirs in config.json.
+    vocab = len(load_tokenizer(cfg.model)) if cfg.model.get("tokenizer") == "tiny" else None
+    return build_meta_model(cfg.model, vocab_size=vocab)
+
+
 def count_trainable(cfg: DictConfig) -> dict:
     """Parameter counts of `cfg.model` with the adapters of `cfg.lora`, built on the meta device."""
     import torch
 
-    from llasmol.model.base import build_meta_model, load_tokenizer
     from llasmol.model.lora import apply_lora, count_parameters
 
     check_settings(cfg)
-    # The tiny model's vocabulary is its bundled tokenizer's; real bases carry theirs in config.json.
-    vocab = len(load_tokenizer(cfg.model)) if cfg.model.get("tokenizer") == "tiny" else None
     with torch.device("meta"):
-        model = apply_lora(build_meta_model(cfg.model, vocab_size=vocab), cfg.model, cfg.lora)
+        model = apply_lora(_meta_base(cfg), cfg.model, cfg.lora)
     return count_parameters(model)
+
+
+def base_weight_bytes(cfg: DictConfig) -> dict:
+    """The base's weight memory in `model.dtype`, quantised as `cfg.quantization` says (meta device)."""
+    from llasmol.model.base import quantization_config, torch_dtype
+    from llasmol.model.memory import weight_bytes
+
+    quantization_config(cfg.get("quantization"))  # a bad quantization setting is one line here too
+    return weight_bytes(_meta_base(cfg), torch_dtype(cfg.model.dtype), cfg.get("quantization"))
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="params")
 @report_user_errors
 def main(cfg: DictConfig) -> None:
+    from llasmol.model.memory import describe
+
     counts = count_trainable(cfg)
+    sizes = base_weight_bytes(cfg)
     print(
         f"{cfg.model.name} + LoRA {cfg.lora.name}: {counts['trainable'] / 1e6:.1f}M trainable "
         f"of {counts['total'] / 1e6:.1f}M ({counts['percent']:.2f}%)"
     )
-    print(json.dumps(counts))
+    print(describe(sizes, cfg.model.dtype, cfg.get("quantization")))
+    print(json.dumps({**counts, "weight_bytes": sizes["total"]}))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,9 @@ def build_model(cfg: DictConfig, tokenizer):
     from llasmol.model.lora import apply_lora, count_parameters
 
     model = apply_lora(load_base_model(cfg.model, tokenizer, cfg.get("quantization")), cfg.model, cfg.lora)
+    # from_pretrained hands back eval mode, which Lightning keeps; transformers recomputes activations
+    # (gradient_checkpointing) and dropout draws only in training mode.
+    model.train()
     if cfg.get("gradient_checkpointing"):
         enable_gradient_checkpointing(model)
     if cfg.get("compile") and cfg.compile.enabled:
@@ -73,7 +76,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     from llasmol.model.base import check_packing, load_tokenizer, quantization_config
     from llasmol.training.checkpointing import AdapterModelCheckpoint, AtomicCheckpointIO
-    from llasmol.training.distributed import check_trainer
+    from llasmol.training.distributed import check_optimizer, check_trainer
     from llasmol.training.module import LoRACausalLM
     from llasmol.training.resume import Resume, StepSeeding, StopAtStepBoundary
     from llasmol.training.tracking import check_loggers
@@ -96,10 +99,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # cannot run, the data (indexed now when local, so bad data stops the run before loggers start).
     resume = Resume.plan(cfg.get("ckpt_path"), out, cfg.model.name, cfg.lora.name)
     check_trainer(cfg.trainer)
+    check_optimizer(cfg.optimizer, cfg.trainer)
     check_loggers(cfg.get("logger"))
     if cfg.data.get("packing"):
         check_packing(cfg.model)
-    quantization_config(cfg.get("quantization"), bool(cfg.model.get("random_init")))
+    quantization_config(cfg.get("quantization"))
     tokenizer = load_tokenizer(cfg.model)
     datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
     if datamodule.path:

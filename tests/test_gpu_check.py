@@ -50,6 +50,23 @@ def test_dry_run_on_cpu_reports_throughput_memory_and_mfu(tmp_path):
     assert "tokens/s" in proc.stdout
 
 
+@pytest.mark.slow
+def test_dry_run_of_the_qlora_check_on_cpu(tmp_path):
+    """The QLoRA part of the GPU check loads a quantised base through llasmol's loader and trains on it."""
+    out = tmp_path / "qlora.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--arch", "tiny-mistral", "--device", "cpu",
+         "--quantization", "4bit", "--layers", "1", "--steps", "2", "--warmup", "1", "--micro-batch", "2",
+         "--seq-len", "16", "--prompts", "1", "--prompt-len", "4", "--new-tokens", "2", "--beams", "2",
+         "--returns", "1", "--gradient-checkpointing", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert (result["quantization"], result["layers"]) == ("4bit", 1)
+    assert result["train"]["last_loss"] != result["train"]["first_loss"]
+
+
 def test_asking_for_a_gpu_without_one_is_one_line():
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py")], capture_output=True, text=True,
                           timeout=120)

@@ -35,6 +35,8 @@ def test_every_trainer_and_quantization_composes(trainer, quant):
     assert cfg.trainer.precision == precision
     bits, optimizer, checkpointing = QUANT[quant]
     assert cfg.quantization.bits == bits
+    if trainer == "cpu":  # a CPU run has nothing to page optimizer state to
+        optimizer = optimizer.replace("Paged", "")
     assert cfg.optimizer._target_ == optimizer and cfg.optimizer.lr == 1e-4  # the recipe's settings survive
     assert cfg.gradient_checkpointing is checkpointing
     assert cfg.data.effective_batch_size == 512 and cfg.model.dtype == "bfloat16"

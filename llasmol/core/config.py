@@ -40,6 +40,10 @@ RESOLVERS = {
     "llasmol_interactive": _interactive,
     # The GPU presets' precision: bf16 autocast on GPUs, plain fp32 when run on CPU.
     "llasmol_precision": lambda accelerator: "32-true" if accelerator == "cpu" else "bf16-mixed",
+    # A quantised base's optimizer: paged 8-bit AdamW on GPUs (QLoRA's: its state pages out to CPU memory
+    # under a memory spike), the same 8-bit AdamW unpaged on a CPU, where there is nothing to page to.
+    "llasmol_kbit_optimizer": lambda accelerator: "bitsandbytes.optim." + (
+        "AdamW8bit" if accelerator == "cpu" else "PagedAdamW8bit"),
 }
 
 

@@ -13,6 +13,8 @@ _WARNINGS = (
     # Lightning's ModelCheckpoint on a run resumed in its own directory, where the checkpoints are expected.
     r"Checkpoint directory .* exists and is not empty",
     r".*dirpath has changed",
+    # bitsandbytes' 8-bit layers (quantization=8bit) at every matmul: LLM.int8() computes in fp16 by design.
+    r"MatMul8bitLt: inputs will be cast from .* to float16 during quantization",
 )
 
 

@@ -54,9 +54,9 @@ def check_packing(model_cfg) -> None:
         )
 
 
-def torch_dtype(name: str) -> torch.dtype:
+def torch_dtype(name: str, key: str = "model.dtype") -> torch.dtype:
     if name not in _DTYPES:
-        raise UserError(f"unknown model.dtype {name!r}: use one of {', '.join(_DTYPES)}")
+        raise UserError(f"unknown {key} {name!r}: use one of {', '.join(_DTYPES)}")
     return _DTYPES[name]
 
 
@@ -138,30 +138,74 @@ def build_meta_model(model_cfg, vocab_size: Optional[int] = None):
         return AutoModelForCausalLM.from_config(arch_config(model_cfg.arch, **overrides))
 
 
-def quantization_config(quant_cfg, random_init: bool = False):
-    """bitsandbytes settings for `quantization=8bit|4bit`; None for `none`. Needs CUDA."""
+QUANT_TYPES = ("nf4", "fp4")  # bitsandbytes' 4-bit data types; QLoRA's is NF4 (normal-float)
+
+
+def quantization_config(quant_cfg):
+    """bitsandbytes settings for `quantization=8bit|4bit`; None for `none`.
+
+    bitsandbytes (>= 0.49) runs its 4-bit and 8-bit layers and its 8-bit optimizers on a CPU as well as on
+    CUDA, so a quantised base needs no GPU: only paged optimizers do (`check_optimizer`).
+    """
     bits = quant_cfg.get("bits") if quant_cfg else None
-    if not bits:
+    if bits is None:
         return None
-    if bits not in (4, 8):
-        raise UserError(f"quantization.bits={bits} is not supported: use quantization=none, 8bit or 4bit")
-    if not torch.cuda.is_available():
-        raise UserError(
-            f"quantization={bits}bit needs a CUDA GPU (bitsandbytes kernels) and none is visible: "
-            "use quantization=none on this machine"
-        )
-    if random_init:
-        raise UserError(f"quantization={bits}bit needs pretrained weights; the tiny model is built randomly: use quantization=none")
+    if isinstance(bits, bool) or bits not in (4, 8):
+        raise UserError(f"quantization.bits={bits!r} is not supported: use quantization=none, 8bit or 4bit")
     from transformers import BitsAndBytesConfig
 
     if bits == 8:
         return BitsAndBytesConfig(load_in_8bit=True)
+    quant_type = quant_cfg.get("quant_type", "nf4")
+    if quant_type not in QUANT_TYPES:
+        raise UserError(f"quantization.quant_type={quant_type!r} is not a 4-bit data type of bitsandbytes: "
+                        f"use {' or '.join(QUANT_TYPES)} (QLoRA's is nf4)")
+    double_quant = quant_cfg.get("double_quant", True)
+    if not isinstance(double_quant, bool):
+        raise UserError(f"quantization.double_quant={double_quant!r} must be true or false (QLoRA's is true)")
     return BitsAndBytesConfig(
         load_in_4bit=True,
-        bnb_4bit_quant_type=quant_cfg.get("quant_type", "nf4"),
-        bnb_4bit_use_double_quant=bool(quant_cfg.get("double_quant", True)),
-        bnb_4bit_compute_dtype=torch_dtype(quant_cfg.get("compute_dtype", "bfloat16")),
+        bnb_4bit_quant_type=quant_type,
+        bnb_4bit_use_double_quant=double_quant,
+        bnb_4bit_compute_dtype=torch_dtype(quant_cfg.get("compute_dtype", "bfloat16"), "quantization.compute_dtype"),
     )
+
+
+def _random_base(model_cfg, tokenizer, dtype: torch.dtype):
+    """The tiny model's base: random weights from its own seed, whatever else consumed random numbers
+    before, so evaluating an adapter rebuilds the very same base (it is never saved with a run)."""
+    from transformers import AutoModelForCausalLM
+
+    config = arch_config(model_cfg.arch, vocab_size=len(tokenizer))
+    config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(model_cfg.get("init_seed", 0)))
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def _quantized_random_base(model_cfg, tokenizer, dtype: torch.dtype, quantization):
+    """The tiny model's random base, quantised through the very loader a real base goes through: written
+    once to a temporary folder as safetensors, then read back by `from_pretrained` with the bitsandbytes
+    settings (quantising an in-memory model by hand would test another path than users run)."""
+    import tempfile
+
+    from transformers import AutoModelForCausalLM
+
+    from transformers.utils import logging as hf_logging
+
+    model = _random_base(model_cfg, tokenizer, dtype)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a few kB written and read back: no progress to show
+    try:
+        with tempfile.TemporaryDirectory(prefix="llasmol-random-base-") as folder:
+            model.save_pretrained(folder, safe_serialization=True)
+            del model
+            return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, quantization_config=quantization,
+                                                        use_safetensors=True)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def load_base_model(model_cfg, tokenizer, quant_cfg=None):
@@ -170,30 +214,26 @@ def load_base_model(model_cfg, tokenizer, quant_cfg=None):
     from transformers import AutoModelForCausalLM
 
     dtype = torch_dtype(model_cfg.get("dtype", "float32"))
-    quantization = quantization_config(quant_cfg, bool(model_cfg.get("random_init")))
+    quantization = quantization_config(quant_cfg)
     if model_cfg.get("random_init"):
-        config = arch_config(model_cfg.arch, vocab_size=len(tokenizer))
-        config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
-        config.pad_token_id = tokenizer.pad_token_id
-        # A fixed seed of its own: the random base is never saved, so evaluating an adapter rebuilds the
-        # very same base from this seed, whatever else consumed random numbers before.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(model_cfg.get("init_seed", 0)))
-            return AutoModelForCausalLM.from_config(config, dtype=dtype)
-    local_only = _local_only(model_cfg, "base weights")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            _weights_source(model_cfg),
-            local_files_only=local_only,
-            dtype=dtype,
-            quantization_config=quantization,
-            use_safetensors=True,  # never unpickle downloaded weights
-            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
-        )
-    except (OSError, ValueError) as err:
-        raise _offline_error(model_cfg, "base weights") from err
-    if model.config.pad_token_id is None:
-        model.config.pad_token_id = tokenizer.pad_token_id
+        if quantization is None:
+            return _random_base(model_cfg, tokenizer, dtype)
+        model = _quantized_random_base(model_cfg, tokenizer, dtype, quantization)
+    else:
+        local_only = _local_only(model_cfg, "base weights")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                _weights_source(model_cfg),
+                local_files_only=local_only,
+                dtype=dtype,
+                quantization_config=quantization,
+                use_safetensors=True,  # never unpickle downloaded weights
+                trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+            )
+        except (OSError, ValueError) as err:
+            raise _offline_error(model_cfg, "base weights") from err
+        if model.config.pad_token_id is None:
+            model.config.pad_token_id = tokenizer.pad_token_id
     if quantization is not None:
         from peft import prepare_model_for_kbit_training
 

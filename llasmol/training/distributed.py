@@ -57,6 +57,20 @@ def module_state_dict(trainer) -> dict:
     return strategy.lightning_module_state_dict()
 
 
+def check_optimizer(optimizer_cfg, trainer_cfg) -> None:
+    """A paged bitsandbytes optimizer pages its state between GPU and CPU memory through CUDA unified
+    memory; on a CPU bitsandbytes falls back to the unpaged optimizer with a warning, which would run
+    another optimizer than the one asked for. Say so in one line instead."""
+    target = str(optimizer_cfg.get("_target_", "")) if optimizer_cfg else ""
+    name = target.rsplit(".", 1)[-1]
+    if not name.startswith("Paged"):
+        return
+    if trainer_cfg.get("accelerator") == "cpu" or not torch.cuda.is_available():
+        raise UserError(f"optimizer._target_={target} pages its state through CUDA memory and this run has no GPU "
+                        f"(trainer.accelerator={trainer_cfg.get('accelerator')}): use "
+                        f"optimizer._target_=bitsandbytes.optim.{name.removeprefix('Paged')} (the same update, unpaged)")
+
+
 def check_trainer(trainer_cfg) -> None:
     """Stop early, in one line, on a strategy this machine cannot run."""
     strategy = trainer_cfg.get("strategy")

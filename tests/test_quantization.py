@@ -1,0 +1,233 @@
+"""Quantised bases (QLoRA) and the paper's 8-bit AdamW, run for real on bitsandbytes' CPU backend."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal as signal_module
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import compose_config
+from lightning.pytorch.callbacks import Callback
+from safetensors.torch import load_file
+
+from llasmol.core.errors import UserError
+from llasmol.model.base import load_base_model, load_tokenizer, quantization_config
+from llasmol.model.lora import apply_lora
+from llasmol.model.memory import weight_bytes
+from llasmol.training.distributed import check_optimizer
+
+bnb = pytest.importorskip("bitsandbytes")
+
+# Short runs: two validations on one sample a task, answers cut at 4 new tokens.
+QUICK = ["trainer.enable_progress_bar=false", "data.max_samples_per_task={validation:2}",
+         "callbacks.generation_evaluator.samples_per_task=1", "generation.max_new_tokens_limit=4",
+         "trainer.log_every_n_steps=1"]
+
+
+def _tiny(*overrides: str):
+    cfg = compose_config(["paths.output_dir=/tmp/unused", *overrides])
+    return cfg, load_tokenizer(cfg.model)
+
+
+@pytest.mark.parametrize("compute_dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("double_quant", [True, False])
+def test_4bit_base_is_nf4_with_the_configured_compute_dtype_and_adapters_train_in_fp32(compute_dtype, double_quant):
+    cfg, tok = _tiny("quantization=4bit", f"quantization.compute_dtype={compute_dtype}",
+                     f"quantization.double_quant={str(double_quant).lower()}")
+    model = apply_lora(load_base_model(cfg.model, tok, cfg.quantization), cfg.model, cfg.lora)
+    q = model.base_model.model.model.layers[0].self_attn.q_proj
+    assert isinstance(q.base_layer, bnb.nn.Linear4bit)
+    state = q.base_layer.weight.quant_state
+    assert state.quant_type == "nf4" and q.base_layer.compute_dtype == getattr(torch, compute_dtype)
+    assert (state.nested is True) is double_quant
+    assert not q.base_layer.weight.requires_grad
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert trainable and all(p.dtype == torch.float32 for p in trainable)
+    assert {type(m.base_layer).__name__ for m in model.modules() if hasattr(m, "lora_A") and len(m.lora_A)} == {"Linear4bit"}
+
+
+def test_8bit_base_is_llm_int8():
+    cfg, tok = _tiny("quantization=8bit")
+    model = apply_lora(load_base_model(cfg.model, tok, cfg.quantization), cfg.model, cfg.lora)
+    layer = model.base_model.model.model.layers[1].mlp.down_proj.base_layer
+    assert isinstance(layer, bnb.nn.Linear8bitLt) and layer.weight.dtype == torch.int8
+    batch = tok(["<SMILES> CCO </SMILES>"], return_tensors="pt")
+    loss = model(**batch, labels=batch["input_ids"]).loss
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+    assert torch.isfinite(loss) and grads and any(g.abs().sum() > 0 for g in grads)
+
+
+def test_the_quantised_tiny_base_is_the_random_base_quantised():
+    """Evaluating an adapter on the quantised base must see the same base the run trained on: the random
+    weights rebuilt from model.init_seed, then quantised (4-bit codes close to the fp32 weights)."""
+    cfg, tok = _tiny("quantization=8bit")
+    plain = load_base_model(cfg.model, tok).model.layers[0].mlp.up_proj.weight.detach()
+    layer = load_base_model(cfg.model, tok, cfg.quantization).model.layers[0].mlp.up_proj
+    dequantised = layer.weight.float() * layer.weight.SCB[:, None].float() / 127
+    assert torch.allclose(dequantised, plain, atol=plain.abs().max().item() / 100)
+
+
+@pytest.mark.parametrize("quantization", ["4bit", "8bit", "4bit quantization.double_quant=false"])
+def test_weight_memory_counted_on_the_meta_device_is_what_bitsandbytes_stores(quantization):
+    name, *extra = quantization.split()
+    cfg, tok = _tiny(f"quantization={name}", *extra)
+    real = load_base_model(cfg.model, tok, cfg.quantization)
+    stored = sum(t.numel() * t.element_size() for t in real.state_dict().values())
+    with torch.device("meta"):
+        from llasmol.model.base import build_meta_model
+
+        meta = build_meta_model(cfg.model, vocab_size=len(tok))
+    sizes = weight_bytes(meta, torch.float32, cfg.quantization)
+    layers = [m for m in real.modules() if isinstance(m, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt))]
+    stored_layers = sum(t.numel() * t.element_size() for m in layers for t in m.state_dict().values())
+    assert len(layers) == 14  # 2 blocks × 7 projections; the head stays unquantised
+    # Only the serialised metadata of each layer (a few hundred bytes) is not counted.
+    assert 0 <= stored_layers - sizes["quantized"] <= 200 * len(layers)
+    assert sizes["total"] == pytest.approx(stored, rel=0.005)
+    plain = weight_bytes(meta, torch.float32)
+    assert plain["quantized"] == 0 and plain["total"] == sum(p.numel() for p in meta.parameters()) * 4
+
+
+def test_weight_memory_of_a_7b_base_halves_and_quarters():
+    from llasmol.params import base_weight_bytes
+
+    sizes = {q: base_weight_bytes(compose_config(["model=mistral", f"quantization={q}"], "params"))
+             for q in ("none", "8bit", "4bit")}
+    assert sizes["none"]["total"] == 2 * 7_241_732_096  # Mistral-7B-v0.1's parameters in bf16
+    linear = sizes["none"]["total"] - sizes["4bit"]["other"]  # the quantisable layers, in bf16
+    assert sizes["8bit"]["quantized"] / linear == pytest.approx(0.5, abs=0.002)
+    assert sizes["4bit"]["quantized"] / linear == pytest.approx(0.258, abs=0.002)  # 4 bits + 1/8 bit of absmax
+    assert sizes["4bit"]["training"] > sizes["4bit"]["total"]  # embeddings and head in fp32 for training
+
+
+def test_bad_quantisation_settings_are_one_line():
+    cfg = compose_config(["quantization=4bit"]).quantization
+    for key, value, expected in [("quant_type", "nf5", "quantization.quant_type='nf5' is not a 4-bit data type"),
+                                 ("double_quant", "maybe", "quantization.double_quant='maybe' must be true or false"),
+                                 ("compute_dtype", "float8", "unknown quantization.compute_dtype 'float8'"),
+                                 ("bits", 3, "quantization.bits=3 is not supported")]:
+        bad = cfg.copy()
+        bad[key] = value
+        with pytest.raises(UserError, match=expected):
+            quantization_config(bad)
+
+
+def test_a_quantised_base_picks_paged_adamw_on_gpus_and_plain_8bit_adamw_on_a_cpu():
+    on_gpu = compose_config(["model=mistral", "quantization=4bit"])
+    assert on_gpu.optimizer._target_ == "bitsandbytes.optim.PagedAdamW8bit" and on_gpu.gradient_checkpointing
+    for overrides in (["quantization=4bit"], ["model=mistral", "quantization=8bit", "trainer.accelerator=cpu"]):
+        assert compose_config(overrides).optimizer._target_ == "bitsandbytes.optim.AdamW8bit"
+    cpu = compose_config(["quantization=4bit"])
+    with pytest.raises(UserError, match=r"optimizer._target_=bitsandbytes.optim.PagedAdamW8bit pages its state "
+                                        r"through CUDA memory .* use optimizer._target_=bitsandbytes.optim.AdamW8bit"):
+        check_optimizer({"_target_": "bitsandbytes.optim.PagedAdamW8bit"}, cpu.trainer)
+    check_optimizer(cpu.optimizer, cpu.trainer)  # the unpaged one is fine on a CPU
+
+
+def _rows(run: Path) -> list[dict]:
+    with (run / "csv" / "metrics.csv").open() as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bits", ["4bit", "8bit"])
+def test_qlora_trains_validates_saves_and_evaluates_on_cpu(cfg_factory, tmp_path, bits, recwarn):
+    """QLoRA end to end on a CPU: train on the quantised tiny base, then evaluate the adapter on the
+    unquantised base (the usual path) and on the quantised one."""
+    from llasmol.evaluate import evaluate
+    from llasmol.train import train
+
+    tasks = "data.tasks=[name_conversion-s2f,property_prediction-bbbp]"
+    result = train(cfg_factory(f"quantization={bits}", "trainer.max_steps=4", "val_every_n_steps=2", tasks, *QUICK))
+    assert result["global_step"] == 4
+    hparams = (tmp_path / "csv" / "hparams.yaml").read_text()
+    assert "bitsandbytes.optim.AdamW8bit" in hparams and f"bits: {bits[0]}" in hparams
+    validations = [r for r in _rows(tmp_path) if r["val/loss"]]
+    assert len(validations) == 2 and all(float(r["val/name_conversion-s2f/num_samples"]) == 1 for r in validations)
+    # from_pretrained returns a model in eval mode, where LoRA dropout and activation checkpointing are off.
+    assert not [w for w in recwarn if "in eval mode" in str(w.message)]
+    adapter = tmp_path / "checkpoints" / "last.adapter"
+    assert (adapter / "adapter_config.json").is_file()
+    weights = load_file(adapter / "adapter_model.safetensors")
+    lora_b = [t for name, t in weights.items() if "lora_B" in name]
+    assert len(lora_b) == 14 and all(t.dtype == torch.float32 for t in lora_b)
+    assert all(t.abs().sum() > 0 for t in lora_b)  # trained: PEFT initialises lora_B to zeros
+
+    common = [f"ckpt={adapter}", "data.split=test", "data.max_samples_per_task={test:2}",
+              "generation.max_new_tokens_limit=4", tasks]
+    for quantization in ("none", bits):
+        out = tmp_path / f"eval-{quantization}"
+        evaluated = evaluate(compose_config([f"paths.output_dir={out}", f"quantization={quantization}", *common,
+                                             f"output={out / 'test.json'}"], "evaluate"))
+        assert evaluated["metrics"]["name_conversion-s2f"]["num_samples"] == 2
+        assert evaluated["metrics"]["property_prediction-bbbp"]["num_samples"] == 2
+
+
+class SignalAt(Callback):
+    """Sends this process `signal` between the two micro-batches of optimizer step `step` (a Ctrl-C, or a
+    cluster's SIGTERM, arriving mid-accumulation)."""
+
+    def __init__(self, step: int, signal: str = "SIGTERM") -> None:
+        self.step, self.signal, self.seen = step, getattr(signal_module, signal), 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            self.seen += 1
+            if self.seen == 2:
+                os.kill(os.getpid(), self.signal)
+
+
+@pytest.mark.slow
+def test_the_paper_optimizer_lowers_the_loss_and_resumes_exactly_from_its_8bit_state(tmp_path):
+    """`recipe=paper` on the tiny model with a small batch: bitsandbytes' AdamW8bit at the paper's lr 1e-4
+    and weight decay, cosine schedule (warm-up scaled to the short run), accumulation 2. The loss falls, the
+    checkpoint holds the 8-bit optimizer state, and a run stopped by SIGTERM between micro-batches resumes to
+    the uninterrupted run's losses."""
+    from llasmol.train import train
+
+    run = ["recipe=paper", "data.effective_batch_size=8", "trainer.max_steps=24", "scheduler.num_warmup_steps=2",
+           "val_every_n_steps=12", "checkpoint_every_n_steps=4", "callbacks.generation_evaluator.samples_per_task=0",
+           "data.max_samples_per_task={validation:24}", "trainer.enable_progress_bar=false", "logger=csv",
+           "+callbacks.recorder._target_=resume_probe.StepRecorder"]
+
+    def fit(folder: Path, *extra: str) -> dict:
+        cfg = compose_config([f"paths.output_dir={folder}", f"+callbacks.recorder.path={folder}.steps", *run, *extra])
+        assert cfg.optimizer._target_ == "bitsandbytes.optim.AdamW8bit" and cfg.optimizer.lr == 1e-4
+        assert cfg.optimizer.weight_decay == 0.0
+        return train(cfg)
+
+    def losses(folder: Path) -> list[tuple[int, float]]:
+        lines = Path(f"{folder}.steps.0").read_text().splitlines()
+        return [(r["step"], r["loss"]) for r in map(json.loads, lines)]
+
+    reference = fit(tmp_path / "reference")
+    val = [float(r["val/loss"]) for r in _rows(tmp_path / "reference") if r["val/loss"]]
+    assert len(val) == 2 and val[1] < val[0] - 0.01  # the paper's lr moves the adapters within 24 steps
+    state = torch.load(tmp_path / "reference" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    moments = [s.get("__bnb_optimizer_quant_state__", s) for s in state["optimizer_states"][0]["state"].values()]
+    assert len(moments) == 28  # lora_A and lora_B of 14 projections
+    # bitsandbytes keeps 8-bit moments for tensors of 4,096 elements and more (min_8bit_size; every adapter
+    # of a 7B base): here the FFN's r x 256 and 256 x r matrices, 3 per block.
+    kinds = [(s["state1"].dtype, s["state2"].dtype) for s in moments]
+    assert kinds.count((torch.uint8, torch.uint8)) == 6 and kinds.count((torch.float32, torch.float32)) == 22
+
+    stopped = tmp_path / "stopped"
+    with pytest.raises(SystemExit) as stop:
+        fit(stopped, "+callbacks.stop._target_=test_quantization.SignalAt", "+callbacks.stop.step=9")
+    assert stop.value.code == 143
+    interrupted = torch.load(stopped / "checkpoints" / "interrupted.ckpt", map_location="cpu", weights_only=True)
+    assert interrupted["global_step"] == 10  # the step in progress was finished first
+    before = losses(stopped)
+    resumed = fit(stopped, "ckpt_path=last")
+    assert resumed["resumed_from"].endswith("interrupted.ckpt") and resumed["global_step"] == 24
+    combined = losses(stopped)
+    assert combined[:len(before)] == before and combined[len(before)][0] == 10
+    assert [step for step, _ in combined] == [step for step, _ in losses(tmp_path / "reference")]
+    assert [loss for _, loss in combined] == pytest.approx([loss for _, loss in losses(tmp_path / "reference")],
+                                                           rel=1e-6)
+    assert resumed["metrics"]["val/loss"] == pytest.approx(reference["metrics"]["val/loss"], rel=1e-6)
