@@ -33,7 +33,33 @@ BUNDLED_TASKS = sorted(p.stem for p in (BUNDLED / "core_tag").glob("*.json"))
 @pytest.fixture(scope="module", params=[True, False], ids=["legacy", "non-legacy"])
 def mistral(request, tmp_path_factory):
     folder = mistral_tokenizer_folder(tmp_path_factory.mktemp("mistral"), legacy=request.param)
-    return load_tokenizer(compose_config(["model=mistral", f"model.path={folder}"]).model)
+    # model.tokenizer_legacy=null: the folder's own setting, so both encodings are checked below.
+    return load_tokenizer(compose_config(["model=mistral", f"model.path={folder}", "model.tokenizer_legacy=null"]).model)
+
+
+@pytest.mark.parametrize("files_legacy", [True, False])
+def test_the_paper_bases_encode_the_prompt_as_the_released_models_were_trained(tmp_path, files_legacy):
+    """The 2024 runs' tokenizer was legacy ('▁[' after '<s>'); a non-legacy tokenizer_config.json (as current
+    Hub files have) must not change the prompts released adapters are evaluated on."""
+    folder = mistral_tokenizer_folder(tmp_path, legacy=files_legacy)
+    for model in ("mistral", "llama2", "codellama", "llama2_13b"):
+        tok = load_tokenizer(compose_config([f"model={model}", f"model.path={folder}"]).model)
+        ids = tok("<s>[INST] CCO [/INST]", add_special_tokens=False)["input_ids"]
+        assert tok.convert_ids_to_tokens(ids)[:3] == ["<s>", "\u2581[", "INST"]
+    own = load_tokenizer(compose_config(["model=mistral", f"model.path={folder}", "model.tokenizer_legacy=null"]).model)
+    pieces = own.convert_ids_to_tokens(own("<s>[INST]", add_special_tokens=False)["input_ids"])
+    assert pieces[1] == ("\u2581[" if files_legacy else "[")
+
+
+def test_a_tokenizer_that_cannot_honour_the_pinned_encoding_is_one_line(tmp_path):
+    from llasmol.core.errors import UserError
+    from llasmol.model.base import TINY_TOKENIZER_DIR
+
+    folder = tmp_path / "bpe"
+    shutil.copytree(TINY_TOKENIZER_DIR, folder)  # a BPE tokenizer: no SentencePiece legacy switch
+    cfg = compose_config(["model=mistral", f"model.path={folder}"]).model
+    with pytest.raises(UserError, match=r"encodes '<s>\[INST\]' as .* model.tokenizer_legacy=null"):
+        load_tokenizer(cfg)
 
 
 def samples(split: str = "train"):

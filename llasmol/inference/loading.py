@@ -51,6 +51,7 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
 # The model fields `llasmol.train` writes into a run directory, and what each may hold.
 RUN_MODEL_FIELDS = {
     "name": str, "hf_id": (str, type(None)), "arch": str, "tokenizer": (str, type(None)), "random_init": bool,
+    "tokenizer_legacy": (bool, type(None)),
     "init_seed": int, "path": (str, type(None)), "dtype": str, "trust_remote_code": bool, "prompt_template": str,
     "head": str, "lora_targets": dict,
 }
@@ -150,16 +151,29 @@ def pick_device(name: str):
         raise UserError(f"device={name} is not a device: use auto, cpu, cuda or cuda:<n>") from None
 
 
-def load_model(model_cfg: DictConfig, adapter: Optional[str], quant_cfg: Optional[DictConfig] = None):
-    """(model in eval mode, tokenizer): the base (quantised by `quant_cfg`) with the adapter loaded on top."""
+def load_model(model_cfg: DictConfig, adapter: Optional[str], quant_cfg: Optional[DictConfig] = None,
+               merge: bool = False):
+    """(model in eval mode, tokenizer): the base (quantised by `quant_cfg`) with the adapter loaded on top.
+
+    `merge`: fold the adapter into the base weights (PEFT's `merge_and_unload`), as the official evaluation
+    does (LLM4Chem `model.py` merges the LoRA weights into the bf16 base before generating): the same
+    function, without the adapters' extra matmuls at every step. A quantised base keeps its adapter
+    separate: merging would re-round the 4/8-bit weights.
+    """
     from llasmol.model.adapters import load_adapter
     from llasmol.model.base import load_base_model, load_tokenizer
 
+    if not isinstance(merge, bool):
+        raise UserError(f"merge_adapter={merge!r} must be true or false (true: as the official evaluation)")
     tokenizer = load_tokenizer(model_cfg)
     model = load_base_model(model_cfg, tokenizer, quant_cfg)
     if adapter:
         folder = Path(adapter) if Path(adapter).is_dir() else _fetch_adapter(adapter, model_cfg)
         model = load_adapter(model, folder)
+        if merge and quant_cfg is not None and quant_cfg.get("bits"):
+            log.info("adapter kept separate on the %s-bit base (merging would re-round its weights)", quant_cfg.bits)
+        elif merge:
+            model = model.merge_and_unload()
     return model.eval(), tokenizer
 
 

@@ -101,19 +101,40 @@ def load_tokenizer(model_cfg):
     if model_cfg.get("tokenizer") == "tiny":
         return PreTrainedTokenizerFast.from_pretrained(str(TINY_TOKENIZER_DIR))
     local_only = _local_only(model_cfg, "the tokenizer files")
+    legacy = model_cfg.get("tokenizer_legacy")
+    if legacy is not None and not isinstance(legacy, bool):
+        raise UserError(f"model.tokenizer_legacy={legacy!r} must be true, false or null")
     try:
         tok = AutoTokenizer.from_pretrained(
             _weights_source(model_cfg),
             trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
             local_files_only=local_only,
+            **({} if legacy is None else {"legacy": legacy}),
         )
     except (OSError, ValueError) as err:
         raise _offline_error(model_cfg, "the tokenizer files") from err
+    if legacy is not None:
+        _check_legacy_encoding(tok, legacy, model_cfg)
     complete_special_tokens(tok, arch_facts(model_cfg.arch))
     if tok.pad_token_id is None:
         # Llama-family tokenizers have no pad token; padding positions never reach the loss anyway.
         tok.pad_token = tok.unk_token or tok.eos_token
     return tok
+
+
+def _check_legacy_encoding(tok, legacy: bool, model_cfg) -> None:
+    """The paper's prompt starts '<s>[INST]'; a legacy SentencePiece tokenizer (as the 2024 runs had) encodes
+    the '[' after '<s>' as '▁[', a non-legacy one as '['. Adapters trained one way see other prompts the
+    other way, so the encoding is checked, not assumed: a tokenizer that ignores the setting is one line."""
+    pieces = tok.convert_ids_to_tokens(tok("<s>[INST]", add_special_tokens=False)["input_ids"])
+    want = "\u2581[" if legacy else "["
+    if len(pieces) < 2 or pieces[1] != want:
+        raise UserError(
+            f"the tokenizer of {model_cfg.get('hf_id')} encodes '<s>[INST]' as {pieces[:3]}, not with {want!r} after "
+            f"'<s>' as model.tokenizer_legacy={str(legacy).lower()} asks (the encoding the released LlaSMol models "
+            "were trained with): use a SentencePiece tokenizer that honours `legacy`, or model.tokenizer_legacy=null "
+            "to take the files' own encoding"
+        )
 
 
 def complete_special_tokens(tok, facts: dict[str, Any]) -> None:
