@@ -63,7 +63,7 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
         max_samples_per_task=OmegaConf.to_container(cfg.data, resolve=True).get("max_samples_per_task"),
     )
     split = source.split(split_name)
-    model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"))
+    model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"), merge=cfg.merge_adapter)
     device = pick_device(cfg.device)
     model.to(device)
     formatter = PromptFormatter(tokenizer, model_cfg.prompt_template)

@@ -65,7 +65,7 @@ def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
     if cfg.task:
         get_task(cfg.task, "task= (or leave task out for the default beams)")
     model_cfg, adapter, _ = resolve_checkpoint(cfg.ckpt, cfg)
-    model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"))
+    model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"), merge=cfg.merge_adapter)
     model.to(pick_device(cfg.device))
     formatter = PromptFormatter(tokenizer, model_cfg.prompt_template)
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, 1)

@@ -46,8 +46,8 @@ def twins(cfg, tmp_path_factory):
     return root / "new", root / "old"
 
 
-def greedy_tokens(cfg, folder) -> list[int]:
-    model, tok = load_model(cfg.model, str(folder))
+def greedy_tokens(cfg, folder, merge: bool = False) -> list[int]:
+    model, tok = load_model(cfg.model, str(folder), merge=merge)
     ids = tok(PROMPT, return_tensors="pt")["input_ids"]
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
                          pad_token_id=tok.pad_token_id)
@@ -178,3 +178,19 @@ def test_a_hub_adapter_offline_and_not_cached_is_one_line(cfg, monkeypatch):
     monkeypatch.setattr(llasmol.core.offline, "hub_unreachable", lambda: "HF_HUB_OFFLINE is set")
     with pytest.raises(UserError, match=r"adapter someone/old-lora is not available offline .*hf download someone/old-lora"):
         load_model(cfg.model, "someone/old-lora")
+
+
+def test_a_merged_adapter_generates_as_the_separate_one(cfg, twins):
+    """evaluate and generate fold the adapter into the base (merge_adapter=true), as the official evaluation
+    does; in fp32 the answers are those of PEFT's separate adapter layers."""
+    new, _ = twins
+    merged, tok = load_model(cfg.model, str(new), merge=True)
+    assert not any("lora_" in name for name, _ in merged.named_parameters())
+    separate, _ = load_model(cfg.model, str(new))
+    ids = tok(PROMPT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.allclose(merged(input_ids=ids).logits, separate(input_ids=ids).logits, atol=1e-5)
+    assert greedy_tokens(cfg, new, merge=True) == greedy_tokens(cfg, new)
+    assert compose_config([], "evaluate").merge_adapter is True and compose_config([], "generate").merge_adapter is True
+    with pytest.raises(UserError, match="merge_adapter='maybe' must be true or false"):
+        load_model(cfg.model, str(new), merge="maybe")
