@@ -105,11 +105,14 @@ def _protocol_row(cfg: DictConfig, model_cfg: DictConfig, protocol, folder: Path
     else:  # the paper's name of the base where it has a base row ("Code Llama"), else the model's name
         name = next((n for n, s in PAPER_SOURCES.items() if s.kind == "base LLM" and s.base == model_cfg.name),
                     str(model_cfg.name))
-    if cfg.ckpt and str(cfg.ckpt).lower() != "none" and protocol.style != "molinst":
-        name = f"{name} + {Path(str(cfg.ckpt)).name}"
+        if cfg.ckpt and str(cfg.ckpt).lower() != "none":
+            name = f"{name} + {Path(str(cfg.ckpt)).name}"
+    source = PAPER_SOURCES.get(name)
+    # Beside the paper's row only when asked as the paper asked it (Mistral 3-shot has no paper row).
+    paper_row = name if source is not None and source.protocol == (protocol.style, protocol.shots) else None
     write_json(folder / run_dir.SYSTEM, {"name": f"{name} ({protocol.setting})", "protocol": asdict(protocol),
-                                         "model": str(model_cfg.name), "ckpt": str(cfg.ckpt), "split": split,
-                                         "samples": samples})
+                                         "paper_row": paper_row, "model": str(model_cfg.name),
+                                         "ckpt": str(cfg.ckpt), "split": split, "samples": samples})
 
 
 def evaluate(cfg: DictConfig) -> dict:

@@ -182,3 +182,30 @@ def test_cfg_job_prints_the_prompting_setting_for_every_base(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         printed = OmegaConf.create(proc.stdout).prompting
         assert (printed.style, printed.shots, printed.rules) == PAPER[model]
+
+
+@pytest.mark.parametrize("model,protocol,label,paper_row", [
+    ("mistral", Protocol("icl", 1, "mistral", 13), "Mistral (1-shot)", "Mistral"),
+    ("mistral", Protocol("icl", 3, "mistral", 13), "Mistral (3-shot)", None),  # the paper has no such row
+    ("codellama", Protocol("icl", 1, "codellama", 13), "Code Llama (1-shot)", "Code Llama"),
+    ("galactica", Protocol("galactica", 0, "gal", 13), "Galactica (0-shot)", "Galactica"),
+    ("llama2", Protocol("molinst", 0, "mol", 13), "Molinst (0-shot)", "Molinst"),
+    ("tiny", Protocol("icl", 1, "mistral", 13), "tiny (1-shot)", None),
+])
+def test_a_protocol_row_is_labelled_and_set_beside_the_papers_row(tmp_path, model, protocol, label, paper_row):
+    from llasmol.analysis.paper import PAPER_RESULTS
+    from llasmol.analysis.runs import load_run
+    from llasmol.analysis.tables import evaluation_table
+    from llasmol.evaluate import _protocol_row
+
+    cfg = OmegaConf.create({"ckpt": "none" if protocol.style != "molinst" else "zjunlp/llama2-molinst-molecule-7b"})
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "test.json").write_text(json.dumps({"name_conversion-s2f": {"exact_match": 0.25}}))
+    _protocol_row(cfg, OmegaConf.create({"name": model}), protocol, tmp_path, "test", 4)
+    run = load_run(tmp_path)
+    assert run.label == label
+    table = evaluation_table(run)
+    assert (f"beside {paper_row} " in table.title) == (paper_row is not None)
+    if paper_row:
+        assert table.rows[0][:4] == ["name_conversion-s2f", "exact_match", 0.25,
+                                     PAPER_RESULTS[paper_row]["name_conversion-s2f"]["exact_match"]]
