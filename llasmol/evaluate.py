@@ -57,6 +57,11 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     from llasmol.inference.records import balanced_subset, generate_records, split_golds, write_and_score
 
     model_cfg, adapter, run_data = resolve_checkpoint(cfg.ckpt, cfg)
+    protocol = protocol_for(cfg.get("prompting") or {}, bare=adapter is None)
+    data_cfg = run_data if run_data is not None else cfg.data
+    if protocol is not None and data_cfg.get("representation") == "selfies":
+        raise UserError(f"prompting.style={protocol.style} writes the paper's SMILES queries, but the data are "
+                        "SELFIES (data.representation=selfies): use prompting=dataset or SMILES data")
     # A run directory brings the data it was trained on; this command's split and sample cap apply.
     split_name = cfg.data.split
     source = SMolInstructSource.from_config(
@@ -67,7 +72,6 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"))
     device = pick_device(cfg.device)
     model.to(device)
-    protocol = protocol_for(cfg.get("prompting") or {}, bare=adapter is None)
     # A base model's protocol writes the whole query itself: no chat markup around it.
     formatter = PromptFormatter(tokenizer, "plain" if protocol else model_cfg.prompt_template)
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, cfg.generation.batch_size)

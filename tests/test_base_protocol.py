@@ -209,3 +209,19 @@ def test_a_protocol_row_is_labelled_and_set_beside_the_papers_row(tmp_path, mode
     if paper_row:
         assert table.rows[0][:4] == ["name_conversion-s2f", "exact_match", 0.25,
                                      PAPER_RESULTS[paper_row]["name_conversion-s2f"]["exact_match"]]
+
+
+def test_a_mistyped_prompting_choice_is_one_error():
+    from llasmol.core.config import check_overrides
+
+    with pytest.raises(UserError, match="prompting=mistrall is not a choice of prompting: pick one of .*molinst"):
+        check_overrides("evaluate", ["ckpt=none", "prompting=mistrall"])
+
+
+def test_base_protocols_refuse_selfies_data_before_loading_a_model(tmp_path):
+    from llasmol.evaluate import evaluate
+
+    cfg = compose_config([f"paths.output_dir={tmp_path}", "ckpt=none", "data.representation=selfies",
+                          "model.path=/nonexistent"], "evaluate")
+    with pytest.raises(UserError, match="prompting.style=icl writes the paper's SMILES queries.*prompting=dataset"):
+        evaluate(cfg)
