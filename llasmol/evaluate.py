@@ -4,7 +4,7 @@
     python -m llasmol.evaluate predictions=<folder of .jsonl>               # e.g. LLM4Chem's eval output
     python -m llasmol.evaluate predictions=<file or folder> name=gpt-4      # kept as a report row
     python -m llasmol.evaluate ckpt=<run dir | adapter dir> data.split=test  # generate, then score
-    python -m llasmol.evaluate ckpt=none model=mistral                      # the bare base, zero-shot
+    python -m llasmol.evaluate ckpt=none model=mistral                      # the bare base, 1-shot as the paper
 """
 
 from __future__ import annotations
@@ -50,12 +50,18 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     from llasmol.core import run_dir
     from llasmol.data.formatting import PromptFormatter
     from llasmol.data.source import SMolInstructSource
+    from llasmol.inference.base_protocol import build_queries, protocol_for, read_answers
     from llasmol.inference.beam_search import BeamGenerator
     from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
     from llasmol.inference.progress import generation_progress
     from llasmol.inference.records import balanced_subset, generate_records, split_golds, write_and_score
 
     model_cfg, adapter, run_data = resolve_checkpoint(cfg.ckpt, cfg)
+    protocol = protocol_for(cfg.get("prompting") or {}, bare=adapter is None)
+    data_cfg = run_data if run_data is not None else cfg.data
+    if protocol is not None and data_cfg.get("representation") == "selfies":
+        raise UserError(f"prompting.style={protocol.style} writes the paper's SMILES queries, but the data are "
+                        "SELFIES (data.representation=selfies): use prompting=dataset or SMILES data")
     # A run directory brings the data it was trained on; this command's split and sample cap apply.
     split_name = cfg.data.split
     source = SMolInstructSource.from_config(
@@ -66,12 +72,18 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"), merge=cfg.merge_adapter)
     device = pick_device(cfg.device)
     model.to(device)
-    formatter = PromptFormatter(tokenizer, model_cfg.prompt_template)
+    # A base model's protocol writes the whole query itself: no chat markup around it.
+    formatter = PromptFormatter(tokenizer, "plain" if protocol else model_cfg.prompt_template)
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, cfg.generation.batch_size)
     indices = balanced_subset(split, None, cfg.seed)
     golds = split_golds(source.pooling_split(split_name))
+    queries = None
+    if protocol is not None:
+        queries = build_queries(protocol, split, indices, source.split("train") if protocol.shots else None)
     with generation_progress(f"Generating on {split_name}", len(indices)) as advance:
-        records = generate_records(generator, split, indices, golds, cfg.generation, advance)
+        records = generate_records(generator, split, indices, golds, cfg.generation, advance, queries)
+    if protocol is not None:
+        records = read_answers(protocol, records, queries)
     # A run evaluated on a whole split keeps the results with the run (report shows them beside the paper);
     # a capped split (data.max_samples_per_task) or another checkpoint writes to this command's folder.
     capped = bool(source.max_samples_per_task.get(split_name))
@@ -79,7 +91,32 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
     out = Path(cfg.output) if cfg.output else out_dir / run_dir.METRICS / f"{split_name}.json"
     results, intervals = write_and_score(records, out_dir / run_dir.PREDICTIONS / f"{split_name}.jsonl", out,
                                          cfg.intervals)
+    if protocol is not None and out_dir == Path(cfg.paths.output_dir):
+        _protocol_row(cfg, model_cfg, protocol, out_dir, split_name, len(records))
     return results, intervals, out
+
+
+def _protocol_row(cfg: DictConfig, model_cfg: DictConfig, protocol, folder: Path, split: str, samples: int) -> None:
+    """Label the folder's row with its protocol (``Mistral (1-shot)``), as report and the notebooks show it."""
+    from dataclasses import asdict
+
+    from llasmol.analysis.paper import PAPER_SOURCES
+    from llasmol.core import run_dir
+    from llasmol.core.files import write_json
+
+    if protocol.style == "molinst":
+        name = "Molinst"
+    else:  # the paper's name of the base where it has a base row ("Code Llama"), else the model's name
+        name = next((n for n, s in PAPER_SOURCES.items() if s.kind == "base LLM" and s.base == model_cfg.name),
+                    str(model_cfg.name))
+        if cfg.ckpt and str(cfg.ckpt).lower() != "none":
+            name = f"{name} + {Path(str(cfg.ckpt)).name}"
+    source = PAPER_SOURCES.get(name)
+    # Beside the paper's row only when asked as the paper asked it (Mistral 3-shot has no paper row).
+    paper_row = name if source is not None and source.protocol == (protocol.style, protocol.shots) else None
+    write_json(folder / run_dir.SYSTEM, {"name": f"{name} ({protocol.setting})", "protocol": asdict(protocol),
+                                         "paper_row": paper_row, "model": str(model_cfg.name),
+                                         "ckpt": str(cfg.ckpt), "split": split, "samples": samples})
 
 
 def evaluate(cfg: DictConfig) -> dict:

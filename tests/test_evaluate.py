@@ -524,12 +524,13 @@ def test_llm4chem_output_folders_score_as_our_own_predictions_files(tmp_path):
 
 
 def test_the_bare_base_model_is_evaluated_with_ckpt_none(tmp_path):
-    """The paper's zero-shot rows: the base without any adapter, the same prompts, beams and scoring."""
+    """The base without any adapter, asked SMolInstruct's own queries (prompting=dataset): the same prompts,
+    beams and scoring as a trained model (the paper's protocol for base rows: tests/test_base_protocol.py)."""
     from llasmol.data.formatting import PROMPT_TEMPLATES
     from llasmol.inference.predictions import read_predictions
 
     common = [f"paths.output_dir={tmp_path}", "data.max_samples_per_task={test:2}", "generation.max_new_tokens_limit=3",
-              "data.tasks=[name_conversion-s2f,property_prediction-bbbp]"]
+              "data.tasks=[name_conversion-s2f,property_prediction-bbbp]", "prompting=dataset"]
     result = evaluate(compose_config([*common, "ckpt=none"], "evaluate"))
     assert set(result["metrics"]) == {"name_conversion-s2f", "property_prediction-bbbp"}
     assert result["metrics"]["name_conversion-s2f"]["num_samples"] == 2

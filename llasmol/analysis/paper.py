@@ -320,6 +320,8 @@ class PaperSource:
     test_set: bool = True
     base: Optional[str] = None
     caveat: str = ""
+    # An untuned LLM's row: how it was asked, as `evaluate`'s prompting names it (style, in-context examples).
+    protocol: Optional[tuple[str, int]] = None
 
     @property
     def table_label(self) -> str:
@@ -375,19 +377,22 @@ PAPER_SOURCES: dict[str, PaperSource] = {
     "Galactica": PaperSource(
         "base LLM", _MAIN_AND_APPENDIX,
         "Galactica 6.7B, 0-shot with Galactica's own query conventions; answers extracted by heuristic rules "
-        "(App. A.2.2)", base="galactica",
+        "(App. A.2.2)", base="galactica", protocol=("galactica", 0),
         caveat="FS validity left out: Table 3 prints 91.3 %, Table 10 84.2 %.",
     ),
-    "Llama 2": PaperSource("base LLM", _MAIN_AND_APPENDIX, f"Llama 2 7B, {_ONE_SHOT}", base="llama2"),
-    "Code Llama": PaperSource("base LLM", _MAIN_AND_APPENDIX, f"Code Llama 7B, {_ONE_SHOT}", base="codellama"),
+    "Llama 2": PaperSource("base LLM", _MAIN_AND_APPENDIX, f"Llama 2 7B, {_ONE_SHOT}", base="llama2",
+                           protocol=("icl", 1)),
+    "Code Llama": PaperSource("base LLM", _MAIN_AND_APPENDIX, f"Code Llama 7B, {_ONE_SHOT}", base="codellama",
+                              protocol=("icl", 1)),
     "Mistral": PaperSource(
-        "base LLM", _MAIN_AND_APPENDIX, f"Mistral 7B, {_ONE_SHOT}", base="mistral",
+        "base LLM", _MAIN_AND_APPENDIX, f"Mistral 7B, {_ONE_SHOT}", base="mistral", protocol=("icl", 1),
         caveat="FS validity left out: Table 3 prints 99.4 %, Table 10 96.0 %.",
     ),
     "Molinst": PaperSource(
         "instruction-tuned LLM", _MAIN_AND_APPENDIX,
         "Llama 2 7B fine-tuned on Mol-Instructions (Fang et al. 2023), 0-shot with Mol-Instructions' query "
         "templates on MC, MG, FS and RS and templates in their style elsewhere; answers extracted (App. A.2.4)",
+        protocol=("molinst", 0),
         caveat="Trained on MC, MG, FS and RS only; SMolInstruct's test set holds none of Mol-Instructions' "
                "training examples of those tasks (Section 4.2).",
     ),

@@ -302,7 +302,8 @@ def metric_trends(run: Run, metrics: Union[None, str, Sequence[str]] = None) -> 
 
 def evaluation_table(run: Run, split: str = "test") -> Table:
     """A run's whole-split results (`evaluate ckpt=<run> data.split=<split>`) beside the paper's Table
-    values for the same base (`paper.PAPER_MODEL_OF_BASE`; a baseline's beside the paper's first model): one
+    values for the same base (`paper.PAPER_MODEL_OF_BASE`; a baseline's beside the paper's first model; an
+    untuned base asked by the paper's protocol beside the paper's row of it, its `system.json` `paper_row`): one
     row per task and metric the paper reports for it (the task's headline metric where the paper has none)."""
     from llasmol.analysis.paper import PAPER_MODEL_OF_BASE, PAPER_MODELS, PAPER_RESULTS, PAPER_SOURCES
 
@@ -311,7 +312,8 @@ def evaluation_table(run: Run, split: str = "test") -> Table:
         raise UserError(f"{run.path} has no {split} results (has: {have}): run python -m llasmol.evaluate "
                         f"ckpt={run.path} data.split={split}")
     # A baseline stands beside the paper's first (best) model: what a fine-tuned LLM reaches on the task.
-    paper_model = PAPER_MODELS[0] if run.baseline is not None else PAPER_MODEL_OF_BASE.get(run.model or "")
+    paper_model = PAPER_MODELS[0] if run.baseline is not None else (
+        (run.system or {}).get("paper_row") or PAPER_MODEL_OF_BASE.get(run.model or ""))
     paper = PAPER_RESULTS.get(paper_model, {}) if paper_model else {}
     rows = []
     for task, values in run.evaluations[split].items():

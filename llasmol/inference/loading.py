@@ -27,7 +27,7 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
     - a run directory (has `.hydra/config.yaml`): its model, and the adapter of its best checkpoint
       (by validation loss), else of `last.ckpt`;
     - a PEFT adapter folder (has `adapter_config.json`) or a Hub adapter id: the adapter over `cfg.model`;
-    - None or `none`: the bare base model of `cfg.model` (the paper's zero-shot rows).
+    - None or `none`: the bare base model of `cfg.model` (asked as `prompting` says: the paper's base protocol).
     """
     if ckpt is None or str(ckpt).lower() == "none":
         log.info("no adapter: the bare base %s (ckpt=none)", cfg.model.get("hf_id") or cfg.model.get("name"))

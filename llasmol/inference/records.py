@@ -45,10 +45,12 @@ def balanced_subset(split, per_task: Optional[int], seed: int) -> list[int]:
 
 
 def generate_records(generator: BeamGenerator, split, indices: list[int], golds: GoldPool, gen_cfg,
-                     advance: Optional[Callable[[int], None]] = None) -> list[dict]:
+                     advance: Optional[Callable[[int], None]] = None,
+                     queries: Optional[dict[int, str]] = None) -> list[dict]:
     """One record per sample: task, index, input, gold, predictions (best first), answers; None if skipped.
 
-    `advance(n)` is called as samples finish (for a progress bar).
+    `advance(n)` is called as samples finish (for a progress bar); `queries` replaces samples' own queries
+    by index (a base model's protocol, `llasmol.inference.base_protocol`).
     """
     by_task: dict[str, list[int]] = defaultdict(list)
     samples = {i: split[i] for i in indices}
@@ -56,7 +58,8 @@ def generate_records(generator: BeamGenerator, split, indices: list[int], golds:
         by_task[samples[i]["task"]].append(i)
     records = []
     for task, rows in by_task.items():
-        outputs = generator.generate([samples[i]["input"] for i in rows], task_settings(gen_cfg, task))
+        asked = [queries[i] if queries is not None else samples[i]["input"] for i in rows]
+        outputs = generator.generate(asked, task_settings(gen_cfg, task))
         if advance is not None:
             advance(len(rows))
         records.extend(make_record(i, samples[i], golds, predictions) for i, predictions in zip(rows, outputs))

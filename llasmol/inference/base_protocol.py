@@ -1,0 +1,117 @@
+"""Asking and reading a model as the paper did for the LLMs it did not tune on SMolInstruct (Section 5.2, App. A.2).
+
+`evaluate`'s `prompting` setting (conf/prompting/) picks a style: `dataset` (SMolInstruct's own queries in the
+model's prompt template, answers between the task's tags: what LlaSMol models were trained on), or one of
+the base-model styles of `llasmol.data.base_prompts` (`icl` k-shot, `galactica`, `molinst`) with an official
+extraction rule set of `llasmol.metrics.base_extraction`. The in-context examples of sample `i` are drawn
+from the training split's samples of the same task with `numpy.random.default_rng([seed, i])`: the same
+examples whatever the order, batch or subset of the evaluated samples.
+
+A record of such a run keeps the raw outputs as `responses`, the query as `query`, the extracted answers as
+`answers`, and as `predictions` those answers in the task's tags, so re-scoring the predictions file gives
+the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from llasmol.core.errors import UserError
+from llasmol.data.base_prompts import STYLES, Example, galactica_query, icl_query, molinst_query
+from llasmol.metrics.base_extraction import TEXT_WITH_PROMPT, check_rules, extract_base_answer
+from llasmol.metrics.extract import wrap_answer
+
+DATASET = "dataset"  # SMolInstruct's own queries and tag extraction
+
+
+@dataclass(frozen=True)
+class Protocol:
+    style: str  # one of base_prompts.STYLES
+    shots: int  # in-context examples per query (icl only)
+    rules: str  # extraction rule set
+    seed: int
+
+    @property
+    def setting(self) -> str:
+        """How the rows are labelled: ``1-shot``, ``0-shot``."""
+        return f"{self.shots}-shot"
+
+
+def protocol_for(prompting, bare: bool) -> Optional[Protocol]:
+    """The protocol `prompting` asks for, or None for SMolInstruct's own queries. A base's default protocol
+    (`bare_only`) applies to the bare base (ckpt=none) only: a tuned checkpoint gets the queries it learnt."""
+    style = str(prompting.get("style", DATASET))
+    if style == DATASET or (prompting.get("bare_only") and not bare):
+        return None
+    if style not in STYLES:
+        raise UserError(f"prompting.style={style} is not a style: choose from {DATASET}, {', '.join(STYLES)}")
+    shots = prompting.get("shots")
+    shots = 0 if shots is None else shots
+    if not isinstance(shots, int) or isinstance(shots, bool) or shots < 0:
+        raise UserError(f"prompting.shots={shots} must be a whole number >= 0 (the paper: 0, 1, 3 or 5)")
+    if shots and style != "icl":
+        raise UserError(f"prompting.shots={shots} with prompting.style={style}: only the icl style has in-context "
+                        "examples (the paper asked Galactica and Molinst zero-shot); set prompting.shots=0")
+    return Protocol(style, shots, check_rules(str(prompting.get("rules"))), int(prompting.get("seed", 0)))
+
+
+def draw_examples(train, index: int, task: str, shots: int, seed: int) -> list[Example]:
+    """`shots` distinct training samples of `task` for evaluated sample `index`, drawn from `seed`."""
+    start = 0
+    for name, count in train.counts().items():
+        if name == task:
+            break
+        start += count
+    else:
+        count = 0
+    if count < shots:
+        raise UserError(f"{shots}-shot prompts need {shots} training samples of {task}; the training split has "
+                        f"{count}: lower prompting.shots or use data with {task} in its training split")
+    picks = np.random.default_rng([seed, index]).choice(count, size=shots, replace=False)
+    return [_example(train[start + int(j)]) for j in picks]
+
+
+def _example(sample: dict) -> Example:
+    target = sample.get("target")
+    return Example(str(sample["raw_input"]), str(sample["raw_output"]), None if target is None else str(target))
+
+
+def build_queries(protocol: Protocol, split, indices: list[int], train=None) -> dict[int, str]:
+    """The query of every evaluated sample, by index (`train`: the training split, for icl examples)."""
+    queries = {}
+    for i in indices:
+        sample = split[i]
+        task, question = sample["task"], _example(sample)
+        if protocol.style == "icl":
+            shots = draw_examples(train, i, task, protocol.shots, protocol.seed) if protocol.shots else []
+            queries[i] = icl_query(task, question, shots)
+        elif protocol.style == "galactica":
+            queries[i] = galactica_query(task, question)
+        else:
+            queries[i] = molinst_query(task, question)
+    return queries
+
+
+def read_answers(protocol: Protocol, records: list[dict], queries: dict[int, str]) -> list[dict]:
+    """`records` with the rule set's answers: raw outputs kept as `responses`, answers in tags as `predictions`."""
+    for record in records:
+        query, task = queries[record["index"]], record["task"]
+        record["query"], record["extraction"] = query, protocol.rules
+        responses = record["predictions"]
+        if responses is None:  # skipped: the prompt was over the token limit
+            continue
+        answers = [extract_base_answer(protocol.rules, task, _read_text(protocol, query, r)) for r in responses]
+        record.update(responses=responses, answers=answers,
+                      predictions=[wrap_answer(task, a or "") for a in answers])
+    return records
+
+
+def _read_text(protocol: Protocol, query: str, response: str) -> str:
+    """What the rule set reads: the response, or (Galactica, Molinst) the query followed by it."""
+    if protocol.rules not in TEXT_WITH_PROMPT:
+        return response
+    # generation strips the response, so the space a model writes after e.g. "Answer:" is put back
+    return query + ("" if not query or query[-1].isspace() else " ") + response

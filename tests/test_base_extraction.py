@@ -1,0 +1,66 @@
+"""The base models' answer extraction behaves as the official LLM4Chem rules on crafted, tricky outputs.
+
+Expected answers come from running the official `prediction_extraction.py` functions once on these texts
+(tests/data/base_extraction_cases.jsonl says how); its code is not part of this project.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llasmol.core.errors import UserError
+from llasmol.core.tasks import TASK_NAMES
+from llasmol.metrics.base_extraction import RULES, extract_base_answer
+
+CASES_FILE = Path(__file__).parent / "data" / "base_extraction_cases.jsonl"
+
+
+def _cases() -> list[tuple[str, str, str, object]]:
+    """(rule set, task, text, expected answer) for every case of the data file."""
+    lines = CASES_FILE.read_text(encoding="utf-8").splitlines()
+    tasks = json.loads(lines[0])["tasks"]
+    return [(case["rules"], task, case["text"], expected)
+            for case in map(json.loads, lines[1:]) for task, expected in zip(tasks, case["expected"])]
+
+
+CASES = _cases()
+
+
+def test_the_cases_cover_every_rule_set_and_task():
+    assert {(rules, task) for rules, task, _, _ in CASES} == {(r, t) for r in RULES for t in TASK_NAMES}
+    for rules in RULES:  # answers, not only misses, for every rule set
+        assert sum(expected is not None for r, _, _, expected in CASES if r == rules) >= 20
+
+
+@pytest.mark.parametrize("rules", list(RULES))
+def test_rule_reads_what_the_official_rule_reads(rules):
+    wrong = [(task, text, expected, extract_base_answer(rules, task, text))
+             for r, task, text, expected in CASES if r == rules
+             if extract_base_answer(rules, task, text) != expected]
+    assert not wrong, f"{len(wrong)} differences, e.g. (task, text, official, ours): {wrong[:3]}"
+
+
+@pytest.mark.parametrize("text,expected", [
+    # the official rule keeps the text from the title's second character on
+    ("Predicted product SMILES: CCO", "redicted product SMILES: CCO"),
+    # a bracket alone matches before a bracket atom, so `[Na+]` stops after `[N`
+    ("[Na+]xyz", "[N"),
+    ("Result: [Na+].[Cl-] salt", "[N"),
+])
+def test_llama_forward_synthesis_quirks(text, expected):
+    assert extract_base_answer("llama", "forward_synthesis", text) == expected
+
+
+def test_missing_title_is_no_answer_not_a_crash():
+    # the official Galactica and Molinst rules assert here and stop the run
+    assert extract_base_answer("gal", "forward_synthesis", "CCO") is None
+    assert extract_base_answer("mol", "property_prediction-bbbp", "Yes") is None
+    assert extract_base_answer("mistral", "forward_synthesis", None) is None
+
+
+def test_unknown_rule_set_names_the_choices():
+    with pytest.raises(UserError, match="prompting.rules='gpt'.*llama, codellama, mistral, gal, mol"):
+        extract_base_answer("gpt", "forward_synthesis", "CCO")
