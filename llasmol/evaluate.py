@@ -84,8 +84,11 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
 
 def evaluate(cfg: DictConfig) -> dict:
     """Score `cfg.predictions`, or generate with `cfg.ckpt` on `cfg.data.split` and score that."""
+    from llasmol.metrics.families import use_scoring
+
     quiet_known_noise()
     check_settings(cfg)
+    use_scoring(cfg.get("scoring"))
     if cfg.output and Path(cfg.output).is_dir():
         raise UserError(f"output={cfg.output} is a directory: name the metrics file, e.g. "
                         f"output={Path(cfg.output) / 'metrics.json'}")

@@ -1,0 +1,86 @@
+"""The scorer and the SMILES form against the official LLM4Chem functions (OSU-NLP-Group/LLM4Chem): the
+expected values in tests/data/ were obtained by running the official functions once on these inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import compose_config
+from llasmol.metrics.families import FAMILIES, use_scoring
+from llasmol.metrics.formula import formula_key, parse_formula_official
+from llasmol.metrics.scoring import score_records
+
+DATA = Path(__file__).parent / "data"
+I2F = "name_conversion-i2f"
+
+
+def _load(name: str):
+    return json.loads((DATA / name).read_text())
+
+
+@pytest.fixture
+def lenient_formulas():
+    use_scoring({"lenient_formulas": True})
+    yield
+    use_scoring(None)
+
+
+# --------------------------------------------------------------------------- formulas (#23 item 3)
+
+
+@pytest.mark.parametrize("case", _load("formula_official.json"), ids=lambda c: c["prediction"])
+def test_formula_validity_and_match_are_the_official_scorers(case):
+    """utils/metrics.py count_element_match on one prediction and gold, run as the official code."""
+    key = parse_formula_official(case["prediction"])
+    assert (key is None) is case["invalid"]
+    assert (key is not None and key == formula_key(case["gold"])) is case["match"]
+
+
+def _i2f_records(cases) -> list[dict]:
+    # Answers inside tags: extraction strips them, so only answers without outer spaces carry over as they are.
+    return [{"task": I2F, "input": f"name {i}", "gold": c["gold"], "predictions": [f"<MOLFORMULA> {c['prediction']} "
+             "</MOLFORMULA>"]} for i, c in enumerate(cases) if c["prediction"] == c["prediction"].strip()]
+
+
+def test_the_paper_configuration_scores_formulas_as_the_official_code_and_lenient_is_a_setting(tmp_path):
+    cases = [c for c in _load("formula_official.json") if c["prediction"] == c["prediction"].strip()]
+    official_match = sum(c["match"] for c in cases) / len(cases)
+    official_invalid = sum(c["invalid"] for c in cases)
+    assert FAMILIES["formula"].lenient is False  # the default
+    metrics = score_records(_i2f_records(cases))[I2F]
+    assert metrics["exact_match"] == pytest.approx(official_match)
+    assert metrics["num_invalid"] == official_invalid == 9
+
+    # The same file through the command's config: the default, then the declared lenient setting.
+    path = tmp_path / "i2f.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _i2f_records(cases)))
+    from llasmol.evaluate import evaluate
+
+    for lenient, invalid in ((False, official_invalid), (True, 7)):
+        cfg = compose_config([f"predictions={path}", "intervals.resamples=0", f"paths.output_dir={tmp_path}",
+                              f"scoring.lenient_formulas={str(lenient).lower()}"], "evaluate")
+        got = evaluate(cfg)["metrics"][I2F]
+        assert got["num_invalid"] == invalid, lenient
+        if lenient:  # spaces, parentheses, hydrates and D/T now match: more right answers, fewer invalid
+            assert got["exact_match"] > official_match
+        else:
+            assert got["exact_match"] == pytest.approx(official_match)
+    use_scoring(None)
+
+
+def test_lenient_formulas_reads_what_the_official_syntax_refuses(lenient_formulas):
+    records = [{"task": I2F, "input": str(i), "gold": gold, "predictions": [f"<MOLFORMULA> {p} </MOLFORMULA>"]}
+               for i, (p, gold) in enumerate([("C2 H6 O", "C2H6O"), ("(CH3)2O", "C2H6O"), ("C2H6O.2H2O", "C2H10O3"),
+                                               ("Na Cl", "ClNa"), ("c2h6o", "C2H6O")])]
+    metrics = score_records(records)[I2F]
+    assert metrics["exact_match"] == pytest.approx(4 / 5) and metrics["num_invalid"] == 1  # c2h6o: no element
+
+
+def test_a_lenient_setting_that_is_not_a_boolean_is_one_line():
+    from llasmol.core.errors import UserError
+
+    with pytest.raises(UserError, match=r"^scoring.lenient_formulas='yes' must be true or false"):
+        use_scoring({"lenient_formulas": "yes"})
