@@ -84,3 +84,49 @@ def test_a_lenient_setting_that_is_not_a_boolean_is_one_line():
 
     with pytest.raises(UserError, match=r"^scoring.lenient_formulas='yes' must be true or false"):
         use_scoring({"lenient_formulas": "yes"})
+
+
+# --------------------------------------------------------------------------- Kekulé form (#23 item 4)
+
+
+def test_the_kekule_form_is_the_official_functions_on_hundreds_of_molecules():
+    """utils/smiles_canonicalization.py canonicalize_molecule_smiles (defaults), run once on each input:
+    radicals, charges, isotopes, stereo, salts, aromatic heterocycles, atom maps, the bundled data's
+    SMILES in Kekulé, aromatic and random spellings, and inputs it refuses (None)."""
+    from llasmol.data.smiles import canonical_kekule
+
+    cases = _load("kekule_official.json")
+    assert len(cases) > 500 and sum(c["official"] is None for c in cases) == 10
+    differences = [(c["input"], c["official"], got) for c in cases if (got := canonical_kekule(c["input"])) != c["official"]]
+    assert differences == []
+
+
+@pytest.mark.parametrize("smiles, official", [
+    ("[CH2]C", "CC"),  # a radical closes: the official rebuild gives every atom its default valence's hydrogens
+    ("c1cc[c]cc1", "C1=CC=CC=C1"),
+    ("[13CH3]", "C"),  # the isotope label goes, then the radical closes
+    ("[O-][O]", "[O-]O"),
+    ("C[C@H](N)C(=O)O", "C[C@H](N)C(=O)O"),
+    ("c1cc[nH]c1", "C1=CNC=C1"),
+])
+def test_radicals_and_isotopes_take_the_official_form(smiles, official):
+    from llasmol.data.smiles import canonical_kekule
+
+    assert canonical_kekule(smiles) == official
+
+
+# Official utils/metrics.py calculate_smiles_metrics(preds, golds, metrics=('exact_match', 'fingerprint')) on
+# these ten answers, run once: num_t1_exact_match 10, num_t1_invalid 0, t1_morgan_fps 1.0, t1_maccs_fps 1.0,
+# t1_rdk_fps 0.7 (RDKit's path fingerprint of a one- or two-atom molecule is empty: similarity 0).
+RADICAL_ANSWERS = [("[CH2]C", "CC"), ("CC", "CC"), ("[13CH4]", "C"), ("C[O]", "CO"), ("[SiH3]C", "C[SiH3]"),
+                   ("[SH4]", "S"), ("CCO", "CCO"), ("C[N+]", "C[NH3+]"), ("[NH4+]", "[NH4+]"),
+                   ("c1ccccc1[CH2]", "CC1=CC=CC=C1")]
+
+
+def test_radical_and_isotope_answers_score_as_the_official_scorer_scores_them():
+    records = [{"task": "forward_synthesis", "input": str(i), "gold": gold,
+                "predictions": [f"<SMILES> {answer} </SMILES>"]} for i, (answer, gold) in enumerate(RADICAL_ANSWERS)]
+    metrics = score_records(records)["forward_synthesis"]
+    assert metrics["exact_match"] == 1.0 and metrics["validity"] == 1.0  # before: 0.5, radicals kept open
+    assert (metrics["fts"], metrics["fts_maccs"], metrics["fts_rdk"]) == pytest.approx((1.0, 1.0, 0.7))
+
