@@ -130,3 +130,51 @@ def test_radical_and_isotope_answers_score_as_the_official_scorer_scores_them():
     assert metrics["exact_match"] == 1.0 and metrics["validity"] == 1.0  # before: 0.5, radicals kept open
     assert (metrics["fts"], metrics["fts_maccs"], metrics["fts_rdk"]) == pytest.approx((1.0, 1.0, 0.7))
 
+
+# --------------------------------------------------------------------------- LLM4Chem output files (#23 item 2)
+
+CAPTION_GOLD = ("The molecule is a monocarboxylic acid anion that is the conjugate base of acetic acid. It has a role "
+                "as a human metabolite. It is a conjugate base of an acetic acid.")
+CAPTION = ("The molecule is a monocarboxylic acid anion that is the conjugate base of acetic acid. It is a conjugate "
+           "base of an acetic acid.")
+
+
+def _llm4chem_folder(root: Path, outputs: dict[str, list[dict]]) -> Path:
+    """A folder as generate_on_dataset.py writes it: <task>.jsonl, lines with input, gold, output, task."""
+    root.mkdir()
+    for task, lines in outputs.items():
+        (root / f"{task}.jsonl").write_text("".join(json.dumps({"task": task, "split": "test", "target": None,
+                                                                **line}) + "\n" for line in lines))
+    return root
+
+
+def test_llm4chem_captions_lose_end_and_padding_tokens_as_the_official_reader_strips_them(tmp_path):
+    from llasmol.inference.predictions import read_predictions
+
+    task = "molecule_captioning"
+    plain = [{"input": "CC(=O)[O-]", "gold": CAPTION_GOLD, "output": [CAPTION]}]
+    decoded = [{"input": "CC(=O)[O-]", "gold": CAPTION_GOLD, "output": [CAPTION + "</s>"]},
+               {"input": "C", "gold": CAPTION_GOLD, "output": ["<unk><unk> " + CAPTION + " </s><unk>"]}]
+    clean = score_records(read_predictions(_llm4chem_folder(tmp_path / "plain", {task: plain})))[task]
+    records = read_predictions(_llm4chem_folder(tmp_path / "decoded", {task: decoded}))
+    assert [r["predictions"] for r in records] == [[CAPTION], [CAPTION]]
+    got = score_records(records)[task]
+    for metric in ("meteor", "bleu2", "bleu4", "rouge1", "rouge2", "rougeL"):
+        assert got[metric] == pytest.approx(clean[metric]), metric
+    # Our own predictions files are read as written: there "</s>" is text, and it moves the caption's scores.
+    kept = score_records([{"task": task, "input": "x", "gold": CAPTION_GOLD, "predictions": [CAPTION + "</s>"]}])[task]
+    assert kept["bleu2"] != pytest.approx(clean["bleu2"]) and kept["meteor"] != pytest.approx(clean["meteor"])
+
+
+def test_llm4chem_tagged_answers_are_read_between_their_tags_with_nothing_else_stripped(tmp_path):
+    from llasmol.inference.predictions import read_predictions
+
+    outputs = {"forward_synthesis": [{"input": "CCO.O", "gold": "CCO", "output": ["<SMILES> CCO </SMILES></s><unk>"]},
+                                     {"input": "CC", "gold": "CC", "output": ["<SMILES> C<unk>C </SMILES></s>"]}],
+               "name_conversion-s2f": [{"input": "CCO", "gold": "C2H6O", "output": ["<MOLFORMULA> C2H6O </MOLFORMULA></s>"]}]}
+    records = read_predictions(_llm4chem_folder(tmp_path / "eval", outputs))
+    assert records[0]["predictions"] == ["<SMILES> CCO </SMILES></s><unk>"]  # the tag pair leaves the tokens out
+    metrics = score_records(records)
+    # extract_prediction.py 'tag' mode keeps "C<unk>C" between the tags: an invalid SMILES there as here.
+    assert metrics["forward_synthesis"]["exact_match"] == 0.5 and metrics["forward_synthesis"]["validity"] == 0.5
+    assert metrics["name_conversion-s2f"]["exact_match"] == 1.0
