@@ -178,3 +178,45 @@ def test_llm4chem_tagged_answers_are_read_between_their_tags_with_nothing_else_s
     # extract_prediction.py 'tag' mode keeps "C<unk>C" between the tags: an invalid SMILES there as here.
     assert metrics["forward_synthesis"]["exact_match"] == 0.5 and metrics["forward_synthesis"]["validity"] == 0.5
     assert metrics["name_conversion-s2f"]["exact_match"] == 1.0
+
+
+def _data_with_a_second_gold(root: Path) -> tuple[Path, dict, str]:
+    """The bundled data with one more forward-synthesis test sample: the first sample's input, another product."""
+    import shutil
+
+    from llasmol.core.config import PACKAGE_DIR
+
+    shutil.copytree(PACKAGE_DIR / "data" / "bundled", root)
+    raw = root / "raw" / "test" / "forward_synthesis.jsonl"
+    lines = raw.read_text().splitlines()
+    first = json.loads(lines[0])
+    other = "CC(C)=O"
+    assert other != first["output"]
+    raw.write_text("\n".join(lines + [json.dumps({**first, "output": other})]) + "\n")
+    index = root / "sample" / "instruction_tuning" / "test" / "forward_synthesis.json"
+    samples = json.loads(index.read_text())
+    samples["samples"].append({"idx": len(lines), "template_id": 0, "target": None})
+    index.write_text(json.dumps(samples))
+    return root, first, other
+
+
+def test_a_partial_llm4chem_file_gets_the_golds_of_the_whole_split_with_pool_golds_split(tmp_path):
+    from llasmol.core.errors import UserError
+    from llasmol.evaluate import evaluate
+
+    data, first, other = _data_with_a_second_gold(tmp_path / "data")
+    # Only the first sample was generated (an interrupted run); its answer is the other sample's gold.
+    line = {"input": first["input"], "gold": first["output"], "output": [f"<SMILES> {other} </SMILES></s>"]}
+    folder = _llm4chem_folder(tmp_path / "eval", {"forward_synthesis": [line]})
+    common = [f"predictions={folder}", f"data.path={data}", "intervals.resamples=0", f"paths.output_dir={tmp_path}",
+              f"output={tmp_path / 'metrics.json'}"]
+    by_file = evaluate(compose_config(common, "evaluate"))["metrics"]["forward_synthesis"]
+    by_split = evaluate(compose_config([*common, "pool_golds=split"], "evaluate"))["metrics"]["forward_synthesis"]
+    assert (by_file["exact_match"], by_split["exact_match"]) == (0.0, 1.0)
+
+    stray = _llm4chem_folder(tmp_path / "stray", {"forward_synthesis": [{**line, "input": "CCCCCCCCCCCC"}]})
+    with pytest.raises(UserError, match=r"^forward_synthesis input 'CCCCCCCCCCCC' of the predictions is not in "
+                                        r"data.split=test of .*: pass the data the predictions were made on"):
+        evaluate(compose_config([*common[1:], f"predictions={stray}", "pool_golds=split"], "evaluate"))
+    with pytest.raises(UserError, match=r"^pool_golds=whole is not a choice"):
+        evaluate(compose_config([*common, "pool_golds=whole"], "evaluate"))
