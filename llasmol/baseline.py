@@ -45,9 +45,11 @@ def baseline(cfg: DictConfig) -> dict:
     """Run `cfg.method` on `cfg.data.split`; returns the metrics and where they were written."""
     from llasmol.baselines.runner import run_baseline
     from llasmol.data.source import SMolInstructSource
+    from llasmol.metrics.families import use_scoring
 
     quiet_known_noise()
     method = make_method(cfg)
+    use_scoring(cfg.get("scoring"))
     data = OmegaConf.to_container(cfg.data, resolve=True)
     source = SMolInstructSource.from_config(data)
     results, intervals, out = run_baseline(method, source, cfg.data.split, cfg.generation,

@@ -25,12 +25,36 @@ def score_file(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
     from llasmol.inference.records import score_and_write
 
     records = read_predictions(cfg.predictions)
+    if cfg.pool_golds == "split":
+        records = _with_split_golds(records, cfg)
     src = Path(cfg.predictions)
     if cfg.get("name"):  # another system's answers, kept as a row that report and the notebooks read
         return _system_row(cfg, records, src)
     out = Path(cfg.output) if cfg.output else src.with_name(src.stem + ".metrics.json")
     results, intervals = score_and_write(records, out, cfg.intervals)
     return results, intervals, out
+
+
+def _with_split_golds(records: list[dict], cfg: DictConfig) -> list[dict]:
+    """`records` with the golds of every sample of `data.split` that shares an input, for the tasks whose golds
+    pool: what the official compute_metrics.py `read_result` reads from the dataset (lines 12-25, 38-43),
+    so a file with part of a split gets the golds the whole split gives each of its inputs."""
+    from llasmol.core.tasks import get_task
+    from llasmol.data.source import SMolInstructSource
+    from llasmol.inference.records import split_golds
+
+    source = SMolInstructSource.from_config(OmegaConf.to_container(cfg.data, resolve=True))
+    pool = split_golds(source.pooling_split(cfg.data.split))
+    for record in records:
+        if get_task(record["task"]).pooled:
+            golds = pool.golds(record, None)
+            if not golds:  # the official scorer stops here too (a KeyError)
+                core = record.get("raw_input", record["input"])
+                raise UserError(f"{record['task']} input {core[:80]!r} of the predictions is not in data.split="
+                                f"{cfg.data.split} of {source.root()}: pass the data the predictions were made on "
+                                "(data.path=<SMolInstruct copy>), or pool_golds=file")
+            record["gold"] = golds + [g for g in record["gold"] if g not in golds]
+    return records
 
 
 def _system_row(cfg: DictConfig, records: list[dict], src: Path) -> tuple[dict, Optional[dict], Path]:
@@ -121,11 +145,17 @@ def _protocol_row(cfg: DictConfig, model_cfg: DictConfig, protocol, folder: Path
 
 def evaluate(cfg: DictConfig) -> dict:
     """Score `cfg.predictions`, or generate with `cfg.ckpt` on `cfg.data.split` and score that."""
+    from llasmol.metrics.families import use_scoring
+
     quiet_known_noise()
     check_settings(cfg)
+    use_scoring(cfg.get("scoring"))
     if cfg.output and Path(cfg.output).is_dir():
         raise UserError(f"output={cfg.output} is a directory: name the metrics file, e.g. "
                         f"output={Path(cfg.output) / 'metrics.json'}")
+    if cfg.pool_golds not in ("file", "split"):
+        raise UserError(f"pool_golds={cfg.pool_golds} is not a choice: file (the samples of the predictions "
+                        "file) or split (every sample of data.split, as the official scorer reads them)")
     if cfg.predictions:
         results, intervals, out = score_file(cfg)
     elif cfg.ckpt:

@@ -74,6 +74,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     import lightning as L
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+    from llasmol.metrics.families import use_scoring
     from llasmol.model.base import check_packing, load_tokenizer, quantization_config
     from llasmol.training.checkpointing import AdapterModelCheckpoint, AtomicCheckpointIO
     from llasmol.training.distributed import check_optimizer, check_trainer
@@ -83,6 +84,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     quiet_known_noise()
     check_settings(cfg)
+    use_scoring(cfg.get("scoring"))
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)

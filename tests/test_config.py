@@ -27,7 +27,7 @@ HF_IDS = {
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_lora_combination_composes(model, lora):
     cfg = compose_config([f"model={model}", f"lora={lora}", "paths.output_dir=/tmp/unused"])
-    # Choosing lora=large switches the base unless the command line names a model itself.
+    # An explicit model wins the composition; the settings check then refuses lora=large on another base.
     assert cfg.model.name == model
     assert cfg.lora.name == lora
     assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout) == (16, 16, 0.05)
@@ -220,8 +220,40 @@ def test_every_shipped_configuration_passes_the_settings_check(command):
     extra = ["paths.output_dir=/x"] if command in ("train", "evaluate", "baseline") else []
     choices = [[f"model={model}"] for model in ("tiny", "mistral", "llama2", "llama2_13b", "codellama", "galactica")]
     if command in ("train", "params"):
-        choices += [["model=mistral", f"lora={lora}"] for lora in ("lite", "attn", "ffn", "plus", "large")]
+        choices += [["model=mistral", f"lora={lora}"] for lora in ("lite", "attn", "ffn", "plus")]
+        choices += [["lora=large"], ["model=llama2_13b", "lora=large"]]
     if command == "baseline":  # no model: its choices are the methods
         choices = [[f"method={method}"] for method in ("rdkit", "opsin", "fingerprint", "nearest_neighbor")]
     for overrides in choices:
         check_settings(compose_config([*overrides, *extra], command))
+
+
+@pytest.mark.parametrize("command", ["train", "params"])
+def test_large_on_another_base_is_refused(command):
+    from llasmol.core.errors import UserError
+    from llasmol.core.settings import check_settings
+
+    extra = ["paths.output_dir=/x"] if command == "train" else []
+    for model in ("mistral", "llama2", "tiny"):
+        cfg = compose_config([f"model={model}", "lora=large", *extra], command)
+        assert cfg.lora.name == "large" and cfg.model.name == model  # what would have run: a 7B "large"
+        with pytest.raises(UserError, match=rf"^lora=large means model=llama2_13b, but model={model} was given"):
+            check_settings(cfg)
+    check_settings(compose_config(["model=llama2_13b", "lora=large", *extra], command))
+
+
+@pytest.mark.parametrize("argv", [["lora=large", "model=mistral"], ["--multirun", "lora=full,large", "model=mistral"]])
+def test_large_on_another_base_stops_the_command_line_before_anything_runs(tmp_path, argv):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.run([sys.executable, "-m", "llasmol.train", *argv, f"hydra.run.dir={tmp_path / 'run'}",
+                           f"hydra.sweep.dir={tmp_path / 'sweep'}"], capture_output=True, text=True, cwd=tmp_path,
+                          env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-800:]
+    assert proc.stderr.strip().splitlines() == [
+        "error: lora=large means model=llama2_13b, but model=mistral was given: drop model=mistral (lora=large "
+        "chooses llama2_13b itself), or use lora=full with model=mistral"]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()  # lora=full did not run either

@@ -260,7 +260,7 @@ def test_formula_task_metrics():
     samples = [
         ([tagged(task, "H6C2O")], ["C2H6O"]),  # right, reordered
         ([tagged(task, "C2H6O2"), tagged(task, "OC2H6"), "x"], ["C2H6O"]),  # right at rank 2
-        ([tagged(task, "banana")], ["C2H6O"]),  # unparseable: wrong
+        ([tagged(task, "C2 H6 O")], ["C2H6O"]),  # not the official syntax (spaces): invalid, wrong
         (["no tags"], ["C2H6O"]),  # no answer
     ]
     metrics = score(task, samples)

@@ -105,8 +105,20 @@ def _check(rule: Rule, key: str, value) -> None:
         raise UserError(f"{key}={value!r} must be {rule.describe()}{hint}")
 
 
+def check_lora_base(cfg: DictConfig) -> None:
+    """A `UserError` when the LoRA variant names the one base it means (`lora.base`: `lora=large` is
+    Llama-2-13B) and the config's model is another."""
+    base, model = OmegaConf.select(cfg, "lora.base"), OmegaConf.select(cfg, "model.name")
+    if base is not None and model is not None and model != base:
+        name = OmegaConf.select(cfg, "lora.name")
+        raise UserError(f"lora={name} means model={base}, but model={model} was given: drop model={model} "
+                        f"(lora={name} chooses {base} itself), or use lora=full with model={model}")
+
+
 def check_settings(cfg: DictConfig) -> None:
-    """A `UserError` naming the first setting of `cfg` outside its allowed values; absent keys are skipped."""
+    """A `UserError` naming the first setting of `cfg` outside its allowed values, or a LoRA variant on a base
+    it does not mean (`check_lora_base`); absent keys are skipped."""
+    check_lora_base(cfg)
     for rule in RULES:
         value = OmegaConf.select(cfg, rule.key, default=_MISSING)
         if value is not _MISSING:

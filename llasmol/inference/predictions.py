@@ -11,6 +11,12 @@ own answer), ``output`` (the generated texts, best first, or null) and ``input_t
 that folder (or one of its files), ``output`` is read as ``predictions``, ``input`` as ``raw_input`` and
 ``input_text`` as ``input``; golds are pooled across samples of one input by the same rule as ours
 (`llasmol.metrics.scoring.record_golds`), so the file scores as the paper's `compute_metrics.py` does.
+Its outputs were decoded with the special tokens kept (generation.py:106, ``skip_special_tokens=False``),
+so they end in ``</s>`` and padding's ``<unk>``. They are read as the official `extract_prediction.py` reads
+them: for a task without answer tags (captioning) both strings are removed wherever they are and the
+text stripped (lines 15-17, TASK_TAGS of config.py:130); a tagged answer is taken from between its tags
+(lines 20-28), which `extract_answer` does with the text as it is (a tag pair leaves the trailing tokens out,
+and a ``<unk>`` inside the tags stays there, as the official reader leaves it).
 """
 
 from __future__ import annotations
@@ -23,6 +29,15 @@ from llasmol.core.tasks import get_task
 from llasmol.metrics.scoring import is_skipped
 
 REQUIRED = ("task", "input", "gold", "predictions")
+# What LLM4Chem's extract_prediction.py:16 removes from an untagged output (end of sequence, padding).
+OFFICIAL_DIRECT_STRIP = ("<unk>", "</s>")
+
+
+def official_direct(text: str) -> str:
+    """An untagged LLM4Chem output as extract_prediction.py's 'direct' mode leaves it."""
+    for token in OFFICIAL_DIRECT_STRIP:
+        text = text.replace(token, "")
+    return text.strip()
 
 
 def _texts(value, what: str, where: str, allow_none: bool = False) -> list[str]:
@@ -109,7 +124,8 @@ def _read_file(path: Path) -> list[dict]:
             except (ValueError, RecursionError) as err:  # 5,000-digit integers; nesting deeper than Python's stack
                 reason = "nested too deeply" if isinstance(err, RecursionError) else str(err).split(";")[0][:80]
                 raise UserError(f"{where} cannot be read ({reason})") from None
-            if isinstance(record, dict) and "output" in record and "predictions" not in record:
+            official = isinstance(record, dict) and "output" in record and "predictions" not in record
+            if official:
                 record = _from_llm4chem(record)
             missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
             if missing:
@@ -124,5 +140,7 @@ def _read_file(path: Path) -> list[dict]:
             record["skipped"] = is_skipped(record)
             record["gold"] = _texts(record["gold"], "gold", where)
             record["predictions"] = _texts(record["predictions"], "predictions", where, allow_none=True)
+            if official and get_task(record["task"]).answer_tag is None:
+                record["predictions"] = [official_direct(p) for p in record["predictions"]]
             records.append(record)
     return records

@@ -16,7 +16,8 @@ sample's predictions, best first (`extract_answer`), `golds` its gold answers:
   ``num_valid``; ``num_too_complex`` = top-1 answers RDKit reads but too large or ring-dense to score
   (`molecules.MAX_ATOMS`, `MAX_RING_CLOSURES`), counted as not valid.
 - formula (NC-I2F, NC-S2F): ``exact_match``/``top{k}_exact_match`` when the atom counts and charge are
-  equal (`llasmol.metrics.formula`); ``num_invalid`` = answers that do not parse as a formula.
+  equal; ``num_invalid`` = answers that do not parse as a formula. Which formulas parse is the official
+  scorer's syntax unless ``scoring.lenient_formulas`` is set (`llasmol.metrics.formula`, `use_scoring`).
 - iupac (NC-S2I): ``exact_match``/``top{k}_exact_match`` when the sets of non-empty ``';'``-separated
   parts, each stripped, are equal (case and inner spacing matter).
 - number (ESOL, Lipo): ``rmse`` over top-1 answers that parse as finite numbers (Python ``float``,
@@ -41,7 +42,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from llasmol.metrics.formula import parse_formula
+from llasmol.metrics.formula import formula_key
 from llasmol.metrics.molecules import FINGERPRINTS, molecule_keys, parse_gold_molecule, tanimoto, too_complex
 
 TOPK: tuple[int, ...] = (1, 3, 5, 10)
@@ -162,10 +163,11 @@ class FormulaFamily(Family):
     metric_names = _TOPK_METRICS + ("num_invalid",)
     counts = frozenset({"num_invalid"})
     lower_is_better = frozenset({"num_invalid"})
+    lenient: bool = False  # scoring.lenient_formulas; set once per process by `use_scoring`
 
     def fill(self, answers, golds, stats):
-        gold_keys = {parse_formula(g) for g in golds} - {None}
-        parsed = [parse_formula(a) for a in answers[: max(TOPK)]]
+        gold_keys = {formula_key(g, self.lenient) for g in golds} - {None}
+        parsed = [formula_key(a, self.lenient) for a in answers[: max(TOPK)]]
         _topk_stats([p is not None and p in gold_keys for p in parsed], stats)
         if answers and answers[0] is not None and parsed[0] is None:
             stats["num_invalid"] = 1.0
@@ -331,6 +333,20 @@ class CaptionFamily(Family):
 FAMILIES: dict[str, Family] = {
     f.name: f for f in (SmilesFamily(), FormulaFamily(), IupacFamily(), NumberFamily(), BooleanFamily(), CaptionFamily())
 }
+
+
+
+def use_scoring(settings) -> None:
+    """Apply the `scoring` config group (conf/scoring/) to this process's scorer; a command calls it once at
+    start, before anything is scored (each DDP process runs the command's start too)."""
+    from llasmol.core.errors import UserError
+
+    lenient = (settings or {}).get("lenient_formulas", False)
+    if not isinstance(lenient, bool):
+        raise UserError(f"scoring.lenient_formulas={lenient!r} must be true or false (false: the official "
+                        "scorer's formula syntax, as the paper scored)")
+    FAMILIES["formula"].lenient = lenient
+
 
 COUNTS: frozenset[str] = COMMON_COUNTS.union(*(f.counts for f in FAMILIES.values()))
 # Every metric any family reports, for tables: scores first (family by family), then the counts.

@@ -1,6 +1,16 @@
-"""Molecular formula parsing: two formulas match when they describe the same atoms and charge.
+r"""Molecular formula parsing: two formulas match when they parse to the same key.
 
-Accepted syntax (whitespace anywhere is ignored):
+Two syntaxes, chosen by the scoring setting ``scoring.lenient_formulas`` (`formula_key`):
+
+**official** (the default, the paper's configuration): as the official scorer, LLM4Chem
+``utils/metrics.py`` ``parse_molecule`` (lines 270-321). A formula is valid only when it matches
+``([A-Za-z]\d*)+([+-]\d*)*$`` from its first character (letters with counts, then charges: no spaces,
+brackets, dots or leading multipliers). Its key counts each ``[A-Z][a-z]?`` symbol with its count, read
+left to right until a character starts no symbol (so ``c2h6o`` is valid with no atoms, and any capitalised
+pair such as ``Xx`` counts as an element), plus the *first* charge's sign and size (``C2H3O2-`` and
+``C2H3O2-1`` are one key). `parse_formula_official`.
+
+**lenient** (`parse_formula`), accepted syntax (whitespace anywhere is ignored):
 
 - elements ``C``, ``Cl``, ... each with an optional count (``C2H6O``); order does not matter,
   so ``C2H6O == H6C2O == CH3CH2OH``; counts of 0 drop out; only the 118 element symbols, plus
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from typing import Hashable, Optional
 
 ELEMENTS = frozenset(
     """H He Li Be B C N O F Ne Na Mg Al Si P S Cl Ar K Ca Sc Ti V Cr Mn Fe Co Ni Cu Zn Ga Ge As
@@ -121,3 +132,36 @@ def parse_formula(text: str | None) -> Formula | None:
     if not atoms:
         return None
     return atoms, charge
+
+
+# LLM4Chem utils/metrics.py:271 (validity), :283 (an element and its count), :311 (the charge).
+_OFFICIAL_VALID = re.compile(r"([A-Za-z]\d*)+([\+\-]\d*)*$")
+_OFFICIAL_ATOM = re.compile(r"([A-Z][a-z]?)(\d+)?")
+_OFFICIAL_CHARGE = re.compile(r"[\+\-]\d*")
+
+
+def parse_formula_official(text: str | None) -> Optional[frozenset[tuple[str, int]]]:
+    """The official scorer's key of a formula (see the module's docstring); ``None`` when it calls the
+    formula invalid. Counts add up as the official dictionary does (``CH3CH2OH`` is ``C2H6O``), and a
+    count of 0 stays a key of its own (``C2H6ON0`` is not ``C2H6O``)."""
+    if not isinstance(text, str) or len(text) > MAX_FORMULA_CHARS or _OFFICIAL_VALID.match(text) is None:
+        return None
+    counts: Counter = Counter()
+    seen: dict[str, None] = {}
+    pos = 0
+    while pos < len(text) and (match := _OFFICIAL_ATOM.match(text, pos)):
+        symbol = match.group(1)
+        counts[symbol] += int(match.group(2) or 1)
+        seen[symbol] = None
+        pos = match.end()
+    key = {symbol: counts[symbol] for symbol in seen}
+    charge = _OFFICIAL_CHARGE.search(text)
+    if charge is not None:
+        key[charge.group()[0]] = int(charge.group()[1:]) if len(charge.group()) > 1 else 1
+    return frozenset(key.items())
+
+
+def formula_key(text: str | None, lenient: bool = False) -> Optional[Hashable]:
+    """What two matching formulas share: `parse_formula` (lenient) or `parse_formula_official`."""
+    return parse_formula(text) if lenient else parse_formula_official(text)
+

@@ -11,11 +11,12 @@ Rules (LlaSMol paper, Appendix A.4):
   make, e.g. with dummy atoms, is keyed by its canonical SMILES instead).  So Kekulé vs
   aromatic spelling, fragment order, repeated fragments and the tautomers and protonation
   states standard InChI merges (2-pyridone and 2-hydroxypyridine; zwitterionic and neutral
-  glycine) do not matter; stereo and net charge do.  Isotope labels are dropped first, from
-  identity and fingerprints alike, as the official scorer does: it canonicalises every answer
-  and gold (LLM4Chem utils/metrics.py lines 158 and 170) by rebuilding each atom from its
-  element and charge (utils/smiles_canonicalization.py lines 16-17) before comparing InChI
-  (utils/metrics.py lines 57-62), so ``[13CH4]`` is methane there.
+  glycine) do not matter; stereo and net charge do.  A part is first put in the official form
+  (`llasmol.data.smiles`) where that changes the molecule, for identity and fingerprints alike, as
+  the official scorer does: it canonicalises every answer and gold (LLM4Chem utils/metrics.py lines
+  158 and 170) by rebuilding each atom from its element and charge (utils/smiles_canonicalization.py
+  lines 16-17) before comparing InChI (utils/metrics.py lines 57-62), so ``[13CH4]`` is methane and
+  the radical ``[CH2]C`` is ethane there.
 - Fingerprints are of the whole (dotted) molecule: Morgan radius 2 unfolded count fingerprint
   (rdFingerprintGenerator's sparse count fingerprint, the same as the legacy
   ``GetMorganFingerprint(mol, 2)``), MACCS keys, and ``RDKFingerprint``; similarity is
@@ -33,6 +34,8 @@ from typing import NamedTuple
 
 from rdkit import Chem, DataStructs, RDLogger
 from rdkit.Chem import MACCSkeys, rdFingerprintGenerator
+
+from llasmol.core.smiles import canonical_part as _canonical_part
 
 RDLogger.DisableLog("rdApp.*")
 
@@ -81,16 +84,18 @@ def too_complex(text: str | None) -> bool:
     return _too_complex(mols)
 
 
-def _without_isotopes(mol: Chem.Mol) -> Chem.Mol | None:
-    """`mol` as the official scorer's canonicalisation leaves it: isotope labels dropped, and the hydrogens
-    that were atoms only because they were labelled ([2H]) folded back into their heavy atoms."""
-    mol = Chem.Mol(mol)
+def _needs_official_rebuild(mol: Chem.Mol) -> bool:
+    """Whether the official scorer's canonicalisation changes `mol`'s structure: it rebuilds every atom from
+    element and charge (`llasmol.data.smiles`), so isotope labels go, radicals close and a bracket atom's
+    stated hydrogens give way to its default valence's (aromatic ``[nH]`` keeps its own; a stereocentre's
+    ``[C@H]`` gets the same one back)."""
     for atom in mol.GetAtoms():
-        atom.SetIsotope(0)
-    try:
-        return Chem.RemoveHs(mol)
-    except Exception:
-        return None
+        if atom.GetIsotope() or atom.GetNumRadicalElectrons():
+            return True
+        if (atom.GetNoImplicit() and not atom.GetIsAromatic() and atom.GetNumExplicitHs()
+                and atom.GetChiralTag() == Chem.ChiralType.CHI_UNSPECIFIED):
+            return True
+    return False
 
 
 def _part_key(mol: Chem.Mol) -> str:
@@ -126,11 +131,14 @@ def parse_molecule(text: str | None, fingerprints: bool = False) -> Molecule | N
             return None
         if mol is None or mol.GetNumAtoms() == 0:
             return None
-        if any(atom.GetIsotope() for atom in mol.GetAtoms()):
-            mol = _without_isotopes(mol)
+        if _needs_official_rebuild(mol):
+            try:
+                part = _canonical_part(part)  # the official form: the official scorer scores that molecule
+            except Exception:
+                return None
+            mol = Chem.MolFromSmiles(part) if part else None
             if mol is None:
                 return None
-            part = Chem.MolToSmiles(mol)  # the whole molecule's fingerprints are of the unlabelled part
         mols.append(mol)
         texts.append(part)
     if _too_complex(mols):
