@@ -1,7 +1,8 @@
 """`python -m llasmol.params model=<m> lora=<l>`: trainable-parameter count on the meta device.
 
 Nothing is downloaded or allocated: the model is built from its bundled config.json facts. The last line
-printed is a JSON object `{"trainable": int, "total": int, "percent": float}`.
+printed is a JSON object `{"trainable": int, "total": int, "base": int, "percent": float}`: `total` counts the
+adapters too (the paper's percentages divide by it), `base` is the base model alone (what a model card counts).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from llasmol.core.settings import check_settings
 
 
 def count_trainable(cfg: DictConfig) -> dict:
-    """Parameter counts of `cfg.model` with the adapters of `cfg.lora`, built on the meta device."""
+    """Parameter counts of `cfg.model` with the adapters of `cfg.lora`, and of the base alone, on the meta device."""
     import torch
 
     from llasmol.model.base import build_meta_model, load_tokenizer
@@ -27,8 +28,10 @@ def count_trainable(cfg: DictConfig) -> dict:
     # The tiny model's vocabulary is its bundled tokenizer's; real bases carry theirs in config.json.
     vocab = len(load_tokenizer(cfg.model)) if cfg.model.get("tokenizer") == "tiny" else None
     with torch.device("meta"):
-        model = apply_lora(build_meta_model(cfg.model, vocab_size=vocab), cfg.model, cfg.lora)
-    return count_parameters(model)
+        base = build_meta_model(cfg.model, vocab_size=vocab)
+        base_count = count_parameters(base)["total"]  # before PEFT adds adapters or a head copy to it
+        model = apply_lora(base, cfg.model, cfg.lora)
+    return {**count_parameters(model), "base": base_count}
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="params")
@@ -37,7 +40,7 @@ def main(cfg: DictConfig) -> None:
     counts = count_trainable(cfg)
     print(
         f"{cfg.model.name} + LoRA {cfg.lora.name}: {counts['trainable'] / 1e6:.1f}M trainable "
-        f"of {counts['total'] / 1e6:.1f}M ({counts['percent']:.2f}%)"
+        f"of {counts['total'] / 1e6:.1f}M ({counts['percent']:.2f}%); the base alone has {counts['base'] / 1e6:.1f}M"
     )
     print(json.dumps(counts))
 
