@@ -106,6 +106,9 @@ def load_tokenizer(model_cfg):
             _weights_source(model_cfg),
             trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
             local_files_only=local_only,
+            # Beside a tekken.json transformers would pick mistral_common's backend, which reads `<s>` in
+            # text as three characters: the paper's string needs its special tokens matched in text.
+            mistral_format=False,
         )
     except (OSError, ValueError) as err:
         raise _offline_error(model_cfg, "the tokenizer files") from err
