@@ -74,3 +74,17 @@ def test_full_adapts_every_projection_of_a_tiny_instance(model):
     adapted = modules_with_adapters(apply_lora(base, cfg.model, cfg.lora))
     assert {n.removeprefix("base_model.model.") for n in adapted} == linear
     assert len(linear) == 2 * len(FULL_ROLES)
+
+
+@pytest.mark.parametrize("model,packs", [("llama31", True), ("mistral_nemo", True), ("qwen25", False),
+                                         ("qwen3", False), ("gemma2", False), ("olmo2", False)])
+def test_packing_runs_on_llama_and_mistral_types_and_is_refused_with_one_line_elsewhere(model, packs):
+    from llasmol.core.errors import UserError
+    from llasmol.model.base import check_packing
+
+    cfg = compose_config([f"model={model}"])
+    if packs:
+        check_packing(cfg.model)
+    else:
+        with pytest.raises(UserError, match=rf"model={model} is \w+, whose packed attention is not yet checked"):
+            check_packing(cfg.model)
