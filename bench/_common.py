@@ -52,3 +52,33 @@ def mistral_tokenizer_folder(root: Path, legacy: bool = True) -> Path:
         "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": None,
     }))
     return folder
+
+
+# Real tokenizers of current Mistral bases that ship inside the `mistral_common` wheel (`data/`), by the
+# `model=` they belong to: (file in the wheel, name the Hub gives it, bundled arch). `load_tokenizer`
+# reads them from a `model.path` folder as it would read the Hub's files.
+WHEEL_TOKENIZERS = {
+    "mistral_v03": ("mistral_instruct_tokenizer_240323.model.v3", "tokenizer.model", "mistral-7b-v0.3"),
+    "mistral_nemo": ("tekken_240718.json", "tekken.json", "mistral-nemo-12b"),
+}
+
+
+def wheel_tokenizer_folder(root: Path, model: str) -> Path:
+    """A model folder (weights aside) holding the real tokenizer of `model` (a key of WHEEL_TOKENIZERS)."""
+    import shutil
+
+    import mistral_common
+
+    from llasmol.model.base import ARCH_DIR
+
+    source, name, arch = WHEEL_TOKENIZERS[model]
+    folder = Path(root) / f"{model}-tokenizer"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(mistral_common.__file__).parent / "data" / source, folder / name)
+    shutil.copy(ARCH_DIR / f"{arch}.json", folder / "config.json")
+    if name == "tokenizer.model":  # SentencePiece: the Hub's tokenizer_config.json names its specials
+        (folder / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False, "legacy": False,
+            "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": None,
+        }))
+    return folder

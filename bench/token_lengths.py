@@ -1,6 +1,8 @@
-"""Token lengths of the bundled sample under Mistral-7B's real tokenizer, per task.
+"""Token lengths of the bundled sample under a real Mistral tokenizer, per task.
 
-    python bench/token_lengths.py
+    python bench/token_lengths.py                     # Mistral-7B-v0.1 (SentencePiece v1)
+    python bench/token_lengths.py mistral_v03         # Mistral-7B-v0.3 (SentencePiece v3)
+    python bench/token_lengths.py mistral_nemo        # Mistral-NeMo-12B (Tekken)
 
 For each task: samples, the median / 99th percentile / longest `<s>[INST] query [/INST] response</s>`,
 the share within the paper's 512-token input length (Sec. 5.1: "covers 99.7% of the samples" of the
@@ -14,9 +16,10 @@ from __future__ import annotations
 
 import random
 import statistics
+import sys
 import tempfile
 
-from _common import ROOT, compose_config, mistral_tokenizer_folder, write_result
+from _common import ROOT, WHEEL_TOKENIZERS, compose_config, mistral_tokenizer_folder, wheel_tokenizer_folder, write_result
 
 from llasmol.data.formatting import PromptFormatter
 from llasmol.data.smolinstruct import SMolInstructSplit
@@ -38,9 +41,16 @@ def answer_length(tok, formatter: PromptFormatter, sample: dict) -> int:
                    add_special_tokens=False)["input_ids"]) - len(prompt)
 
 
-def main() -> None:
-    folder = mistral_tokenizer_folder(tempfile.mkdtemp(), legacy=True)
-    cfg = compose_config(["model=mistral", f"model.path={folder}"])
+def main(model: str = "mistral") -> None:
+    if model == "mistral":
+        folder = mistral_tokenizer_folder(tempfile.mkdtemp(), legacy=True)
+        source = "tokenizer.model.v1"
+    elif model in WHEEL_TOKENIZERS:
+        folder = wheel_tokenizer_folder(tempfile.mkdtemp(), model)
+        source = WHEEL_TOKENIZERS[model][0]
+    else:
+        raise SystemExit(f"error: no real tokenizer ships for model {model!r}: use mistral, {', '.join(WHEEL_TOKENIZERS)}")
+    cfg = compose_config([f"model={model}", f"model.path={folder}"])
     tok = load_tokenizer(cfg.model)
     formatter = PromptFormatter(tok, cfg.model.prompt_template, max_length=10**9)
     tasks = sorted(p.stem for p in (BUNDLED / "core_tag").glob("*.json"))
@@ -84,9 +94,10 @@ def main() -> None:
     print("paper micro-batches (4 random samples, padded to a multiple of 8): real tokens "
           f"{padding['real_token_share_mean']:.1%} of positions on average "
           f"({padding['real_token_share_min']:.1%}-{padding['real_token_share_max']:.1%})")
-    write_result("token_lengths", {"tokenizer": "Mistral-7B SentencePiece (mistral_common tokenizer.model.v1)",
-                                   "tasks": rows, "within_512_all": within, "paper_micro_batches": padding})
+    name = "token_lengths" if model == "mistral" else f"token_lengths-{model}"
+    write_result(name, {"model": cfg.model.hf_id, "tokenizer": f"mistral_common data/{source}",
+                        "tasks": rows, "within_512_all": within, "paper_micro_batches": padding})
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:2])

@@ -2,7 +2,9 @@
 
 Nothing is downloaded or allocated: the model is built from its bundled config.json facts. It also says
 how much memory the base's weights take in `model.dtype`, or quantised (`quantization=4bit|8bit`). The last
-line printed is a JSON object `{"trainable": int, "total": int, "percent": float, "weight_bytes": int}`.
+line printed is a JSON object `{"trainable": int, "total": int, "base": int, "percent": float,
+"weight_bytes": int}`: `total` counts the adapters too (the paper's percentages divide by it), `base` is the
+base model alone (what a model card counts).
 """
 
 from __future__ import annotations
@@ -26,15 +28,17 @@ def _meta_base(cfg: DictConfig):
 
 
 def count_trainable(cfg: DictConfig) -> dict:
-    """Parameter counts of `cfg.model` with the adapters of `cfg.lora`, built on the meta device."""
+    """Parameter counts of `cfg.model` with the adapters of `cfg.lora`, and of the base alone, on the meta device."""
     import torch
 
     from llasmol.model.lora import apply_lora, count_parameters
 
     check_settings(cfg)
     with torch.device("meta"):
-        model = apply_lora(_meta_base(cfg), cfg.model, cfg.lora)
-    return count_parameters(model)
+        base = _meta_base(cfg)
+        base_count = count_parameters(base)["total"]  # before PEFT adds adapters or a head copy to it
+        model = apply_lora(base, cfg.model, cfg.lora)
+    return {**count_parameters(model), "base": base_count}
 
 
 def base_weight_bytes(cfg: DictConfig) -> dict:
@@ -55,7 +59,7 @@ def main(cfg: DictConfig) -> None:
     sizes = base_weight_bytes(cfg)
     print(
         f"{cfg.model.name} + LoRA {cfg.lora.name}: {counts['trainable'] / 1e6:.1f}M trainable "
-        f"of {counts['total'] / 1e6:.1f}M ({counts['percent']:.2f}%)"
+        f"of {counts['total'] / 1e6:.1f}M ({counts['percent']:.2f}%); the base alone has {counts['base'] / 1e6:.1f}M"
     )
     print(describe(sizes, cfg.model.dtype, cfg.get("quantization")))
     print(json.dumps({**counts, "weight_bytes": sizes["total"]}))

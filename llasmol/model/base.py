@@ -48,9 +48,11 @@ PACKING_MODEL_TYPES = ("llama", "mistral")
 def check_packing(model_cfg) -> None:
     model_type = arch_config(model_cfg.arch).model_type  # bundled facts: no download, unknown arch named
     if model_type not in PACKING_MODEL_TYPES:
+        why = ("whose positions come from the attention mask" if model_type == "opt"
+               else "whose packed attention is not yet checked against padded batches")
         raise UserError(
             f"data.packing=true needs a Llama- or Mistral-family base; model={model_cfg.name} is {model_type}, "
-            "whose positions come from the attention mask: set data.packing=false"
+            f"{why}: set data.packing=false"
         )
 
 
@@ -88,7 +90,7 @@ def _offline_error(model_cfg, what: str, reason: Optional[str] = None) -> UserEr
     why = f"; {reason}" if reason else ""
     return UserError(
         f"{what} of {model_cfg.hf_id} are not available offline (not in the Hugging Face cache and no "
-        f"model.path{why}): run `hf download {model_cfg.hf_id}` where the Hub is reachable (Llama 2 and Mistral "
+        f"model.path{why}): run `hf download {model_cfg.hf_id}` where the Hub is reachable (Llama, Mistral and Gemma "
         "are gated: accept the licence on the model's Hub page and `hf auth login` first), or set "
         "model.path=<local folder with the weights>"
     )
@@ -109,6 +111,9 @@ def load_tokenizer(model_cfg):
             _weights_source(model_cfg),
             trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
             local_files_only=local_only,
+            # Beside a tekken.json transformers would pick mistral_common's backend, which reads `<s>` in
+            # text as three characters: the paper's string needs its special tokens matched in text.
+            mistral_format=False,
             **({} if legacy is None else {"legacy": legacy}),
         )
     except (OSError, ValueError) as err:

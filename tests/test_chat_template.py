@@ -1,0 +1,95 @@
+"""`model.prompt_template=chat_template`: the tokenizer's own chat template instead of the paper's string."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import compose_config
+from llasmol.core.errors import UserError
+from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter
+from llasmol.model.base import load_tokenizer
+from test_real_tokenizer import samples
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import wheel_tokenizer_folder  # noqa: E402
+
+# Mistral's first instruct template (one user and one assistant turn): the paper's string is this format.
+MISTRAL_V1_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} "
+                       "[/INST]{% else %} {{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}")
+# ChatML, as Qwen's chat checkpoints write turns.
+CHATML_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def mistral_v03(tmp_path_factory):
+    folder = wheel_tokenizer_folder(tmp_path_factory.mktemp("tok"), "mistral_v03")
+    return load_tokenizer(compose_config(["model=mistral_v03", f"model.path={folder}"]).model)
+
+
+def test_mistrals_own_template_gives_the_papers_ids(mistral_v03):
+    mistral_v03.chat_template = MISTRAL_V1_TEMPLATE
+    paper = PromptFormatter(mistral_v03, "llasmol", max_length=512, train_on_inputs=False)
+    chat = PromptFormatter(mistral_v03, "chat_template", max_length=512, train_on_inputs=False)
+    for sample in samples("dev"):
+        assert chat.prompt_ids(sample["input"]) == paper.prompt_ids(sample["input"])
+        assert chat.encode(sample["input"], sample["output"]) == paper.encode(sample["input"], sample["output"])
+
+
+def chatml_tokenizer():
+    tok = load_tokenizer(compose_config([]).model)  # the tiny model's bundled tokenizer
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|im_end|>"
+    tok.chat_template = CHATML_TEMPLATE
+    return tok
+
+
+def test_chatml_turns_mask_the_prompt_and_end_the_answer_at_end_of_turn():
+    tok = chatml_tokenizer()
+    start, end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    formatter = PromptFormatter(tok, "chat_template", max_length=512, train_on_inputs=False)
+    sample = samples("dev")[0]
+    prompt = formatter.prompt_ids(sample["input"])
+    enc = formatter.encode(sample["input"], sample["output"])
+    assert tok.decode(prompt) == f"<|im_start|>user\n{sample['input']}<|im_end|>\n<|im_start|>assistant\n"
+    assert prompt.count(start) == 2 and enc.input_ids[: len(prompt)] == prompt
+    answer = enc.input_ids[len(prompt):]
+    assert tok.decode(answer) == f"{sample['output']}<|im_end|>\n" and answer[-2] == end == tok.eos_token_id
+    assert enc.labels == [IGNORE_INDEX] * len(prompt) + answer
+    cut = PromptFormatter(tok, "chat_template", max_length=len(prompt) + 3).encode(sample["input"], sample["output"])
+    assert cut.truncated and cut.input_ids == enc.input_ids[: len(prompt) + 3]
+
+
+def test_generation_prompts_come_from_the_chat_template():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from llasmol.inference.beam_search import BeamGenerator, BeamSettings
+    from llasmol.model.base import arch_config
+
+    tok = chatml_tokenizer()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(arch_config("tiny-mistral", vocab_size=len(tok))).eval()
+    generator = BeamGenerator(model, tok, PromptFormatter(tok, "chat_template"))
+    query = samples("test")[0]["input"]
+    assert generator.encode(query) == tok(tok.apply_chat_template(
+        [{"role": "user", "content": query}], tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+    [texts] = generator.generate([query], BeamSettings(2, 2, 4, False))
+    assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
+
+
+def test_a_tokenizer_without_a_chat_template_stops_with_one_line(mistral_v03):
+    mistral_v03.chat_template = None
+    with pytest.raises(UserError, match="has no chat template .*use model.prompt_template=llasmol"):
+        PromptFormatter(mistral_v03, "chat_template")
+
+
+def test_a_template_that_rewrites_the_prompt_in_the_conversation_is_refused():
+    tok = chatml_tokenizer()
+    tok.chat_template = CHATML_TEMPLATE.replace("<|im_start|>assistant\n{% endif %}", "<|im_start|>model\n{% endif %}")
+    with pytest.raises(UserError, match="prompt followed by the answer"):
+        PromptFormatter(tok, "chat_template").encode("q", "a")
