@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -166,6 +167,12 @@ def _kill_after(proc: subprocess.Popen, log: Path, records: int) -> None:
     proc.wait()
 
 
+def _logged_steps(run: Path) -> list[tuple[int, float]]:
+    """(step, train/loss) of every training row of the run's csv/metrics.csv, in file order."""
+    with (run / "csv" / "metrics.csv").open(newline="") as fh:
+        return [(int(r["step"]), float(r["train/loss"])) for r in csv.DictReader(fh) if r.get("train/loss")]
+
+
 def _assert_same_training(combined: dict[int, list[dict]], expected: dict[int, list[dict]], per_epoch: int) -> None:
     for rank, records in expected.items():
         got = combined[rank]
@@ -256,6 +263,7 @@ def test_a_run_stopped_by_ctrl_c_or_sigterm_resumes_exactly_from_interrupted_ckp
                           per_epoch=96)
     expected = json.loads((reference / "result.json").read_text())
     assert resumed["metrics"]["val/loss"] == pytest.approx(expected["metrics"]["val/loss"], rel=1e-5)
+    assert [s for s, _ in _logged_steps(run)] == list(range(24))  # every step's row once
     # Finished, the run's interrupted.ckpt is stale: a later ckpt_path=last must not go back to it.
     assert not ckpt.exists() and not ckpt.with_suffix(".adapter").exists()
 
@@ -305,6 +313,10 @@ def test_a_signal_between_micro_batches_stops_at_the_step_boundary_and_resumes_e
                           {0: _records(reference_acc4 / "reference.jsonl")}, per_epoch=96)
     expected = json.loads((reference_acc4 / "result.json").read_text())
     assert resumed["global_step"] == 12
+    # Every step's row once, the one of the step the stop waited for included (it was lost, #27).
+    logged, reference_logged = _logged_steps(run), _logged_steps(reference_acc4 / "run")
+    assert [s for s, _ in logged] == [s for s, _ in reference_logged] == list(range(12))
+    assert [loss for _, loss in logged] == pytest.approx([loss for _, loss in reference_logged], rel=1e-5)
     assert resumed["metrics"]["val/loss"] == pytest.approx(expected["metrics"]["val/loss"], rel=1e-5)
 
 
