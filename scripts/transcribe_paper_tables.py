@@ -82,7 +82,7 @@ def chunks(text: str) -> list[tuple[str, str]]:
 
 
 def _heading(body: str) -> str:
-    for heading in {**{k: v[0] for k, v in PLAIN_TABLES.items()}, **{k: v[0] for k, v in PIPED_TABLES.items()}}.values():
+    for heading in {v[0] for v in [*PLAIN_TABLES.values(), *PIPED_TABLES.values()]}:
         if body.startswith(heading):
             return heading
     return ""
