@@ -48,7 +48,7 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[P
     _write(out / "metrics.md", metrics.to_markdown(), written)
     _write(out / "metrics.csv", metrics.to_csv(), written)
     intervals = pairs.interval_table(val)
-    intervals.title = f"{run.label}: 95% bootstrap intervals at {val.name}"
+    intervals.title = f"{run.label}: {intervals.title}"
     _write(out / "intervals.md", INTERVALS_NOTE + intervals.to_markdown(), written)
     _write(out / "intervals.csv", intervals.to_csv(), written)
     _write(out / "topk.csv", analysis.topk_table(val).to_csv(), written)

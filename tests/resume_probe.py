@@ -24,3 +24,22 @@ class StepRecorder(Callback):
         # One flushed line per micro-batch (a kill loses at most the current one), one file per rank.
         with open(f"{self.path}.{trainer.global_rank}", "a") as f:
             f.write(json.dumps(self._record) + "\n")
+
+
+class SignalAt(Callback):
+    """Sends this process `signal` (``SIGINT``/``SIGTERM``) once, just before micro-batch `micro_batch`
+    (0-based) of optimizer step `step`: a Ctrl-C that lands between two micro-batches of one step."""
+
+    def __init__(self, signal: str, step: int, micro_batch: int) -> None:
+        self.signal, self.step, self.micro_batch = signal, step, micro_batch
+        self._seen = 0  # micro-batches started in `step`
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        import os
+        import signal
+
+        if trainer.global_step != self.step:
+            return
+        if self._seen == self.micro_batch:
+            os.kill(os.getpid(), getattr(signal, self.signal))
+        self._seen += 1

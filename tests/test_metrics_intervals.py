@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -106,3 +108,102 @@ def test_only_samples_both_runs_scored_are_compared():
     b = boolean_records([False] * 6)
     result = paired_difference(a, b, {BBBP: "accuracy", S2F: "exact_match"})
     assert set(result) == {BBBP} and result[BBBP]["samples"] == 6 and result[BBBP]["difference"] == 1.0
+
+
+# --------------------------------------------------------------------------- exact levels and decisions
+# k right answers among n samples: a resample's accuracy is Binomial(n, k/n) / n exactly, so each interval
+# end is a known binomial quantile. n=32, k=9 keeps every 90/95/99% end at least 4 standard errors of the
+# empirical CDF (20,000 resamples) away from a jump, and the three levels 1-2 grid steps apart on each side.
+N, K, RESAMPLES = 32, 9, 20_000
+
+
+def binomial_interval(n: int, k: int, level: float) -> list[float]:
+    """The central `level` interval of Binomial(n, k/n) / n: the ends a percentile bootstrap converges to."""
+    p, tail, cdf, total = k / n, (1 - level) / 2, [], 0.0
+    for i in range(n + 1):
+        total += math.comb(n, i) * p**i * (1 - p) ** (n - i)
+        cdf.append(total)
+    lo = next(i for i, c in enumerate(cdf) if c > tail)
+    hi = next(i for i, c in enumerate(cdf) if c >= 1 - tail)
+    return [lo / n, hi / n]
+
+
+def test_the_binomial_ends_tell_the_three_levels_apart():
+    ends = {level: binomial_interval(N, K, level) for level in (0.90, 0.95, 0.99)}
+    assert ends == {0.90: [5 / 32, 13 / 32], 0.95: [4 / 32, 14 / 32], 0.99: [3 / 32, 16 / 32]}
+
+
+@pytest.mark.parametrize("level", [0.90, 0.95, 0.99])
+def test_each_end_of_the_interval_is_the_quantile_of_its_level(level):
+    records = boolean_records([i < K for i in range(N)])
+    lo, hi = bootstrap_intervals(per_sample_statistics(records), RESAMPLES, seed=1, level=level)[BBBP]["accuracy"]
+    expected_lo, expected_hi = binomial_interval(N, K, level)
+    assert lo == pytest.approx(expected_lo, abs=1e-9)
+    assert hi == pytest.approx(expected_hi, abs=1e-9)
+
+
+def test_the_configured_level_is_the_level_computed_and_written(cfg_factory, tmp_path):
+    from llasmol.inference.records import score_and_write
+    from llasmol.training.validation import GenerationEvaluator
+
+    records = boolean_records([i < K for i in range(N)])
+    for level in (0.95, 0.90):
+        overrides = [f"intervals.resamples={RESAMPLES}"] + ([] if level == 0.95 else [f"intervals.level={level}"])
+        cfg = cfg_factory(*overrides)
+        assert cfg.intervals.level == level  # 0.95 is the default
+        _, written = score_and_write(records, tmp_path / "m.json", cfg.intervals)  # evaluate, baselines
+        trained = GenerationEvaluator({}, intervals=dict(cfg.intervals))._intervals(records)  # validations
+        for result in (written, trained):
+            assert result["level"] == level
+            lo, hi = result["tasks"][BBBP]["accuracy"]
+            assert [lo, hi] == pytest.approx(binomial_interval(N, K, level), abs=1e-9)
+
+
+def right_on(indices: set[int], n: int = N) -> list[dict]:
+    return boolean_records([i in indices for i in range(n)])
+
+
+@pytest.mark.parametrize("level", [0.90, 0.95, 0.99])
+def test_a_paired_difference_has_the_exact_interval_and_sign_in_both_orders(level):
+    better, worst = right_on(set(range(K))), right_on(set())  # A - B: A's own accuracy in every resample
+    expected = binomial_interval(N, K, level)
+    ahead = paired_difference(better, worst, {BBBP: "accuracy"}, RESAMPLES, seed=1, level=level)[BBBP]
+    behind = paired_difference(worst, better, {BBBP: "accuracy"}, RESAMPLES, seed=1, level=level)[BBBP]
+    assert ahead["difference"] == pytest.approx(K / N) and behind["difference"] == pytest.approx(-K / N)
+    assert ahead["interval"] == pytest.approx(expected, abs=1e-9)
+    assert behind["interval"] == pytest.approx([-expected[1], -expected[0]], abs=1e-9)
+    assert ahead["excludes_zero"] is True and behind["excludes_zero"] is True
+
+
+def test_a_difference_straddling_or_touching_zero_is_not_a_difference():
+    a, b = right_on(set(range(0, 9))), right_on(set(range(9, 18)))  # equally good on different samples
+    straddles = paired_difference(a, b, {BBBP: "accuracy"}, 2000)[BBBP]
+    assert straddles["difference"] == 0.0
+    assert straddles["interval"][0] < 0 < straddles["interval"][1] and straddles["excludes_zero"] is False
+    # One right answer more in 32: a resample misses it with probability (31/32)^32 = 0.36, so the lower
+    # end is exactly 0: on zero, not beyond it.
+    for one, none in ((right_on({0}), right_on(set())), (right_on(set()), right_on({0}))):
+        touching = paired_difference(one, none, {BBBP: "accuracy"}, 2000)[BBBP]
+        assert 0.0 in touching["interval"] and touching["excludes_zero"] is False
+
+
+def test_a_resample_draws_whole_pooled_inputs():
+    from llasmol.metrics.intervals import _weights
+
+    pooled = per_sample_statistics(pooled_records())[S2F]  # 5 inputs of 20 samples
+    weights = _weights(np.random.default_rng(0), pooled, 4000)
+    by_unit = weights.reshape(4000, 5, 20)
+    assert (by_unit == by_unit[:, :, :1]).all()  # an input's samples are drawn together
+    assert (weights.sum(axis=1) == 100).all()  # 5 draws of 20 samples each
+    distinct = (by_unit[:, :, 0] > 0).sum(axis=1)
+    # Distinct inputs among 5 draws from 5: mean 5 * (1 - 0.8^5) = 3.36; as 100 samples it would be ~63.
+    assert distinct.max() <= 5 and distinct.mean() == pytest.approx(5 * (1 - 0.8**5), abs=0.05)
+    single = per_sample_statistics(boolean_records([True] * 100))[BBBP]
+    distinct = (_weights(np.random.default_rng(0), single, 4000) > 0).sum(axis=1)
+    assert distinct.mean() == pytest.approx(100 * (1 - 0.99**100), abs=0.3)
+
+
+def test_a_pooled_interval_moves_in_steps_of_one_input():
+    records = [r for r in pooled_records() if r["raw_input"] != "molecule 1"][:80]  # 1 right input of 4
+    lo, hi = bootstrap_intervals(per_sample_statistics(records), RESAMPLES)[S2F]["exact_match"]
+    assert [lo, hi] == binomial_interval(4, 1, 0.95) == [0.0, 0.75]  # as 80 samples: about [0.16, 0.34]

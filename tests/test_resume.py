@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -166,6 +167,12 @@ def _kill_after(proc: subprocess.Popen, log: Path, records: int) -> None:
     proc.wait()
 
 
+def _logged_steps(run: Path) -> list[tuple[int, float]]:
+    """(step, train/loss) of every training row of the run's csv/metrics.csv, in file order."""
+    with (run / "csv" / "metrics.csv").open(newline="") as fh:
+        return [(int(r["step"]), float(r["train/loss"])) for r in csv.DictReader(fh) if r.get("train/loss")]
+
+
 def _assert_same_training(combined: dict[int, list[dict]], expected: dict[int, list[dict]], per_epoch: int) -> None:
     for rank, records in expected.items():
         got = combined[rank]
@@ -256,8 +263,61 @@ def test_a_run_stopped_by_ctrl_c_or_sigterm_resumes_exactly_from_interrupted_ckp
                           per_epoch=96)
     expected = json.loads((reference / "result.json").read_text())
     assert resumed["metrics"]["val/loss"] == pytest.approx(expected["metrics"]["val/loss"], rel=1e-5)
+    assert [s for s, _ in _logged_steps(run)] == list(range(24))  # every step's row once
     # Finished, the run's interrupted.ckpt is stale: a later ckpt_path=last must not go back to it.
     assert not ckpt.exists() and not ckpt.with_suffix(".adapter").exists()
+
+
+# The same data with accumulation 4 (micro-batch 4, effective batch 16): 6 optimizer steps an epoch.
+RUN_ACC4 = [*[o for o in RUN if not o.startswith("data.effective_batch_size=")], "data.effective_batch_size=16"]
+
+
+@pytest.fixture(scope="module")
+def reference_acc4(tmp_path_factory) -> Path:
+    from conftest import compose_config
+    from llasmol.train import train
+
+    root = tmp_path_factory.mktemp("reference_acc4")
+    result = train(compose_config([*RUN_ACC4, f"paths.output_dir={root / 'run'}",
+                                   f"+callbacks.recorder.path={root / 'reference.jsonl'}"]))
+    assert result["global_step"] == 12
+    (root / "result.json").write_text(json.dumps(result))
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,code", [("SIGINT", 1), ("SIGTERM", 143)])
+def test_a_signal_between_micro_batches_stops_at_the_step_boundary_and_resumes_exactly(
+        tmp_path, cfg_factory, reference_acc4, sig, code):
+    """Ctrl-C or SIGTERM after the first of step 5's four micro-batches: the run still does the other three
+    and the optimizer step, then stops, and the resumed run is the uninterrupted one."""
+    from llasmol.train import train
+
+    run, stopped_log = tmp_path / "run", tmp_path / "stopped.jsonl"
+    probe = ["+callbacks.signal._target_=resume_probe.SignalAt", f"+callbacks.signal.signal={sig}",
+             "+callbacks.signal.step=4", "+callbacks.signal.micro_batch=1"]
+    proc = _start(run, [*RUN_ACC4, f"+callbacks.recorder.path={stopped_log}", *probe], tmp_path)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == code, err[-2000:]
+    state = torch.load(run / "checkpoints" / "interrupted.ckpt", map_location="cpu", weights_only=False)
+    stopped = _records(stopped_log)
+    # Steps 0-4 complete, 4 micro-batches each: none half done, none begun after.
+    assert state["global_step"] == 5
+    assert [(r["step"], r["batch_idx"]) for r in stopped] == [(i // 4, i) for i in range(20)]
+
+    resumed_log = tmp_path / "resumed.jsonl"
+    resumed = train(cfg_factory(*RUN_ACC4, f"paths.output_dir={run}", "ckpt_path=last",
+                                f"+callbacks.recorder.path={resumed_log}"))
+    assert _records(resumed_log)[0]["batch_idx"] == 20  # the epoch continues at the next micro-batch
+    _assert_same_training({0: stopped + _records(resumed_log)},
+                          {0: _records(reference_acc4 / "reference.jsonl")}, per_epoch=96)
+    expected = json.loads((reference_acc4 / "result.json").read_text())
+    assert resumed["global_step"] == 12
+    # Every step's row once, the one of the step the stop waited for included (it was lost, #27).
+    logged, reference_logged = _logged_steps(run), _logged_steps(reference_acc4 / "run")
+    assert [s for s, _ in logged] == [s for s, _ in reference_logged] == list(range(12))
+    assert [loss for _, loss in logged] == pytest.approx([loss for _, loss in reference_logged], rel=1e-5)
+    assert resumed["metrics"]["val/loss"] == pytest.approx(expected["metrics"]["val/loss"], rel=1e-5)
 
 
 @pytest.mark.slow

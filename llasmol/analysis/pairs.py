@@ -32,18 +32,23 @@ def basis(run: Run) -> tuple[str, list[dict]]:
     return latest.name, latest.predictions()
 
 
+def _saved(metrics_path: Path) -> dict:
+    """The intervals file beside `metrics_path` when it is readable and holds tasks, else {}."""
+    saved = intervals_file(metrics_path)
+    try:
+        content = json.loads(saved.read_text(encoding="utf-8")) if saved.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return content if isinstance(content, dict) and isinstance(content.get("tasks"), dict) else {}
+
+
 def intervals_of(metrics_path: Path, records: Sequence[dict], resamples: int = 1000, seed: int = 0,
                  level: float = 0.95) -> dict:
     """The intervals written beside `metrics_path` (``{task: {metric: [lo, hi]}}``), or, for a run written
     before intervals were (no such file), computed now from its prediction records."""
-    saved = intervals_file(metrics_path)
-    if saved.is_file():
-        try:
-            tasks = json.loads(saved.read_text(encoding="utf-8")).get("tasks")
-        except (OSError, ValueError, AttributeError):
-            tasks = None
-        if isinstance(tasks, dict):
-            return tasks
+    saved = _saved(metrics_path)
+    if saved:
+        return saved["tasks"]
     if not records:
         return {}
     return bootstrap_intervals(per_sample_statistics(records), resamples, seed, level)
@@ -57,7 +62,9 @@ def interval_table(val: Validation) -> Table:
         for name, pair in intervals.get(task, {}).items():
             if pair is not None:
                 rows.append([task, name, values.get(name), pair[0], pair[1]])
-    return Table(["task", "metric", "value", "lo", "hi"], rows, title=f"95% bootstrap intervals at {val.name}")
+    # A run may have been trained or evaluated with another `intervals.level`: its file says which.
+    level = _saved(val.metrics_path).get("level", 0.95)
+    return Table(["task", "metric", "value", "lo", "hi"], rows, title=f"{level:.0%} bootstrap intervals at {val.name}")
 
 
 def ablation_intervals(runs: Sequence[Run], labels: Sequence[str]) -> dict[str, dict[str, list[float]]]:

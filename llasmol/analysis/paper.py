@@ -43,6 +43,9 @@ against 2.0) and the paper does not say why; both are kept as printed, under dif
 ``GPT-4 (0-shot)`` ... ``GPT-4 (5-shot)`` are the appendix rows (Tables 4-11, 13).
 
 Printed as is even where odd: Code Llama's RS top-3 exact match (0.1) above its top-5 (0.0), Table 11.
+
+Every number here is tested against a second transcription that `scripts/transcribe_paper_tables.py` reads
+from the paper's text (tests/data/paper_tables.json, tests/test_paper_transcription.py).
 """
 
 from __future__ import annotations

@@ -48,6 +48,12 @@ TOUCH_POINTS: tuple[tuple[str, str, str, str, str], ...] = (
      "it refuses norm clipping under FSDP; the paper recipe clips at 1.0, through the root instead"),
     ("lightning.pytorch.callbacks", "RichProgressBar", "progress", "instance",
      "the live rich display that the validation generation adds its row to"),
+    ("lightning.pytorch", "Trainer", "_logger_connector", "instance",
+     "a stop raised at a step's end would skip the step's logged row, which Lightning writes after the hook"),
+    ("lightning.pytorch.trainer.connectors.logger_connector.logger_connector", "_LoggerConnector", "on_batch_end",
+     "class", "the same"),
+    ("lightning.pytorch.trainer.connectors.logger_connector.logger_connector", "_LoggerConnector",
+     "update_train_step_metrics", "class", "the same"),
 )
 
 
@@ -71,6 +77,9 @@ def _instance(name: str, cls: type) -> Any:
         return cls(save_dir=tempfile.mkdtemp(), **({"offline": True} if name == "WandbLogger" else {}))
     if name == "ExperimentWriter":
         return cls(tempfile.mkdtemp())
+    if name == "Trainer":
+        return cls(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                   default_root_dir=tempfile.mkdtemp())
     return cls()
 
 
@@ -117,6 +126,16 @@ class CheckpointWithHooks(ModelCheckpoint):
 
 
 # --------------------------------------------------------------------------- loggers
+
+
+def log_step_row_now(trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+    """What Lightning does for a step's logged row after the callbacks' `on_train_batch_end`: the module's own
+    hook, then the row to the loggers (when the step is one to log). For a callback that ends training in
+    that hook by raising, which skips the rest of the batch: without this the step's row is never written."""
+    pl_module.on_train_batch_end(outputs, batch, batch_idx)
+    connector = trainer._logger_connector
+    connector.on_batch_end()
+    connector.update_train_step_metrics()
 
 
 class CSVLoggerWithWriter(CSVLogger):

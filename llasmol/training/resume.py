@@ -26,6 +26,7 @@ from omegaconf import open_dict
 
 from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
+from llasmol.training.lightning_private import log_step_row_now
 
 
 log = logging.getLogger(__name__)
@@ -227,6 +228,7 @@ class StopAtStepBoundary(Callback):
             requested = int(trainer.strategy.reduce(flag, reduce_op="max"))
         if requested:
             self._restore()
+            log_step_row_now(trainer, pl_module, outputs, batch, batch_idx)  # a resumed run logs from the next step
             stop = KeyboardInterrupt() if requested == signal.SIGINT else SIGTERMException()
             stop.at_step_boundary = True  # the checkpoint callback saves interrupted.ckpt for these only
             raise stop
