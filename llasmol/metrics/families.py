@@ -13,8 +13,8 @@ sample's predictions, best first (`extract_answer`), `golds` its gold answers:
   k or more predictions (a sample with fewer uses all it has); ``validity`` = valid top-1 answers / top-1
   answers; ``fts`` (Morgan), ``fts_maccs``, ``fts_rdk`` = mean over valid top-1 answers of the Tanimoto
   similarity to the most similar gold, per fingerprint (a gold that does not parse counts as 0);
-  ``num_valid``; ``num_too_complex`` = top-1 answers RDKit reads but too large or ring-dense to score
-  (`molecules.MAX_ATOMS`, `MAX_RING_CLOSURES`), counted as not valid.
+  ``num_valid``; ``num_too_complex`` = top-1 answers RDKit reads but too large, ring-dense or costly to
+  fingerprint to score (`molecules.MAX_ATOMS`, `MAX_RING_CLOSURES`, `MAX_SUBGRAPHS`), counted as not valid.
 - formula (NC-I2F, NC-S2F): ``exact_match``/``top{k}_exact_match`` when the atom counts and charge are
   equal (`llasmol.metrics.formula`); ``num_invalid`` = answers that do not parse as a formula.
 - iupac (NC-S2I): ``exact_match``/``top{k}_exact_match`` when the sets of non-empty ``';'``-separated
@@ -127,7 +127,7 @@ class SmilesFamily(Family):
             hits.append(keys is not None and keys in gold_keys)
         _topk_stats(hits, stats)
         if top1 is None and answers and too_complex(answers[0]):
-            stats["num_too_complex"] = 1.0  # refused unscored (molecules.MAX_ATOMS, MAX_RING_CLOSURES)
+            stats["num_too_complex"] = 1.0  # refused unscored (molecules.MAX_ATOMS, ..., MAX_SUBGRAPHS)
         if top1 is not None:
             stats["num_valid"] = 1.0
             for name in FINGERPRINTS:
