@@ -160,10 +160,12 @@ def test_pathological_molecules_are_scored_in_bounded_time(answer, task):
 @given(answer=HUGE_NUMBERS, gold=st.one_of(HUGE_NUMBERS, st.just("-1.41")),
        task=st.sampled_from(["property_prediction-esol", "property_prediction-lipo"]))
 def test_huge_numbers_are_counted_never_raised(answer, gold, task):
-    """|x| above ~1.3e154 makes a squared error overflow: counted as an invalid answer, never raised."""
+    """An error past `MAX_ABS_ERROR` is counted as an invalid answer (`num_overflow`), never raised; a gold
+    that is not a finite number (9 x 400 reads as inf) is an invalid gold."""
     metrics = finalize(task, sample_stats(task, [f"<NUMBER> {answer} </NUMBER>"], [gold]))
     _check(task, metrics)
-    assert metrics["num_valid"] + metrics["num_invalid"] == 1
+    assert metrics["num_valid"] + metrics["num_invalid"] + metrics["num_invalid_gold"] == 1
+    assert metrics["num_invalid_gold"] == (gold == "9" * 400)
     assert metrics["num_valid"] == 0 or math.isfinite(metrics["rmse"])
 
 

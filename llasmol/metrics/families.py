@@ -20,9 +20,11 @@ sample's predictions, best first (`extract_answer`), `golds` its gold answers:
 - iupac (NC-S2I): ``exact_match``/``top{k}_exact_match`` when the sets of non-empty ``';'``-separated
   parts, each stripped, are equal (case and inner spacing matter).
 - number (ESOL, Lipo): ``rmse`` over top-1 answers that parse as finite numbers (Python ``float``,
-  Unicode minus accepted; ``nan``/``inf``/``1e999`` do not parse, nor a number whose squared error
-  overflows), each against the closest gold;
-  ``num_valid`` + ``num_invalid`` + ``num_no_answer`` = ``num_samples``; RMSE with no valid answer is NaN.
+  Unicode minus accepted; ``nan``/``inf``/``1e999`` do not parse), each against the closest gold; an answer
+  further than `MAX_ABS_ERROR` from it is invalid and counted in ``num_overflow`` (so the summed squares stay
+  finite); a sample whose golds are not numbers (``NaN``) is ``num_invalid_gold``, left out of RMSE whatever
+  its answer; ``num_valid`` + ``num_invalid`` + ``num_invalid_gold`` + ``num_no_answer`` = ``num_samples``;
+  RMSE with no valid answer is NaN.
 - boolean (BBBP, ClinTox, HIV, SIDER): the top-1 answer is ``yes``/``no`` case-insensitively, after
   stripping whitespace and one trailing period; ``accuracy`` = correct / *all* samples (a missing or
   non-yes/no answer is wrong); ``f1`` (positive class Yes) and ``mcc`` from the confusion counts ``tp fp
@@ -212,29 +214,36 @@ def parse_number(text: Optional[str]) -> Optional[float]:
     return value if math.isfinite(value) else None
 
 
+# Absolute errors past this are counted (`num_overflow`), not summed: squares of up to 1e100 add up without
+# overflowing float64 for any number of samples, where three errors of 1e154 already sum to inf.
+MAX_ABS_ERROR = 1e100
+
+
 class NumberFamily(Family):
     name = "number"
-    stats = ("num_valid", "num_invalid", "sq_err_sum")
-    metric_names = ("rmse", "num_valid", "num_invalid")
-    counts = frozenset({"num_valid", "num_invalid"})
-    lower_is_better = frozenset({"rmse", "num_invalid"})
+    stats = ("num_valid", "num_invalid", "num_overflow", "num_invalid_gold", "sq_err_sum")
+    metric_names = ("rmse", "num_valid", "num_invalid", "num_overflow", "num_invalid_gold")
+    counts = frozenset({"num_valid", "num_invalid", "num_overflow", "num_invalid_gold"})
+    lower_is_better = frozenset({"rmse", "num_invalid", "num_overflow", "num_invalid_gold"})
     score_lower_is_better = True  # the absolute error
 
     def fill(self, answers, golds, stats):
         if not answers or answers[0] is None:
             return
-        value = parse_number(answers[0])
         gold_values = [v for v in map(parse_number, golds) if v is not None]
-        if value is None or not gold_values:
+        if not gold_values:
+            stats["num_invalid_gold"] = 1.0  # a `NaN` gold: nothing to score the answer against, not its fault
+            return
+        value = parse_number(answers[0])
+        if value is None:
             stats["num_invalid"] = 1.0
             return
-        # Products, not powers: a power raises OverflowError past ~1.3e154; a product gives inf.
-        error = min((value - gold) * (value - gold) for gold in gold_values)
-        if not math.isfinite(error):
-            stats["num_invalid"] = 1.0  # an answer (or gold) so large its error overflows: counted, not raised
+        error = min(abs(value - gold) for gold in gold_values)
+        if not error <= MAX_ABS_ERROR:
+            stats["num_invalid"] = stats["num_overflow"] = 1.0  # counted, never summed into an inf RMSE
             return
         stats["num_valid"] = 1.0
-        stats["sq_err_sum"] = error
+        stats["sq_err_sum"] = error * error
 
     def metrics(self, stats):
         valid = stats["num_valid"]
@@ -242,11 +251,15 @@ class NumberFamily(Family):
             "rmse": math.sqrt(stats["sq_err_sum"] / valid) if valid > 0 else math.nan,
             "num_valid": valid,
             "num_invalid": stats["num_invalid"],
+            "num_overflow": stats["num_overflow"],
+            "num_invalid_gold": stats["num_invalid_gold"],
         }
 
     def judge(self, stats):
         if stats["num_valid"]:
             return "scored", math.sqrt(stats["sq_err_sum"])  # the absolute error
+        if stats["num_invalid_gold"]:
+            return "scored", None  # the answer may be fine; its gold is not a number
         return "invalid", None
 
 
