@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import UserError, report_user_errors
+from llasmol.core.files import check_target
 from llasmol.core.quiet import quiet_known_noise
 from llasmol.core.settings import check_settings
 
@@ -89,6 +90,8 @@ def evaluate(cfg: DictConfig) -> dict:
     if cfg.output and Path(cfg.output).is_dir():
         raise UserError(f"output={cfg.output} is a directory: name the metrics file, e.g. "
                         f"output={Path(cfg.output) / 'metrics.json'}")
+    if cfg.output:
+        check_target(cfg.output, "output")  # before any work: a FIFO or device is not replaced at the end
     if cfg.predictions:
         results, intervals, out = score_file(cfg)
     elif cfg.ckpt:
