@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -206,6 +207,14 @@ def test_a_directory_or_pipe_given_as_the_predictions_file_is_named(tmp_path):
     proc = run_cli(["llasmol.evaluate", f"predictions={good}", f"output={tmp_path}", f"hydra.run.dir={tmp_path / 'h'}"],
                    tmp_path)
     assert proc.returncode == 2 and f"error: output={tmp_path} is a directory: name the metrics file" in proc.stderr
+    # A pipe (or a device) as the output is refused before scoring, not swapped for a JSON file at the end.
+    proc = run_cli(["llasmol.evaluate", f"predictions={good}", f"output={fifo}", f"hydra.run.dir={tmp_path / 'h'}"],
+                   tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: output={fifo} is a named pipe (FIFO), not a regular file: llasmol writes only regular files "
+        "(replaced whole) or new paths; name a new file"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and not (tmp_path / "good.metrics.json").exists()
 
 
 def test_evaluate_a_run_directory_on_the_test_split(run_dir, tmp_path):
@@ -605,3 +614,23 @@ def test_another_systems_predictions_become_a_named_report_row(tmp_path, capsys)
     assert len(table.rows) == len(result["metrics"]) >= 10
     assert {r["difference"] for r in table.records() if r["difference"] is not None} == {0.0}
     assert {r["samples"] for r in table.records()} == {30}
+
+
+def test_a_question_holding_an_equals_sign_is_a_question():
+    """Only an argument naming one of generate's settings is an override: 'a=b, c' is a question; any text
+    at all passes as query=<text>, taken literally (never parsed, even when it looks like a setting)."""
+    from llasmol.generate import _settings, _split_query
+
+    settings = _settings()
+    assert {"ckpt", "task", "generation", "model", "hydra"} <= settings and "a" not in settings
+    cases = {
+        ("a=b, c", "ckpt=x"): (["ckpt=x"], "a=b, c"),
+        ("ckpt=x", "Is pH=7 acidic?", "task=property_prediction-bbbp"): (["ckpt=x", "task=property_prediction-bbbp"],
+                                                                         "Is pH=7 acidic?"),
+        ("generation.num_beams=2", "+foo=1", "E=mc^2"): (["generation.num_beams=2", "+foo=1"], "E=mc^2"),
+        ("task=forward_synthesis", "query=task=x, ${oc.env:HOME}", "ckpt=x"): (["task=forward_synthesis", "ckpt=x"],
+                                                                              "task=x, ${oc.env:HOME}"),
+        ("ckpt=x", "task=y"): (["ckpt=x", "task=y"], None),
+    }
+    for args, (rest, question) in cases.items():
+        assert _split_query(["generate", *args], settings) == (["generate", *rest], question), args
