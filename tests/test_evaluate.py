@@ -634,3 +634,22 @@ def test_a_question_holding_an_equals_sign_is_a_question():
     }
     for args, (rest, question) in cases.items():
         assert _split_query(["generate", *args], settings) == (["generate", *rest], question), args
+
+
+@pytest.mark.parametrize("content, needle", [
+    ('{"best_checkpoint": "/x/epoch0', "is not JSON (truncated or overwritten?)"),
+    ("[1, 2]", "holds a JSON list, not the object llasmol.train writes"),
+    ('{"best_checkpoint": 5}', "best_checkpoint is 5, not a checkpoint path"),
+    ('{"best_checkpoint": {"a": 1}}', 'best_checkpoint is {"a": 1}, not a checkpoint path'),
+    (b"\xff\xfe", "is not JSON"),
+])
+def test_a_run_directorys_result_json_is_read_as_data(tmp_path, content, needle):
+    from llasmol.core.errors import UserError
+    from llasmol.inference.loading import _best_adapter
+
+    result = tmp_path / "result.json"
+    result.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(UserError) as err:
+        _best_adapter(tmp_path)
+    assert str(err.value).startswith(str(result)) and needle in str(err.value), str(err.value)
+    assert str(err.value).endswith("repair or remove it (then the run's last adapter is taken)")

@@ -119,11 +119,27 @@ def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
     )
 
 
+def _best_checkpoint(result: Path) -> Optional[str]:
+    """The `best_checkpoint` a run's result.json names (None: none kept), read as data: a file that is not
+    a JSON object, or a field that is not a path, is one line naming them."""
+    fix = "repair or remove it (then the run's last adapter is taken)"
+    try:
+        data = json.loads(result.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise UserError(f"{result} is not JSON (truncated or overwritten?): {fix}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{result} holds a JSON {type(data).__name__}, not the object llasmol.train writes: {fix}")
+    best = data.get("best_checkpoint")
+    if best is not None and not isinstance(best, str):
+        raise UserError(f"{result}: best_checkpoint is {json.dumps(best)[:80]}, not a checkpoint path: {fix}")
+    return best
+
+
 def _best_adapter(run_dir: Path) -> Path:
     result = run_dir / layout.RESULT
     candidates = []
     if result.is_file():
-        best = json.loads(result.read_text()).get("best_checkpoint")
+        best = _best_checkpoint(result)
         if best:  # by name: a run directory copied or moved elsewhere keeps its best checkpoint
             candidates.append(adapter_dir(run_dir / layout.CHECKPOINTS / Path(best).name))
     candidates.append(adapter_dir(run_dir / layout.CHECKPOINTS / layout.LAST_CKPT))
