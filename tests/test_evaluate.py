@@ -653,3 +653,24 @@ def test_a_run_directorys_result_json_is_read_as_data(tmp_path, content, needle)
         _best_adapter(tmp_path)
     assert str(err.value).startswith(str(result)) and needle in str(err.value), str(err.value)
     assert str(err.value).endswith("repair or remove it (then the run's last adapter is taken)")
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("r", "16", "a whole number (the LoRA rank)"), ("r", True, "a whole number (the LoRA rank)"),
+    ("lora_alpha", [16], "a number"), ("target_modules", 5, "a list of module names"),
+    ("base_model_name_or_path", 7, "a model id or folder"), ("fan_in_fan_out", "no", "true or false"),
+])
+def test_an_adapter_config_with_a_field_of_the_wrong_type_is_one_line(tmp_path, field, value, expected):
+    from omegaconf import OmegaConf
+
+    from llasmol.core.errors import UserError
+    from llasmol.inference.loading import _check_adapter_base
+
+    config = {"peft_type": "LORA", "base_model_name_or_path": "llasmol/tiny", "r": 8, "lora_alpha": 16,
+              "target_modules": ["q_proj"], "fan_in_fan_out": False, field: value}
+    (tmp_path / "adapter_config.json").write_text(json.dumps(config))
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    with pytest.raises(UserError) as err:
+        _check_adapter_base(tmp_path, OmegaConf.create({"name": "tiny", "random_init": True}))
+    assert str(err.value) == (f"{tmp_path}/adapter_config.json: {field} is {json.dumps(value)}, not {expected}: "
+                              "save the adapter again")

@@ -87,6 +87,21 @@ def _check_run_data(run_dir: Path, run_cfg: DictConfig) -> None:
         )
 
 
+# The fields of adapter_config.json this code and PEFT's LoRA read, with the JSON types they must have (a
+# string rank or a numeric base name fails deep inside PEFT or pathlib otherwise).
+_CONFIG_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "peft_type": ((str,), "a string such as \"LORA\""),
+    "base_model_name_or_path": ((str, type(None)), "a model id or folder"),
+    "r": ((int,), "a whole number (the LoRA rank)"),
+    "lora_alpha": ((int, float), "a number"),
+    "lora_dropout": ((int, float), "a number"),
+    "target_modules": ((list, str, type(None)), "a list of module names"),
+    "modules_to_save": ((list, type(None)), "a list of module names or null"),
+    "fan_in_fan_out": ((bool,), "true or false"),
+    "bias": ((str,), "a string such as \"none\""),
+}
+
+
 def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
     """A readable adapter folder, trained on this base: an adapter of one Hub base model must not be
     loaded onto another (PEFT would load matching shapes silently or fail deep inside)."""
@@ -96,6 +111,11 @@ def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
         raise UserError(f"{adapter}/adapter_config.json is not valid JSON ({err}): save the adapter again") from None
     if not isinstance(config, dict) or "peft_type" not in config:
         raise UserError(f"{adapter}/adapter_config.json is not a PEFT adapter config (no peft_type): save the adapter again")
+    for field, (kinds, expected) in _CONFIG_FIELDS.items():
+        value = config.get(field)
+        if field in config and not (isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)):
+            raise UserError(f"{adapter}/adapter_config.json: {field} is {json.dumps(value)[:80]}, not {expected}: "
+                            "save the adapter again")
     if not any((adapter / name).is_file() for name in (WEIGHTS_SAFETENSORS, WEIGHTS_PICKLE)):
         raise UserError(f"{adapter} has {ADAPTER_CONFIG} but no {WEIGHTS_SAFETENSORS}: copy the weights too")
     base = config.get("base_model_name_or_path")
