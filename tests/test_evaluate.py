@@ -674,3 +674,34 @@ def test_an_adapter_config_with_a_field_of_the_wrong_type_is_one_line(tmp_path, 
         _check_adapter_base(tmp_path, OmegaConf.create({"name": "tiny", "random_init": True}))
     assert str(err.value) == (f"{tmp_path}/adapter_config.json: {field} is {json.dumps(value)}, not {expected}: "
                               "save the adapter again")
+
+
+ALIAS_BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("model:\n  name: tiny\nmodel:\n  name: x\n", "found duplicate key"),
+    ("model: !!python/object/apply:os.system [ls]\n", "line 1 has the YAML tag tag:yaml.org,2002:python/object/apply:os.system"),
+    ("model: !foo 1\n", "line 1 has the YAML tag !foo"),
+    (ALIAS_BOMB, "line 2 uses a YAML alias (*a), which llasmol.train never writes"),
+    ("- 1\n- 2\n", "holds a YAML list, not the mapping"),
+    ("model: [unclosed\n", "is not the YAML llasmol.train writes"),
+    (b"model: \xff\n", "is not UTF-8 text"),
+    ("x: " + "a" * 1_000_001 + "\n", "bytes, far more than llasmol.train writes"),
+])
+def test_a_run_directorys_config_is_read_as_data_in_bounded_time(tmp_path, content, needle):
+    import time
+
+    from llasmol.core.errors import UserError
+    from llasmol.inference.loading import resolve_checkpoint
+
+    (tmp_path / ".hydra").mkdir()
+    path = tmp_path / ".hydra" / "config.yaml"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    start = time.monotonic()
+    with pytest.raises(UserError) as err:
+        resolve_checkpoint(str(tmp_path), compose_config(["paths.output_dir=/x"], "evaluate"))
+    assert time.monotonic() - start < 30
+    assert str(err.value).startswith(str(path)) and needle in str(err.value), str(err.value)
+    assert str(err.value).endswith("evaluate only run directories written by llasmol.train")

@@ -34,7 +34,7 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
         return cfg.model, None, None
     path = Path(ckpt)
     if (path / layout.HYDRA_CONFIG).is_file():
-        run_cfg = OmegaConf.load(path / layout.HYDRA_CONFIG)
+        run_cfg = read_run_config(path / layout.HYDRA_CONFIG)
         _check_run_data(path, run_cfg)
         return _run_model(path, run_cfg, cfg), str(_best_adapter(path)), run_cfg.data
     if (path / ADAPTER_CONFIG).is_file():
@@ -46,6 +46,42 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
             "with adapter_config.json and adapter_model.safetensors, or a Hub id owner/name"
         )
     return cfg.model, str(ckpt), None  # a Hub id such as osunlp/LlaSMol-Mistral-7B
+
+
+# Hydra writes plain YAML: no tags beyond the core schema's, no anchors or aliases, a few kilobytes.
+_PLAIN_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq"))
+MAX_RUN_CONFIG_BYTES = 1_000_000
+
+
+def read_run_config(path: Path) -> DictConfig:
+    """A run directory's `.hydra/config.yaml`, read as data in bounded time and memory: its size, YAML tags
+    (`!!python/object`, `!foo`), aliases (nine nested aliases of nine make 9^9 nodes) and duplicate keys are
+    checked before OmegaConf builds anything; each is one line naming the file (and the line)."""
+    import yaml
+
+    fix = "evaluate only run directories written by llasmol.train"
+    size = path.stat().st_size
+    if size > MAX_RUN_CONFIG_BYTES:
+        raise UserError(f"{path} is {size:,} bytes, far more than llasmol.train writes: {fix}")
+    try:
+        text = path.read_text(encoding="utf-8")
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            line = getattr(event.start_mark, "line", -1) + 1
+            if isinstance(event, yaml.AliasEvent):
+                raise UserError(f"{path} line {line} uses a YAML alias (*{event.anchor}), which llasmol.train never "
+                                f"writes and which can expand without bound: {fix}")
+            tag = getattr(event, "tag", None)
+            if tag is not None and tag not in _PLAIN_TAGS and not isinstance(event, yaml.DocumentStartEvent):
+                raise UserError(f"{path} line {line} has the YAML tag {tag}, which llasmol.train never writes: {fix}")
+        cfg = OmegaConf.create(text)
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text: {fix}") from None
+    except yaml.YAMLError as err:  # duplicate keys, broken syntax
+        why = " ".join(str(err).split())[:160]
+        raise UserError(f"{path} is not the YAML llasmol.train writes ({why}): {fix}") from None
+    if not isinstance(cfg, DictConfig):
+        raise UserError(f"{path} holds a YAML list, not the mapping llasmol.train writes: {fix}")
+    return cfg
 
 
 # The model fields `llasmol.train` writes into a run directory, and what each may hold.
