@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import report_user_errors
+from llasmol.core.files import check_target
 from llasmol.core.quiet import quiet_known_noise
 from llasmol.core.settings import check_settings
 
@@ -50,6 +51,8 @@ def baseline(cfg: DictConfig) -> dict:
     quiet_known_noise()
     method = make_method(cfg)
     use_scoring(cfg.get("scoring"))
+    if cfg.output:
+        check_target(cfg.output, "output")  # before any work: a FIFO or device is not replaced at the end
     data = OmegaConf.to_container(cfg.data, resolve=True)
     source = SMolInstructSource.from_config(data)
     results, intervals, out = run_baseline(method, source, cfg.data.split, cfg.generation,

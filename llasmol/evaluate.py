@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import UserError, report_user_errors
+from llasmol.core.files import check_target
 from llasmol.core.quiet import quiet_known_noise
 from llasmol.core.settings import check_settings
 
@@ -156,6 +157,8 @@ def evaluate(cfg: DictConfig) -> dict:
     if cfg.pool_golds not in ("file", "split"):
         raise UserError(f"pool_golds={cfg.pool_golds} is not a choice: file (the samples of the predictions "
                         "file) or split (every sample of data.split, as the official scorer reads them)")
+    if cfg.output:
+        check_target(cfg.output, "output")  # before any work: a FIFO or device is not replaced at the end
     if cfg.predictions:
         results, intervals, out = score_file(cfg)
     elif cfg.ckpt:

@@ -1,5 +1,8 @@
 """`python -m llasmol.generate "<query>" [ckpt=<run dir | adapter dir>]`: ask a trained model one question.
 
+A question holding `=` is a question unless it starts with one of generate's settings (`task=...`); to pass
+any text whatever, write `query='<question>'`, which is taken literally too.
+
 SMILES inside <SMILES> … </SMILES> are first written as SMolInstruct writes them (canonical Kekulé SMILES),
 the form a LlaSMol model was trained on.
 Prints the response(s), best first, and the answer extracted from between the response's tags. Runs on
@@ -76,13 +79,34 @@ def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
     return responses
 
 
-def _split_query(argv: list[str]) -> tuple[list[str], Optional[str]]:
-    """Hydra takes only key=value overrides: the first plain argument is the question, taken out of the
-    arguments so that it is never parsed as config (`${oc.env:HOME}` in a question stays as written)."""
+def _settings() -> frozenset[str]:
+    """The names an override of generate may start with: its config's top-level keys and the config groups."""
+    from llasmol.core.config import compose_config
+
+    try:
+        keys = set(compose_config([], "generate"))
+    finally:
+        from hydra.core.global_hydra import GlobalHydra
+
+        GlobalHydra.instance().clear()
+    groups = {p.name for p in CONFIG_DIR.iterdir() if p.is_dir()}
+    return frozenset(keys | groups | {"hydra"})
+
+
+def _split_query(argv: list[str], settings: Optional[frozenset[str]] = None) -> tuple[list[str], Optional[str]]:
+    """Hydra takes only key=value overrides: the question is taken out of the arguments so that it is never
+    parsed as config (`${oc.env:HOME}` in a question stays as written). It is `query=<question>` when given
+    (taken literally, whatever it holds), else the first argument that is not an option or an override of one
+    of generate's settings: `'a=b, c'` is a question, since `a` is no setting."""
     for i, arg in enumerate(argv[1:], 1):
-        if argv[i - 1] in VALUED_OPTIONS:
+        if arg.startswith("query="):
+            return argv[:i] + argv[i + 1 :], arg[len("query="):]
+    settings = _settings() if settings is None else settings
+    for i, arg in enumerate(argv[1:], 1):
+        if argv[i - 1] in VALUED_OPTIONS or arg.startswith("-"):
             continue
-        if not OVERRIDE.match(arg) and not arg.startswith("-"):
+        key = re.split(r"[.=/@]", arg.lstrip("+~"), maxsplit=1)[0]
+        if not (OVERRIDE.match(arg) and (key in settings or arg[0] in "+~")):  # +key=: a key added on purpose
             return argv[:i] + argv[i + 1 :], arg
     return argv, None
 

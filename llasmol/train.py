@@ -14,11 +14,11 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from llasmol.core import run_dir
-from llasmol.core.config import CONFIG_DIR, check_command_line, named_run_dir
+from llasmol.core.config import CONFIG_DIR, check_command_line, command_line_values, named_run_dir
 from llasmol.core.errors import report_user_errors
 from llasmol.core.files import write_json
 from llasmol.core.quiet import quiet_known_noise
-from llasmol.core.run_lock import check_run_lock, hold_run_lock
+from llasmol.core.run_lock import check_fresh_start, check_run_lock, hold_run_lock
 from llasmol.core.settings import check_settings
 
 log = logging.getLogger("llasmol.train")
@@ -221,4 +221,6 @@ if __name__ == "__main__":
     if rank_zero_only.rank == 0:  # DDP's other processes run this line too, while rank 0 holds the lock
         # Before Hydra writes its config into the folder: a second run must not replace the first one's.
         report_user_errors(check_run_lock)(named_run_dir(sys.argv[1:]))
+        report_user_errors(check_fresh_start)(named_run_dir(sys.argv[1:]), *command_line_values(
+            sys.argv[1:], {"ckpt_path": None, "overwrite": False}).values())
     main()

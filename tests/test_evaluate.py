@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -206,6 +207,14 @@ def test_a_directory_or_pipe_given_as_the_predictions_file_is_named(tmp_path):
     proc = run_cli(["llasmol.evaluate", f"predictions={good}", f"output={tmp_path}", f"hydra.run.dir={tmp_path / 'h'}"],
                    tmp_path)
     assert proc.returncode == 2 and f"error: output={tmp_path} is a directory: name the metrics file" in proc.stderr
+    # A pipe (or a device) as the output is refused before scoring, not swapped for a JSON file at the end.
+    proc = run_cli(["llasmol.evaluate", f"predictions={good}", f"output={fifo}", f"hydra.run.dir={tmp_path / 'h'}"],
+                   tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: output={fifo} is a named pipe (FIFO), not a regular file: llasmol writes only regular files "
+        "(replaced whole) or new paths; name a new file"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and not (tmp_path / "good.metrics.json").exists()
 
 
 def test_evaluate_a_run_directory_on_the_test_split(run_dir, tmp_path):
@@ -606,3 +615,94 @@ def test_another_systems_predictions_become_a_named_report_row(tmp_path, capsys)
     assert len(table.rows) == len(result["metrics"]) >= 10
     assert {r["difference"] for r in table.records() if r["difference"] is not None} == {0.0}
     assert {r["samples"] for r in table.records()} == {30}
+
+
+def test_a_question_holding_an_equals_sign_is_a_question():
+    """Only an argument naming one of generate's settings is an override: 'a=b, c' is a question; any text
+    at all passes as query=<text>, taken literally (never parsed, even when it looks like a setting)."""
+    from llasmol.generate import _settings, _split_query
+
+    settings = _settings()
+    assert {"ckpt", "task", "generation", "model", "hydra"} <= settings and "a" not in settings
+    cases = {
+        ("a=b, c", "ckpt=x"): (["ckpt=x"], "a=b, c"),
+        ("ckpt=x", "Is pH=7 acidic?", "task=property_prediction-bbbp"): (["ckpt=x", "task=property_prediction-bbbp"],
+                                                                         "Is pH=7 acidic?"),
+        ("generation.num_beams=2", "+foo=1", "E=mc^2"): (["generation.num_beams=2", "+foo=1"], "E=mc^2"),
+        ("task=forward_synthesis", "query=task=x, ${oc.env:HOME}", "ckpt=x"): (["task=forward_synthesis", "ckpt=x"],
+                                                                              "task=x, ${oc.env:HOME}"),
+        ("ckpt=x", "task=y"): (["ckpt=x", "task=y"], None),
+    }
+    for args, (rest, question) in cases.items():
+        assert _split_query(["generate", *args], settings) == (["generate", *rest], question), args
+
+
+@pytest.mark.parametrize("content, needle", [
+    ('{"best_checkpoint": "/x/epoch0', "is not JSON (truncated or overwritten?)"),
+    ("[1, 2]", "holds a JSON list, not the object llasmol.train writes"),
+    ('{"best_checkpoint": 5}', "best_checkpoint is 5, not a checkpoint path"),
+    ('{"best_checkpoint": {"a": 1}}', 'best_checkpoint is {"a": 1}, not a checkpoint path'),
+    (b"\xff\xfe", "is not JSON"),
+])
+def test_a_run_directorys_result_json_is_read_as_data(tmp_path, content, needle):
+    from llasmol.core.errors import UserError
+    from llasmol.inference.loading import _best_adapter
+
+    result = tmp_path / "result.json"
+    result.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(UserError) as err:
+        _best_adapter(tmp_path)
+    assert str(err.value).startswith(str(result)) and needle in str(err.value), str(err.value)
+    assert str(err.value).endswith("repair or remove it (then the run's last adapter is taken)")
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("r", "16", "a whole number (the LoRA rank)"), ("r", True, "a whole number (the LoRA rank)"),
+    ("lora_alpha", [16], "a number"), ("target_modules", 5, "a list of module names"),
+    ("base_model_name_or_path", 7, "a model id or folder"), ("fan_in_fan_out", "no", "true or false"),
+])
+def test_an_adapter_config_with_a_field_of_the_wrong_type_is_one_line(tmp_path, field, value, expected):
+    from omegaconf import OmegaConf
+
+    from llasmol.core.errors import UserError
+    from llasmol.inference.loading import _check_adapter_base
+
+    config = {"peft_type": "LORA", "base_model_name_or_path": "llasmol/tiny", "r": 8, "lora_alpha": 16,
+              "target_modules": ["q_proj"], "fan_in_fan_out": False, field: value}
+    (tmp_path / "adapter_config.json").write_text(json.dumps(config))
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    with pytest.raises(UserError) as err:
+        _check_adapter_base(tmp_path, OmegaConf.create({"name": "tiny", "random_init": True}))
+    assert str(err.value) == (f"{tmp_path}/adapter_config.json: {field} is {json.dumps(value)}, not {expected}: "
+                              "save the adapter again")
+
+
+ALIAS_BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("model:\n  name: tiny\nmodel:\n  name: x\n", "found duplicate key"),
+    ("model: !!python/object/apply:os.system [ls]\n", "line 1 has the YAML tag tag:yaml.org,2002:python/object/apply:os.system"),
+    ("model: !foo 1\n", "line 1 has the YAML tag !foo"),
+    (ALIAS_BOMB, "line 2 uses a YAML alias (*a), which llasmol.train never writes"),
+    ("- 1\n- 2\n", "holds a YAML list, not the mapping"),
+    ("model: [unclosed\n", "is not the YAML llasmol.train writes"),
+    (b"model: \xff\n", "is not UTF-8 text"),
+    ("x: " + "a" * 1_000_001 + "\n", "bytes, far more than llasmol.train writes"),
+])
+def test_a_run_directorys_config_is_read_as_data_in_bounded_time(tmp_path, content, needle):
+    import time
+
+    from llasmol.core.errors import UserError
+    from llasmol.inference.loading import resolve_checkpoint
+
+    (tmp_path / ".hydra").mkdir()
+    path = tmp_path / ".hydra" / "config.yaml"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    start = time.monotonic()
+    with pytest.raises(UserError) as err:
+        resolve_checkpoint(str(tmp_path), compose_config(["paths.output_dir=/x"], "evaluate"))
+    assert time.monotonic() - start < 30
+    assert str(err.value).startswith(str(path)) and needle in str(err.value), str(err.value)
+    assert str(err.value).endswith("evaluate only run directories written by llasmol.train")

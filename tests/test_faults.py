@@ -658,3 +658,63 @@ def test_the_next_start_brings_back_a_stepped_aside_adapter_and_names_a_split_pa
                      "the next save under this name writes both again"]
     assert sorted(p.name for p in checkpoints.iterdir()) == ["best.adapter", "best.ckpt", "last.adapter", "last.ckpt"]
     assert tidy_run_dir(tmp_path) == [notes[1]]  # in order now, but for the pair that only a new save mends
+
+
+def _finished_run(folder: Path) -> Path:
+    """What a finished training leaves that a fresh start would replace (no training: the check reads names)."""
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "last.ckpt").write_bytes(b"old")
+    (folder / "result.json").write_text('{"global_step": 800}')
+    return folder
+
+
+def test_a_fresh_start_in_a_folder_holding_a_run_is_refused_unless_asked(tmp_path):
+    from llasmol.core.config import command_line_values
+    from llasmol.core.run_lock import check_fresh_start
+
+    run = _finished_run(tmp_path / "run")
+    with pytest.raises(UserError) as err:
+        check_fresh_start(run, None, False)
+    assert str(err.value) == (f"{run} already holds a run, and starting fresh there would replace its checkpoints, "
+                              "result and config: continue it with ckpt_path=last, give this run a new folder "
+                              "(another hydra.run.dir=...), or start over in it with overwrite=true")
+    for ckpt_path, overwrite in (("last", False), ("auto", False), (None, True)):
+        check_fresh_start(run, ckpt_path, overwrite)  # resuming, or said explicitly
+    with pytest.raises(UserError, match="overwrite=true"):
+        check_fresh_start(run, None, "maybe")  # only a real true says so
+    check_fresh_start(tmp_path / "new", None, False)
+    (tmp_path / "started").mkdir()
+    (tmp_path / "started" / "train.log").write_text("error: a typo")  # a start that stopped before training
+    check_fresh_start(tmp_path / "started", None, False)
+    # A sweep's folder holding a finished job; a run killed before its first checkpoint cannot be resumed.
+    sweep = tmp_path / "sweep"
+    _finished_run(sweep / "1")
+    with pytest.raises(UserError, match=rf"^{sweep / '1'} already holds a run"):
+        check_fresh_start(sweep, None, False)
+    (tmp_path / "early").mkdir()
+    (tmp_path / "early" / "params.json").write_text("{}")
+    with pytest.raises(UserError) as err:
+        check_fresh_start(tmp_path / "early", None, False)
+    assert "ckpt_path=last" not in str(err.value) and "overwrite=true" in str(err.value)
+    defaults = {"ckpt_path": None, "overwrite": False}
+    assert command_line_values(["hydra.run.dir=x", "ckpt_path=last"], defaults) == {"ckpt_path": "last",
+                                                                                      "overwrite": False}
+    assert command_line_values(["overwrite=true", "ckpt_path=null"], defaults) == {"ckpt_path": None,
+                                                                                     "overwrite": True}
+
+
+@pytest.mark.slow
+def test_train_into_a_finished_run_stops_before_hydra_writes_there(tmp_path):
+    """The command line is refused before Hydra writes .hydra/ (or anything else) into the finished run."""
+    run = _finished_run(tmp_path / "run")
+    (run / ".hydra").mkdir()
+    (run / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    proc = run_cli(["llasmol.train", f"hydra.run.dir={run}", *QUICK], tmp_path)
+    assert proc.returncode == 2
+    assert one_error_line(proc).startswith(f"error: {run} already holds a run") and "ckpt_path=last" in proc.stderr
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    # Said explicitly, the command line passes the check (--cfg job: composed and printed, nothing run).
+    proc = run_cli(["llasmol.train", f"hydra.run.dir={run}", "overwrite=true", "--cfg", "job"], tmp_path)
+    assert proc.returncode == 0 and "overwrite: true" in proc.stdout, proc.stderr[-2000:]
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

@@ -97,3 +97,49 @@ def test_records_are_written_as_readable_utf8_and_a_full_disk_names_the_free_spa
     monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
     with pytest.raises(UserError, match=r"no space left on device \(1\.50 GB free there\)"):
         write_jsonl(tmp_path / "q.jsonl", [{"a": 1}])
+
+
+def _special_nodes(tmp_path: Path) -> dict[str, Path]:
+    """A FIFO, a folder, symbolic links to both, and (where this user may make one) a character device with
+    /dev/null's numbers: what an atomic write would replace with a regular file, node and all."""
+    import stat
+
+    nodes = {"a named pipe (FIFO)": tmp_path / "fifo", "a folder": tmp_path / "folder"}
+    os.mkfifo(nodes["a named pipe (FIFO)"])
+    nodes["a folder"].mkdir()
+    try:
+        os.mknod(tmp_path / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        nodes["a character device"] = tmp_path / "null"
+    except (PermissionError, OSError):
+        pass  # not root: the FIFO and the links stand for the class
+    for kind, path in list(nodes.items()):
+        link = tmp_path / f"link-to-{path.name}"
+        link.symlink_to(path)
+        nodes[f"{kind} (through a symbolic link)"] = link
+    return nodes
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_atomic_writes_never_replace_a_node_that_is_not_a_regular_file(tmp_path, writer):
+    import stat
+
+    from llasmol.core.errors import UserError
+
+    nodes = _special_nodes(tmp_path)
+    before = {path: os.lstat(path) for path in nodes.values()}
+    data, _ = WRITERS[writer]
+    for kind, path in nodes.items():
+        with pytest.raises(UserError) as err:
+            getattr(files, writer)(path, data)
+        assert str(err.value) == (f"{path} is {kind}, not a regular file: llasmol writes only regular files "
+                                  "(replaced whole) or new paths; name a new file")
+    for path, st in before.items():
+        now = os.lstat(path)
+        assert (now.st_ino, stat.S_IFMT(now.st_mode)) == (st.st_ino, stat.S_IFMT(st.st_mode)), path
+    assert not list(tmp_path.glob(".*.tmp")) and not list((tmp_path / "folder").iterdir())
+    # A regular file (also through a link) or a new path is written as before.
+    (tmp_path / "old.dat").write_text("old")
+    (tmp_path / "link-to-old").symlink_to(tmp_path / "old.dat")
+    for target in (tmp_path / "old.dat", tmp_path / "link-to-old", tmp_path / "new.dat"):
+        getattr(files, writer)(target, data)
+        assert WRITERS[writer][1](target)

@@ -310,6 +310,39 @@ def test_rmse_known_value():
     assert metrics["num_valid"] + metrics["num_invalid"] + metrics["num_no_answer"] == metrics["num_samples"]
 
 
+def test_a_nan_gold_is_an_invalid_gold_not_an_invalid_answer():
+    task = "property_prediction-esol"
+    metrics = score(task, [([tagged(task, "-1.5")], ["NaN"]), ([tagged(task, "2")], ["inf"]),
+                           ([tagged(task, "1.0")], ["-1.0"])])
+    assert metrics["num_invalid_gold"] == 2 and metrics["num_invalid"] == 0 and metrics["num_valid"] == 1
+    assert metrics["rmse"] == pytest.approx(2.0)  # the one sample with a gold
+    # A NaN among golds is skipped: the other gold scores the answer.
+    assert score(task, [([tagged(task, "-1.5")], ["nan", "-1.0"])])["rmse"] == pytest.approx(0.5)
+
+
+def test_errors_too_large_to_square_and_sum_are_counted_and_silent():
+    """Three answers of 1e154 each have a finite squared error whose sum is inf: once an RMSE of inf (null in
+    JSON) beside num_valid=3, with numpy overflow warnings from the bootstrap. They are counted instead."""
+    import warnings
+
+    from llasmol.metrics.intervals import bootstrap_intervals, per_sample_statistics
+
+    task = "property_prediction-lipo"
+    records = [{"task": task, "input": f"C{i}", "gold": "2.0", "predictions": [tagged(task, "1e154")]}
+               for i in range(3)]
+    records.append({"task": task, "input": "CCC", "gold": "2.0", "predictions": [tagged(task, "2.5")]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        metrics = score_records(records)[task]
+        intervals = bootstrap_intervals(per_sample_statistics(records), resamples=50)[task]
+    assert metrics["num_overflow"] == 3 and metrics["num_invalid"] == 3 and metrics["num_valid"] == 1
+    assert metrics["rmse"] == pytest.approx(0.5) and intervals["rmse"] == pytest.approx([0.5, 0.5])
+    # The largest error still summed: 1e100 (its square 1e200 sums finitely over any number of samples).
+    big = score(task, [([tagged(task, "1e100")], ["0"])] * 3)
+    assert big["num_valid"] == 3 and big["rmse"] == pytest.approx(1e100)
+    assert score(task, [([tagged(task, "2e100")], ["0"])])["num_overflow"] == 1
+
+
 def test_rmse_closest_gold_and_no_valid():
     task = "property_prediction-lipo"
     assert score(task, [([tagged(task, "2.0")], ["0.0", "2.5"])])["rmse"] == pytest.approx(0.5)

@@ -160,10 +160,12 @@ def test_pathological_molecules_are_scored_in_bounded_time(answer, task):
 @given(answer=HUGE_NUMBERS, gold=st.one_of(HUGE_NUMBERS, st.just("-1.41")),
        task=st.sampled_from(["property_prediction-esol", "property_prediction-lipo"]))
 def test_huge_numbers_are_counted_never_raised(answer, gold, task):
-    """|x| above ~1.3e154 makes a squared error overflow: counted as an invalid answer, never raised."""
+    """An error past `MAX_ABS_ERROR` is counted as an invalid answer (`num_overflow`), never raised; a gold
+    that is not a finite number (9 x 400 reads as inf) is an invalid gold."""
     metrics = finalize(task, sample_stats(task, [f"<NUMBER> {answer} </NUMBER>"], [gold]))
     _check(task, metrics)
-    assert metrics["num_valid"] + metrics["num_invalid"] == 1
+    assert metrics["num_valid"] + metrics["num_invalid"] + metrics["num_invalid_gold"] == 1
+    assert metrics["num_invalid_gold"] == (gold == "9" * 400)
     assert metrics["num_valid"] == 0 or math.isfinite(metrics["rmse"])
 
 
@@ -302,3 +304,131 @@ def test_pooling_is_monotone(golds, predictions, extra_gold, wrong):
     apart = score_records([dict(r, input=f"A{i}") for i, r in enumerate(records)])[fs]
     own = sum(1 for g, p in zip(golds, predictions) if g == p)
     assert apart["exact_match"] * apart["num_samples"] == pytest.approx(own)
+
+
+# --------------------------------------------------------------------------- cost, not size
+
+# Metals take any number of bonds in RDKit (unusual valences are accepted), so every graph below parses.
+METALS = ["Fe", "Co", "Ru", "Pt", "Mo"]
+
+
+def _graph_smiles(n: int, edges, element: str = "Fe") -> str:
+    from rdkit import Chem
+
+    mol = Chem.RWMol()
+    for _ in range(n):
+        mol.AddAtom(Chem.Atom(element))
+    for i, j in edges:
+        if i != j and mol.GetBondBetweenAtoms(i, j) is None:
+            mol.AddBond(i, j, Chem.BondType.SINGLE)
+    return Chem.MolToSmiles(mol.GetMol())
+
+
+def _complete_graph(n: int) -> str:
+    """K_n of iron written as a user would, one atom after another with %nn ring closures (256 characters
+    for n = 10; 31 s of RDKFingerprint before the bound)."""
+    labels, text, label = {}, "", 10
+    for i in range(n):
+        text += "[Fe]"
+        for j in range(n):
+            if abs(i - j) <= 1:
+                continue  # neighbours in the chain are bonded by adjacency
+            if i < j:
+                labels[i, j], label = label, label + 1
+            text += f"%{labels[min(i, j), max(i, j)]}"
+    return text
+
+
+def _rdkit_bond_sets(smiles: str) -> int:
+    """What RDKFingerprint enumerates, by RDKit's own enumeration (independent of llasmol's counter)."""
+    from rdkit import Chem
+
+    from llasmol.metrics.molecules import RDK_MAX_PATH
+
+    mol = Chem.MolFromSmiles(smiles)
+    return sum(len(Chem.FindAllSubgraphsOfLengthN(mol, n, useHs=True)) for n in range(1, RDK_MAX_PATH + 1))
+
+
+C60 = ("C12=C3C4=C5C6=C1C7=C8C9=C1C%10=C%11C(=C29)C3=C2C3=C4C4=C5C5=C9C6=C7C6=C7C8=C1C1=C8C%10=C%10C%11=C2C2=C3"
+       "C3=C4C4=C5C5=C9C9=C6C6=C7C7=C1C1=C8C8=C%10C2=C3C2=C4C5=C9C6=C7C2=C81")
+CAGES = {"cubane": "C12C3C4C1C5C2C3C45", "adamantane": "C1C2CC3CC1CC(C2)C3", "C60": C60,
+         "cubane dimer (the densest bundled molecule)": "CN(C(=O)C12C3C4C1C1C4(C(=O)C45C6C7C4C4C5C6C74C)C3C12C)C(C)(C)C",
+         "steroid": "CC12CCC3C(CCC4=CC(=O)CCC34C)C1CCC2O", "K6 iron": _complete_graph(6)}
+
+
+def test_the_bond_sets_counted_are_those_rdkit_enumerates():
+    from rdkit import Chem
+
+    from llasmol.metrics.molecules import count_bond_sets
+
+    counts = {name: count_bond_sets(Chem.MolFromSmiles(s)) for name, s in CAGES.items()}
+    assert counts == {name: _rdkit_bond_sets(s) for name, s in CAGES.items()}
+    assert counts["C60"] == 36_519
+    # Counting stops one past the limit, whatever the graph: K12 has hundreds of millions.
+    assert count_bond_sets(Chem.MolFromSmiles(_complete_graph(12)), limit=1_000) == 1_001
+
+
+def test_cages_are_scored_and_dense_small_graphs_refused_in_bounded_time():
+    """The issue's case: ten iron atoms all bonded to each other (45 bonds, under the atom and
+    ring bounds) is refused before fingerprints and counted; real cages, C60 included, are still scored."""
+    import time
+
+    from llasmol.metrics.molecules import MAX_SUBGRAPHS, parse_molecule
+
+    k10 = _complete_graph(10)
+    for answer in (k10, _complete_graph(8), f"{C60}.{C60}", "[Fe]" + "(C)" * 24):
+        start = time.monotonic()
+        stats = sample_stats("molecule_generation", [f"<SMILES> {answer} </SMILES>"], ["CCO"])
+        assert time.monotonic() - start < 10, answer
+        assert stats["num_too_complex"] == 1 and stats["num_valid"] == 0, answer
+    for name, smiles in CAGES.items():
+        assert parse_molecule(smiles, fingerprints=True) is not None, name
+        stats = sample_stats("molecule_generation", [f"<SMILES> {smiles} </SMILES>"], [smiles])
+        assert stats["num_valid"] == 1 and stats["fts_rdk_sum"] == 1.0, name
+    assert _rdkit_bond_sets(_complete_graph(7)) > MAX_SUBGRAPHS > _rdkit_bond_sets(C60)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(4, 13), density=st.floats(0.3, 1.0), seed=st.integers(0, 2**16),
+       element=st.sampled_from(METALS), parts=st.integers(1, 3))
+def test_dense_graphs_are_scored_or_refused_within_seconds(n, density, seed, element, parts):
+    """Any graph, however dense: one answer costs seconds at most (without the bound a complete graph of 10
+    atoms costs 31 s, of 13 hours), and an answer that is scored is one whose RDK fingerprint enumerates at
+    most `MAX_SUBGRAPHS` bond sets by RDKit's own count (parts of a dotted answer add up)."""
+    import random
+    import time
+
+    from llasmol.metrics.molecules import MAX_SUBGRAPHS
+
+    rng = random.Random(seed)
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    answer = ".".join(_graph_smiles(n, [p for p in pairs if rng.random() < density], element) for _ in range(parts))
+    start = time.monotonic()
+    stats = sample_stats("forward_synthesis", [f"<SMILES> {answer} </SMILES>"], ["CCO"])
+    assert time.monotonic() - start < 8, answer
+    if stats["num_valid"]:
+        assert sum(_rdkit_bond_sets(part) for part in answer.split(".")) <= MAX_SUBGRAPHS, answer
+    else:
+        assert stats["num_too_complex"] == 1, answer
+
+
+def test_a_pooled_input_is_scored_against_a_bounded_number_of_references(monkeypatch):
+    """Lines sharing one input with as many different golds: each is scored against its own gold first and at
+    most `MAX_CAPTION_REFERENCES` of the pool (1,500 lines took 150 s against every gold), and an answer equal
+    to its own gold still scores 1, wherever that gold sits in the pool."""
+    import llasmol.metrics.text as textmod
+    from llasmol.metrics import score_records
+
+    sizes = []
+    real = textmod.meteor
+    monkeypatch.setattr(textmod, "meteor", lambda refs, hyp: sizes.append(len(refs)) or real(refs, hyp))
+    words = ["acid", "ester", "ring", "group", "role", "metabolite", "amine", "salt", "base", "ether"]
+    golds = [f"The molecule is a {words[i % 10]} {words[i // 10 % 10]} {words[i // 100]} number {i}." for i in range(100)]
+    records = [{"task": "molecule_captioning", "input": "CCO", "gold": g, "predictions": [g]} for g in golds]
+    metrics = score_records(records)["molecule_captioning"]
+    assert metrics["num_scored"] == 100
+    assert metrics["rougeL"] == pytest.approx(1.0) and metrics["bleu4"] == pytest.approx(1.0)
+    assert len(sizes) == 100 and max(sizes) == textmod.MAX_CAPTION_REFERENCES
+    sizes.clear()
+    score_records(records + records)  # the same answer to the same input is scored once
+    assert len(sizes) == 0

@@ -102,12 +102,17 @@ def test_changed_data_or_devices_cannot_resume_at_a_position():
         _loader(n=40, world=2).load_state_dict(state)
 
 
+# What check_training_checkpoint asks of a resumable checkpoint, and no more.
+_TRAINING_STATE = {"pytorch-lightning_version": "2", "global_step": 3, "state_dict": {}, "optimizer_states": [],
+                   "loops": {}}
+
+
 def _run_dir(root: Path, name: str, model="tiny", lora="full", ckpts=("last.ckpt",)) -> Path:
     run = root / name
     (run / "checkpoints").mkdir(parents=True)
     (run / "params.json").write_text(json.dumps({"model": model, "lora": lora}))
     for i, c in enumerate(ckpts):
-        (run / "checkpoints" / c).write_bytes(b"x")
+        torch.save(_TRAINING_STATE, run / "checkpoints" / c)
         os.utime(run / "checkpoints" / c, ns=(10**18 + i, 10**18 + i))
     return run
 
@@ -132,6 +137,27 @@ def test_ckpt_path_last_finds_this_run_then_the_newest_run_of_the_same_variant(t
         resolve_resume("/nope/x.ckpt", current, "tiny", "full")
     with pytest.raises(UserError, match="is a folder without"):
         resolve_resume(str(current), current, "tiny", "full")
+
+
+def test_ckpt_path_last_passes_over_an_empty_or_truncated_checkpoint(tmp_path):
+    """A zero-byte interrupted.ckpt dated in the future (a kill while the disk was full, a clock set wrong) next
+    to a good last.ckpt: the good one is resumed, not a torch error; only broken ones is one line naming one."""
+    run = _run_dir(tmp_path, "run", ckpts=("last.ckpt", "interrupted.ckpt"))
+    good, broken = run / "checkpoints" / "last.ckpt", run / "checkpoints" / "interrupted.ckpt"
+    broken.write_bytes(b"")
+    os.utime(broken, ns=(4 * 10**18, 4 * 10**18))
+    for ckpt_path in ("last", "auto", str(run)):
+        assert resolve_resume(ckpt_path, run, "tiny", "full") == str(good)
+    other = tmp_path / "new"
+    other.mkdir()
+    assert resolve_resume("last", other, "tiny", "full") == str(good)  # from a sibling run too
+    good.write_bytes(good.read_bytes()[:40])  # truncated
+    for ckpt_path in ("last", "auto"):
+        with pytest.raises(UserError, match=rf"ckpt_path={broken} is not a checkpoint of llasmol.train: it is not a "
+                                            "file torch.save wrote"):
+            resolve_resume(ckpt_path, run, "tiny", "full")
+    with pytest.raises(UserError, match="ckpt_path=last: no checkpoints/last.ckpt"):
+        resolve_resume("last", other, "tiny", "full")  # a sibling's broken files are passed over
 
 
 # Two tasks × 48 training samples, micro-batch 4, accumulation 2: 12 optimizer steps an epoch, 2 epochs;

@@ -6,7 +6,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
@@ -161,6 +161,23 @@ def named_run_dir(argv: list[str]) -> Path | None:
     named = [a.split("=", 1)[1] for a in argv
              if a.lstrip("+").startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
     return Path(named[-1]) if named else None
+
+
+def command_line_values(argv: list[str], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The values a command line gives the top-level settings in `defaults` (the last one wins; a sweep of
+    several values counts as given, as a list), else their defaults. Read before Hydra starts."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    values = dict(defaults)
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides_of(argv))
+    except Exception:  # check_overrides has said what is wrong with the line
+        return values
+    for override in parsed:
+        key = override.get_key_element().lstrip("+")
+        if key in values and not override.is_delete():
+            values[key] = override.value()
+    return values
 
 
 def check_writable(folder: Path) -> None:

@@ -13,6 +13,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterable
@@ -49,8 +50,40 @@ def raise_if_unwritable(err: BaseException, path: Path) -> None:
     raise UserError(f"cannot write {path}: {reason}; {fix} write the run elsewhere with hydra.run.dir=...") from err
 
 
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_a_regular_file(path: str | os.PathLike) -> str | None:
+    """What `path` is when it exists and is not a regular file (a symlink is followed): "a folder", "a named
+    pipe (FIFO)", ...; None for a regular file or a new path."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # a new path (or a dangling link, which the rename replaces)
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return f"{kind} (through a symbolic link)" if os.path.islink(path) else kind
+
+
+def check_target(path: str | os.PathLike, setting: str | None = None) -> None:
+    """A `UserError` when `path` exists and is not a regular file: an atomic write replaces the node itself, so
+    `output=/dev/null` would swap the system's device for a JSON file. `setting` names the option that chose
+    the path."""
+    kind = not_a_regular_file(path)
+    if kind is None:
+        return
+    from llasmol.core.errors import UserError
+
+    what = f"{setting}={path}" if setting else str(path)
+    raise UserError(f"{what} is {kind}, not a regular file: llasmol writes only regular files (replaced whole) "
+                    "or new paths; name a new file")
+
+
 def _atomic_write(path: Path, write, binary: bool = False) -> None:
     # The temporary file sits in the target's folder: os.replace is atomic only within one filesystem.
+    check_target(path)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

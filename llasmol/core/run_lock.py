@@ -1,4 +1,5 @@
-"""One `llasmol.train` per run directory: an advisory lock (`flock`) on `<run dir>/.lock`, held for the life
+"""One `llasmol.train` per run directory, and a fresh start never in a folder that holds a run
+(`check_fresh_start`). The lock: an advisory (`flock`) on `<run dir>/.lock`, held for the life
 of the training process. The kernel drops it when that process ends, however it ends (a kill, a pre-empted
 job, a crash), so a killed run never leaves it stuck and `ckpt_path=last` in place works right after. On
 network filesystems Linux maps `flock` onto NFS byte-range locks (a shared cluster's run directories too)."""
@@ -63,3 +64,30 @@ def check_run_lock(run_dir: Optional[Path]) -> None:
         raise _busy(Path(run_dir)) from None
     finally:
         os.close(fd)  # closing drops the shared lock, if it was taken
+
+
+def _holds_run(folder: Path) -> bool:
+    from llasmol.core import run_dir as layout
+
+    return ((folder / layout.RESULT).is_file() or (folder / layout.PARAMS).is_file()
+            or any((folder / layout.CHECKPOINTS).glob("*.ckpt")))
+
+
+def check_fresh_start(folder: Optional[Path], ckpt_path, overwrite) -> None:
+    """A `UserError` when a run starting fresh (no `ckpt_path`) would write into `folder` while it holds a run
+    (its result, parameters or checkpoints; or, for a sweep's folder, any of its jobs' folders does), unless
+    `overwrite` is true. A command-line check, made before Hydra writes its config into the folder."""
+    if folder is None or ckpt_path is not None or overwrite is True or not Path(folder).is_dir():
+        return
+    folder = Path(folder)
+    runs = [folder] if _holds_run(folder) else [f for f in sorted(folder.iterdir()) if f.is_dir() and _holds_run(f)]
+    if not runs:
+        return
+    from llasmol.core import run_dir as layout
+
+    held = runs[0]
+    resumable = any((held / layout.CHECKPOINTS / name).is_file() for name in layout.RESUME_CKPTS)
+    resume = "continue it with ckpt_path=last, " if resumable else ""
+    raise UserError(f"{held} already holds a run, and starting fresh there would replace its checkpoints, result "
+                    f"and config: {resume}give this run a new folder (another hydra.run.dir=...), or start over "
+                    "in it with overwrite=true")

@@ -34,7 +34,7 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
         return cfg.model, None, None
     path = Path(ckpt)
     if (path / layout.HYDRA_CONFIG).is_file():
-        run_cfg = OmegaConf.load(path / layout.HYDRA_CONFIG)
+        run_cfg = read_run_config(path / layout.HYDRA_CONFIG)
         _check_run_data(path, run_cfg)
         return _run_model(path, run_cfg, cfg), str(_best_adapter(path)), run_cfg.data
     if (path / ADAPTER_CONFIG).is_file():
@@ -46,6 +46,42 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
             "with adapter_config.json and adapter_model.safetensors, or a Hub id owner/name"
         )
     return cfg.model, str(ckpt), None  # a Hub id such as osunlp/LlaSMol-Mistral-7B
+
+
+# Hydra writes plain YAML: no tags beyond the core schema's, no anchors or aliases, a few kilobytes.
+_PLAIN_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq"))
+MAX_RUN_CONFIG_BYTES = 1_000_000
+
+
+def read_run_config(path: Path) -> DictConfig:
+    """A run directory's `.hydra/config.yaml`, read as data in bounded time and memory: its size, YAML tags
+    (`!!python/object`, `!foo`), aliases (nine nested aliases of nine make 9^9 nodes) and duplicate keys are
+    checked before OmegaConf builds anything; each is one line naming the file (and the line)."""
+    import yaml
+
+    fix = "evaluate only run directories written by llasmol.train"
+    size = path.stat().st_size
+    if size > MAX_RUN_CONFIG_BYTES:
+        raise UserError(f"{path} is {size:,} bytes, far more than llasmol.train writes: {fix}")
+    try:
+        text = path.read_text(encoding="utf-8")
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            line = getattr(event.start_mark, "line", -1) + 1
+            if isinstance(event, yaml.AliasEvent):
+                raise UserError(f"{path} line {line} uses a YAML alias (*{event.anchor}), which llasmol.train never "
+                                f"writes and which can expand without bound: {fix}")
+            tag = getattr(event, "tag", None)
+            if tag is not None and tag not in _PLAIN_TAGS and not isinstance(event, yaml.DocumentStartEvent):
+                raise UserError(f"{path} line {line} has the YAML tag {tag}, which llasmol.train never writes: {fix}")
+        cfg = OmegaConf.create(text)
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text: {fix}") from None
+    except yaml.YAMLError as err:  # duplicate keys, broken syntax
+        why = " ".join(str(err).split())[:160]
+        raise UserError(f"{path} is not the YAML llasmol.train writes ({why}): {fix}") from None
+    if not isinstance(cfg, DictConfig):
+        raise UserError(f"{path} holds a YAML list, not the mapping llasmol.train writes: {fix}")
+    return cfg
 
 
 # The model fields `llasmol.train` writes into a run directory, and what each may hold.
@@ -88,6 +124,21 @@ def _check_run_data(run_dir: Path, run_cfg: DictConfig) -> None:
         )
 
 
+# The fields of adapter_config.json this code and PEFT's LoRA read, with the JSON types they must have (a
+# string rank or a numeric base name fails deep inside PEFT or pathlib otherwise).
+_CONFIG_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "peft_type": ((str,), "a string such as \"LORA\""),
+    "base_model_name_or_path": ((str, type(None)), "a model id or folder"),
+    "r": ((int,), "a whole number (the LoRA rank)"),
+    "lora_alpha": ((int, float), "a number"),
+    "lora_dropout": ((int, float), "a number"),
+    "target_modules": ((list, str, type(None)), "a list of module names"),
+    "modules_to_save": ((list, type(None)), "a list of module names or null"),
+    "fan_in_fan_out": ((bool,), "true or false"),
+    "bias": ((str,), "a string such as \"none\""),
+}
+
+
 def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
     """A readable adapter folder, trained on this base: an adapter of one Hub base model must not be
     loaded onto another (PEFT would load matching shapes silently or fail deep inside)."""
@@ -97,6 +148,11 @@ def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
         raise UserError(f"{adapter}/adapter_config.json is not valid JSON ({err}): save the adapter again") from None
     if not isinstance(config, dict) or "peft_type" not in config:
         raise UserError(f"{adapter}/adapter_config.json is not a PEFT adapter config (no peft_type): save the adapter again")
+    for field, (kinds, expected) in _CONFIG_FIELDS.items():
+        value = config.get(field)
+        if field in config and not (isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)):
+            raise UserError(f"{adapter}/adapter_config.json: {field} is {json.dumps(value)[:80]}, not {expected}: "
+                            "save the adapter again")
     if not any((adapter / name).is_file() for name in (WEIGHTS_SAFETENSORS, WEIGHTS_PICKLE)):
         raise UserError(f"{adapter} has {ADAPTER_CONFIG} but no {WEIGHTS_SAFETENSORS}: copy the weights too")
     base = config.get("base_model_name_or_path")
@@ -120,11 +176,27 @@ def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
     )
 
 
+def _best_checkpoint(result: Path) -> Optional[str]:
+    """The `best_checkpoint` a run's result.json names (None: none kept), read as data: a file that is not
+    a JSON object, or a field that is not a path, is one line naming them."""
+    fix = "repair or remove it (then the run's last adapter is taken)"
+    try:
+        data = json.loads(result.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise UserError(f"{result} is not JSON (truncated or overwritten?): {fix}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{result} holds a JSON {type(data).__name__}, not the object llasmol.train writes: {fix}")
+    best = data.get("best_checkpoint")
+    if best is not None and not isinstance(best, str):
+        raise UserError(f"{result}: best_checkpoint is {json.dumps(best)[:80]}, not a checkpoint path: {fix}")
+    return best
+
+
 def _best_adapter(run_dir: Path) -> Path:
     result = run_dir / layout.RESULT
     candidates = []
     if result.is_file():
-        best = json.loads(result.read_text()).get("best_checkpoint")
+        best = _best_checkpoint(result)
         if best:  # by name: a run directory copied or moved elsewhere keeps its best checkpoint
             candidates.append(adapter_dir(run_dir / layout.CHECKPOINTS / Path(best).name))
     candidates.append(adapter_dir(run_dir / layout.CHECKPOINTS / layout.LAST_CKPT))

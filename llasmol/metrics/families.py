@@ -13,17 +13,19 @@ sample's predictions, best first (`extract_answer`), `golds` its gold answers:
   k or more predictions (a sample with fewer uses all it has); ``validity`` = valid top-1 answers / top-1
   answers; ``fts`` (Morgan), ``fts_maccs``, ``fts_rdk`` = mean over valid top-1 answers of the Tanimoto
   similarity to the most similar gold, per fingerprint (a gold that does not parse counts as 0);
-  ``num_valid``; ``num_too_complex`` = top-1 answers RDKit reads but too large or ring-dense to score
-  (`molecules.MAX_ATOMS`, `MAX_RING_CLOSURES`), counted as not valid.
+  ``num_valid``; ``num_too_complex`` = top-1 answers RDKit reads but too large, ring-dense or costly to
+  fingerprint to score (`molecules.MAX_ATOMS`, `MAX_RING_CLOSURES`, `MAX_SUBGRAPHS`), counted as not valid.
 - formula (NC-I2F, NC-S2F): ``exact_match``/``top{k}_exact_match`` when the atom counts and charge are
   equal; ``num_invalid`` = answers that do not parse as a formula. Which formulas parse is the official
   scorer's syntax unless ``scoring.lenient_formulas`` is set (`llasmol.metrics.formula`, `use_scoring`).
 - iupac (NC-S2I): ``exact_match``/``top{k}_exact_match`` when the sets of non-empty ``';'``-separated
   parts, each stripped, are equal (case and inner spacing matter).
 - number (ESOL, Lipo): ``rmse`` over top-1 answers that parse as finite numbers (Python ``float``,
-  Unicode minus accepted; ``nan``/``inf``/``1e999`` do not parse, nor a number whose squared error
-  overflows), each against the closest gold;
-  ``num_valid`` + ``num_invalid`` + ``num_no_answer`` = ``num_samples``; RMSE with no valid answer is NaN.
+  Unicode minus accepted; ``nan``/``inf``/``1e999`` do not parse), each against the closest gold; an answer
+  further than `MAX_ABS_ERROR` from it is invalid and counted in ``num_overflow`` (so the summed squares stay
+  finite); a sample whose golds are not numbers (``NaN``) is ``num_invalid_gold``, left out of RMSE whatever
+  its answer; ``num_valid`` + ``num_invalid`` + ``num_invalid_gold`` + ``num_no_answer`` = ``num_samples``;
+  RMSE with no valid answer is NaN.
 - boolean (BBBP, ClinTox, HIV, SIDER): the top-1 answer is ``yes``/``no`` case-insensitively, after
   stripping whitespace and one trailing period; ``accuracy`` = correct / *all* samples (a missing or
   non-yes/no answer is wrong); ``f1`` (positive class Yes) and ``mcc`` from the confusion counts ``tp fp
@@ -128,7 +130,7 @@ class SmilesFamily(Family):
             hits.append(keys is not None and keys in gold_keys)
         _topk_stats(hits, stats)
         if top1 is None and answers and too_complex(answers[0]):
-            stats["num_too_complex"] = 1.0  # refused unscored (molecules.MAX_ATOMS, MAX_RING_CLOSURES)
+            stats["num_too_complex"] = 1.0  # refused unscored (molecules.MAX_ATOMS, ..., MAX_SUBGRAPHS)
         if top1 is not None:
             stats["num_valid"] = 1.0
             for name in FINGERPRINTS:
@@ -214,29 +216,36 @@ def parse_number(text: Optional[str]) -> Optional[float]:
     return value if math.isfinite(value) else None
 
 
+# Absolute errors past this are counted (`num_overflow`), not summed: squares of up to 1e100 add up without
+# overflowing float64 for any number of samples, where three errors of 1e154 already sum to inf.
+MAX_ABS_ERROR = 1e100
+
+
 class NumberFamily(Family):
     name = "number"
-    stats = ("num_valid", "num_invalid", "sq_err_sum")
-    metric_names = ("rmse", "num_valid", "num_invalid")
-    counts = frozenset({"num_valid", "num_invalid"})
-    lower_is_better = frozenset({"rmse", "num_invalid"})
+    stats = ("num_valid", "num_invalid", "num_overflow", "num_invalid_gold", "sq_err_sum")
+    metric_names = ("rmse", "num_valid", "num_invalid", "num_overflow", "num_invalid_gold")
+    counts = frozenset({"num_valid", "num_invalid", "num_overflow", "num_invalid_gold"})
+    lower_is_better = frozenset({"rmse", "num_invalid", "num_overflow", "num_invalid_gold"})
     score_lower_is_better = True  # the absolute error
 
     def fill(self, answers, golds, stats):
         if not answers or answers[0] is None:
             return
-        value = parse_number(answers[0])
         gold_values = [v for v in map(parse_number, golds) if v is not None]
-        if value is None or not gold_values:
+        if not gold_values:
+            stats["num_invalid_gold"] = 1.0  # a `NaN` gold: nothing to score the answer against, not its fault
+            return
+        value = parse_number(answers[0])
+        if value is None:
             stats["num_invalid"] = 1.0
             return
-        # Products, not powers: a power raises OverflowError past ~1.3e154; a product gives inf.
-        error = min((value - gold) * (value - gold) for gold in gold_values)
-        if not math.isfinite(error):
-            stats["num_invalid"] = 1.0  # an answer (or gold) so large its error overflows: counted, not raised
+        error = min(abs(value - gold) for gold in gold_values)
+        if not error <= MAX_ABS_ERROR:
+            stats["num_invalid"] = stats["num_overflow"] = 1.0  # counted, never summed into an inf RMSE
             return
         stats["num_valid"] = 1.0
-        stats["sq_err_sum"] = error
+        stats["sq_err_sum"] = error * error
 
     def metrics(self, stats):
         valid = stats["num_valid"]
@@ -244,11 +253,15 @@ class NumberFamily(Family):
             "rmse": math.sqrt(stats["sq_err_sum"] / valid) if valid > 0 else math.nan,
             "num_valid": valid,
             "num_invalid": stats["num_invalid"],
+            "num_overflow": stats["num_overflow"],
+            "num_invalid_gold": stats["num_invalid_gold"],
         }
 
     def judge(self, stats):
         if stats["num_valid"]:
             return "scored", math.sqrt(stats["sq_err_sum"])  # the absolute error
+        if stats["num_invalid_gold"]:
+            return "scored", None  # the answer may be fine; its gold is not a number
         return "invalid", None
 
 

@@ -48,6 +48,13 @@ MAX_SMILES_CHARS = 4096
 # and as `num_too_complex`); SMolInstruct's molecules are small ones (the paper: up to ~100 atoms).
 MAX_ATOMS = 300
 MAX_RING_CLOSURES = 40  # bonds - atoms + fragments: 31 for C60, 129 for that sulfur grid
+# Size is not cost: RDKFingerprint hashes every connected set of 1 to `RDK_MAX_PATH` bonds (its default
+# branched paths), about 2 us each, and a dense small graph has tens of millions (ten metal atoms all bonded
+# to each other, 45 bonds, 31 s). So the number of such sets is bounded itself: 36,519 for C60, 2,070 for a
+# steroid, 3 for ethanol; past the bound an answer is invalid (`num_too_complex`) before any fingerprint.
+# Only parses that make fingerprints (golds, top-1 answers) count them: identity alone stays cheap.
+RDK_MAX_PATH = 7
+MAX_SUBGRAPHS = 50_000
 
 FINGERPRINTS: tuple[str, ...] = ("morgan", "maccs", "rdk")
 
@@ -61,15 +68,52 @@ class Molecule(NamedTuple):
     fingerprints: dict[str, object] | None
 
 
-def _too_complex(mols: list) -> bool:
+def count_bond_sets(mol: Chem.Mol, limit: int = 10**9) -> int:
+    """How many connected sets of 1..`RDK_MAX_PATH` bonds RDKFingerprint enumerates in `mol`; counting stops
+    at `limit + 1`, so its time is bounded whatever the graph. Each set is grown from its lowest-numbered
+    bond by adding neighbours numbered above it (ESU enumeration on the line graph): every set is reached
+    once, and the work is proportional to the count."""
+    neighbours: list[list[int]] = [[] for _ in range(mol.GetNumBonds())]
+    for atom in mol.GetAtoms():
+        bonds = [b.GetIdx() for b in atom.GetBonds()]
+        for i in bonds:
+            neighbours[i].extend(j for j in bonds if j != i)
+    count = 0
+    for root in range(len(neighbours)):
+        # a stack of (size, frontier the set may still grow into, bonds already in or next to the set)
+        stack = [(1, [j for j in neighbours[root] if j > root], {root, *neighbours[root]})]
+        while stack:
+            size, frontier, seen = stack.pop()
+            count += 1
+            if count > limit:
+                return count
+            if size == RDK_MAX_PATH:
+                continue
+            while frontier:
+                bond = frontier.pop()
+                new = [j for j in neighbours[bond] if j > root and j not in seen]
+                stack.append((size + 1, frontier + new, seen | set(new)))
+    return count
+
+
+def _too_complex(mols: list, fingerprints: bool = True) -> bool:
     atoms = sum(m.GetNumAtoms() for m in mols)
     closures = sum(m.GetNumBonds() - m.GetNumAtoms() + 1 for m in mols)
-    return atoms > MAX_ATOMS or closures > MAX_RING_CLOSURES
+    if atoms > MAX_ATOMS or closures > MAX_RING_CLOSURES:
+        return True
+    if not fingerprints:
+        return False  # identity alone (InChI) is cheap on such graphs; counting would triple an audit's time
+    budget = MAX_SUBGRAPHS
+    for mol in mols:  # the whole answer's fingerprint enumerates each part's sets
+        budget -= count_bond_sets(mol, budget)
+        if budget < 0:
+            return True
+    return False
 
 
 def too_complex(text: str | None) -> bool:
-    """Whether `text` is a SMILES RDKit reads but too large or too ring-dense to score (`MAX_ATOMS`,
-    `MAX_RING_CLOSURES`); parsing only, no fingerprints."""
+    """Whether `text` is a SMILES RDKit reads but too large, too ring-dense or too costly to fingerprint to
+    score (`MAX_ATOMS`, `MAX_RING_CLOSURES`, `MAX_SUBGRAPHS`); no fingerprints."""
     if not isinstance(text, str) or not text or len(text) > MAX_SMILES_CHARS:
         return False
     mols = []
@@ -141,7 +185,7 @@ def parse_molecule(text: str | None, fingerprints: bool = False) -> Molecule | N
                 return None
         mols.append(mol)
         texts.append(part)
-    if _too_complex(mols):
+    if _too_complex(mols, fingerprints):
         return None
     try:
         keys = frozenset(_part_key(mol) for mol in mols)

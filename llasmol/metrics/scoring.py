@@ -97,18 +97,20 @@ class GoldPool:
     sample["raw_output"])`) or by prediction records (their `gold` field): one rule for both."""
 
     def __init__(self) -> None:
-        self._golds: dict[tuple, list[str]] = defaultdict(list)
+        # dicts as ordered sets: a pool of thousands of golds is built in linear time
+        self._golds: dict[tuple, dict[str, None]] = defaultdict(dict)
 
     def add(self, record: dict, golds) -> None:
         if get_task(record["task"]).pooled:
-            bucket = self._golds[gold_key(record)]
-            bucket.extend(g for g in as_list(golds) if g not in bucket)
+            self._golds[gold_key(record)].update(dict.fromkeys(as_list(golds)))
 
     def golds(self, record: dict, own) -> list[str]:
-        """`record`'s golds: the pool of its key for pooled tasks, else `own` (its own gold answers)."""
+        """`record`'s golds: for pooled tasks its own golds first, then the rest of its key's pool (the
+        order no metric depends on, but a bounded caption scorer keeps the first references), else `own`."""
+        own = as_list(own)
         if get_task(record["task"]).pooled:
-            return list(self._golds.get(gold_key(record), as_list(own)))
-        return as_list(own)
+            return list(dict.fromkeys([*own, *self._golds.get(gold_key(record), ())]))
+        return own
 
 
 def record_golds(records: Iterable[dict]) -> list[list[str]]:

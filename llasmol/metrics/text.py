@@ -24,8 +24,9 @@ The recipe follows MolT5's captioning evaluation, which the LlaSMol paper reuses
   raw text, no stemming, as MolT5 calls it), the best over golds, averaged over samples.
 
 A sample with no answer (empty response) is left out of all of them, as the paper's scorer
-leaves it out; it is counted in ``num_no_answer``, and ``num_scored`` counts the rest.  All golds
-of the input are references (the paper's scorer takes one of them).  Responses longer than `MAX_CAPTION_CHARS` are
+leaves it out; it is counted in ``num_no_answer``, and ``num_scored`` counts the rest.  The
+sample's golds and the other golds of its input are references, at most `MAX_CAPTION_REFERENCES` (the paper's
+scorer takes one).  Responses longer than `MAX_CAPTION_CHARS` are
 cut to that length before scoring (ROUGE-L is quadratic in length).
 """
 
@@ -48,6 +49,10 @@ MAX_TOKENS = 512
 # Captions (and golds) are cut here: ROUGE's LCS is quadratic in words, and a pooled input with 20 golds of
 # 20,000 characters took 45 s a sample. Real captions are a few hundred characters.
 MAX_CAPTION_CHARS = 5_000
+# References per sample: each costs a METEOR alignment (milliseconds), so 1,500 lines of one input pooling
+# 1,500 different golds cost 2.25 million of them (minutes). The sample's own gold comes first (`GoldPool`),
+# repeats are dropped; SMolInstruct's inputs have one or a few descriptions, so real scores do not change.
+MAX_CAPTION_REFERENCES = 5
 BLEU_ORDERS = (1, 2, 3, 4)
 SCIBERT_ENV = "LLASMOL_SCIBERT"
 NLTK_DATA_ENV = "LLASMOL_NLTK_DATA"
@@ -287,6 +292,13 @@ def caption_stats(answer: str | None, golds: Sequence[str]) -> dict[str, float]:
     if not hypothesis_text.strip():
         return {"num_scibert": 1.0 if uses_scibert() else 0.0}
     gold_texts = [g[:MAX_CAPTION_CHARS] for g in golds if isinstance(g, str)]
+    references = tuple(dict.fromkeys(gold_texts))[:MAX_CAPTION_REFERENCES]
+    return dict(_scored_caption(tokenizer_name(), hypothesis_text, references))
+
+
+@functools.lru_cache(maxsize=4096)
+def _scored_caption(tokenizer: str, hypothesis_text: str, gold_texts: tuple[str, ...]) -> dict[str, float]:
+    # Cached (keyed by the tokenizer in use too): the same answer to the same input is scored once.
     hyp_tokens = tokenize(hypothesis_text)
     ref_tokens = [_gold_tokens(g) for g in gold_texts]
     stats = bleu_stats(ref_tokens, hyp_tokens)

@@ -157,7 +157,7 @@ def load_adapter(model, folder: Path):
                 shutil.copy(folder / ADAPTER_CONFIG, Path(tmp) / ADAPTER_CONFIG)
                 save_file({k: v.contiguous() for k, v in weights.items()}, str(Path(tmp) / WEIGHTS_SAFETENSORS))
                 peft_model = PeftModel.from_pretrained(model, tmp)
-    except (OSError, ValueError, KeyError, RuntimeError) as err:
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as err:
         raise UserError(f"cannot load the adapter {folder} ({type(err).__name__}: {str(err)[:160]}): check ckpt= "
                         "and model=") from None
     expected = set(get_peft_model_state_dict(peft_model, save_embedding_layers=False))

@@ -33,10 +33,22 @@ log = logging.getLogger(__name__)
 
 
 
-def newest_resume_checkpoint(run_dir: Path) -> Optional[Path]:
-    """The most recently written resume checkpoint of a run directory, or None."""
+def newest_resume_checkpoint(run_dir: Path, strict: bool = True) -> Optional[Path]:
+    """The most recently written resume checkpoint of a run directory that is one (an empty or truncated file,
+    e.g. a zero-byte interrupted.ckpt dated in the future, is passed over), or None. `strict`: when every one
+    found is broken, a `UserError` naming the newest (else None, for other runs' folders)."""
     found = [p for name in layout.RESUME_CKPTS if (p := run_dir / layout.CHECKPOINTS / name).is_file()]
-    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+    broken = None
+    for path in sorted(found, key=lambda p: p.stat().st_mtime_ns, reverse=True):
+        try:
+            check_training_checkpoint(path)
+        except UserError as err:
+            broken = broken or err
+            continue
+        return path
+    if broken is not None and strict:
+        raise broken
+    return None
 
 
 def _same_variant(run_dir: Path, model: str, lora: str) -> bool:
@@ -65,7 +77,7 @@ def resolve_resume(ckpt_path: Optional[str], output_dir: Path, model: str, lora:
         own = newest_resume_checkpoint(output_dir)
         if own is not None:
             return str(own)
-        siblings = [newest_resume_checkpoint(d) for d in output_dir.parent.iterdir()
+        siblings = [newest_resume_checkpoint(d, strict=False) for d in output_dir.parent.iterdir()
                     if d.is_dir() and d != output_dir and _same_variant(d, model, lora)]
         siblings = [c for c in siblings if c is not None]
         if not siblings:
