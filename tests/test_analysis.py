@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import HANG_TIMEOUT
 from llasmol import analysis
 from llasmol.analysis.paper import PAPER_RESULTS, PAPER_TRAINABLE
 from llasmol.core.errors import UserError
@@ -372,7 +373,7 @@ def _execute_notebook(name: str, env: str, value: Path, monkeypatch):
     params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1 and env in params[0].source, f"{name} needs one `parameters` cell reading ${env}"
     monkeypatch.setenv(env, str(value))
-    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+    nbclient.NotebookClient(nb, timeout=HANG_TIMEOUT, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
     texts = []
     for cell in nb.cells:
         for output in cell.get("outputs", []):
