@@ -45,22 +45,33 @@ def balanced_subset(split, per_task: Optional[int], seed: int) -> list[int]:
 
 
 def generate_records(generator: BeamGenerator, split, indices: list[int], golds: GoldPool, gen_cfg,
-                     advance: Optional[Callable[[int], None]] = None) -> list[dict]:
+                     advance: Optional[Callable[[int], None]] = None, done: Optional[dict[int, dict]] = None,
+                     sink: Optional[Callable[[list[dict]], None]] = None) -> list[dict]:
     """One record per sample: task, index, input, gold, predictions (best first), answers; None if skipped.
 
-    `advance(n)` is called as samples finish (for a progress bar).
+    `advance(n)` is called as samples finish (for a progress bar). `done` maps sample indices to records
+    already made (a continued evaluation): they are kept, not generated again. `sink(records)` receives
+    each batch's records as soon as they exist, so a caller can keep them before the next batch starts.
     """
+    done = done or {}
     by_task: dict[str, list[int]] = defaultdict(list)
-    samples = {i: split[i] for i in indices}
+    samples = {i: split[i] for i in indices if i not in done}
     for i in indices:
-        by_task[samples[i]["task"]].append(i)
-    records = []
+        by_task[(done[i] if i in done else samples[i])["task"]].append(i)
+    made = dict(done)
     for task, rows in by_task.items():
-        outputs = generator.generate([samples[i]["input"] for i in rows], task_settings(gen_cfg, task))
-        if advance is not None:
-            advance(len(rows))
-        records.extend(make_record(i, samples[i], golds, predictions) for i, predictions in zip(rows, outputs))
-    return records
+        todo = [i for i in rows if i not in done]
+        if not todo:
+            continue
+        batches = generator.generate_batches([samples[i]["input"] for i in todo], task_settings(gen_cfg, task))
+        for positions, outputs in batches:
+            batch = [make_record(todo[p], samples[todo[p]], golds, out) for p, out in zip(positions, outputs)]
+            if sink is not None:
+                sink(batch)
+            made.update((r["index"], r) for r in batch)
+            if advance is not None:
+                advance(len(batch))
+    return [made[i] for rows in by_task.values() for i in rows]
 
 
 def make_record(index: int, sample: dict, golds: GoldPool, predictions: Optional[list[str]]) -> dict:
