@@ -94,7 +94,7 @@ def _continue_command(out_dir: Path, cfg: DictConfig) -> str:
     return shlex.join(["python", "-m", "llasmol.evaluate", *args])
 
 
-def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
+def generate_and_score(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
     from llasmol.core import run_dir
     from llasmol.data.formatting import PromptFormatter
     from llasmol.data.source import SMolInstructSource

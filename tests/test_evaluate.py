@@ -681,8 +681,8 @@ def test_evaluation_progress_goes_to_the_log_without_a_terminal(caplog):
 
 
 def _evaluate_args(run_dir: Path, folder: Path) -> list[str]:
-    return [f"ckpt={run_dir}", "data.split=test", "data.max_samples_per_task={test:8}",
-            "generation.max_new_tokens_limit=48", "generation.batch_size=2", f"hydra.run.dir={folder}"]
+    return [f"ckpt={run_dir}", "data.split=test", "data.max_samples_per_task={test:3}",
+            "generation.max_new_tokens_limit=16", "generation.batch_size=2", f"hydra.run.dir={folder}"]
 
 
 def _evaluate_process(run_dir: Path, folder: Path) -> subprocess.Popen:
@@ -712,11 +712,11 @@ def test_evaluate_stopped_by_a_signal_continues_with_the_same_command(run_dir, t
     assert stop_lines[0].endswith("continue with: " + shlex.join(["python", "-m", "llasmol.evaluate",
                                                                  *_evaluate_args(run_dir, parts)]))
     kept = len(partial.read_text().splitlines()) - 1
-    assert 0 < kept < 88 and not (parts / "predictions" / "test.jsonl").exists()
+    assert 0 < kept < 33 and not (parts / "predictions" / "test.jsonl").exists()
     again = _evaluate_process(run_dir, parts)
     assert again.wait(timeout=HANG_TIMEOUT) == 0 and first.wait(timeout=HANG_TIMEOUT) == 0
     log = (parts / "evaluate.log").read_text()
-    assert f"{kept} of 88 samples answered" in log
+    assert f"{kept} of 33 samples answered" in log
     for name in ("predictions/test.jsonl", "metrics/test.json"):
         assert (parts / name).read_text() == (whole / name).read_text(), name
     assert not partial.exists()
