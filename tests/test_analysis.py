@@ -348,7 +348,9 @@ def test_report_on_real_run(real_sweep, capsys):
             assert abs(float(row["constant answer"]) - mean) <= 0.005 + 1e-9  # written to 2 decimals
     assert {"property_prediction-bbbp", "property_prediction-esol"} <= set(floor)
     curves = run.loss_curves()  # what trends.png draws first
-    assert [step for step, _ in curves["val/loss"]] == [2, 4] and curves["val/loss"][-1][1] == run.val_loss
+    # One point per validation (their step as the CSV log numbers it, which issue #28 item 7 may change).
+    steps = [step for step, _ in curves["val/loss"]]
+    assert len(steps) == 2 and steps[0] < steps[1] and curves["val/loss"][-1][1] == run.val_loss
     assert curves["train/loss"] and curves["train/loss"][-1][1] == run.train_loss
 
 
