@@ -139,10 +139,10 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
                                                log_every_s=cfg.progress_every_s) as advance:
             records = generate_records(generator, split, indices, golds, cfg.generation, advance, done, partial.append)
     except (KeyboardInterrupt, _Terminated) as err:
-        partial.close()
-        raise Stopped(f"stopped ({'SIGTERM' if isinstance(err, _Terminated) else 'Ctrl-C'}) with {partial.count} of "
-                      f"{len(indices)} samples answered, kept in {partial.path}; continue with: "
-                      f"{_continue_command(out_dir, cfg)}", 143 if isinstance(err, _Terminated) else 1) from None
+        term = isinstance(err, _Terminated)
+        raise Stopped(f"stopped ({'SIGTERM' if term else 'Ctrl-C'}) with {partial.answered()} of {len(indices)} "
+                      f"samples answered, kept in {partial.path}; continue with: {_continue_command(out_dir, cfg)}",
+                      143 if term else 1) from None
     partial.close()
     out = Path(cfg.output) if cfg.output else out_dir / run_dir.METRICS / f"{split_name}.json"
     results, intervals = write_and_score(records, predictions_file, out, cfg.intervals)

@@ -712,6 +712,7 @@ def test_evaluate_stopped_by_a_signal_continues_with_the_same_command(run_dir, t
     assert stop_lines[0].endswith("continue with: " + shlex.join(["python", "-m", "llasmol.evaluate",
                                                                  *_evaluate_args(run_dir, parts)]))
     kept = len(partial.read_text().splitlines()) - 1
+    assert f"with {kept} of 33 samples answered" in stop_lines[0]
     assert 0 < kept < 33 and not (parts / "predictions" / "test.jsonl").exists()
     again = _evaluate_process(run_dir, parts)
     assert again.wait(timeout=HANG_TIMEOUT) == 0 and first.wait(timeout=HANG_TIMEOUT) == 0

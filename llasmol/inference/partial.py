@@ -59,6 +59,12 @@ class PartialPredictions:
         append_jsonl(self._fh, records)
         self.count += len(records)
 
+    def answered(self) -> int:
+        """The records in the file, read back: a signal can land after a batch's write and before the
+        count above moves, and the file is what a continuation will find."""
+        self.close()
+        return max(0, len(complete_jsonl(self.path)) - 1) if self.path.is_file() else 0
+
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()
