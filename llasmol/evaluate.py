@@ -9,8 +9,14 @@
 
 from __future__ import annotations
 
+import logging
+import shlex
+import signal
+import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -20,6 +26,8 @@ from llasmol.core.errors import UserError, report_user_errors
 from llasmol.core.files import check_target
 from llasmol.core.quiet import quiet_known_noise
 from llasmol.core.settings import check_settings
+
+log = logging.getLogger(__name__)
 
 def score_file(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
     from llasmol.inference.predictions import read_predictions
@@ -71,13 +79,54 @@ def _system_row(cfg: DictConfig, records: list[dict], src: Path) -> tuple[dict, 
     return results, intervals, out
 
 
-def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
+class Stopped(Exception):
+    """Ctrl-C or SIGTERM during generation: what was kept, how to continue, and the exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Terminated(Exception):
+    pass
+
+
+@contextmanager
+def _stoppable() -> Iterator[None]:
+    """Ctrl-C and SIGTERM raise here, whatever the shell set (a background job starts with SIGINT ignored)."""
+    def terminate(signum, frame):
+        raise _Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _continue_command(out_dir: Path, cfg: DictConfig) -> str:
+    """This command again; with `hydra.run.dir` added when its answers went to this command's own dated folder."""
+    args = sys.argv[1:]
+    if out_dir.resolve() == Path(cfg.paths.output_dir).resolve() and not any(
+            a.startswith(("hydra.run.dir=", "+hydra.run.dir=")) for a in args):
+        args = [*args, f"hydra.run.dir={out_dir}"]
+    return shlex.join(["python", "-m", "llasmol.evaluate", *args])
+
+
+def generate_and_score(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
     from llasmol.core import run_dir
     from llasmol.data.formatting import PromptFormatter
     from llasmol.data.source import SMolInstructSource
     from llasmol.inference.base_protocol import build_queries, protocol_for, read_answers
     from llasmol.inference.beam_search import BeamGenerator
     from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
+    from llasmol.inference.partial import PartialPredictions
     from llasmol.inference.progress import generation_progress
     from llasmol.inference.records import balanced_subset, generate_records, split_golds, write_and_score
 
@@ -89,33 +138,54 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Path]:
                         "SELFIES (data.representation=selfies): use prompting=dataset or SMILES data")
     # A run directory brings the data it was trained on; this command's split and sample cap apply.
     split_name = cfg.data.split
+    caps = OmegaConf.to_container(cfg.data, resolve=True).get("max_samples_per_task")
     source = SMolInstructSource.from_config(
         OmegaConf.to_container(run_data if run_data is not None else cfg.data, resolve=True),
-        max_samples_per_task=OmegaConf.to_container(cfg.data, resolve=True).get("max_samples_per_task"),
+        max_samples_per_task=caps,
     )
     split = source.split(split_name)
+    # A run evaluated on a whole split keeps the results with the run (report shows them beside the paper);
+    # a capped split (data.max_samples_per_task) or another checkpoint writes to this command's folder.
+    capped = bool(source.max_samples_per_task.get(split_name))
+    out_dir = Path(cfg.ckpt) if run_data is not None and not capped else Path(cfg.paths.output_dir)
+    predictions_file = out_dir / run_dir.PREDICTIONS / f"{split_name}.jsonl"
+    indices = balanced_subset(split, None, cfg.seed)
+    # What the answers depend on: a stopped run is continued only under the same.
+    partial = PartialPredictions(predictions_file, {
+        "ckpt": str(cfg.ckpt), "adapter": None if adapter is None else str(adapter), "model": model_cfg.name,
+        "prompt_template": model_cfg.prompt_template, "split": split_name, "samples": len(indices),
+        "max_samples_per_task": caps, "generation": OmegaConf.to_container(cfg.generation, resolve=True),
+        "prompting": OmegaConf.to_container(cfg.prompting, resolve=True) if protocol is not None else None})
+    done = partial.resume()
+    if done:
+        log.info("continuing the stopped evaluation in %s: %d of %d samples answered", partial.path, len(done),
+                 len(indices))
     model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"), merge=cfg.merge_adapter)
     device = pick_device(cfg.device)
     model.to(device)
     # A base model's protocol writes the whole query itself: no chat markup around it.
     formatter = PromptFormatter(tokenizer, "plain" if protocol else model_cfg.prompt_template)
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, cfg.generation.batch_size)
-    indices = balanced_subset(split, None, cfg.seed)
     golds = split_golds(source.pooling_split(split_name))
     queries = None
     if protocol is not None:
         queries = build_queries(protocol, split, indices, source.split("train") if protocol.shots else None)
-    with generation_progress(f"Generating on {split_name}", len(indices)) as advance:
-        records = generate_records(generator, split, indices, golds, cfg.generation, advance, queries)
+    try:
+        with _stoppable(), generation_progress(f"Generating on {split_name}", len(indices), done=len(done),
+                                               log_every_s=cfg.progress_every_s) as advance:
+            records = generate_records(generator, split, indices, golds, cfg.generation, advance, queries, done,
+                                       partial.append)
+    except (KeyboardInterrupt, _Terminated) as err:
+        term = isinstance(err, _Terminated)
+        raise Stopped(f"stopped ({'SIGTERM' if term else 'Ctrl-C'}) with {partial.answered()} of {len(indices)} "
+                      f"samples answered, kept in {partial.path}; continue with: {_continue_command(out_dir, cfg)}",
+                      143 if term else 1) from None
+    partial.close()
     if protocol is not None:
         records = read_answers(protocol, records, queries)
-    # A run evaluated on a whole split keeps the results with the run (report shows them beside the paper);
-    # a capped split (data.max_samples_per_task) or another checkpoint writes to this command's folder.
-    capped = bool(source.max_samples_per_task.get(split_name))
-    out_dir = Path(cfg.ckpt) if run_data is not None and not capped else Path(cfg.paths.output_dir)
     out = Path(cfg.output) if cfg.output else out_dir / run_dir.METRICS / f"{split_name}.json"
-    results, intervals = write_and_score(records, out_dir / run_dir.PREDICTIONS / f"{split_name}.jsonl", out,
-                                         cfg.intervals)
+    results, intervals = write_and_score(records, predictions_file, out, cfg.intervals)
+    partial.remove()
     if protocol is not None and out_dir == Path(cfg.paths.output_dir):
         _protocol_row(cfg, model_cfg, protocol, out_dir, split_name, len(records))
     return results, intervals, out
@@ -172,7 +242,14 @@ def evaluate(cfg: DictConfig) -> dict:
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="evaluate")
 @report_user_errors
 def main(cfg: DictConfig) -> None:
-    result = evaluate(cfg)
+    try:
+        result = evaluate(cfg)
+    except Stopped as stop:  # one line, as training's, instead of a traceback from deep inside generate
+        log.warning("%s", stop)
+        raise SystemExit(stop.code) from None
+    except KeyboardInterrupt:
+        log.warning("stopped (Ctrl-C) before the first answer: nothing was kept")
+        raise SystemExit(1) from None
     from llasmol.analysis.tables import metric_lines
 
     print(metric_lines(result["metrics"], result["intervals"]))

@@ -7,7 +7,9 @@
     python -m llasmol.report <run_dir> --validation val-epoch0-step200 --worst 8
 
 A run's report (of its latest validation unless ``--validation`` picks one):
-``metrics.md``/``.csv`` (per task), ``intervals.md``/``.csv`` (each metric's 95% bootstrap interval),
+``metrics.md``/``.csv`` (per task; for the tiny demo model, with why its exact matches are 0),
+``trivial.md``/``.csv`` (the best constant answer on the same samples), ``intervals.md``/``.csv`` (each
+metric's 95% bootstrap interval),
 ``topk.csv``, ``failures.md``/``.csv``, ``worst.md``, ``trends.csv``, ``topk.png``, ``failures.png``,
 ``trends.png`` and ``worst_<task>.png`` for SMILES tasks with gold molecules.  A multirun's:
 ``comparison.md``/``.csv``, ``ablation.png`` (with intervals) and ``pairs.md``/``.csv`` (every pair of
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from llasmol import analysis
-from llasmol.analysis import pairs
+from llasmol.analysis import pairs, trivial
 from llasmol.core.errors import UserError, report_user_errors
 from llasmol.core.tasks import get_task
 
@@ -45,7 +47,11 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[P
         _write(out / f"{split}.csv", table.to_csv(), written)
     metrics = analysis.metric_table(val)
     metrics.title = f"{run.label}: metrics at {val.name}"
-    _write(out / "metrics.md", metrics.to_markdown(), written)
+    _write(out / "metrics.md", (trivial.NOTE if run.model == "tiny" else "") + metrics.to_markdown(), written)
+    if val.predictions():
+        floor = trivial.constant_answer_table(val.predictions())
+        _write(out / "trivial.md", floor.to_markdown(), written)
+        _write(out / "trivial.csv", floor.to_csv(), written)
     _write(out / "metrics.csv", metrics.to_csv(), written)
     intervals = pairs.interval_table(val)
     intervals.title = f"{run.label}: {intervals.title}"
@@ -58,7 +64,8 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[P
     if run.validations:  # a baseline or an evaluation alone has no validations to follow
         trends = analysis.metric_trends(run)
         _write(out / "trends.csv", trends.to_csv(), written)
-        analysis.plot_trends(trends, out / "trends.png", title=f"{run.label}: headline metrics across validations")
+        analysis.plot_trends(trends, out / "trends.png", title=f"{run.label}: loss and headline metrics across "
+                             "validations", losses=run.loss_curves())
         written.append(out / "trends.png")
 
     if val.predictions_path is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,7 @@ def card_facts(cfg: DictConfig, params: dict, datamodule, accumulation: int) -> 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit one run; returns its final metrics, parameter counts and best checkpoint."""
+    started = time.monotonic()
     import lightning as L
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -182,6 +184,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "output_dir": str(out),
         "global_step": trainer.global_step,
         "resumed_from": resume.checkpoint,
+        "seconds": round(time.monotonic() - started, 1),  # this process's wall time, for the ablation chart
     }
     if trainer.is_global_zero:
         write_json(out / run_dir.RESULT, result)

@@ -21,6 +21,11 @@ from smolinstruct_fixture import write_smolinstruct
 
 from llasmol.core.config import compose_config  # noqa: F401  (tests import it from here)
 
+# Every command a test starts does bounded work (a few steps of the tiny model, a handful of samples), so a
+# time limit there only catches a hang: it is an hour, far above the slowest such command seen on 2 cores
+# shared with other work (a multirun of three jobs: 10 minutes at load 2-12). LLASMOL_TEST_TIMEOUT sets it.
+HANG_TIMEOUT = int(os.environ.get("LLASMOL_TEST_TIMEOUT", 3600))
+
 
 def free_port() -> int:
     """A free local TCP port for a gloo process group's rendezvous."""

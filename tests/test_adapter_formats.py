@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import compose_config
+from conftest import HANG_TIMEOUT, compose_config
 from llasmol.convert_adapter import convert
 from llasmol.core.errors import UserError
 from llasmol.inference.loading import load_model
@@ -98,7 +98,7 @@ def test_a_crafted_pickle_is_refused_in_one_line_and_nothing_runs(cfg, twins, tm
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
     proc = subprocess.run([sys.executable, "-m", "llasmol.generate", "What is <SMILES> CCO </SMILES> ?",
-                           f"ckpt={evil}"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+                           f"ckpt={evil}"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=HANG_TIMEOUT)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and str(evil / WEIGHTS_PICKLE) in errors[0], proc.stderr[-800:]
     assert "Traceback" not in proc.stderr and not marker.exists()
@@ -111,7 +111,7 @@ def test_the_conversion_command_writes_safetensors_that_load_without_the_bin(cfg
     for name in ("adapter_config.json", WEIGHTS_PICKLE):
         (folder / name).write_bytes((old / name).read_bytes())
     proc = subprocess.run([sys.executable, "-m", "llasmol.convert_adapter", str(folder)], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=HANG_TIMEOUT)
     assert proc.returncode == 0 and f"wrote {folder / WEIGHTS_SAFETENSORS}" in proc.stdout, proc.stderr[-800:]
     assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []  # no temporary file left
     (folder / WEIGHTS_PICKLE).unlink()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import HANG_TIMEOUT
 from llasmol import analysis
 from llasmol.analysis.paper import PAPER_RESULTS, PAPER_TRAINABLE
 from llasmol.core.errors import UserError
@@ -297,6 +298,7 @@ def real_sweep(tmp_path_factory) -> Path:
         f"paths.output_dir={sweep / '0_tiny_lite'}", "lora=lite", "trainer.max_steps=4", "val_every_n_steps=2",
         "data.max_samples_per_task={validation:6}", "generation.max_new_tokens_limit=8",
         "callbacks.generation_evaluator.samples_per_task=2", "trainer.enable_progress_bar=false", "logger=csv",
+        "trainer.log_every_n_steps=1",
     ]))
     shutil.copytree(sweep / "0_tiny_lite", sweep / "1_tiny_attn", ignore=shutil.ignore_patterns("checkpoints"))
     params = json.loads((sweep / "1_tiny_attn" / "params.json").read_text())
@@ -310,7 +312,7 @@ def test_report_on_real_run(real_sweep, capsys):
     capsys.readouterr()
     report = run_dir / "report"
     for name in ("metrics.md", "metrics.csv", "intervals.md", "intervals.csv", "failures.md", "failures.csv",
-                 "trends.csv", "topk.png", "failures.png", "trends.png"):
+                 "trends.csv", "topk.png", "failures.png", "trends.png", "trivial.md", "trivial.csv"):
         assert (report / name).is_file(), name
     saved = json.loads((run_dir / "metrics" / f"{analysis.load_run(run_dir).latest.name}.intervals.json").read_text())
     for row in csv.DictReader((report / "intervals.csv").open()):  # the run's own intervals, beside each value
@@ -332,6 +334,24 @@ def test_report_on_real_run(real_sweep, capsys):
             assert counts[task]["correct"] == round(m["exact_match"] * m["num_samples"])
     trends = list(csv.DictReader((report / "trends.csv").open()))
     assert [int(r["step"]) for r in trends] == [v.step for v in run.validations] == [2, 4]
+    assert (report / "metrics.md").read_text().startswith("Why zeros: the tiny demo model starts from random")
+    floor = {r["task"]: r for r in csv.DictReader((report / "trivial.csv").open())}
+    for task, row in floor.items():  # the constant answer scored as the model's answers are
+        golds = [r["gold"][0] for r in run.latest.predictions() if r["task"] == task]
+        if row["metric"] == "accuracy":
+            assert float(row["value"]) == pytest.approx(max(golds.count(g) for g in golds) / len(golds))
+        if row["metric"] == "rmse":
+            values = [float(g) for g in golds]
+            mean = sum(values) / len(values)
+            assert float(row["value"]) == pytest.approx(
+                (sum((v - float(row["constant answer"])) ** 2 for v in values) / len(values)) ** 0.5)
+            assert abs(float(row["constant answer"]) - mean) <= 0.005 + 1e-9  # written to 2 decimals
+    assert {"property_prediction-bbbp", "property_prediction-esol"} <= set(floor)
+    curves = run.loss_curves()  # what trends.png draws first
+    # One point per validation (their step as the CSV log numbers it, which issue #28 item 7 may change).
+    steps = [step for step, _ in curves["val/loss"]]
+    assert len(steps) == 2 and steps[0] < steps[1] and curves["val/loss"][-1][1] == run.val_loss
+    assert curves["train/loss"] and curves["train/loss"][-1][1] == run.train_loss
 
 
 def test_report_on_real_sweep(real_sweep, capsys):
@@ -339,6 +359,10 @@ def test_report_on_real_sweep(real_sweep, capsys):
     capsys.readouterr()
     report = real_sweep / "report"
     assert {p.name for p in written} == {"comparison.md", "comparison.csv", "ablation.png", "pairs.md", "pairs.csv"}
+    data = analysis.ablation_data(real_sweep)
+    seconds = json.loads((real_sweep / "0_tiny_lite" / "result.json").read_text())["seconds"]
+    assert 0 < seconds and data["minutes"]["tiny/lite"] == pytest.approx(seconds / 60)
+    assert data["train/loss"]["tiny/lite"] == analysis.load_run(real_sweep / "0_tiny_lite").train_loss is not None
     assert (report / "ablation.png").read_bytes().startswith(PNG_MAGIC)
     pairs = list(csv.DictReader((report / "pairs.csv").open()))
     tasks = {r["task"] for r in pairs}
@@ -372,7 +396,7 @@ def _execute_notebook(name: str, env: str, value: Path, monkeypatch):
     params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1 and env in params[0].source, f"{name} needs one `parameters` cell reading ${env}"
     monkeypatch.setenv(env, str(value))
-    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+    nbclient.NotebookClient(nb, timeout=HANG_TIMEOUT, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
     texts = []
     for cell in nb.cells:
         for output in cell.get("outputs", []):
@@ -422,25 +446,36 @@ def test_markdown_tables_print_counts_as_integers_and_scores_as_fractions():
 
 
 def test_charts_say_something_on_a_short_sweep():
-    """val/loss and trainable parameters have panels of their own, RMSE is apart from the fractions, and a
-    panel with no value at all (no valid number for RMSE yet) is left out rather than drawn empty."""
+    """Training and validation loss share a panel, trainable parameters and time have panels of their own,
+    RMSE is apart from the fractions, and a panel with no value at all (no valid number for RMSE yet) is left
+    out rather than drawn empty; the trends chart leads with the loss curves, which move while every exact
+    match of a random-initialised model is still 0."""
     from llasmol.analysis.plots import plot_ablation, plot_trends
     from llasmol.analysis.tables import Table
 
-    data = {"val/loss": {"lite": 3.2, "full": 3.1}, "trainable (M)": {"lite": 0.03, "full": 0.07},
+    data = {"val/loss": {"lite": 3.2, "full": 3.1}, "train/loss": {"lite": 3.4, "full": 3.0},
+            "trainable (M)": {"lite": 0.03, "full": 0.07}, "minutes": {"lite": 0.5, "full": 0.7},
             "forward_synthesis/exact_match": {"lite": 0.0, "full": 0.0},
             "property_prediction-esol/rmse": {"lite": None, "full": None}}
     fig = plot_ablation(data, title="sweep X")
     assert [ax.get_ylabel().split(" (")[0] for ax in fig.axes] == [
-        "validation loss", "trainable parameters", "headline metric"]
+        "loss, nats/token", "trainable parameters", "training time", "headline metric"]
+    loss_panel = fig.axes[0]
+    assert [t.get_text() for t in loss_panel.get_xticklabels()] == ["val/loss", "train/loss"]
+    assert sorted(round(b.get_height(), 2) for c in loss_panel.containers for b in c) == [3.0, 3.1, 3.2, 3.4]
     assert fig.get_suptitle() == "sweep X"
     data["property_prediction-esol/rmse"] = {"lite": 1.5, "full": None}
-    assert len(plot_ablation(data).axes) == 4
+    assert len(plot_ablation(data).axes) == 5
     trends = Table(["epoch", "step", "forward_synthesis/exact_match", "property_prediction-esol/rmse"],
                    [[0, 100, 0.1, None], [0, 200, 0.2, None]])
     assert len(plot_trends(trends, title="run Y").axes) == 1  # no RMSE yet: no empty panel
     trends.rows[1][3] = 1.2
     assert [ax.get_ylabel() for ax in plot_trends(trends).axes] == ["value (fraction)", "RMSE (lower is better)"]
+    losses = {"train/loss": [(10, 4.2), (20, 3.9), (30, 3.5)], "val/loss": [(100, 3.6), (200, 3.3)]}
+    fig = plot_trends(trends, losses=losses)
+    assert [ax.get_ylabel() for ax in fig.axes][0] == "loss (nats/token)"
+    lines = {line.get_label(): list(zip(*line.get_data())) for line in fig.axes[0].get_lines()}
+    assert lines == {"train/loss": [(10, 4.2), (20, 3.9), (30, 3.5)], "val/loss": [(100, 3.6), (200, 3.3)]}
 
 
 def test_report_compares_two_runs_and_a_run_with_itself_is_zero(real_sweep, capsys):

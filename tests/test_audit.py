@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import compose_config
+from conftest import HANG_TIMEOUT, compose_config
 from smolinstruct_fixture import MOLECULES, RELATED_TASKS, TASKS, add_record, name_of, split_of, write_smolinstruct
 
 from llasmol.analysis import leakage, sample_keys
@@ -191,7 +191,7 @@ def test_the_command_exits_1_on_leakage_and_2_on_bad_input(copy, tmp_path):
     add_record(copy, "name_conversion-s2f", "train", "C1CC", "C3H6")  # RDKit would complain about it
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = lambda *args: subprocess.run([sys.executable, "-m", "llasmol.audit", *args], capture_output=True,  # noqa: E731
-                                       text=True, cwd=tmp_path, env=env, timeout=300)
+                                       text=True, cwd=tmp_path, env=env, timeout=HANG_TIMEOUT)
     leak = run(f"data.path={copy}", f"hydra.run.dir={tmp_path / 'run'}")
     assert leak.returncode == 1, leak.stderr[-2000:]
     assert "LEAK shared_reaction: forward_synthesis / train ↔ retrosynthesis / test: 1" in leak.stdout

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import compose_config
+from conftest import HANG_TIMEOUT, compose_config
 from llasmol import analysis
 from llasmol.baseline import baseline
 from llasmol.core.errors import UserError
@@ -131,7 +131,7 @@ def test_a_method_asked_for_a_task_it_cannot_answer_says_so(tmp_path):
 def test_unknown_method_is_one_line_listing_the_methods(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     proc = subprocess.run([sys.executable, "-m", "llasmol.baseline", "method=nearest", f"hydra.run.dir={tmp_path}"],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=HANG_TIMEOUT)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: unknown method='nearest': pass method=<name>, one of rdkit, opsin, fingerprint, nearest_neighbor"]
@@ -142,7 +142,7 @@ def test_a_mistyped_method_in_a_sweep_stops_before_the_first_method_runs(tmp_pat
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     proc = subprocess.run([sys.executable, "-m", "llasmol.baseline", "--multirun", "method=rdkit,rdkt",
                            f"hydra.sweep.dir={tmp_path / 'sweep'}"], capture_output=True, text=True, cwd=tmp_path,
-                          env=env, timeout=120)
+                          env=env, timeout=HANG_TIMEOUT)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "error: unknown method='rdkt': pass method=<name>, one of rdkit, opsin, fingerprint, nearest_neighbor"]
     assert not (tmp_path / "sweep").exists()  # rdkit, the first value, did not run either

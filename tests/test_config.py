@@ -143,6 +143,22 @@ def test_the_ablation_experiment_sweeps_the_paper_variants_on_llama2():
     assert cfg.hydra.sweeper.params.lora == "lite,attn,ffn,full,plus"
 
 
+def test_the_demo_ablation_sweeps_four_variants_of_the_tiny_model_briefly():
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from llasmol.core.config import CONFIG_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["experiment=demo_ablation"], return_hydra_config=True)
+    assert cfg.model.name == "tiny" and cfg.hydra.sweeper.params.lora == "lite,attn,ffn,full"
+    # Short and validated twice (two points per loss curve), with little generation: the README's minutes.
+    assert (cfg.trainer.max_steps, cfg.val_every_n_steps, cfg.trainer.max_epochs) == (150, 75, -1)
+    assert cfg.callbacks.generation_evaluator.samples_per_task == 2 and cfg.generation.max_new_tokens_limit == 16
+    assert list(cfg.logger) == ["csv"] and cfg.optimizer.lr == 3e-3  # the demo recipe's
+
+
 def test_paper_recipe_uses_the_papers_beam_settings_for_every_task():
     """App. A.1 and what the official runs effectively did: (beams, returned sequences, max new tokens),
     1024 new tokens for every task (config.py's 20/960 were never applied), early_stopping off."""

@@ -6,13 +6,17 @@ import json
 import os
 import re
 import stat
+import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from conftest import compose_config
+from conftest import HANG_TIMEOUT, compose_config
+from llasmol.core.errors import UserError
 from llasmol.data.source import SMolInstructSource
 from llasmol.evaluate import evaluate
 from llasmol.generate import canonicalize_query
@@ -48,7 +52,7 @@ def run_dir(tmp_path_factory) -> Path:
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=HANG_TIMEOUT)
 
 
 def test_each_validation_writes_predictions_and_metrics(run_dir):
@@ -482,7 +486,7 @@ def test_a_question_is_taken_literally(run_dir, tmp_path):
         proc = run_cli(["llasmol.generate", question, f"ckpt={run_dir}", "generation.max_new_tokens_limit=2"], tmp_path)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-1500:]
     proc = subprocess.run([sys.executable, "-m", "llasmol.generate", b"bad \xff bytes", f"ckpt={run_dir}"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          capture_output=True, text=True, cwd=tmp_path, timeout=HANG_TIMEOUT,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 2 and "not UTF-8" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -706,3 +710,113 @@ def test_a_run_directorys_config_is_read_as_data_in_bounded_time(tmp_path, conte
     assert time.monotonic() - start < 30
     assert str(err.value).startswith(str(path)) and needle in str(err.value), str(err.value)
     assert str(err.value).endswith("evaluate only run directories written by llasmol.train")
+EVAL_SMALL = ["data.split=test", "data.max_samples_per_task={test:3}", "generation.max_new_tokens_limit=8",
+              "generation.batch_size=2"]
+
+
+def _evaluate_into(folder: Path, run_dir: Path, extra=()) -> dict:
+    return evaluate(compose_config([f"paths.output_dir={folder}", f"ckpt={run_dir}", *EVAL_SMALL, *extra], "evaluate"))
+
+
+def test_a_stopped_evaluation_continues_to_the_uninterrupted_result(run_dir, tmp_path, monkeypatch):
+    from llasmol.evaluate import Stopped
+    from llasmol.inference.partial import PartialPredictions
+
+    _evaluate_into(tmp_path / "whole", run_dir)
+    append, calls = PartialPredictions.append, []
+
+    def append_then_stop(self, records):  # Ctrl-C arriving after the third batch was kept
+        append(self, records)
+        calls.append(len(records))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(PartialPredictions, "append", append_then_stop)
+    with pytest.raises(Stopped) as stop:
+        _evaluate_into(tmp_path / "parts", run_dir)
+    monkeypatch.setattr(PartialPredictions, "append", append)
+    partial = tmp_path / "parts" / "predictions" / "test.jsonl.partial"
+    assert stop.value.code == 1 and f"kept in {partial}" in str(stop.value)
+    assert f"with {sum(calls)} of 33 samples answered" in str(stop.value)
+    lines = partial.read_text().splitlines()
+    assert len(lines) == 1 + sum(calls) and not (tmp_path / "parts" / "predictions" / "test.jsonl").exists()
+    with partial.open("a") as fh:  # a kill in the middle of a line leaves it torn
+        fh.write('{"task": "forward_synth')
+    answered = []
+    monkeypatch.setattr(PartialPredictions, "append", lambda self, records: (answered.extend(records),
+                                                                             append(self, records)))
+    _evaluate_into(tmp_path / "parts", run_dir)
+    assert len(answered) == 33 - sum(calls)  # only what the stopped run had not answered
+    for name in ("predictions/test.jsonl", "metrics/test.json", "metrics/test.intervals.json"):
+        assert (tmp_path / "parts" / name).read_text() == (tmp_path / "whole" / name).read_text(), name
+    assert not partial.exists()
+
+
+def test_a_stopped_evaluation_continues_only_under_the_same_settings(run_dir, tmp_path):
+    partial = tmp_path / "predictions" / "test.jsonl.partial"
+    partial.parent.mkdir(parents=True)
+    settings = {"ckpt": str(run_dir), "generation": {"batch_size": 3}}
+    partial.write_text(json.dumps({"settings": settings}) + "\n")
+    with pytest.raises(UserError, match=r"test.jsonl.partial holds the answers of a stopped evaluation with "
+                                        r"adapter=None, not '.*': run it again with the same settings"):
+        _evaluate_into(tmp_path, run_dir)
+
+
+def test_evaluation_progress_goes_to_the_log_without_a_terminal(caplog):
+    import logging
+
+    from llasmol.inference.progress import generation_progress, progress_line
+
+    assert progress_line("Generating on test", 120, 330, 60, 30.0) == \
+        "Generating on test: 120/330 samples (36%), 2.00 samples/s, about 1m45s left"
+    assert progress_line("g", 5, 10, 0, 3.0) == "g: 5/10 samples (50%)"
+    with caplog.at_level(logging.INFO, logger="llasmol.inference.progress"):
+        with generation_progress("Generating on test", 10, done=4, log_every_s=0.05) as advance:
+            advance(2)
+            time.sleep(0.3)  # the clock ticks while a batch is slow
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "Generating on test: 4/10 samples (40%)"
+    assert sum("6/10 samples (60%)" in line for line in lines) >= 2 and "samples/s" in lines[-1]
+
+
+def _evaluate_args(run_dir: Path, folder: Path) -> list[str]:
+    return [f"ckpt={run_dir}", "data.split=test", "data.max_samples_per_task={test:3}",
+            "generation.max_new_tokens_limit=16", "generation.batch_size=2", f"hydra.run.dir={folder}"]
+
+
+def _evaluate_process(run_dir: Path, folder: Path) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.Popen([sys.executable, "-m", "llasmol.evaluate", *_evaluate_args(run_dir, folder)],
+                            stdout=subprocess.PIPE,                            stderr=subprocess.PIPE, text=True, cwd=folder.parent, env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 1), (signal.SIGTERM, 143)])
+def test_evaluate_stopped_by_a_signal_continues_with_the_same_command(run_dir, tmp_path, signum, status):
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    first = _evaluate_process(run_dir, whole)
+    partial = parts / "predictions" / "test.jsonl.partial"
+    proc = _evaluate_process(run_dir, parts)
+    deadline = time.monotonic() + HANG_TIMEOUT
+    while time.monotonic() < deadline and proc.poll() is None and (
+            not partial.exists() or len(partial.read_text().splitlines()) < 5):
+        time.sleep(0.05)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=HANG_TIMEOUT)
+    assert proc.returncode == status, err[-2000:]
+    assert "Traceback" not in err + out
+    stop_lines = [line for line in (out + err).splitlines() if "continue with:" in line]
+    assert len(stop_lines) == 1 and "kept in" in stop_lines[0]
+    assert stop_lines[0].endswith("continue with: " + shlex.join(["python", "-m", "llasmol.evaluate",
+                                                                 *_evaluate_args(run_dir, parts)]))
+    kept = len(partial.read_text().splitlines()) - 1
+    assert f"with {kept} of 33 samples answered" in stop_lines[0]
+    assert 0 < kept < 33 and not (parts / "predictions" / "test.jsonl").exists()
+    again = _evaluate_process(run_dir, parts)
+    assert again.wait(timeout=HANG_TIMEOUT) == 0 and first.wait(timeout=HANG_TIMEOUT) == 0
+    log = (parts / "evaluate.log").read_text()
+    assert f"{kept} of 33 samples answered" in log
+    for name in ("predictions/test.jsonl", "metrics/test.json"):
+        assert (parts / name).read_text() == (whole / name).read_text(), name
+    assert not partial.exists()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import HANG_TIMEOUT
 from llasmol.data.smolinstruct import SMolInstructSplit
 from llasmol.core.errors import UserError
 from smolinstruct_fixture import write_smolinstruct
@@ -28,7 +29,7 @@ def run_cli(args: list[str], cwd: Path, **kw):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, env=env,
-                          timeout=300, **kw)
+                          timeout=HANG_TIMEOUT, **kw)
 
 
 def one_error_line(proc) -> str:
@@ -271,11 +272,11 @@ def test_ctrl_c_or_sigterm_saves_a_checkpoint_that_resumes(tmp_path, cfg_factory
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     metrics = run / "csv" / "metrics.csv"
-    deadline = time.time() + 240
+    deadline = time.time() + HANG_TIMEOUT
     while time.time() < deadline and (not metrics.is_file() or len(metrics.read_text().splitlines()) < 4):
         time.sleep(0.5)
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=HANG_TIMEOUT)
     assert proc.returncode == code, err[-2000:]
     ckpt = run / "checkpoints" / "interrupted.ckpt"
     assert ckpt.is_file(), err[-2000:]
@@ -439,12 +440,12 @@ def test_a_command_stopped_by_a_mistake_leaves_no_empty_run_folder(tmp_path):
     for args in (["llasmol.train", "data.micro_batch_size=3", "logger=csv"],
                  ["llasmol.evaluate", f"predictions={tmp_path / 'nope.jsonl'}"]):
         proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=tmp_path, env=env,
-                              timeout=300)
+                              timeout=HANG_TIMEOUT)
         assert proc.returncode == 2 and proc.stderr.count("error:") == 1, proc.stderr[-1500:]
     leftovers = [p for p in (tmp_path / "outputs").rglob("*") if p.is_file()] if (tmp_path / "outputs").exists() else []
     assert leftovers == []
     proc = subprocess.run([sys.executable, "-m", "llasmol.train", "data.micro_batch_size=3", "logger=csv"],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=HANG_TIMEOUT)
     assert "set data.effective_batch_size=6 (or another multiple of 3)" in proc.stderr
 
 
@@ -483,7 +484,7 @@ def test_a_second_run_into_a_busy_directory_stops_before_touching_it(tmp_path):
                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + HANG_TIMEOUT
         while time.time() < deadline and first.poll() is None and not (
                 (run / ".lock").is_file() and (run / ".lock").read_text()):
             time.sleep(0.05)
@@ -537,7 +538,7 @@ def test_a_kill_during_a_checkpoint_write_keeps_adapter_and_checkpoint_of_one_st
     proc = subprocess.Popen([sys.executable, "-c", STALLING_TRAIN, *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
-        deadline = time.time() + 240
+        deadline = time.time() + HANG_TIMEOUT
         while time.time() < deadline and proc.poll() is None and not (run / "stalled").exists():
             time.sleep(0.1)
         assert (run / "stalled").exists(), proc.stderr.read()[-2000:] if proc.poll() is not None else "timeout"

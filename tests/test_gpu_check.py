@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import HANG_TIMEOUT
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -37,7 +39,7 @@ def test_dry_run_on_cpu_reports_throughput_memory_and_mfu(tmp_path):
          "--steps", "3", "--warmup", "1", "--micro-batch", "2", "--seq-len", "32", "--prompts", "2",
          "--prompt-len", "8", "--new-tokens", "5", "--beams", "3", "--returns", "2", "--peak-tflops", "0.5",
          "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=HANG_TIMEOUT,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
@@ -69,5 +71,5 @@ def test_dry_run_of_the_qlora_check_on_cpu(tmp_path):
 
 def test_asking_for_a_gpu_without_one_is_one_line():
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py")], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=HANG_TIMEOUT)
     assert proc.returncode == 1 and proc.stderr.strip().startswith("error: --device cuda but no CUDA GPU")

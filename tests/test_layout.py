@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import HANG_TIMEOUT
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "llasmol"
 
@@ -110,7 +112,7 @@ def test_a_plain_install_carries_the_configs_and_data(tmp_path):
     import zipfile
 
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", str(ROOT), "--no-deps", "-w", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = tmp_path.glob("llasmol-*.whl")
     inside = set(zipfile.ZipFile(wheel).namelist())

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import compose_config
+from conftest import HANG_TIMEOUT, compose_config
 from llasmol.model.base import arch_config
 from llasmol.model.lora import apply_lora, modules_with_adapters
 from llasmol.params import count_trainable
@@ -118,7 +118,7 @@ def test_exact_llama2_full_count():
 def test_params_command_prints_json_last(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "llasmol.params", "model=mistral", "lora=full"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        capture_output=True, text=True, cwd=tmp_path, timeout=HANG_TIMEOUT,
     )
     assert proc.returncode == 0, proc.stderr
     last = json.loads(proc.stdout.strip().splitlines()[-1])

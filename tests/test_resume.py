@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import HANG_TIMEOUT
 from llasmol.data.resumable_loader import ResumableDataLoader
 from llasmol.data.sampler import ShardedShuffleSampler
 from llasmol.core.errors import UserError
@@ -182,7 +183,7 @@ def _start(run: Path, args: list[str], cwd: Path) -> subprocess.Popen:
 
 def _kill_after(proc: subprocess.Popen, log: Path, records: int) -> None:
     """SIGKILL the whole run once rank 0 has logged `records` micro-batches."""
-    deadline = time.time() + 240
+    deadline = time.time() + HANG_TIMEOUT
     rank0 = Path(f"{log}.0")
     while time.time() < deadline and proc.poll() is None:
         if rank0.is_file() and len(rank0.read_text().splitlines()) >= records:
@@ -262,13 +263,13 @@ def test_a_run_stopped_by_ctrl_c_or_sigterm_resumes_exactly_from_interrupted_ckp
 
     run, stopped_log = tmp_path / "run", tmp_path / "stopped.jsonl"
     proc = _start(run, [*RUN, f"+callbacks.recorder.path={stopped_log}"], tmp_path)
-    deadline = time.time() + 240
+    deadline = time.time() + HANG_TIMEOUT
     rank0 = Path(f"{stopped_log}.0")
     while time.time() < deadline and proc.poll() is None and not (
             rank0.is_file() and len(rank0.read_text().splitlines()) >= 7):
         time.sleep(0.02)
     proc.send_signal(sig)  # odd micro-batch count: most likely mid-step (accumulation 2)
-    _, err = proc.communicate(timeout=240)
+    _, err = proc.communicate(timeout=HANG_TIMEOUT)
     assert proc.returncode == code, err[-2000:]
     ckpt = run / "checkpoints" / "interrupted.ckpt"
     state = torch.load(ckpt, map_location="cpu", weights_only=False)
@@ -355,7 +356,7 @@ def test_a_two_process_ddp_run_killed_mid_epoch_resumes_exactly(tmp_path):
 
     def run_to_end(run: Path, log: Path, *extra: str) -> None:
         proc = _start(run, [*ddp, f"+callbacks.recorder.path={log}", *extra], tmp_path)
-        assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
+        assert proc.wait(timeout=HANG_TIMEOUT) == 0, proc.stderr.read()[-3000:]
 
     run_to_end(tmp_path / "reference", tmp_path / "reference.jsonl")
     run, killed_log = tmp_path / "run", tmp_path / "killed.jsonl"

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import compose_config
+from conftest import HANG_TIMEOUT, compose_config
 from llasmol.model.base import TINY_TOKENIZER_DIR, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_rebuild_is_byte_for_byte_identical(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_tokenizer.py"), "--out", str(tmp_path)],
-                   check=True, capture_output=True, timeout=300)
+                   check=True, capture_output=True, timeout=HANG_TIMEOUT)
     for committed in sorted(TINY_TOKENIZER_DIR.iterdir()):
         assert (tmp_path / committed.name).read_bytes() == committed.read_bytes(), committed.name
 

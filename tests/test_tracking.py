@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import HANG_TIMEOUT
 from llasmol.train import train
 
 FAKE_KEY = "local-0123456789abcdef0123456789abcdef0123456789ab"
@@ -59,7 +60,7 @@ def test_multirun_jobs_share_one_wandb_group(tmp_path):
         [sys.executable, "-m", "llasmol.train", "--multirun", "lora=lite,attn", f"hydra.sweep.dir={sweep}",
          "logger=[csv,wandb]", *[o for o in RUN if "max_samples" not in o],
          "data.max_samples_per_task={train:8,validation:2}"],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600,
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=HANG_TIMEOUT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     group = f"train-{sweep.name}".encode()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import HANG_TIMEOUT
 from llasmol.core.errors import UserError
 from llasmol.params import count_trainable
 from llasmol.train import train
@@ -24,7 +25,7 @@ def val_losses(run_dir: Path) -> list[float]:
         return [float(row["val/loss"]) for row in csv.DictReader(fh) if row["val/loss"]]
 
 
-def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], cwd: Path, timeout: int = HANG_TIMEOUT) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, env=env,
@@ -106,7 +107,7 @@ def test_multirun_of_two_variants_records_each_count(tmp_path):
 )
 @pytest.mark.slow
 def test_mistakes_end_with_one_clear_line(tmp_path, overrides, needle):
-    proc = run_cli(["llasmol.train", *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=300)
+    proc = run_cli(["llasmol.train", *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and needle in errors[0], proc.stderr[-2000:]
@@ -124,7 +125,7 @@ def test_a_machine_without_network_fails_fast_without_hf_hub_offline(tmp_path):
                 "ALL_PROXY", "all_proxy"):
         env.pop(key, None)
     proc = subprocess.run([sys.executable, "-m", "llasmol.train", "model=mistral", f"hydra.run.dir={tmp_path / 'run'}"],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=HANG_TIMEOUT)
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "mistralai/Mistral-7B-v0.1" in errors[0] and "127.0.0.1 unreachable" in errors[0]

@@ -129,15 +129,19 @@ def ablation_data(
     source: Union[PathLike, Sequence[Run]], metrics: Optional[dict[str, str]] = None
 ) -> dict[str, dict[str, Optional[float]]]:
     """``{task/metric: {variant label: value}}`` of each task's headline metric (or ``metrics[task]``) at
-    each variant's latest validation (a baseline: its test split), with ``val/loss`` and ``trainable (M)`` first; the input of
+    each variant's latest validation (a baseline: its test split), with ``val/loss``, ``train/loss`` (the
+    last logged), ``trainable (M)`` and ``minutes`` (the training command's wall time) first; the input of
     `llasmol.analysis.plots.plot_ablation`."""
     runs = _runs(source)
     wanted = {t: [m] for t, m in (metrics or {}).items()}
     labels = variant_labels(runs)
     data: dict[str, dict[str, Optional[float]]] = {
         "val/loss": {label: run.val_loss for run, label in zip(runs, labels)},
+        "train/loss": {label: run.train_loss for run, label in zip(runs, labels)},
         "trainable (M)": {label: (run.params["trainable"] / 1e6 if run.params.get("trainable") else None)
                           for run, label in zip(runs, labels)},
+        "minutes": {label: (run.seconds / 60 if run.seconds is not None else None)
+                    for run, label in zip(runs, labels)},
     }
     for task, metric in comparison_columns(runs, wanted):
         data[f"{task}/{metric}"] = {

@@ -124,23 +124,31 @@ def _has_values(table: Table, column: str) -> bool:
     return any(v is not None and not (isinstance(v, float) and math.isnan(v)) for v in table.column(column))
 
 
-def plot_trends(trends: Table, path: Optional[PathLike] = None, title: str = "Metric trends") -> Figure:
+def plot_trends(trends: Table, path: Optional[PathLike] = None, title: str = "Metric trends",
+                losses: Optional[dict[str, list[tuple[int, float]]]] = None) -> Figure:
     """Each ``<task>/<metric>`` column of `tables.metric_trends` against the step; RMSE (not a
-    fraction) on its own axis; a panel with no value at all is left out."""
+    fraction) on its own axis; a panel with no value at all is left out. `losses` (`Run.loss_curves`:
+    ``train/loss`` and ``val/loss`` by step) come first: in a short run of a model that starts from random
+    weights they move long before any metric leaves zero."""
     steps = trends.column("step") if "step" in trends.columns else []
     series = [c for c in trends.columns if c not in ("epoch", "step") and _has_values(trends, c)]
     lower = [c for c in series if c.rsplit("/", 1)[-1] in LOWER_IS_BETTER and c.rsplit("/", 1)[-1] not in COUNTS]
     fractions = [c for c in series if c not in lower]
-    panels = [(names, label) for names, label in ((fractions, "value (fraction)"), (lower, "RMSE (lower is better)"))
-              if names] or [([], "")]
+    curves = {name: points for name, points in (losses or {}).items() if points}
+    panels = [(names, label) for names, label in ((list(curves), "loss (nats/token)"), (fractions, "value (fraction)"),
+                                                  (lower, "RMSE (lower is better)")) if names] or [([], "")]
     fig = _figure(4.5 + 4.5 * len(panels), 4)
     fig.suptitle(title, fontsize="medium")
     axes = fig.subplots(1, len(panels)) if len(panels) > 1 else [fig.add_subplot()]
-    if not series or not steps:
+    if not curves and (not series or not steps):
         _empty(axes[0], "no validation")
         return _finish(fig, path)
     for ax, (names, ylabel) in zip(axes, panels):
         for name in names:
+            if name in curves:  # the training loss is logged every few steps: a line, no markers
+                xs, ys = zip(*curves[name])
+                ax.plot(xs, ys, marker="o" if name == "val/loss" else None, label=name)
+                continue
             values = [math.nan if v is None else v for v in trends.column(name)]
             ax.plot(steps, values, marker="o", label=name)
         ax.set_xlabel("step")
@@ -153,23 +161,28 @@ def plot_trends(trends: Table, path: Optional[PathLike] = None, title: str = "Me
 def plot_ablation(data: dict[str, dict[str, Optional[float]]], path: Optional[PathLike] = None,
                   title: str = "LoRA variants", intervals: Optional[dict[str, dict[str, Sequence[float]]]] = None
                   ) -> Figure:
-    """The variants side by side (input: `compare.ablation_data`): a panel for ``val/loss`` (the number
-    that separates variants of a short run), one for trainable parameters, one bar group per task for the
+    """The variants side by side (input: `compare.ablation_data`): a panel for ``val/loss`` and
+    ``train/loss`` (what separates variants of a short run), one for trainable parameters, one for training
+    time, one bar group per task for the
     headline fractions, and one for RMSE; panels with no value are left out, a missing value leaves a gap.
     `intervals` (``{group: {variant: [lo, hi]}}``, `pairs.ablation_intervals`) draws each bar's interval."""
     variants = list(dict.fromkeys(v for values in data.values() for v in values))
     present = {g: vals for g, vals in data.items() if any(v is not None for v in vals.values())}
 
     def kind(group: str) -> str:
-        if group in ("val/loss", "trainable (M)"):
+        if group in ("val/loss", "train/loss"):
+            return "loss"
+        if group in ("trainable (M)", "minutes"):
             return group
         return "lower" if group.rsplit("/", 1)[-1] in LOWER_IS_BETTER else "fraction"
 
     panels = [(k, [g for g in present if kind(g) == k], label) for k, label in (
-        ("val/loss", "validation loss (lower is better)"), ("trainable (M)", "trainable parameters (millions)"),
-        ("fraction", "headline metric (fraction)"), ("lower", "RMSE (lower is better)"))]
+        ("loss", "loss, nats/token (lower is better)"), ("trainable (M)", "trainable parameters (millions)"),
+        ("minutes", "training time (minutes)"), ("fraction", "headline metric (fraction)"),
+        ("lower", "RMSE (lower is better)"))]
     panels = [p for p in panels if p[1]]
-    widths = [1.5 if k in ("val/loss", "trainable (M)") else max(3.0, 0.9 * len(groups)) for k, groups, _ in panels]
+    widths = [1.5 * len(groups) if k in ("loss", "trainable (M)", "minutes") else max(3.0, 0.9 * len(groups))
+              for k, groups, _ in panels]
     fig = _figure(min(18.0, 2.0 + sum(widths)), 5)
     fig.suptitle(title, fontsize="medium")
     if not panels or not variants:
@@ -190,8 +203,8 @@ def plot_ablation(data: dict[str, dict[str, Optional[float]]], path: Optional[Pa
                           [max(0.0, b[1] - h) if b and h == h else 0.0 for h, b in zip(heights, bounds)]]
             bars = ax.bar(xs, heights, width=width, label=variant, color=f"C{i}", yerr=errors,
                           error_kw={"elinewidth": 0.8, "capsize": 2, "ecolor": "0.2"})
-            if kind_ in ("val/loss", "lower"):  # small differences between tall bars: print the values
-                ax.bar_label(bars, fmt="%.3f", fontsize="x-small")
+            if kind_ in ("loss", "lower", "minutes"):  # small differences between tall bars: print the values
+                ax.bar_label(bars, fmt="%.2f" if kind_ == "minutes" else "%.3f", fontsize="x-small")
         ax.set_xticks(range(len(groups)))
         ax.set_xticklabels(groups, rotation=35, ha="right", fontsize="small")
         ax.set_ylabel(label, fontsize="small")

@@ -161,6 +161,27 @@ class Run:
         losses = [row["val/loss"] for row in self.csv_log() if row.get("val/loss") is not None]
         return losses[-1] if losses else None
 
+    @property
+    def train_loss(self) -> Optional[float]:
+        """The last logged training loss (from the CSV log), or None."""
+        losses = [row["train/loss"] for row in self.csv_log() if row.get("train/loss") is not None]
+        return losses[-1] if losses else None
+
+    @property
+    def seconds(self) -> Optional[float]:
+        """The training command's wall time (its result.json; a resumed run: the last process only)."""
+        result = self.path / layout.RESULT
+        return _finite_or_none((_read_json(result) or {}).get("seconds")) if result.is_file() else None
+
+    def loss_curves(self) -> dict[str, list[tuple[int, float]]]:
+        """``train/loss`` and ``val/loss`` against the optimizer step, from the CSV log."""
+        curves: dict[str, list[tuple[int, float]]] = {"train/loss": [], "val/loss": []}
+        for row in self.csv_log():
+            for name, points in curves.items():
+                if row.get(name) is not None and row.get("step") is not None:
+                    points.append((int(row["step"]), row[name]))
+        return curves
+
     def csv_log(self) -> list[dict[str, Optional[float]]]:
         """Rows of ``csv/metrics.csv`` with numbers as floats and empty cells as None."""
         return read_csv_log(self.path / layout.CSV_LOG)

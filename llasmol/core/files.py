@@ -174,3 +174,23 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     _atomic_write(Path(path), lambda fh: fh.write(data), binary=True)
+
+
+def complete_jsonl(path: str | os.PathLike) -> list[dict]:
+    """The records of the complete lines of an append-only JSONL file, which a kill mid-write can leave
+    ending in a torn line: that tail is cut off the file, so the next append starts on a line of its own."""
+    path = Path(path)
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with path.open("r+b") as fh:
+            fh.truncate(end)
+    return [json.loads(line) for line in data[:end].decode("utf-8").splitlines() if line.strip()]
+
+
+def append_jsonl(fh, records: Iterable[dict]) -> None:
+    """Append `records` to the binary file `fh`, one whole line each, and push them to the disk before
+    returning: what was appended survives a kill or a power cut that comes next."""
+    fh.write(b"".join(json.dumps(_strict(r), ensure_ascii=False).encode("utf-8") + b"\n" for r in records))
+    fh.flush()
+    os.fsync(fh.fileno())

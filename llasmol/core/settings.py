@@ -73,6 +73,7 @@ RULES: tuple[Rule, ...] = (
     Rule("generation.max_prompt_tokens", True, 1),
     Rule("generation.max_new_tokens_limit", True, 1, nullable=True),
     Rule("generation.batch_size", True, 1),
+    Rule("progress_every_s", False, 0, hint="seconds between progress lines in the log; 0: after every batch"),
     Rule("callbacks.generation_evaluator.samples_per_task", True, 0, nullable=True),
     Rule("intervals.resamples", True, 0, hint="0 turns intervals off; 1000 is the default"),
     Rule("intervals.seed", True, 0),

@@ -8,7 +8,7 @@ position) and decoded without the prompt. Prompts longer than `max_prompt_tokens
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -45,18 +45,29 @@ class BeamGenerator:
     def encode(self, query: str) -> list[int]:
         return self.formatter.prompt_ids(query)
 
-    @torch.no_grad()
     def generate(self, queries: list[str], settings: BeamSettings) -> list[Optional[list[str]]]:
         """Responses (best first) per query; None where the prompt was too long and skipped."""
-        encoded = [self.encode(q) for q in queries]
         results: list[Optional[list[str]]] = [None] * len(queries)
+        for rows, outputs in self.generate_batches(queries, settings):
+            for i, texts in zip(rows, outputs):
+                results[i] = texts
+        return results
+
+    @torch.no_grad()
+    def generate_batches(self, queries: list[str], settings: BeamSettings
+                         ) -> Iterator[tuple[list[int], list[Optional[list[str]]]]]:
+        """(positions in `queries`, their responses) batch by batch as each finishes, the skipped prompts
+        (None) first. The batches depend only on the queries' prompt lengths, so the queries left after the
+        first batches of a call form the same later batches when given alone (a continued evaluation)."""
+        encoded = [self.encode(q) for q in queries]
+        skipped = [i for i, ids in enumerate(encoded) if len(ids) > self.max_prompt_tokens]
+        if skipped:
+            yield skipped, [None] * len(skipped)
         todo = sorted((i for i, ids in enumerate(encoded) if len(ids) <= self.max_prompt_tokens),
                       key=lambda i: len(encoded[i]), reverse=True)
         for start in range(0, len(todo), self.batch_size):
             rows = todo[start : start + self.batch_size]
-            for i, texts in zip(rows, self._generate_batch([encoded[i] for i in rows], settings)):
-                results[i] = texts
-        return results
+            yield rows, self._generate_batch([encoded[i] for i in rows], settings)
 
     def _generate_batch(self, prompts: list[list[int]], settings: BeamSettings) -> list[list[str]]:
         device = next(self.model.parameters()).device

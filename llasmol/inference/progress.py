@@ -1,10 +1,16 @@
-"""Progress for generation and evaluation: a rich bar (samples done / total, rate) on a terminal only."""
+"""Progress for generation and evaluation: a rich bar (samples done / total, rate) on a terminal; off a
+terminal, when asked, a log line at a steady interval (a 7B evaluation runs for hours under nohup or SLURM)."""
 
 from __future__ import annotations
 
+import logging
 import sys
+import threading
+import time
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
+
+log = logging.getLogger(__name__)
 
 
 def _columns():
@@ -18,12 +24,62 @@ def _columns():
     return TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(), TimeRemainingColumn()
 
 
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def progress_line(description: str, done: int, total: int, new: int, elapsed: float) -> str:
+    """'<description>: 120/330 samples (36%), 2.10 samples/s, about 1m40s left': the rate counts only the
+    samples answered since this process started (`new` in `elapsed` seconds), not those a stopped run kept."""
+    line = f"{description}: {done}/{total} samples ({done / max(total, 1):.0%})"
+    if new and elapsed > 0:
+        rate = new / elapsed
+        line += f", {rate:.2f} samples/s, about {_duration((total - done) / rate)} left"
+    return line
+
+
 @contextmanager
-def generation_progress(description: str, total: int, live=None) -> Iterator[Callable[[int], None]]:
-    """Yields `advance(n)`. Given a `live` rich display (a training run's progress bar), adds a row to it
-    (rich allows one live display at a time); elsewhere opens its own bar; off a terminal it does nothing."""
+def _logged(description: str, total: int, done: int, every_s: float) -> Iterator[Callable[[int], None]]:
+    state = {"done": done}
+    start, stop = time.monotonic(), threading.Event()
+
+    def line() -> str:
+        return progress_line(description, state["done"], total, state["done"] - done, time.monotonic() - start)
+
+    def tick() -> None:
+        # A clock of its own: one batch of a 7B model can take longer than the interval.
+        while not stop.wait(every_s):
+            log.info("%s", line())
+
+    def advance(n: int = 1) -> None:
+        state["done"] += n
+        if every_s == 0:
+            log.info("%s", line())
+
+    log.info("%s", line())
+    ticker = threading.Thread(target=tick, daemon=True) if every_s > 0 else None
+    if ticker is not None:
+        ticker.start()
+    try:
+        yield advance
+    finally:
+        stop.set()
+        if ticker is not None:
+            ticker.join()
+    log.info("%s", line())
+
+
+@contextmanager
+def generation_progress(description: str, total: int, live=None, done: int = 0,
+                        log_every_s: Optional[float] = None) -> Iterator[Callable[[int], None]]:
+    """Yields `advance(n)`; `done` samples count as finished already. Given a `live` rich display (a training
+    run's progress bar), adds a row to it (rich allows one live display at a time); elsewhere opens its own
+    bar; off a terminal it logs a line every `log_every_s` seconds (0: at every advance) or, when None,
+    says nothing."""
     if live is not None:
-        task = live.add_task(description, total=total)
+        task = live.add_task(description, total=total, completed=done)
 
         def advance(n: int = 1) -> None:
             live.advance(task, n)
@@ -36,10 +92,14 @@ def generation_progress(description: str, total: int, live=None) -> Iterator[Cal
             live.remove_task(task)
         return
     if not sys.stdout.isatty():
-        yield lambda n=1: None
+        if log_every_s is None:
+            yield lambda n=1: None
+        else:
+            with _logged(description, total, done, log_every_s) as advance:
+                yield advance
         return
     from rich.progress import Progress
 
     with Progress(*_columns(), transient=True) as bar:
-        task = bar.add_task(description, total=total)
+        task = bar.add_task(description, total=total, completed=done)
         yield lambda n=1: bar.advance(task, n)

@@ -46,24 +46,35 @@ def balanced_subset(split, per_task: Optional[int], seed: int) -> list[int]:
 
 def generate_records(generator: BeamGenerator, split, indices: list[int], golds: GoldPool, gen_cfg,
                      advance: Optional[Callable[[int], None]] = None,
-                     queries: Optional[dict[int, str]] = None) -> list[dict]:
+                     queries: Optional[dict[int, str]] = None, done: Optional[dict[int, dict]] = None,
+                     sink: Optional[Callable[[list[dict]], None]] = None) -> list[dict]:
     """One record per sample: task, index, input, gold, predictions (best first), answers; None if skipped.
 
     `advance(n)` is called as samples finish (for a progress bar); `queries` replaces samples' own queries
-    by index (a base model's protocol, `llasmol.inference.base_protocol`).
+    by index (a base model's protocol, `llasmol.inference.base_protocol`). `done` maps sample indices to
+    records already made (a continued evaluation): they are kept, not generated again. `sink(records)`
+    receives each batch's records as soon as they exist, so a caller can keep them before the next batch.
     """
+    done = done or {}
     by_task: dict[str, list[int]] = defaultdict(list)
-    samples = {i: split[i] for i in indices}
+    samples = {i: split[i] for i in indices if i not in done}
     for i in indices:
-        by_task[samples[i]["task"]].append(i)
-    records = []
+        by_task[(done[i] if i in done else samples[i])["task"]].append(i)
+    made = dict(done)
     for task, rows in by_task.items():
-        asked = [queries[i] if queries is not None else samples[i]["input"] for i in rows]
-        outputs = generator.generate(asked, task_settings(gen_cfg, task))
-        if advance is not None:
-            advance(len(rows))
-        records.extend(make_record(i, samples[i], golds, predictions) for i, predictions in zip(rows, outputs))
-    return records
+        todo = [i for i in rows if i not in done]
+        if not todo:
+            continue
+        asked = [queries[i] if queries is not None else samples[i]["input"] for i in todo]
+        batches = generator.generate_batches(asked, task_settings(gen_cfg, task))
+        for positions, outputs in batches:
+            batch = [make_record(todo[p], samples[todo[p]], golds, out) for p, out in zip(positions, outputs)]
+            if sink is not None:
+                sink(batch)
+            made.update((r["index"], r) for r in batch)
+            if advance is not None:
+                advance(len(batch))
+    return [made[i] for rows in by_task.values() for i in rows]
 
 
 def make_record(index: int, sample: dict, golds: GoldPool, predictions: Optional[list[str]]) -> dict:

@@ -1,0 +1,56 @@
+"""What a constant answer scores on the samples a run was scored on: the floor a model must clear.
+
+Per task, the answer that does best as a constant: the gold most often seen (the majority class of the
+yes/no tasks), or the golds' mean for the numeric ones. It is chosen with the golds in view, so it bounds
+what any constant answer could score there; it is scored by the same code as the model's answers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Optional, Sequence
+
+from llasmol.analysis.tables import Table
+from llasmol.core.tasks import get_task
+
+NOTE = (
+    "Why zeros: the tiny demo model starts from random weights and sees a few thousand samples for minutes. "
+    "Its loss falls (trends.png) as it learns the shape of the answers, long before it can write a correct "
+    "molecule, formula or name, so exact match stays 0; a yes/no or numeric answer scores only once it sits "
+    "between the right tags. For scale, the best constant answer on the same samples is in `trivial.md`; "
+    "`python -m llasmol.baseline method=nearest_neighbor data.split=validation` answers every task from the "
+    "most similar training inputs (compare with `python -m llasmol.report <run> <that folder>`).\n\n"
+)
+
+
+def _constant(task: str, golds: list[str]) -> Optional[str]:
+    if get_task(task).family == "number":
+        values = []
+        for gold in golds:
+            try:
+                values.append(float(gold))
+            except ValueError:
+                continue
+        return f"{sum(values) / len(values):.2f}" if values else None
+    return Counter(golds).most_common(1)[0][0] if golds else None
+
+
+def constant_answer_table(records: Sequence[dict]) -> Table:
+    """One row per task: the constant answer, its headline metric on `records`, and the samples scored."""
+    from llasmol.metrics.intervals import per_sample_statistics
+
+    by_task: dict[str, list[dict]] = defaultdict(list)
+    for record in records:
+        by_task[record["task"]].append(record)
+    rows = []
+    for task, group in by_task.items():
+        row = get_task(task)
+        answer = _constant(task, [r["gold"][0] for r in group if r.get("gold")])
+        if answer is None:
+            continue
+        response = f"<{row.answer_tag}> {answer} </{row.answer_tag}>" if row.answer_tag else answer
+        scored = [{**r, "predictions": [response], "skipped": False} for r in group]
+        metrics = per_sample_statistics(scored)[task].metrics()
+        rows.append([task, answer, row.headline, metrics.get(row.headline), len(group)])
+    return Table(["task", "constant answer", "metric", "value", "samples"], rows,
+                 title="The best constant answer on the same samples (chosen with the golds in view)")
