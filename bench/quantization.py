@@ -130,12 +130,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--speed-only", action="store_true", help="skip the memory part")
     parser.add_argument("--load-once", nargs=2, metavar=("FOLDER", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.load_once:
         print(json.dumps(load_once(*args.load_once, args.layers)))
         return
-    rows = memory(args.layers)
+    rows = [] if args.speed_only else memory(args.layers)
     gib = 1024 ** 3
     for r in rows:
         print(f"{r['mode']:>5}: decoder-layer weights {r['layer_bytes'] / gib:.3f} GiB ({r['layer_ratio']:.3f} of bf16), "

@@ -52,7 +52,7 @@ RECORDS = [
     {"task": "name_conversion-s2f", "index": 6, "input": "f1", "gold": ["C2H6O"],
      "predictions": ["<MOLFORMULA> C2H5O </MOLFORMULA>"]},
     {"task": "name_conversion-s2f", "index": 7, "input": "f2", "gold": ["C2H6O"],
-     "predictions": ["<MOLFORMULA> xyz </MOLFORMULA>"]},
+     "predictions": ["<MOLFORMULA> C2 H6 O </MOLFORMULA>"]},  # spaces: invalid in the official syntax
     # property_prediction-bbbp: correct, wrong, invalid, no answer.
     {"task": "property_prediction-bbbp", "index": 8, "input": "b0", "gold": ["Yes"],
      "predictions": ["<BOOLEAN> Yes </BOOLEAN>"]},

@@ -50,7 +50,8 @@ def test_real_bases_get_the_paper_recipe(model):
     assert cfg.model.hf_id == HF_IDS.get(model, cfg.model.hf_id) and cfg.model.hf_id.count("/") == 1
     assert arch_facts(cfg.model.arch)["model_type"]  # its shapes are bundled
     assert cfg.model.dtype == "bfloat16"
-    assert cfg.model.prompt_template == "[INST] {input} [/INST]"
+    # Qwen3-8B is a chat checkpoint: its own chat template by default; every other base the paper's string.
+    assert cfg.model.prompt_template == ("chat_template" if model == "qwen3" else "[INST] {input} [/INST]")
     assert cfg.data._target_.endswith("SMolInstructDataModule") and cfg.data.path is None
     assert cfg.data.hub_id == "osunlp/SMolInstruct"
     assert cfg.data.tasks is None  # every task the data has: all 14 of the archive
