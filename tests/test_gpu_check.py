@@ -31,18 +31,21 @@ def test_lora_step_flops_of_mistral_7b():
     assert flops_per_token(model, arch_config("mistral-7b"), 512) == 4 * frozen + 6 * adapters + attention
 
 
+def _dry_run(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """bench/gpu_check.py on the tiny architecture on CPU, one warm-up step: its process and JSON result."""
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--arch", "tiny-mistral", "--device",
+                           "cpu", "--warmup", "1", *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=HANG_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc, json.loads(out.read_text())
+
+
 @pytest.mark.slow
 def test_dry_run_on_cpu_reports_throughput_memory_and_mfu(tmp_path):
-    out = tmp_path / "gpu_check.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--arch", "tiny-mistral", "--device", "cpu",
-         "--steps", "3", "--warmup", "1", "--micro-batch", "2", "--seq-len", "32", "--prompts", "2",
-         "--prompt-len", "8", "--new-tokens", "5", "--beams", "3", "--returns", "2", "--peak-tflops", "0.5",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=HANG_TIMEOUT,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(out.read_text())
+    proc, result = _dry_run(tmp_path, "--steps", "3", "--micro-batch", "2", "--seq-len", "32", "--prompts", "2",
+                            "--prompt-len", "8", "--new-tokens", "5", "--beams", "3", "--returns", "2",
+                            "--peak-tflops", "0.5")
     train = result["train"]
     assert train["tokens_per_sec"] == pytest.approx(3 * 2 * 32 / train["seconds"], rel=1e-3, abs=0.05)  # 0.1 rounding
     assert train["mfu"] == pytest.approx(train["model_tflops_per_sec"] / 0.5, abs=1e-4)
@@ -55,16 +58,9 @@ def test_dry_run_on_cpu_reports_throughput_memory_and_mfu(tmp_path):
 @pytest.mark.slow
 def test_dry_run_of_the_qlora_check_on_cpu(tmp_path):
     """The QLoRA part of the GPU check loads a quantised base through llasmol's loader and trains on it."""
-    out = tmp_path / "qlora.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--arch", "tiny-mistral", "--device", "cpu",
-         "--quantization", "4bit", "--layers", "1", "--steps", "2", "--warmup", "1", "--micro-batch", "2",
-         "--seq-len", "16", "--prompts", "1", "--prompt-len", "4", "--new-tokens", "2", "--beams", "2",
-         "--returns", "1", "--gradient-checkpointing", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(out.read_text())
+    _, result = _dry_run(tmp_path, "--quantization", "4bit", "--layers", "1", "--steps", "2", "--micro-batch", "2",
+                         "--seq-len", "16", "--prompts", "1", "--prompt-len", "4", "--new-tokens", "2", "--beams", "2",
+                         "--returns", "1", "--gradient-checkpointing")
     assert (result["quantization"], result["layers"]) == ("4bit", 1)
     assert result["train"]["last_loss"] != result["train"]["first_loss"]
 

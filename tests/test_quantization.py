@@ -5,13 +5,11 @@ from __future__ import annotations
 import csv
 import json
 import os
-import signal as signal_module
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import compose_config
-from lightning.pytorch.callbacks import Callback
 from safetensors.torch import load_file
 
 from llasmol.core.errors import UserError
@@ -168,20 +166,6 @@ def test_qlora_trains_validates_saves_and_evaluates_on_cpu(cfg_factory, tmp_path
         assert evaluated["metrics"]["property_prediction-bbbp"]["num_samples"] == 2
 
 
-class SignalAt(Callback):
-    """Sends this process `signal` between the two micro-batches of optimizer step `step` (a Ctrl-C, or a
-    cluster's SIGTERM, arriving mid-accumulation)."""
-
-    def __init__(self, step: int, signal: str = "SIGTERM") -> None:
-        self.step, self.signal, self.seen = step, getattr(signal_module, signal), 0
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
-            self.seen += 1
-            if self.seen == 2:
-                os.kill(os.getpid(), self.signal)
-
-
 @pytest.mark.slow
 def test_the_paper_optimizer_lowers_the_loss_and_resumes_exactly_from_its_8bit_state(tmp_path):
     """`recipe=paper` on the tiny model with a small batch: bitsandbytes' AdamW8bit at the paper's lr 1e-4
@@ -218,7 +202,9 @@ def test_the_paper_optimizer_lowers_the_loss_and_resumes_exactly_from_its_8bit_s
 
     stopped = tmp_path / "stopped"
     with pytest.raises(SystemExit) as stop:
-        fit(stopped, "+callbacks.stop._target_=test_quantization.SignalAt", "+callbacks.stop.step=9")
+        # Between the two micro-batches of step 9.
+        fit(stopped, "+callbacks.stop._target_=resume_probe.SignalAt", "+callbacks.stop.signal=SIGTERM",
+            "+callbacks.stop.step=9", "+callbacks.stop.micro_batch=1")
     assert stop.value.code == 143
     interrupted = torch.load(stopped / "checkpoints" / "interrupted.ckpt", map_location="cpu", weights_only=True)
     assert interrupted["global_step"] == 10  # the step in progress was finished first

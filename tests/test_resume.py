@@ -214,18 +214,22 @@ def _assert_same_training(combined: dict[int, list[dict]], expected: dict[int, l
         assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in records], rel=1e-5)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
-    """The uninterrupted run every interrupted one is compared with, step by step."""
+def _reference_run(root: Path, run: list[str], steps: int) -> Path:
+    """An uninterrupted run (its result and step records in `root`) that interrupted ones are compared with."""
     from conftest import compose_config
     from llasmol.train import train
 
-    root = tmp_path_factory.mktemp("reference")
-    result = train(compose_config([*RUN, f"paths.output_dir={root / 'run'}",
+    result = train(compose_config([*run, f"paths.output_dir={root / 'run'}",
                                    f"+callbacks.recorder.path={root / 'reference.jsonl'}"]))
-    assert result["global_step"] == 24
+    assert result["global_step"] == steps
     (root / "result.json").write_text(json.dumps(result))
     return root
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The uninterrupted run every interrupted one is compared with, step by step."""
+    return _reference_run(tmp_path_factory.mktemp("reference"), RUN, 24)
 
 
 @pytest.mark.slow
@@ -301,15 +305,7 @@ RUN_ACC4 = [*[o for o in RUN if not o.startswith("data.effective_batch_size=")],
 
 @pytest.fixture(scope="module")
 def reference_acc4(tmp_path_factory) -> Path:
-    from conftest import compose_config
-    from llasmol.train import train
-
-    root = tmp_path_factory.mktemp("reference_acc4")
-    result = train(compose_config([*RUN_ACC4, f"paths.output_dir={root / 'run'}",
-                                   f"+callbacks.recorder.path={root / 'reference.jsonl'}"]))
-    assert result["global_step"] == 12
-    (root / "result.json").write_text(json.dumps(result))
-    return root
+    return _reference_run(tmp_path_factory.mktemp("reference_acc4"), RUN_ACC4, 12)
 
 
 @pytest.mark.slow
