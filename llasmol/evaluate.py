@@ -155,7 +155,9 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
         "ckpt": str(cfg.ckpt), "adapter": None if adapter is None else str(adapter), "model": model_cfg.name,
         "prompt_template": model_cfg.prompt_template, "split": split_name, "samples": len(indices),
         "max_samples_per_task": caps, "generation": OmegaConf.to_container(cfg.generation, resolve=True),
-        "prompting": OmegaConf.to_container(cfg.prompting, resolve=True) if protocol is not None else None})
+        "prompting": OmegaConf.to_container(cfg.prompting, resolve=True) if protocol is not None else None,
+        "quantization": OmegaConf.to_container(cfg.quantization, resolve=True) if cfg.get("quantization") else None,
+        "merge_adapter": cfg.merge_adapter})
     done = partial.resume()
     if done:
         log.info("continuing the stopped evaluation in %s: %d of %d samples answered", partial.path, len(done),
