@@ -1,7 +1,7 @@
 """Benchmark 2: validation/test generation, batched (batch_size=8) against one prompt at a time.
 
 Both runs use BeamGenerator with the same per-task BeamSettings (the default config: the paper's beams,
-`llasmol/conf/generation/paper.yaml`, with the demo's `max_new_tokens_limit`), over the same task-balanced prompts
+`conf/generation/paper.yaml`, with the demo's `max_new_tokens_limit`), over the same task-balanced prompts
 of the bundled sample's validation split; tasks alternate which run goes first so both see the same
 machine load. Outputs (raw responses, best first, and so the extracted answers) must be identical.
 

@@ -30,7 +30,7 @@ PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default="mistral-7b", help="bundled architecture (llasmol/model/arch/*.json)")
-    p.add_argument("--lora", default="full", help="LoRA variant (llasmol/conf/lora)")
+    p.add_argument("--lora", default="full", help="LoRA variant (conf/lora)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (kernel selection, allocator)")

@@ -2,7 +2,7 @@
 
 Records are synthesized from the bundled sample (every split's raw files): golds are the raw outputs
 (pooled over records that share a task and input), each record has the paper's number of returned
-sequences for its task (llasmol/conf/generation/paper.yaml), and predictions mix correct answers (30%: the gold,
+sequences for its task (conf/generation/paper.yaml), and predictions mix correct answers (30%: the gold,
 or for SMILES 30% of the time a random other spelling of it), wrong-but-valid answers (45%: another
 record's gold, or for SMILES half the time a near miss, that gold with one more carbon), invalid answers
 (15%) and untagged text (10%). Captioning is not in the sample, so it is not scored here.

@@ -16,7 +16,7 @@ from llasmol.data.base_prompts import GALACTICA, ICL, MOLINST, Example, galactic
 from llasmol.inference.base_protocol import Protocol, build_queries, draw_examples, protocol_for
 from llasmol.metrics.base_extraction import extract_base_answer
 
-MODELS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "llasmol" / "conf" / "model").glob("*.yaml"))
+MODELS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "model").glob("*.yaml"))
 # The paper's protocol per base (Section 5.2, App. A.2.2-A.2.3): (style, shots, rules).
 PAPER = {"mistral": ("icl", 1, "mistral"), "llama2": ("icl", 1, "llama"), "llama2_13b": ("icl", 1, "llama"),
          "codellama": ("icl", 1, "codellama"), "galactica": ("galactica", 0, "gal"), "tiny": ("icl", 1, "mistral")}

@@ -106,7 +106,8 @@ def test_the_readme_layout_names_every_module():
 
 def test_a_plain_install_carries_the_configs_and_data(tmp_path):
     """`pip install .` (not editable) must find the configs, the bundled data, the architecture facts and the
-    tiny tokenizer inside the package: every such file of the tree is in the wheel."""
+    tiny tokenizer inside the package, and every module: each such file of the tree is in the wheel. The configs
+    sit at the top of the checkout (`conf/`) and travel as `llasmol/conf/` (setup.py's package-dir)."""
     import subprocess
     import sys
     import zipfile
@@ -114,10 +115,26 @@ def test_a_plain_install_carries_the_configs_and_data(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", str(ROOT), "--no-deps", "-w", str(tmp_path)],
                           capture_output=True, text=True, timeout=HANG_TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Package would be ignored" not in proc.stderr, proc.stderr[-2000:]
     (wheel,) = tmp_path.glob("llasmol-*.whl")
     inside = set(zipfile.ZipFile(wheel).namelist())
-    needed = [p for sub in ("conf", "data/bundled", "model/arch", "model/tiny_tokenizer")
-              for p in (PACKAGE / sub).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
-    assert len(needed) > 100
-    missing = [str(p.relative_to(ROOT)) for p in needed if str(p.relative_to(ROOT)) not in inside]
+
+    def files(top: Path, sub: str) -> list[Path]:
+        return [p for p in (top / sub).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+
+    needed = {str(p.relative_to(ROOT)): str(p.relative_to(ROOT))
+              for sub in ("data/bundled", "model/arch", "model/tiny_tokenizer") for p in files(PACKAGE, sub)}
+    needed.update((str(p.relative_to(ROOT)), str(p.relative_to(ROOT))) for p in modules())
+    needed.update((str(p.relative_to(ROOT)), f"llasmol/{p.relative_to(ROOT)}") for p in files(ROOT, "conf"))
+    assert sum(where.startswith("llasmol/conf/") for where in needed.values()) > 80
+    missing = [tree for tree, where in needed.items() if where not in inside]
     assert not missing, missing[:5]
+
+
+def test_the_configs_sit_at_the_top_of_the_checkout():
+    """The design card's layout: `conf/` beside `llasmol/`, and the commands read it from there."""
+    from llasmol.core.config import CONFIG_DIR
+
+    assert not (PACKAGE / "conf").exists()
+    assert CONFIG_DIR == ROOT / "conf"
+    assert (CONFIG_DIR / "train.yaml").is_file()

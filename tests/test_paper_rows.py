@@ -118,7 +118,7 @@ def test_llasmol_rows_first_and_bases():
     assert PAPER_MODEL_OF_BASE == {"mistral": "LlaSMol-Mistral", "llama2": "LlaSMol-Llama 2",
                                    "galactica": "LlaSMol-Galactica", "codellama": "LlaSMol-Code Llama"}
     for base, model in PAPER_MODEL_OF_BASE.items():
-        assert (ROOT / "llasmol" / "conf" / "model" / f"{base}.yaml").is_file()
+        assert (ROOT / "conf" / "model" / f"{base}.yaml").is_file()
         assert PAPER_SOURCES[model].base == base
         # Every LlaSMol row covers all tasks but the two regression ones.
         assert len(PAPER_RESULTS[model]) == len(TASK_NAMES) - 2

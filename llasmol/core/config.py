@@ -12,8 +12,17 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
-# The configs ship inside the package (package data), so a plain `pip install .` finds them.
-CONFIG_DIR = PACKAGE_DIR / "conf"
+
+
+def _config_dir() -> Path:
+    """Where the configs are: `conf/` at the top of a checkout, beside `llasmol/` (an editable install, or the
+    checkout on PYTHONPATH); in an installed wheel they ship as the package `llasmol.conf` (pyproject's
+    package-dir maps one to the other), so a plain `pip install .` finds them too."""
+    installed = PACKAGE_DIR / "conf"
+    return installed if installed.is_dir() else PACKAGE_DIR.parent / "conf"
+
+
+CONFIG_DIR = _config_dir()
 
 
 def _sweep_group() -> str | None:
@@ -146,7 +155,7 @@ def _one_line(message: str, config_name: str) -> str:
     if missing:
         group, choice = missing.groups()
         options = re.findall(r"^\t(\S+)$", message.split("Config search path")[0], flags=re.M)
-        listed = ", ".join(options) if options else f"see llasmol/conf/{group}/"
+        listed = ", ".join(options) if options else f"see conf/{group}/"
         return f"{group}={choice} is not a choice of {group}: pick one of {listed}"
     unknown = re.search(r"Could not override '([^']+)'", message)
     if unknown:
