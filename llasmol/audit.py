@@ -25,10 +25,10 @@ def run_audit(cfg: DictConfig) -> dict:
     from llasmol.analysis.audit_report import to_markdown
     from llasmol.analysis.leakage import audit
     from llasmol.core.files import write_json, write_text
-    from llasmol.core.settings import check_settings
+    from llasmol.core.schema import check_config
     from llasmol.data.source import SMolInstructSource
 
-    check_settings(cfg)  # workers=0, examples=-1: one line before any file is read
+    check_config(cfg)  # workers=0, examples=-1: one line before any file is read
     source = SMolInstructSource.from_config(cfg.data)
     result = audit(source, held_out=list(cfg.held_out), examples=int(cfg.examples),
                    fail_on_duplicates=bool(cfg.fail_on_duplicates), workers=cfg.workers)

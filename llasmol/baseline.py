@@ -20,24 +20,26 @@ from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import report_user_errors
 from llasmol.core.files import check_target
 from llasmol.core.quiet import quiet_known_noise
-from llasmol.core.settings import check_settings
+from llasmol.core.schema import check_config
 
 
 def make_method(cfg: DictConfig):
-    """The method `cfg.method` with its settings, every setting checked (one `UserError` for a bad one)."""
+    """The method `cfg.method` with its settings, every setting checked (one `UserError` for a bad one: an
+    unknown method, or a setting outside its schema, `llasmol.core.schema.BaselineSchema`)."""
     from llasmol.baselines import get_method
 
     cls = get_method(cfg.method)
-    check_settings(cfg)
+    check_config(cfg)
     # The method's own settings, with the Morgan fingerprint shared by the methods that use one.
     blocks = [*cls.shared_settings, cls.name]
     settings = {k: v for b in blocks if b in cfg for k, v in OmegaConf.to_container(cfg[b], resolve=True).items()}
     return cls(settings, seed=int(cfg.seed), n_jobs=int(cfg.n_jobs))
 
 
-def check_config(cfg: DictConfig) -> None:
+def check_method(cfg: DictConfig) -> None:
     """For `check_command_line`: each composed config of the command line (each value of a sweep) names a
-    method and has settings it takes. No method at all is said when the command runs (`--help` needs none)."""
+    method (its settings' types and bounds are the schema's). No method at all is said when the command runs
+    (`--help` needs none)."""
     if cfg.get("method") is not None:
         make_method(cfg)
 
@@ -72,5 +74,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_command_line("baseline", run_folder=True, check=check_config)
+    check_command_line("baseline", run_folder=True, check=check_method)
     main()

@@ -25,7 +25,7 @@ from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import UserError, report_user_errors
 from llasmol.core.files import check_target
 from llasmol.core.quiet import quiet_known_noise
-from llasmol.core.settings import check_settings
+from llasmol.core.schema import check_config
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ def evaluate(cfg: DictConfig) -> dict:
     from llasmol.metrics.families import use_scoring
 
     quiet_known_noise()
-    check_settings(cfg)
+    check_config(cfg)
     use_scoring(cfg.get("scoring"))
     if cfg.output and Path(cfg.output).is_dir():
         raise UserError(f"output={cfg.output} is a directory: name the metrics file, e.g. "

@@ -48,10 +48,10 @@ def answer_of(response: str, task: Optional[str] = None) -> Optional[str]:
 def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
     """Responses to `query` (taken literally), or to `cfg.query` when none is given."""
     from llasmol.core.quiet import quiet_known_noise
-    from llasmol.core.settings import check_settings
+    from llasmol.core.schema import check_config
 
     quiet_known_noise()
-    check_settings(cfg)
+    check_config(cfg)
 
     from llasmol.data.formatting import PromptFormatter
     from llasmol.core.tasks import get_task

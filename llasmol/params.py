@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import report_user_errors
-from llasmol.core.settings import check_settings
+from llasmol.core.schema import check_config
 
 
 def _meta_base(cfg: DictConfig):
@@ -33,7 +33,7 @@ def count_trainable(cfg: DictConfig) -> dict:
 
     from llasmol.model.lora import apply_lora, count_parameters
 
-    check_settings(cfg)
+    check_config(cfg)
     with torch.device("meta"):
         base = _meta_base(cfg)
         base_count = count_parameters(base)["total"]  # before PEFT adds adapters or a head copy to it

@@ -20,7 +20,7 @@ from llasmol.core.errors import report_user_errors
 from llasmol.core.files import write_json
 from llasmol.core.quiet import quiet_known_noise
 from llasmol.core.run_lock import check_fresh_start, check_run_lock, hold_run_lock
-from llasmol.core.settings import check_settings
+from llasmol.core.schema import check_config
 
 log = logging.getLogger("llasmol.train")
 
@@ -85,7 +85,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     from llasmol.training.tracking import check_loggers
 
     quiet_known_noise()
-    check_settings(cfg)
+    check_config(cfg)
     use_scoring(cfg.get("scoring"))
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     out = Path(cfg.paths.output_dir)

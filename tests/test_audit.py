@@ -168,7 +168,7 @@ def test_bad_input_is_one_line(copy, tmp_path):
         (11, "is not a JSON object with input and output (it is dict)")]
     with pytest.raises(UserError, match="held_out lists 'dev'"):
         audit(copy, tmp_path / "out", "held_out=[dev]")
-    with pytest.raises(UserError, match=r"^workers=0 must be an integer >= 1 or null"):
+    with pytest.raises(UserError, match=r"^workers=0 must be an integer >= 1 and <= 1024 or null"):
         audit(copy, tmp_path / "out", "workers=0")
     with pytest.raises(UserError, match=r"^held_outt is not a setting of llasmol.audit: check the spelling"):
         check_overrides("audit", ["held_outt=[test]"])  # what the command checks before Hydra starts

@@ -150,7 +150,7 @@ def test_a_mistyped_method_in_a_sweep_stops_before_the_first_method_runs(tmp_pat
 
 @pytest.mark.parametrize("override,expected", [
     ("n_jobs=0", "n_jobs=0 must be an integer >= 1"),
-    ("morgan.n_bits=100", "morgan.n_bits=100 must be an integer >= 8, a multiple of 8"),
+    ("morgan.n_bits=100", "morgan.n_bits=100 must be an integer >= 8 and <= 1048576, a multiple of 8"),
     ("morgan.radius=-1", "morgan.radius=-1 must be an integer >= 0"),
     ("fingerprint.n_estimators=0", "fingerprint.n_estimators=0 must be an integer >= 1"),
     ("fingerprint.max_features=half", "fingerprint.max_features='half' must be sqrt, log2, null"),
@@ -159,16 +159,16 @@ def test_a_mistyped_method_in_a_sweep_stops_before_the_first_method_runs(tmp_pat
     ("nearest_neighbor.text_ngrams=[5,3]", "nearest_neighbor.text_ngrams=[5, 3] must be two integers"),
 ])
 def test_a_bad_setting_of_a_method_is_named_before_any_data_is_read(tmp_path, override, expected):
-    from llasmol.baseline import check_config
+    from llasmol.baseline import check_method
 
     method = "nearest_neighbor" if override.startswith(("nearest", "n_jobs", "morgan")) else "fingerprint"
     cfg = compose_config([f"paths.output_dir={tmp_path}", f"method={method}", override, "data.path=/nonexistent"],
                          config_name="baseline")
-    for check in (check_config, baseline):
+    for check in (check_method, baseline):
         with pytest.raises(UserError) as err:
             check(cfg)
         assert str(err.value).startswith(expected), str(err.value)
-    check_config(compose_config([f"paths.output_dir={tmp_path}", f"method={method}"], config_name="baseline"))
+    check_method(compose_config([f"paths.output_dir={tmp_path}", f"method={method}"], config_name="baseline"))
 
 
 def test_a_report_over_a_run_and_two_baselines_has_a_row_for_each(tmp_path, capsys):

@@ -201,8 +201,8 @@ def test_gpu_presets_run_fp32_when_put_on_cpu():
     ("params", "lora.r=0", "lora.r=0 must be an integer >= 1"),
     ("train", "optimizer.lr=nan", "optimizer.lr=nan must be a number > 0"),
     ("train", "optimizer.lr=-0.001", "optimizer.lr=-0.001 must be a number > 0"),
-    ("train", "trainer.max_steps=-5", "trainer.max_steps=-5 must be an integer >= 1 or -1"),
-    ("train", "trainer.max_steps=0", "trainer.max_steps=0 must be an integer >= 1 or -1"),
+    ("train", "trainer.max_steps=-5", "trainer.max_steps=-5 must be an integer >= 1 and <= 1073741824 or -1"),
+    ("train", "trainer.max_steps=0", "trainer.max_steps=0 must be an integer >= 1 and <= 1073741824 or -1"),
     ("train", "val_every_n_steps=2.5", "val_every_n_steps=2.5 must be an integer >= 1"),
     ("train", "lora.dropout=1.0", "lora.dropout=1.0 must be a number >= 0 and < 1"),
     ("train", "data.micro_batch_size=true", "data.micro_batch_size=True must be an integer"),
@@ -211,28 +211,28 @@ def test_gpu_presets_run_fp32_when_put_on_cpu():
      "generation.tasks.retrosynthesis.num_beams=0 must be an integer >= 1"),
     ("generate", "generation.default.num_return_sequences=5",
      "generation.default.num_return_sequences=5 exceeds its num_beams=4"),
-    ("audit", "workers=0", "workers=0 must be an integer >= 1 or null (null: one per CPU, at most 8)"),
+    ("audit", "workers=0", "workers=0 must be an integer >= 1 and <= 1024 or null (null: one per CPU, at most 8)"),
     ("audit", "examples=-1", "examples=-1 must be an integer >= 0"),
-    ("baseline", "morgan.n_bits=2047", "morgan.n_bits=2047 must be an integer >= 8, a multiple of 8"),
+    ("baseline", "morgan.n_bits=2047", "morgan.n_bits=2047 must be an integer >= 8 and <= 1048576, a multiple of 8"),
     ("baseline", "nearest_neighbor.table_rows=0", "nearest_neighbor.table_rows=0 must be an integer >= 1"),
 ])
 def test_settings_outside_their_values_are_named(command, override, expected):
     from llasmol.core.errors import UserError
-    from llasmol.core.settings import check_settings
+    from llasmol.core.schema import check_config
 
     with pytest.raises(UserError) as err:
-        check_settings(compose_config([override, "paths.output_dir=/x"] if command != "generate" else [override],
+        check_config(compose_config([override, "paths.output_dir=/x"] if command != "generate" else [override],
                                       command))
     assert str(err.value).startswith(expected), str(err.value)
 
 
 @pytest.mark.parametrize("command", ["train", "evaluate", "generate", "params", "audit", "baseline"])
-def test_every_shipped_configuration_passes_the_settings_check(command):
-    from llasmol.core.settings import check_settings
+def test_every_shipped_configuration_passes_its_schema(command):
+    from llasmol.core.schema import check_config
 
     if command == "audit":  # no model group: the data groups it reads
         for data in ("bundled", "smolinstruct"):
-            check_settings(compose_config([f"data={data}", "paths.output_dir=/x"], command))
+            check_config(compose_config([f"data={data}", "paths.output_dir=/x"], command))
         return
     extra = ["paths.output_dir=/x"] if command in ("train", "evaluate", "baseline") else []
     choices = [[f"model={model}"] for model in ("tiny", "mistral", "llama2", "llama2_13b", "codellama", "galactica")]
@@ -242,21 +242,21 @@ def test_every_shipped_configuration_passes_the_settings_check(command):
     if command == "baseline":  # no model: its choices are the methods
         choices = [[f"method={method}"] for method in ("rdkit", "opsin", "fingerprint", "nearest_neighbor")]
     for overrides in choices:
-        check_settings(compose_config([*overrides, *extra], command))
+        check_config(compose_config([*overrides, *extra], command))
 
 
 @pytest.mark.parametrize("command", ["train", "params"])
 def test_large_on_another_base_is_refused(command):
     from llasmol.core.errors import UserError
-    from llasmol.core.settings import check_settings
+    from llasmol.core.schema import check_config
 
     extra = ["paths.output_dir=/x"] if command == "train" else []
     for model in ("mistral", "llama2", "tiny"):
         cfg = compose_config([f"model={model}", "lora=large", *extra], command)
         assert cfg.lora.name == "large" and cfg.model.name == model  # what would have run: a 7B "large"
         with pytest.raises(UserError, match=rf"^lora=large means model=llama2_13b, but model={model} was given"):
-            check_settings(cfg)
-    check_settings(compose_config(["model=llama2_13b", "lora=large", *extra], command))
+            check_config(cfg)
+    check_config(compose_config(["model=llama2_13b", "lora=large", *extra], command))
 
 
 @pytest.mark.parametrize("argv", [["lora=large", "model=mistral"], ["--multirun", "lora=full,large", "model=mistral"]])
@@ -274,3 +274,16 @@ def test_large_on_another_base_stops_the_command_line_before_anything_runs(tmp_p
         "error: lora=large means model=llama2_13b, but model=mistral was given: drop model=mistral (lora=large "
         "chooses llama2_13b itself), or use lora=full with model=mistral"]
     assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()  # lora=full did not run either
+
+
+def test_the_seed_is_stated_once():
+    """One default seed for every command (conf/shared.yaml); the groups refer to it as ${seed}."""
+    from llasmol.core.config import CONFIG_DIR
+
+    stated = sorted(str(p.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.rglob("*.yaml")
+                    if any(line.strip().startswith("seed:") and "${" not in line for line in p.read_text().splitlines()))
+    assert stated == ["intervals/default.yaml", "shared.yaml"]  # the bootstrap's own seed, and the one seed
+    for command in ("train", "evaluate", "generate", "baseline", "audit"):
+        extra = [] if command == "generate" else ["paths.output_dir=/x"]
+        assert compose_config(["seed=7", *extra], command).seed == 7
+        assert compose_config(extra, command).seed == 13

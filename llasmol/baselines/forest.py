@@ -15,19 +15,12 @@ import numpy as np
 
 from llasmol.baselines.common import Baseline, Examples
 from llasmol.baselines.morgan import morgan_packed
-from llasmol.core.errors import UserError
 from llasmol.core.tasks import Task, get_task
 from llasmol.metrics.families import parse_boolean, parse_number
 
 log = logging.getLogger(__name__)
 
 _PROPERTY_FAMILIES = ("number", "boolean")
-
-
-def _fraction_or_count(value) -> bool:
-    if isinstance(value, bool):
-        return False
-    return (isinstance(value, int) and value >= 1) or (isinstance(value, float) and 0 < value <= 1)
 
 
 class FingerprintForest(Baseline):
@@ -38,12 +31,6 @@ class FingerprintForest(Baseline):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._models: dict[str, dict[Optional[str], object]] = {}
-        # Checked here, not by scikit-learn minutes later after the fingerprints: the numeric settings are
-        # in llasmol.core.settings; this one is a word or a number.
-        features = self.settings.get("max_features", "sqrt")
-        if not (features in ("sqrt", "log2", None) or _fraction_or_count(features)):
-            raise UserError(f"fingerprint.max_features={features!r} must be sqrt, log2, null (every bit), a count "
-                            ">= 1 or a fraction in (0, 1]")
 
     def why_not(self, task: Task) -> Optional[str]:
         if task.family not in _PROPERTY_FAMILIES or task.input_kind != "smiles":

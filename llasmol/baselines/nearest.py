@@ -17,7 +17,6 @@ import numpy as np
 
 from llasmol.baselines.common import Baseline, Examples
 from llasmol.baselines.morgan import morgan_packed, top_k_similar
-from llasmol.core.errors import UserError
 from llasmol.core.tasks import Task, get_task
 
 log = logging.getLogger(__name__)
@@ -39,12 +38,6 @@ class NearestNeighbor(Baseline):
         super().__init__(*args, **kwargs)
         self._indexes: dict[str, dict[Optional[str], _Index]] = {}
         self._vectorizers: dict[tuple[str, Optional[str]], object] = {}
-        # Checked before any data is read (the numeric settings are in llasmol.core.settings; this is a pair).
-        ngrams = self.settings.get("text_ngrams", [3, 5])
-        if not (isinstance(ngrams, (list, tuple)) and len(ngrams) == 2
-                and all(isinstance(n, int) and not isinstance(n, bool) for n in ngrams) and 1 <= ngrams[0] <= ngrams[1]):
-            raise UserError(f"nearest_neighbor.text_ngrams={ngrams!r} must be two integers [low, high] with "
-                            "1 <= low <= high, e.g. [3,5]")
 
     def why_not(self, task: Task) -> Optional[str]:
         return None  # every input is a SMILES or a text

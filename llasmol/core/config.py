@@ -111,14 +111,15 @@ def _quoted(value: str) -> str:
 def check_overrides(config_name: str, overrides: list[str], check: Optional[Callable] = None) -> None:
     """A mistyped choice (model=mistrall) or setting (trainer.max_stepz=1) as one `UserError`, before Hydra
     starts: Hydra's own message is a dozen lines and exits with status 1, after a multirun's first jobs
-    may have run. Each value of a sweep (lora=lite,fulll) is checked, and so is a LoRA variant on a base it
-    does not mean (lora=large model=mistral); `check`, when given, is called with
+    may have run. Each value of a sweep (lora=lite,fulll) is checked, and so is every setting of the command's
+    schema (`llasmol.core.schema`: types, bounds, interpolations that cannot resolve, lora=large model=mistral),
+    before Hydra writes the run folder's config; `check`, when given, is called with
     each composed config to name a bad value of a plain setting (a baseline's method=rdkt)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException, OverrideParseException
 
     from llasmol.core.errors import UserError
-    from llasmol.core.settings import check_lora_base
+    from llasmol.core.schema import check_config
 
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -138,7 +139,7 @@ def check_overrides(config_name: str, overrides: list[str], check: Optional[Call
     for trial in trials:
         try:
             cfg = compose_config(trial, config_name)
-            check_lora_base(cfg)
+            check_config(cfg)
             if check is not None:
                 check(cfg)
         except HydraException as err:

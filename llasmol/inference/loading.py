@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -12,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
+from llasmol.core.schema import ModelSchema, check_group
 from llasmol.model.adapters import ADAPTER_CONFIG, WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS, adapter_dir, readable_adapter
 from llasmol.model.lora import TINY_BASE
 
@@ -84,30 +86,25 @@ def read_run_config(path: Path) -> DictConfig:
     return cfg
 
 
-# The model fields `llasmol.train` writes into a run directory, and what each may hold.
-RUN_MODEL_FIELDS = {
-    "name": str, "hf_id": (str, type(None)), "arch": str, "tokenizer": (str, type(None)), "random_init": bool,
-    "tokenizer_legacy": (bool, type(None)),
-    "init_seed": int, "path": (str, type(None)), "dtype": str, "trust_remote_code": bool, "prompt_template": str,
-    "head": str, "lora_targets": dict,
-}
-
-
 def _run_model(run_dir: Path, run_cfg: DictConfig, cfg: DictConfig) -> DictConfig:
-    """A run directory's model section, read as data: known fields of plain types only, and remote code
-    only when this command's own configuration asks for it (`model.trust_remote_code=true`), never because
-    a file on disk says so."""
+    """A run directory's model section, read as data: the fields of the model schema only, each of its type
+    (`llasmol.core.schema.ModelSchema`), and remote code only when this command's own configuration asks for it
+    (`model.trust_remote_code=true`), never because a file on disk says so."""
     where = f"{run_dir}/{layout.HYDRA_CONFIG}"
     model = OmegaConf.to_container(run_cfg.get("model") or {}, resolve=False)
     if not isinstance(model, dict) or not model:
         raise UserError(f"{where} has no model section: evaluate only run directories written by llasmol.train")
+    fields = {f.name for f in dataclasses.fields(ModelSchema)}
     for key, value in model.items():
-        if key not in RUN_MODEL_FIELDS or not isinstance(value, RUN_MODEL_FIELDS[key]):
+        if key not in fields:
             raise UserError(f"{where} has model.{key}={str(value)[:60]!r}, which llasmol.train does not write: "
                             "evaluate only run directories written by llasmol.train")
-    if model.get("tokenizer") not in (None, "tiny") or not all(
-            isinstance(v, (str, type(None))) for v in model.get("lora_targets", {}).values()):
-        raise UserError(f"{where} has a model.tokenizer or model.lora_targets llasmol.train does not write")
+    try:
+        check_group(model, ModelSchema, "model.")
+    except UserError as err:
+        raise UserError(f"{where} has {err}: evaluate only run directories written by llasmol.train") from None
+    if model.get("tokenizer") not in (None, "tiny"):
+        raise UserError(f"{where} has a model.tokenizer llasmol.train does not write")
     if model.get("trust_remote_code") and not cfg.model.get("trust_remote_code"):
         raise UserError(f"{where} sets model.trust_remote_code=true: remote code runs only when asked for on the "
                         "command line (add model.trust_remote_code=true if you trust this run's model folder)")

@@ -1,0 +1,600 @@
+"""Every setting the commands read, with its type and the values it may take: one dataclass per config group,
+one per command, written once and checked once, on the composed config with its interpolations resolved, before
+anything is built or written (the command line is checked before Hydra writes the run folder's config).
+
+The values themselves live in the YAML of `conf/`: a schema says what a setting may be, never what it is, so
+nothing here restates a default. The schemas are not merged into the composition as Hydra's structured
+configs are: that would add every field of a group to each of its options (the composed config would change key
+by key), coerce `"true"` into a boolean, and turn a bad value into Hydra's multi-line error. A key the config has
+and its schema lacks passes (Lightning's and the loggers' own arguments pass through the `trainer` and `logger`
+groups); a key its schema has and the config lacks is not checked.
+
+To add a bound: give the field a `setting(...)` in its group's dataclass below, and a case in
+`tests/test_config.py::test_settings_outside_their_values_are_named`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Union
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+from llasmol.core.errors import UserError
+from llasmol.core.tasks import check_tasks, get_task
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a number (or a choice) may be, beyond its type."""
+
+    low: Optional[float] = None  # smallest allowed value
+    low_open: bool = False  # low itself not allowed (lr > 0)
+    high: Optional[float] = None  # largest allowed value
+    high_open: bool = False  # high itself not allowed (dropout < 1)
+    also: tuple = ()  # allowed values outside the range (max_steps=-1: by epochs)
+    multiple_of: Optional[int] = None  # a multiple of this (bits packed 8 to a byte)
+    choices: tuple = ()  # the only values allowed, when given
+    hint: str = ""
+
+    def describe(self) -> str:
+        if self.choices:  # 16 and "16" are two of Lightning's precisions, said once
+            return "one of " + ", ".join(dict.fromkeys(map(str, self.choices)))
+        parts = []
+        if self.low is not None:
+            parts.append(f"{'>' if self.low_open else '>='} {_number(self.low)}")
+        if self.high is not None:
+            parts.append(f"{'<' if self.high_open else '<='} {_number(self.high)}")
+        text = " and ".join(parts)
+        if self.multiple_of:
+            text += f", a multiple of {self.multiple_of}"
+        return text + "".join(f" or {v}" for v in self.also)
+
+    def allows(self, value) -> bool:
+        if value in self.also:
+            return True
+        if self.choices:
+            return value in self.choices
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
+            return False
+        return not (self.multiple_of and value % self.multiple_of)
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def setting(low: Optional[float] = None, high: Optional[float] = None, *, above: Optional[float] = None,
+            below: Optional[float] = None, also: tuple = (), multiple_of: Optional[int] = None, choices: tuple = (),
+            hint: str = "", rule: Optional[Callable[[Any], Optional[str]]] = None) -> Any:
+    """A schema field: `low`/`high` inclusive, `above`/`below` exclusive bounds; `rule(value)` returns what is wrong
+    with a value its type allows (None when nothing is)."""
+    bounds = Bounds(low if above is None else above, above is not None, high if below is None else below,
+                    below is not None, tuple(also), multiple_of, tuple(choices), hint)
+    return field(metadata={"bounds": bounds, "rule": rule})
+
+
+# Sizes past these cannot fit any machine this runs on; they stop the command before an allocation error or
+# an hours-long loop (a rank of 2^40, 200,000 beams, two billion bootstrap resamples).
+TOKENS = 1 << 20  # a million tokens: more than any base's context
+COUNT = 1 << 30  # steps, epochs, samples: past a billion is a typo
+
+
+# --------------------------------------------------------------------------- the groups
+
+
+@dataclass
+class ModelSchema:
+    name: str
+    hf_id: Optional[str]
+    arch: str
+    tokenizer: Optional[str]
+    tokenizer_legacy: Optional[bool]
+    random_init: bool
+    init_seed: int = setting(0)
+    path: Optional[str] = setting()
+    dtype: str = setting()
+    trust_remote_code: bool = setting()
+    prompt_template: str = setting()
+    head: str = setting()
+    lora_targets: Dict[str, Optional[str]] = setting()
+
+
+@dataclass
+class LoraSchema:
+    name: str
+    targets: List[str]
+    r: int = setting(1, 65536, hint="the paper's LoRA rank is 16")
+    alpha: float = setting(above=0, high=1e6)
+    dropout: float = setting(0, below=1)
+    train_head: bool = setting()
+    base: Optional[str] = setting()  # the one base a variant means (lora=large: Llama-2-13B)
+
+
+@dataclass
+class QuantizationSchema:
+    bits: Optional[int] = setting(choices=(4, 8), hint="or null for an unquantised base")
+    quant_type: str = setting(choices=("nf4", "fp4"))
+    double_quant: bool = setting()
+    compute_dtype: str = setting()
+
+
+def _split_caps(caps) -> Optional[str]:
+    bad = [k for k, v in caps.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+    return f"must give each split's samples per task as a whole number >= 1, not {bad[0]}={caps[bad[0]]!r}" if bad else None
+
+
+@dataclass
+class DataSchema:
+    path: Optional[str]
+    hub_id: Optional[str]
+    revision: str
+    tasks: Optional[List[str]] = setting(rule=lambda tasks: _task_names(tasks, "data.tasks"))
+    splits: Dict[str, str] = setting()
+    sample_group: str = setting()
+    insert_core_tags: bool = setting()
+    representation: str = setting(choices=("smiles", "selfies"))
+    prompt_template: Optional[str] = setting()
+    max_length: int = setting(16, TOKENS, hint="the paper's is 512 tokens; shorter than a prompt trains on nothing")
+    group_by_length: bool = setting()
+    packing: bool = setting()
+    train_on_inputs: bool = setting()
+    micro_batch_size: int = setting(1, 1 << 16)
+    effective_batch_size: int = setting(1, 1 << 24)
+    eval_batch_size: Optional[int] = setting(1, 1 << 16, hint="null: the micro-batch")
+    # split name -> samples per task at most (data.max_samples_per_task.test=50)
+    max_samples_per_task: Optional[Dict[str, int]] = setting(rule=_split_caps)
+    num_workers: int = setting(0, 256)
+    skip_bad_lines: bool = setting()
+    seed: int = setting(0)
+    split: str = setting(choices=("train", "validation", "test"))
+
+
+@dataclass
+class BeamSchema:
+    num_beams: int = setting(1, 256)
+    num_return_sequences: int = setting(1, 256)
+    max_new_tokens: int = setting(1, TOKENS)
+    early_stopping: Union[bool, str] = setting(choices=(True, False, "never"))
+
+
+def _task_names(names, where: str) -> Optional[str]:
+    try:
+        check_tasks(names, where)
+    except UserError as err:
+        return str(err)
+    return None
+
+
+@dataclass
+class GenerationSchema:
+    default: BeamSchema
+    tasks: Dict[str, BeamSchema] = setting(rule=lambda tasks: _task_names(list(tasks), "generation.tasks"))
+    max_prompt_tokens: int = setting(1, TOKENS)
+    max_new_tokens_limit: Optional[int] = setting(1, TOKENS)
+    batch_size: int = setting(1, 1 << 16)
+
+
+@dataclass
+class IntervalsSchema:
+    resamples: int = setting(0, hint="0 turns intervals off; 1000 is the default")
+    seed: int = setting(0)
+    level: float = setting(above=0, below=1, hint="0.95 for 95% intervals")
+
+
+@dataclass
+class ScoringSchema:
+    lenient_formulas: bool
+
+
+@dataclass
+class PromptingSchema:
+    style: str
+    shots: int = setting(0, 64)
+    rules: str = setting()
+    bare_only: bool = setting()
+    seed: int = setting(0)
+
+
+@dataclass
+class OptimizerSchema:
+    lr: float = setting(above=0, high=10, hint="the paper's is 1e-4")
+    weight_decay: float = setting(0)
+
+
+@dataclass
+class SchedulerSchema:
+    num_warmup_steps: int = setting(0, COUNT)
+
+
+def _devices(value) -> Optional[str]:
+    if isinstance(value, int):
+        return None if value >= 1 or value == -1 else "must be a count of devices >= 1 (or -1: all of them)"
+    if isinstance(value, str):
+        return None if value == "auto" or re.fullmatch(r"-?\d+(,\d+)*,?", value) else "must be auto, a count or ids"
+    return None if all(i >= 0 for i in value) else "must list device ids >= 0"
+
+
+def _count_or_fraction(value, least: int = 1) -> bool:
+    """A count of things (>= `least`), or a fraction of them as a float in (0, 1] ([0, 1] when `least` is 0):
+    what Lightning's limit_*_batches and scikit-learn's max_features take."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value >= least
+    return isinstance(value, float) and (0 <= value if least == 0 else 0 < value) and value <= 1
+
+
+def _batches(value, least: int) -> Optional[str]:
+    if _count_or_fraction(value, least):
+        return None
+    return ("must be a count >= 1 or a fraction of the epoch in (0, 1]: 0 trains nothing and would save an untrained "
+            "adapter") if least else "must be a count >= 0 or a fraction in [0, 1]"
+
+
+# Lightning 2.x's precision names (lightning.fabric.connector._PRECISION_INPUT), ints and strings as it takes them.
+PRECISIONS = ("transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true", "bf16-mixed",
+              "32-true", "64-true", 64, 32, 16, "64", "32", "16", "bf16")
+
+
+@dataclass
+class TrainerSchema:
+    accelerator: str = setting(choices=("auto", "cpu", "gpu", "cuda", "mps", "tpu"))
+    devices: Union[int, str, List[int]] = setting(rule=_devices)
+    num_nodes: int = setting(1, 1 << 16)
+    precision: Union[int, str] = setting(choices=PRECISIONS)
+    max_steps: int = setting(1, COUNT, also=(-1,), hint="-1 trains for trainer.max_epochs")
+    max_epochs: Optional[int] = setting(1, COUNT, also=(-1,))
+    gradient_clip_val: Optional[float] = setting(above=0)
+    accumulate_grad_batches: int = setting(1, 1 << 16)
+    log_every_n_steps: int = setting(1)
+    # A run that trains no batch would save an untrained "best" adapter.
+    limit_train_batches: Union[int, float] = setting(rule=lambda v: _batches(v, 1))
+    limit_val_batches: Union[int, float] = setting(rule=lambda v: _batches(v, 0))
+    enable_progress_bar: bool = setting()
+    enable_model_summary: bool = setting()
+    deterministic: Union[bool, str] = setting(choices=(True, False, "warn"))
+
+
+@dataclass
+class GenerationEvaluatorSchema:
+    samples_per_task: Optional[int] = setting(0, COUNT, hint="null: every validation sample")
+
+
+@dataclass
+class BestCheckpointSchema:
+    save_top_k: int = setting(-1, COUNT, hint="-1 keeps every validated adapter")
+
+
+@dataclass
+class ResumeCheckpointSchema:
+    save_top_k: int = setting(-1, COUNT)
+    every_n_train_steps: int = setting(1, COUNT)
+
+
+@dataclass
+class CallbacksSchema:
+    model_checkpoint: BestCheckpointSchema
+    resume_checkpoint: ResumeCheckpointSchema
+    generation_evaluator: GenerationEvaluatorSchema
+
+
+@dataclass
+class CompileSchema:
+    enabled: bool
+    backend: str
+    mode: Optional[str]
+
+
+@dataclass
+class MorganSchema:
+    radius: int = setting(0, 16, hint="ECFP4 is radius 2")
+    n_bits: int = setting(8, 1 << 20, multiple_of=8, hint="the default is 2048")
+
+
+@dataclass
+class FingerprintSchema:
+    n_estimators: int = setting(1, 100_000)
+    min_samples_leaf: int = setting(1)
+    max_features: Union[str, int, float, None] = setting(rule=lambda v: None if v in ("sqrt", "log2") or (
+        _count_or_fraction(v)) else "must be sqrt, log2, null (every bit), a count >= 1 or a fraction in (0, 1]")
+
+
+def _ngrams(pair) -> Optional[str]:
+    if len(pair) == 2 and 1 <= pair[0] <= pair[1]:
+        return None
+    return "must be two integers [low, high] with 1 <= low <= high, e.g. [3,5]"
+
+
+@dataclass
+class NearestNeighborSchema:
+    text_ngrams: List[int] = setting(rule=_ngrams)
+    max_train_inputs: Optional[int] = setting(1, hint="null indexes every training input")
+    table_rows: int = setting(1, 1 << 24)
+
+
+# --------------------------------------------------------------------------- the commands
+
+
+def _lora_base(cfg: dict) -> Optional[str]:
+    """`lora=large` is Llama-2-13B: a LoRA variant that names its base refuses another."""
+    base, model = (cfg.get("lora") or {}).get("base"), (cfg.get("model") or {}).get("name")
+    if base is not None and model is not None and model != base:
+        name = cfg["lora"].get("name")
+        return (f"lora={name} means model={base}, but model={model} was given: drop model={model} "
+                f"(lora={name} chooses {base} itself), or use lora=full with model={model}")
+    return None
+
+
+@dataclass
+class TrainSchema:
+    seed: int = setting(0)
+    val_every_n_steps: int = setting(1, COUNT)
+    checkpoint_every_n_steps: int = setting(1, COUNT)
+    gradient_checkpointing: bool = setting()
+    compile: CompileSchema = setting()
+    ckpt_path: Optional[str] = setting()
+    overwrite: bool = setting()
+    model: ModelSchema = setting()
+    lora: LoraSchema = setting()
+    quantization: QuantizationSchema = setting()
+    data: DataSchema = setting()
+    generation: GenerationSchema = setting()
+    intervals: IntervalsSchema = setting()
+    scoring: ScoringSchema = setting()
+    optimizer: OptimizerSchema = setting()
+    scheduler: SchedulerSchema = setting()
+    trainer: TrainerSchema = setting()
+    callbacks: CallbacksSchema = setting()
+
+    RULES = (_lora_base,)
+
+
+@dataclass
+class EvaluateSchema:
+    seed: int = setting(0)
+    predictions: Optional[str] = setting()
+    output: Optional[str] = setting()
+    name: Optional[str] = setting()
+    pool_golds: str = setting(choices=("file", "split"), hint="file: the samples of the predictions file; split: "
+                              "every sample of data.split, as the official scorer reads them")
+    ckpt: Optional[str] = setting()
+    device: str = setting()
+    merge_adapter: bool = setting()
+    progress_every_s: float = setting(0, hint="seconds between progress lines in the log; 0: after every batch")
+    model: ModelSchema = setting()
+    quantization: QuantizationSchema = setting()
+    prompting: PromptingSchema = setting()
+    data: DataSchema = setting()
+    generation: GenerationSchema = setting()
+    intervals: IntervalsSchema = setting()
+    scoring: ScoringSchema = setting()
+
+    RULES = ()
+
+
+def _generate_task(cfg: dict) -> Optional[str]:
+    task = cfg.get("task")
+    if task is None:
+        return None
+    try:
+        get_task(task, "task= (or leave task out for the default beams)")
+    except UserError as err:
+        return str(err)
+    return None
+
+
+@dataclass
+class GenerateSchema:
+    seed: int = setting(0)
+    query: Optional[str] = setting()
+    ckpt: Optional[str] = setting()
+    task: Optional[str] = setting()
+    device: str = setting()
+    merge_adapter: bool = setting()
+    model: ModelSchema = setting()
+    quantization: QuantizationSchema = setting()
+    generation: GenerationSchema = setting()
+
+    RULES = (_generate_task,)
+
+
+@dataclass
+class BaselineSchema:
+    seed: int = setting(0)
+    method: Optional[str] = setting()
+    n_jobs: int = setting(1, 1024)
+    output: Optional[str] = setting()
+    data: DataSchema = setting()
+    generation: GenerationSchema = setting()
+    intervals: IntervalsSchema = setting()
+    scoring: ScoringSchema = setting()
+    morgan: MorganSchema = setting()
+    fingerprint: FingerprintSchema = setting()
+    nearest_neighbor: NearestNeighborSchema = setting()
+
+    RULES = ()
+
+
+@dataclass
+class AuditSchema:
+    seed: int = setting(0)
+    held_out: List[str] = setting()
+    fail_on_duplicates: bool = setting()
+    examples: int = setting(0, COUNT)
+    workers: Optional[int] = setting(1, 1024, hint="null: one per CPU, at most 8")
+    data: DataSchema = setting()
+
+    RULES = ()
+
+
+# `task_name` of each command's config -> its schema (params reads the training config).
+COMMANDS: dict[str, type] = {"train": TrainSchema, "params": TrainSchema, "evaluate": EvaluateSchema,
+                             "generate": GenerateSchema, "baseline": BaselineSchema, "audit": AuditSchema}
+
+
+# --------------------------------------------------------------------------- checking
+
+_UNRESOLVED = object()  # an interpolation only Hydra's own run can resolve (${hydra:...}), before it starts
+
+
+def resolved(cfg: DictConfig) -> dict:
+    """`cfg` as plain dicts and lists with every interpolation resolved (the `hydra` node left out); a
+    `UserError` naming the first key that cannot be resolved (`${oc.env:UNSET}`, a key that refers to itself,
+    a `???` never given). Before Hydra runs, what depends on Hydra's run (`${hydra:...}`, the run folder) stays
+    unresolved and is not checked."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_ready = HydraConfig.initialized()
+
+    def value_of(node, key, where: str):
+        raw = node._get_node(key)._value()
+        if isinstance(raw, str) and "${hydra:" in raw and not hydra_ready:
+            return _UNRESOLVED
+        try:
+            value = node[key]
+        except MissingMandatoryValue:
+            raise UserError(f"{where} is not set (???): give it a value, {where}=<value>") from None
+        except (OmegaConfBaseException, RecursionError, ValueError) as err:
+            if not hydra_ready and "HydraConfig was not set" in str(err):
+                return _UNRESOLVED  # it names Hydra's run folder, which exists once Hydra runs
+            reason = " ".join(str(err).split("\n")[0].split())[:160]
+            raise UserError(f"{where}={raw} cannot be resolved ({reason}): give {where} a value, or fix the "
+                            "interpolation") from None
+        return walk(value, where) if OmegaConf.is_config(value) else value
+
+    def walk(node, where: str):
+        if OmegaConf.is_dict(node):
+            return {key: value_of(node, key, f"{where}.{key}" if where else str(key))
+                    for key in node.keys() if where or key != "hydra"}
+        return [value_of(node, i, f"{where}[{i}]") for i in range(len(node))]
+
+    return walk(cfg, "")
+
+
+def _kind(hint) -> str:
+    """How a type reads in a message."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Union:
+        named = [_kind(a) for a in args if a is not type(None)]
+        return " or ".join(named) + (" or null" if type(None) in args else "")
+    if origin in (list, List):
+        return f"a list of {_kind(args[0]).removeprefix('a ').removeprefix('an ')}s ([a,b])"
+    if origin in (dict, Dict):
+        return "a mapping"
+    if dataclasses.is_dataclass(hint):
+        return "a group of settings"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(hint, str(hint))
+
+
+def _fits(value, hint) -> bool:
+    """Whether `value` is of type `hint`, strictly: a boolean is no integer, `"maybe"` no boolean, a string no list."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin is Union:
+        return any(_fits(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if origin in (list, List):
+        return isinstance(value, list) and all(_fits(v, args[0]) for v in value)
+    if origin in (dict, Dict):
+        return isinstance(value, dict) and all(isinstance(k, str) and _fits(v, args[1]) for k, v in value.items())
+    if dataclasses.is_dataclass(hint):
+        return isinstance(value, dict)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _show(value) -> str:
+    return repr(value) if not isinstance(value, (dict, list)) else str(value)[:80]
+
+
+def check_group(values: dict, schema: type, prefix: str = "") -> None:
+    """A `UserError` naming the first setting of `values` (plain, resolved) that its `schema` does not allow."""
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        if f.name not in values or values[f.name] is _UNRESOLVED:
+            continue
+        key, value, hint = f"{prefix}{f.name}", values[f.name], hints[f.name]
+        bounds, rule = f.metadata.get("bounds") or Bounds(), f.metadata.get("rule")
+        kinds = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) is Union else [hint]
+        nullable = typing.get_origin(hint) is Union and type(None) in typing.get_args(hint)
+        core = _kind(Union[tuple(kinds)] if len(kinds) > 1 else kinds[0])
+        if bounds.choices:
+            must = bounds.describe()
+        else:
+            must = core + (f" {bounds.describe()}" if bounds.describe() else "")
+        must += " or null" if nullable else ""
+        must += f" ({bounds.hint})" if bounds.hint else ""
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not _fits(value, hint) or (value is not None and not bounds.allows(value)
+                                      if bounds.choices or numeric else False):
+            raise UserError(f"{key}={_show(value)} must be {must}")
+        if rule is not None and value is not None:
+            why = rule(value)
+            if why:  # "must ..." is said of the value; anything else is a whole sentence (an unknown task)
+                raise UserError(f"{key}={_show(value)} {why}" if why.startswith("must") else why)
+        _nested(value, hint, key)
+    for check in getattr(schema, "RULES", ()):
+        why = check(values)
+        if why:
+            raise UserError(why)
+
+
+def _nested(value, hint, key: str) -> None:
+    """Check the groups inside a group: a dataclass field, or a mapping of them (generation.tasks.<task>)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) is Union else [hint]
+    for arg in args:
+        if dataclasses.is_dataclass(arg) and isinstance(value, dict):
+            check_group(value, arg, f"{key}.")
+        elif typing.get_origin(arg) in (dict, Dict) and isinstance(value, dict):
+            inner = typing.get_args(arg)[1]
+            if dataclasses.is_dataclass(inner):
+                for name, values in value.items():
+                    check_group(values, inner, f"{key}.{name}.")
+
+
+def _beams(values: dict, where: str) -> Optional[str]:
+    beams, returned = values.get("num_beams"), values.get("num_return_sequences")
+    if isinstance(beams, int) and isinstance(returned, int) and returned > beams:
+        return (f"{where}.num_return_sequences={returned} exceeds its num_beams={beams}: beam search returns at most "
+                "one sequence per beam")
+    return None
+
+
+def _generation_rule(values: dict) -> Optional[str]:
+    for where, beams in [("generation.default", values.get("default") or {}),
+                         *((f"generation.tasks.{t}", v or {}) for t, v in (values.get("tasks") or {}).items())]:
+        why = _beams(beams, where)
+        if why:
+            return why
+    return None
+
+
+GenerationSchema.RULES = (_generation_rule,)
+
+
+def check_config(cfg: DictConfig) -> dict:
+    """Resolve `cfg`'s interpolations and check every setting of its command's schema (`task_name`); returns the
+    resolved settings. One `UserError` for the first problem."""
+    values = resolved(cfg)
+    schema = COMMANDS.get(values.get("task_name"))
+    if schema is None:
+        raise UserError(f"task_name={values.get('task_name')!r} names no llasmol command: one of {', '.join(COMMANDS)}")
+    check_group(values, schema)
+    return values
