@@ -96,6 +96,7 @@ def test_every_field_of_the_schemas_is_a_setting_some_config_holds():
     ("train", "lora.r=1099511627776", "lora.r=1099511627776 must be an integer >= 1 and <= 65536"),
     ("evaluate", "generation.default.num_beams=200000", "generation.default.num_beams=200000 must be an integer >= 1"),
     ("train", "data.max_length=1e9", "data.max_length=1000000000.0 must be an integer >= 16"),
+    ("evaluate", "intervals.resamples=2000000000", "intervals.resamples=2000000000 must be an integer >= 0 and <= 100000"),
     # Strict types: a boolean is a boolean, a list is not read letter by letter.
     ("train", "scoring.lenient_formulas=maybe", "scoring.lenient_formulas='maybe' must be true or false"),
     ("evaluate", "merge_adapter=1", "merge_adapter=1 must be true or false"),

@@ -186,7 +186,8 @@ class GenerationSchema:
 
 @dataclass
 class IntervalsSchema:
-    resamples: int = setting(0, hint="0 turns intervals off; 1000 is the default")
+    # Each resample redraws every sample of a task: past 100,000 the intervals stop changing and the time grows.
+    resamples: int = setting(0, 100_000, hint="0 turns intervals off; 1000 is the default")
     seed: int = setting(0)
     level: float = setting(above=0, below=1, hint="0.95 for 95% intervals")
 
