@@ -104,6 +104,7 @@ def test_the_readme_layout_names_every_module():
         assert re.search(rf"\b{re.escape(path.name)}\b", layout), f"README's Layout does not name {path.relative_to(ROOT)}"
 
 
+@pytest.mark.slow
 def test_a_plain_install_carries_the_configs_and_data(tmp_path):
     """`pip install .` (not editable) must find the configs, the bundled data, the architecture facts and the
     tiny tokenizer inside the package, and every module: each such file of the tree is in the wheel. The configs
@@ -129,6 +130,22 @@ def test_a_plain_install_carries_the_configs_and_data(tmp_path):
     assert sum(where.startswith("llasmol/conf/") for where in needed.values()) > 80
     missing = [tree for tree, where in needed.items() if where not in inside]
     assert not missing, missing[:5]
+
+    # Installed from the wheel (not this checkout), a command finds its configs there.
+    import os
+
+    target = tmp_path / "installed"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                          capture_output=True, text=True, timeout=HANG_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    code = "import llasmol.core.config as c; print(c.CONFIG_DIR)"
+    where = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
+                           timeout=HANG_TIMEOUT)
+    assert where.stdout.strip() == str(target / "llasmol" / "conf"), where.stderr[-2000:]
+    job = subprocess.run([sys.executable, "-m", "llasmol.train", "--cfg", "job", "model=mistral", "lora=full"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=HANG_TIMEOUT)
+    assert job.returncode == 0 and "hf_id: mistralai/Mistral-7B-v0.1" in job.stdout, job.stderr[-2000:]
 
 
 def test_the_configs_sit_at_the_top_of_the_checkout():
