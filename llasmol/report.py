@@ -25,20 +25,33 @@ from typing import Optional, Sequence
 from llasmol import analysis
 from llasmol.analysis import pairs, trivial
 from llasmol.core.errors import UserError, report_user_errors
+from llasmol.core.files import WRITE_ELSEWHERE, raise_if_unwritable, write_text
 from llasmol.core.tasks import get_task
 
 
 def _write(path: Path, text: str, written: list[Path]) -> None:
-    path.write_text(text, encoding="utf-8")
+    write_text(path, text)  # atomic: a full disk or a read-only folder is one line naming the file
     written.append(path)
+
+
+def _out_folder(out: Path) -> Path:
+    """The report's folder, made; `--out` naming a file (or a pipe) is one line, not a traceback."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is not a folder: give the folder the report's files go into (it is made if "
+                        "missing), e.g. --out " + str(out.parent / "report"))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise_if_unwritable(err, out)
+        raise
+    return out
 
 
 def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[Path]:
     """Write a run's report; returns the files written."""
     run = analysis.load_run(run_dir, require_validation=True)
     val = run.validation(validation)
-    out = Path(out_dir) if out_dir else run.path / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    out = _out_folder(Path(out_dir) if out_dir else run.path / "report")
     written: list[Path] = []
 
     for split in run.evaluations:  # whole-split results (evaluate ckpt=<run>), beside the paper's numbers
@@ -92,8 +105,7 @@ def report_sweep(sweep_dir, out_dir=None) -> list[Path]:
     if not any(run.validations or run.evaluations for run in runs):
         raise UserError(f"{sweep_dir}: no run has a validation yet (no metrics/val-epoch*-step*.json) nor an "
                         "evaluated split (metrics/<split>.json)")
-    out = Path(out_dir) if out_dir else Path(sweep_dir) / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    out = _out_folder(Path(out_dir) if out_dir else Path(sweep_dir) / "report")
     written: list[Path] = []
     table = analysis.compare_table(runs)
     note = (
@@ -119,8 +131,7 @@ def report_two(path_a, path_b, out_dir=None) -> list[Path]:
     """Write the paired comparison of two runs; returns the files written."""
     run_a, run_b = (analysis.load_run(p, require_validation=True) for p in (path_a, path_b))
     labels = [run_a.label, run_b.label] if run_a.label != run_b.label else [str(path_a), str(path_b)]
-    out = Path(out_dir) if out_dir else run_a.path / "report" / f"vs_{run_b.name}"
-    out.mkdir(parents=True, exist_ok=True)
+    out = _out_folder(Path(out_dir) if out_dir else run_a.path / "report" / f"vs_{run_b.name}")
     return _write_pairs(pairs.paired_table([run_a, run_b], labels), out)
 
 
@@ -158,6 +169,18 @@ def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
 
 @report_user_errors
 def _run(args) -> list[Path]:
+    WRITE_ELSEWHERE.set("write the report elsewhere with --out <folder>")
+    try:
+        written = _report(args)
+    except OSError as err:  # a chart's file on a full disk or in a read-only folder: one line naming it
+        raise_if_unwritable(err, Path(err.filename or args.out or args.path[0]))
+        raise
+    for file in written:
+        print(f"wrote {file}")
+    return written
+
+
+def _report(args) -> list[Path]:
     if len(args.path) > 2:
         raise UserError(f"{len(args.path)} paths given: give one run or multirun directory, or two runs to compare")
     for given in args.path:
@@ -179,8 +202,6 @@ def _run(args) -> list[Path]:
             f"{path} is neither a run directory (params.json, metrics/, predictions/) "
             "nor a multirun directory (run directories inside)"
         )
-    for file in written:
-        print(f"wrote {file}")
     return written
 
 

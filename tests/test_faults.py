@@ -600,6 +600,65 @@ def test_a_read_only_run_folder_is_one_line_before_hydra_writes(tmp_path):
         subprocess.run(["umount", str(frozen)])
 
 
+def _fill(folder: Path) -> None:
+    """Take every free byte of the file system `folder` is on."""
+    with open(folder / "filler", "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+
+
+@pytest.mark.slow
+def test_every_command_meets_a_full_disk_with_one_line(tmp_path):
+    """Hydra writes the run's config before any of our code runs: a full disk is refused before that, for
+    every command with a run folder; report's files go through the atomic writer and name the file."""
+    from test_analysis import write_run
+
+    full = tmp_path / "full"
+    _mounted_tmpfs(full, "size=300k")
+    run = write_run(tmp_path / "run")
+    try:
+        _fill(full)
+        for command in (["llasmol.train"], ["llasmol.evaluate", f"predictions={tmp_path}/none.jsonl"],
+                        ["llasmol.baseline", "method=rdkit"], ["llasmol.audit"]):
+            proc = run_cli([*command, f"hydra.run.dir={full}/run"], tmp_path)
+            assert proc.returncode == 2
+            assert one_error_line(proc) == (
+                f"error: cannot write the run folder {full}/run: no space left on device (0.00 GB free there); free "
+                "space there (old runs' checkpoints/) or write the run elsewhere with hydra.run.dir=...")
+            assert not (full / "run").exists()
+        proc = run_cli(["llasmol.report", str(run), "--out", str(full / "report")], tmp_path)
+        assert proc.returncode == 2
+        assert re.fullmatch(rf"error: cannot write {full}/report/\S+: no space left on device \(0\.00 GB free there\); "
+                            r"free space there \(old runs' checkpoints/\) or write the report elsewhere with --out "
+                            r"<folder>", one_error_line(proc)), proc.stderr[-800:]
+        assert [p.name for p in (full / "report").iterdir()] == []  # no half-written file
+    finally:
+        subprocess.run(["umount", str(full)])
+
+
+def test_report_out_naming_a_file_is_one_line(tmp_path, capsys):
+    from test_analysis import write_run
+
+    from llasmol.report import main as report_main
+
+    run = write_run(tmp_path / "run")
+    taken = tmp_path / "taken.md"
+    taken.write_text("mine")
+    with pytest.raises(SystemExit) as stop:
+        report_main([str(run), "--out", str(taken)])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --out {taken} is not a folder: give the folder the report's files go into (it is made if missing), "
+        f"e.g. --out {tmp_path / 'report'}")
+    assert taken.read_text() == "mine"
+    assert report_main([str(run), "--out", str(tmp_path / "again")])  # a fresh folder: written
+    assert report_main([str(run), "--out", str(tmp_path / "again")])  # an existing report: overwritten cleanly
+
+
 def test_temporaries_of_dead_writers_are_removed_and_those_of_live_ones_kept(tmp_path):
     from llasmol.core.files import remove_stale_temporaries, write_json
 

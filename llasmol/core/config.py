@@ -190,20 +190,33 @@ def command_line_values(argv: list[str], defaults: dict[str, Any]) -> dict[str, 
     return values
 
 
+# Hydra writes the run's config and log (tens of KB) before any of our code runs, and its own error on a full disk
+# is a traceback: below this much free space the run folder is refused up front.
+MIN_FREE_BYTES = 256 << 10
+
+
 def check_writable(folder: Path) -> None:
     """A `UserError` when `folder` (or, while it does not exist yet, the nearest folder above it) cannot
-    be written: a read-only file system, or a folder the user may not write to."""
+    be written: a read-only file system, a folder the user may not write to, or a full disk or quota."""
+    import shutil
+
     from llasmol.core.errors import UserError
 
     existing = Path(os.path.abspath(folder))
     while not existing.exists() and existing.parent != existing:
         existing = existing.parent
-    if os.access(existing, os.W_OK | os.X_OK):
-        return
-    read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
-    why = "is on a read-only file system" if read_only else "is not writable by this user"
-    raise UserError(f"{existing} {why}, so the run folder {folder} cannot be written there: give the run a "
-                    "writable folder with hydra.run.dir=<folder> (or run from a writable directory)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+        why = "is on a read-only file system" if read_only else "is not writable by this user"
+        raise UserError(f"{existing} {why}, so the run folder {folder} cannot be written there: give the run a "
+                        "writable folder with hydra.run.dir=<folder> (or run from a writable directory)")
+    stats = os.statvfs(existing)
+    # f_bavail: what an unprivileged writer may use; a quota shows as the same shortage when it is enforced here.
+    free = min(shutil.disk_usage(existing).free, stats.f_bavail * stats.f_frsize)
+    if free < MIN_FREE_BYTES:
+        raise UserError(f"cannot write the run folder {folder}: no space left on device ({free / 1e9:.2f} GB free "
+                        "there); free space there (old runs' checkpoints/) or write the run elsewhere with "
+                        "hydra.run.dir=...")
 
 
 def check_command_line(config_name: str, run_folder: bool = False, check: Optional[Callable] = None) -> None:

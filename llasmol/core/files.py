@@ -7,6 +7,7 @@ start (`remove_stale_temporaries`) tell it from the temporary of a writer still 
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import json
 import math
@@ -31,6 +32,11 @@ _FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exce
          errno.EROFS: "read-only file system", errno.EACCES: "permission denied", errno.EPERM: "permission denied"}
 
 
+# How the command that is writing lets its user write elsewhere: a run folder's commands take hydra.run.dir,
+# `report` takes --out (it sets this while it writes).
+WRITE_ELSEWHERE = contextvars.ContextVar("write_elsewhere", default="write the run elsewhere with hydra.run.dir=...")
+
+
 def raise_if_unwritable(err: BaseException, path: Path) -> None:
     """A `UserError` naming `path` when `err` says its folder cannot take the file (a full disk or quota,
     a read-only or foreign folder): a fact about the machine the user can fix, not a bug to trace."""
@@ -47,7 +53,7 @@ def raise_if_unwritable(err: BaseException, path: Path) -> None:
         except OSError:
             pass
         fix = "free space there (old runs' checkpoints/) or"
-    raise UserError(f"cannot write {path}: {reason}; {fix} write the run elsewhere with hydra.run.dir=...") from err
+    raise UserError(f"cannot write {path}: {reason}; {fix} {WRITE_ELSEWHERE.get()}") from err
 
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
