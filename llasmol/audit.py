@@ -22,8 +22,7 @@ from llasmol.core.errors import report_user_errors
 
 def run_audit(cfg: DictConfig) -> dict:
     """Audit `cfg.data`, write the report into `cfg.paths.output_dir`; the result (`audit.json`'s content)."""
-    from llasmol.analysis.audit_report import to_markdown
-    from llasmol.analysis.leakage import audit
+    from llasmol.leakage import audit, to_markdown
     from llasmol.core.files import write_json, write_text
     from llasmol.core.settings import check_settings
     from llasmol.data.source import SMolInstructSource
@@ -46,7 +45,7 @@ def exit_status(result: dict) -> int:
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="audit")
 @report_user_errors
 def main(cfg: DictConfig) -> None:
-    from llasmol.analysis.audit_report import summary_lines
+    from llasmol.leakage import summary_lines
 
     result = run_audit(cfg)
     print("\n".join(summary_lines(result)))

@@ -14,7 +14,7 @@ effect of the same molecule).
 Split groups follow the paper's Section 4.2 ("Data Splitting"): samples of related tasks that describe the
 same reaction (FS and RS, `REACTION`) or the same molecule (MC and MG; the four NC tasks) are placed in the
 same split, so that a reaction or molecule seen in training is never asked about in evaluation by its
-reverse task. `llasmol.analysis.leakage` checks a copy of the data against this.
+reverse task. `llasmol.leakage` checks a copy of the data against this.
 
 Counts are Table 1's #Train, #Valid, #Test (samples: SIDER counts one per molecule and side effect), as
 the LLM4Chem project page prints the table (its statistics image). The first arXiv version's Table 1
