@@ -178,7 +178,7 @@ def run_method(method: str, out: Path, *overrides: str) -> dict:
 
 def opsin_per_name(root: Path) -> dict:
     """OPSIN on every test name of the I2S and I2F tasks, repeats included, in one call."""
-    from llasmol.baselines.opsin_names import opsin_smiles
+    from llasmol.classical.opsin_names import opsin_smiles
 
     names = [json.loads(line)["input"] for t in ("name_conversion-i2s", "name_conversion-i2f")
              for line in (root / "raw" / "test" / f"{t}.jsonl").read_text().splitlines()]
@@ -201,9 +201,9 @@ def unit_costs(root: Path, n_jobs: int = 2) -> dict:
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.neighbors import NearestNeighbors
 
-    from llasmol.baselines.common import Examples
-    from llasmol.baselines.morgan import morgan_packed, top_k_similar
-    from llasmol.baselines.nearest import NearestNeighbor
+    from llasmol.classical.common import Examples
+    from llasmol.classical.morgan import morgan_packed, top_k_similar
+    from llasmol.classical.nearest import NearestNeighbor
 
     torch.set_num_threads(n_jobs)
     read = lambda split, task: [json.loads(x) for x in (root / "raw" / split / f"{task}.jsonl").read_text().splitlines()]

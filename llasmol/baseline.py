@@ -4,7 +4,7 @@
     python -m llasmol.baseline method=nearest_neighbor data=smolinstruct data.split=test
     python -m llasmol.baseline --multirun method=rdkit,opsin,fingerprint,nearest_neighbor
 
-Methods (`llasmol.baselines.METHODS`): rdkit, opsin, fingerprint, nearest_neighbor. The folder
+Methods (`llasmol.classical.METHODS`): rdkit, opsin, fingerprint, nearest_neighbor. The folder
 (outputs/baseline/<date>_<time>/) holds predictions/<split>.jsonl, metrics/<split>.json and baseline.json;
 `python -m llasmol.report <folder>` reads it as a run named baseline:<method>.
 """
@@ -25,7 +25,7 @@ from llasmol.core.settings import check_settings
 
 def make_method(cfg: DictConfig):
     """The method `cfg.method` with its settings, every setting checked (one `UserError` for a bad one)."""
-    from llasmol.baselines import get_method
+    from llasmol.classical import get_method
 
     cls = get_method(cfg.method)
     check_settings(cfg)
@@ -44,7 +44,7 @@ def check_config(cfg: DictConfig) -> None:
 
 def baseline(cfg: DictConfig) -> dict:
     """Run `cfg.method` on `cfg.data.split`; returns the metrics and where they were written."""
-    from llasmol.baselines.runner import run_baseline
+    from llasmol.classical.runner import run_baseline
     from llasmol.data.source import SMolInstructSource
     from llasmol.metrics.families import use_scoring
 

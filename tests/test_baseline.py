@@ -299,7 +299,7 @@ def test_tanimoto_search_equals_rdkits_bulk_similarity():
     from rdkit import Chem, DataStructs
     from rdkit.Chem import rdFingerprintGenerator
 
-    from llasmol.baselines.morgan import morgan_packed, top_k_similar
+    from llasmol.classical.morgan import morgan_packed, top_k_similar
 
     source = SMolInstructSource.from_config(compose_config(["paths.output_dir=/x"], config_name="baseline").data)
     smiles = [x for x, _, _ in source.split("train").core_samples("name_conversion-s2f")]
@@ -316,7 +316,7 @@ def test_tanimoto_search_equals_rdkits_bulk_similarity():
 
 
 def test_fingerprints_from_worker_processes_equal_the_serial_ones(monkeypatch):
-    import llasmol.baselines.morgan as morgan
+    import llasmol.classical.morgan as morgan
 
     source = SMolInstructSource.from_config(compose_config(["paths.output_dir=/x"], config_name="baseline").data)
     smiles = [x for x, _, _ in source.split("train").core_samples("forward_synthesis")] + ["CCO", "CCO", "?"]
