@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, write_result  # noqa: E402
 
-from llasmol.core.tasks import TASKS  # noqa: E402
+from llasmol.core.tasks import TASKS, get_task  # noqa: E402
 
 BUNDLED = ROOT / "llasmol" / "data" / "bundled"
 METHODS = ("rdkit", "opsin", "fingerprint", "nearest_neighbor")
@@ -94,9 +94,6 @@ def write_copy(root: Path, train_per_task: int, seed: int = 13) -> dict[str, dic
     property_test = sum(n // 10 for t, n in PROPERTY_MOLECULES.items() if t != "property_prediction-sider") + sider_test
     test_other = (TEST_TOTAL - property_test) // len(others)
     counts: dict[str, dict[str, int]] = {}
-    tags = {"SMILES": ["<SMILES>", "</SMILES>"], "IUPAC": ["<IUPAC>", "</IUPAC>"], None: [None, None],
-            "MOLFORMULA": ["<MOLFORMULA>", "</MOLFORMULA>"], "NUMBER": ["<NUMBER>", "</NUMBER>"],
-            "BOOLEAN": ["<BOOLEAN>", "</BOOLEAN>"]}
 
     def rows(task: str, n: int, offset: int) -> list[tuple[str, object]]:
         """n (input, output) pairs; `offset` keeps train and test inputs apart."""
@@ -128,13 +125,9 @@ def write_copy(root: Path, train_per_task: int, seed: int = 13) -> dict[str, dic
                     for s in smiles]
         return [(s, "Yes" if ("N" in s) != (len(s) % 5 == 0) else "No") for s in smiles]
 
-    from llasmol.core.tasks import get_task
-
     for task in others + list(PROPERTY_MOLECULES):
-        row = get_task(task)
-        in_tag = {"smiles": "SMILES", "iupac": "IUPAC", "text": None}[row.input_kind]
         (root / "core_tag").mkdir(parents=True, exist_ok=True)
-        (root / "core_tag" / f"{task}.json").write_text(json.dumps({"input": tags[in_tag], "output": tags[row.answer_tag]}))
+        (root / "core_tag" / f"{task}.json").write_text(json.dumps(get_task(task).core_tags()))
         (root / "template" / "instruction_tuning").mkdir(parents=True, exist_ok=True)
         (root / "template" / "instruction_tuning" / f"{task}.json").write_text(
             json.dumps([{"input": "Question about <INPUT> ?", "output": "The answer is <OUTPUT> ."}]))

@@ -41,6 +41,24 @@ class Task:
     paper_counts: tuple[int, int, int]  # Table 1: train, validation, test samples
     input_kind: str  # smiles | iupac | text: the core input (reactions are '.'-joined SMILES)
 
+    @property
+    def input_tag(self) -> Optional[str]:
+        """The tag the core input is wrapped in (`SMILES`, `IUPAC`); None for text."""
+        return _INPUT_TAGS[self.input_kind]
+
+    def core_tags(self) -> dict[str, list[Optional[str]]]:
+        """The tags around the core input and output as the official archive's `core_tag/<task>.json` holds them,
+        e.g. {"input": ["<IUPAC>", "</IUPAC>"], "output": ["<MOLFORMULA>", "</MOLFORMULA>"]}."""
+        return {"input": tag_pair(self.input_tag), "output": tag_pair(self.answer_tag)}
+
+
+_INPUT_TAGS = {"smiles": "SMILES", "iupac": "IUPAC", "text": None}
+
+
+def tag_pair(tag: Optional[str]) -> list[Optional[str]]:
+    """The opening and closing forms of `tag` (`["<SMILES>", "</SMILES>"]`); `[None, None]` for no tag."""
+    return [f"<{tag}>", f"</{tag}>"] if tag else [None, None]
+
 
 REACTION = "reaction"  # the split group of FS and RS: one reaction, read forwards and backwards
 
