@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, write_result  # noqa: E402
 
+from llasmol.core.defaults import SEED  # noqa: E402
 from llasmol.core.tasks import TASKS, get_task  # noqa: E402
 
 BUNDLED = ROOT / "llasmol" / "data" / "bundled"
@@ -81,7 +82,7 @@ def caption(rng: random.Random) -> str:
     return "The " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(30, 70))) + "."
 
 
-def write_copy(root: Path, train_per_task: int, seed: int = 13) -> dict[str, dict[str, int]]:
+def write_copy(root: Path, train_per_task: int, seed: int = SEED) -> dict[str, dict[str, int]]:
     """The synthetic copy; returns {task: {split: samples}}."""
     rng = random.Random(seed)
     molecules = sorted({x for t in ("name_conversion-s2f", "property_prediction-hiv", "property_prediction-lipo",

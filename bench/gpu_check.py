@@ -23,6 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import compose_config  # noqa: E402  (sets offline mode before transformers loads)
 
+from llasmol.core.defaults import MAX_LENGTH  # noqa: E402
+
 # Dense bf16 peak, TFLOP/s, by device-name fragment (vendor datasheets, without sparsity).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0, "L4": 121.0}
 
@@ -35,7 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (kernel selection, allocator)")
     p.add_argument("--micro-batch", type=int, default=4, help="the paper's micro-batch")
-    p.add_argument("--seq-len", type=int, default=512, help="the paper's maximum length")
+    p.add_argument("--seq-len", type=int, default=MAX_LENGTH, help="the paper's maximum length")
     p.add_argument("--prompts", type=int, default=8, help="prompts in the beam-search batch")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=64, help="generated per beam (forced: no early stop)")

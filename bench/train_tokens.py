@@ -82,6 +82,7 @@ def main() -> None:
 
     import hydra
 
+    from llasmol.core.defaults import SEED
     from llasmol.data.collate import PackCollator
     from llasmol.data.sampler import ShardedShuffleSampler
     from llasmol.training.module import LoRACausalLM
@@ -92,7 +93,7 @@ def main() -> None:
     tokenizer = load_tokenizer(cfg.model)
     dm = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
     train = dm.dataset("train")
-    sampler = ShardedShuffleSampler(len(train), seed=13, rank=0, world_size=1, lengths=train.split.length_hints(),
+    sampler = ShardedShuffleSampler(len(train), seed=SEED, rank=0, world_size=1, lengths=train.split.length_hints(),
                                     batch_size=4)
     subset = sampler._order()[: args.samples]
     plans = {"random (paper)": batches_of(subset, 4), "length-grouped (ours)": batches_of(sampler._group_by_length(subset), 4)}

@@ -48,6 +48,8 @@ from llasmol.data.smiles import canonical_kekule
 # silently and reports counts instead.
 RDLogger.DisableLog("rdApp.*")
 
+# The build's own seed, not core/defaults.SEED: it chose the committed excerpt's samples, so it stays whatever
+# the library's default becomes.
 SEED = 13
 SPLITS = ("train", "dev", "test")
 # Samples per split for every task.  Small on purpose: the excerpt is for smoke
