@@ -32,6 +32,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, write_result  # noqa: E402
 
+from llasmol.classical.common import Examples  # noqa: E402
+from llasmol.classical.morgan import morgan_packed, top_k_similar  # noqa: E402
+from llasmol.classical.nearest import NearestNeighbor  # noqa: E402
+from llasmol.classical.opsin_names import opsin_smiles  # noqa: E402
 from llasmol.core.defaults import SEED  # noqa: E402
 from llasmol.core.tasks import TASKS, get_task  # noqa: E402
 
@@ -172,7 +176,6 @@ def run_method(method: str, out: Path, *overrides: str) -> dict:
 
 def opsin_per_name(root: Path) -> dict:
     """OPSIN on every test name of the I2S and I2F tasks, repeats included, in one call."""
-    from llasmol.classical.opsin_names import opsin_smiles
 
     names = [json.loads(line)["input"] for t in ("name_conversion-i2s", "name_conversion-i2f")
              for line in (root / "raw" / "test" / f"{t}.jsonl").read_text().splitlines()]
@@ -194,10 +197,6 @@ def unit_costs(root: Path, n_jobs: int = 2) -> dict:
     import torch
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.neighbors import NearestNeighbors
-
-    from llasmol.classical.common import Examples
-    from llasmol.classical.morgan import morgan_packed, top_k_similar
-    from llasmol.classical.nearest import NearestNeighbor
 
     torch.set_num_threads(n_jobs)
     read = lambda split, task: [json.loads(x) for x in (root / "raw" / split / f"{task}.jsonl").read_text().splitlines()]

@@ -57,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def build(args, torch):
     from transformers import AutoModelForCausalLM
 
+    # lazy (here and in quantized_base): the model modules import torch (2-3 s), which `--help` and the one-line
+    # "no CUDA GPU" error come before
     from llasmol.model.base import arch_config
     from llasmol.model.blocks import compile_blocks, enable_gradient_checkpointing
     from llasmol.model.lora import apply_lora
@@ -86,7 +88,7 @@ def quantized_base(cfg, config, dtype, torch):
 
     from transformers import AutoModelForCausalLM
 
-    from llasmol.model.base import load_base_model
+    from llasmol.model.base import load_base_model  # lazy: see build
 
     with tempfile.TemporaryDirectory(prefix="llasmol-gpu-check-") as folder:
         AutoModelForCausalLM.from_config(config, dtype=dtype).save_pretrained(folder, safe_serialization=True)

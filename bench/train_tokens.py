@@ -29,6 +29,12 @@ import numpy as np
 import torch
 
 from _common import ROOT, compose_config  # offline settings first
+from llasmol.core.defaults import SEED
+from llasmol.data.collate import PackCollator
+from llasmol.data.sampler import ShardedShuffleSampler
+from llasmol.model.base import load_tokenizer
+from llasmol.train import build_model
+from llasmol.training.module import LoRACausalLM
 
 
 def batches_of(order: np.ndarray, size: int) -> list[np.ndarray]:
@@ -81,13 +87,6 @@ def main() -> None:
     torch.set_num_threads(1)
 
     import hydra
-
-    from llasmol.core.defaults import SEED
-    from llasmol.data.collate import PackCollator
-    from llasmol.data.sampler import ShardedShuffleSampler
-    from llasmol.training.module import LoRACausalLM
-    from llasmol.model.base import load_tokenizer
-    from llasmol.train import build_model
 
     cfg = compose_config(["paths.output_dir=/tmp/unused", "data.micro_batch_size=4"])
     tokenizer = load_tokenizer(cfg.model)
