@@ -41,7 +41,7 @@ def mistral_tokenizer_folder(root: Path, legacy: bool = True) -> Path:
 
     import mistral_common
 
-    from llasmol.model.base import ARCH_DIR
+    from llasmol.model.base import ARCH_DIR  # lazy: imports torch (2-3 s); every benchmark imports this module
 
     folder = Path(root) / f"mistral-7b-tokenizer-legacy-{legacy}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -69,7 +69,7 @@ def wheel_tokenizer_folder(root: Path, model: str) -> Path:
 
     import mistral_common
 
-    from llasmol.model.base import ARCH_DIR
+    from llasmol.model.base import ARCH_DIR  # lazy: as above
 
     source, name, arch = WHEEL_TOKENIZERS[model]
     folder = Path(root) / f"{model}-tokenizer"

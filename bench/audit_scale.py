@@ -41,13 +41,6 @@ SUBSTITUENTS = ["C", "O", "N", "F", "Cl", "OC", "C#N", "C(F)(F)F"]
 AMINES = ["NC", "NCC", "NCCC", "NC(C)C"]
 REAGENTS = ["CCN(CC)CC", "ClCCl", "CN(C)C=O", "O", "O=C(O)O", "CCOC(C)=O"]
 SPLITS = (("train", 0), ("dev", 1), ("test", 2))
-TAGS = {"smiles": ["<SMILES>", "</SMILES>"], "name": ["<IUPAC>", "</IUPAC>"], "formula": ["<MOLFORMULA>", "</MOLFORMULA>"],
-        "number": ["<NUMBER>", "</NUMBER>"], "boolean": ["<BOOLEAN>", "</BOOLEAN>"], "text": [None, None]}
-# What each task's core input and output are (the official archive's core tags).
-FIELDS = {"forward_synthesis": ("smiles", "smiles"), "retrosynthesis": ("smiles", "smiles"),
-          "molecule_captioning": ("smiles", "text"), "molecule_generation": ("text", "smiles"),
-          "name_conversion-i2f": ("name", "formula"), "name_conversion-i2s": ("name", "smiles"),
-          "name_conversion-s2f": ("smiles", "formula"), "name_conversion-s2i": ("smiles", "name")}
 SIDE_EFFECTS = [f"Side effect {i}" for i in range(20)]
 
 
@@ -88,9 +81,8 @@ def write_copy(root: Path, scale: float) -> int:
     """Write the synthetic copy; returns its number of samples."""
     total = 0
     for t in TASKS:
-        kinds = FIELDS.get(t.name, ("smiles", "number" if t.family == "number" else "boolean"))
         (root / "core_tag").mkdir(parents=True, exist_ok=True)
-        (root / "core_tag" / f"{t.name}.json").write_text(json.dumps({"input": TAGS[kinds[0]], "output": TAGS[kinds[1]]}))
+        (root / "core_tag" / f"{t.name}.json").write_text(json.dumps(t.core_tags()))
         (root / "template" / "instruction_tuning").mkdir(parents=True, exist_ok=True)
         (root / "template" / "instruction_tuning" / f"{t.name}.json").write_text(
             json.dumps([{"input": "Question about <INPUT> ?", "output": "The answer is <OUTPUT> ."}]))

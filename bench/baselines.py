@@ -32,7 +32,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, write_result  # noqa: E402
 
-from llasmol.core.tasks import TASKS  # noqa: E402
+from llasmol.classical.common import Examples  # noqa: E402
+from llasmol.classical.morgan import morgan_packed, top_k_similar  # noqa: E402
+from llasmol.classical.nearest import NearestNeighbor  # noqa: E402
+from llasmol.classical.opsin_names import opsin_smiles  # noqa: E402
+from llasmol.core.defaults import SEED  # noqa: E402
+from llasmol.core.tasks import TASKS, get_task  # noqa: E402
 
 BUNDLED = ROOT / "llasmol" / "data" / "bundled"
 METHODS = ("rdkit", "opsin", "fingerprint", "nearest_neighbor")
@@ -81,7 +86,7 @@ def caption(rng: random.Random) -> str:
     return "The " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(30, 70))) + "."
 
 
-def write_copy(root: Path, train_per_task: int, seed: int = 13) -> dict[str, dict[str, int]]:
+def write_copy(root: Path, train_per_task: int, seed: int = SEED) -> dict[str, dict[str, int]]:
     """The synthetic copy; returns {task: {split: samples}}."""
     rng = random.Random(seed)
     molecules = sorted({x for t in ("name_conversion-s2f", "property_prediction-hiv", "property_prediction-lipo",
@@ -94,9 +99,6 @@ def write_copy(root: Path, train_per_task: int, seed: int = 13) -> dict[str, dic
     property_test = sum(n // 10 for t, n in PROPERTY_MOLECULES.items() if t != "property_prediction-sider") + sider_test
     test_other = (TEST_TOTAL - property_test) // len(others)
     counts: dict[str, dict[str, int]] = {}
-    tags = {"SMILES": ["<SMILES>", "</SMILES>"], "IUPAC": ["<IUPAC>", "</IUPAC>"], None: [None, None],
-            "MOLFORMULA": ["<MOLFORMULA>", "</MOLFORMULA>"], "NUMBER": ["<NUMBER>", "</NUMBER>"],
-            "BOOLEAN": ["<BOOLEAN>", "</BOOLEAN>"]}
 
     def rows(task: str, n: int, offset: int) -> list[tuple[str, object]]:
         """n (input, output) pairs; `offset` keeps train and test inputs apart."""
@@ -128,13 +130,9 @@ def write_copy(root: Path, train_per_task: int, seed: int = 13) -> dict[str, dic
                     for s in smiles]
         return [(s, "Yes" if ("N" in s) != (len(s) % 5 == 0) else "No") for s in smiles]
 
-    from llasmol.core.tasks import get_task
-
     for task in others + list(PROPERTY_MOLECULES):
-        row = get_task(task)
-        in_tag = {"smiles": "SMILES", "iupac": "IUPAC", "text": None}[row.input_kind]
         (root / "core_tag").mkdir(parents=True, exist_ok=True)
-        (root / "core_tag" / f"{task}.json").write_text(json.dumps({"input": tags[in_tag], "output": tags[row.answer_tag]}))
+        (root / "core_tag" / f"{task}.json").write_text(json.dumps(get_task(task).core_tags()))
         (root / "template" / "instruction_tuning").mkdir(parents=True, exist_ok=True)
         (root / "template" / "instruction_tuning" / f"{task}.json").write_text(
             json.dumps([{"input": "Question about <INPUT> ?", "output": "The answer is <OUTPUT> ."}]))
@@ -178,7 +176,6 @@ def run_method(method: str, out: Path, *overrides: str) -> dict:
 
 def opsin_per_name(root: Path) -> dict:
     """OPSIN on every test name of the I2S and I2F tasks, repeats included, in one call."""
-    from llasmol.baselines.opsin_names import opsin_smiles
 
     names = [json.loads(line)["input"] for t in ("name_conversion-i2s", "name_conversion-i2f")
              for line in (root / "raw" / "test" / f"{t}.jsonl").read_text().splitlines()]
@@ -200,10 +197,6 @@ def unit_costs(root: Path, n_jobs: int = 2) -> dict:
     import torch
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.neighbors import NearestNeighbors
-
-    from llasmol.baselines.common import Examples
-    from llasmol.baselines.morgan import morgan_packed, top_k_similar
-    from llasmol.baselines.nearest import NearestNeighbor
 
     torch.set_num_threads(n_jobs)
     read = lambda split, task: [json.loads(x) for x in (root / "raw" / split / f"{task}.jsonl").read_text().splitlines()]

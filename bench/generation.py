@@ -26,6 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import compose_config, write_result  # noqa: E402
+from llasmol.inference.beam_search import BeamGenerator, task_settings  # noqa: E402
+from llasmol.inference.loading import load_model  # noqa: E402
+from llasmol.inference.records import balanced_subset  # noqa: E402
+from llasmol.metrics.extract import extract_answer  # noqa: E402
+from llasmol.train import train  # noqa: E402
 
 ADAPTER_DIR = Path("/tmp/llasmol-bench-adapter")
 
@@ -33,8 +38,6 @@ ADAPTER_DIR = Path("/tmp/llasmol-bench-adapter")
 def trained_adapter() -> Path:
     adapter = ADAPTER_DIR / "checkpoints" / "last.adapter"
     if not (adapter / "adapter_config.json").is_file():
-        from llasmol.train import train
-
         print("training a 150-step adapter once into", ADAPTER_DIR, flush=True)
         train(compose_config([f"paths.output_dir={ADAPTER_DIR}", "logger=csv", "trainer.max_steps=150",
                               "val_every_n_steps=1000", "trainer.enable_progress_bar=false"]))
@@ -54,10 +57,6 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from llasmol.inference.records import balanced_subset
-    from llasmol.inference.beam_search import BeamGenerator, task_settings
-    from llasmol.inference.loading import load_model
-    from llasmol.metrics.extract import extract_answer
 
     cfg = compose_config()
     gen_cfg = cfg.generation

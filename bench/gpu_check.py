@@ -23,6 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import compose_config  # noqa: E402  (sets offline mode before transformers loads)
 
+from llasmol.core.defaults import MAX_LENGTH  # noqa: E402
+
 # Dense bf16 peak, TFLOP/s, by device-name fragment (vendor datasheets, without sparsity).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0, "L4": 121.0}
 
@@ -35,7 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (kernel selection, allocator)")
     p.add_argument("--micro-batch", type=int, default=4, help="the paper's micro-batch")
-    p.add_argument("--seq-len", type=int, default=512, help="the paper's maximum length")
+    p.add_argument("--seq-len", type=int, default=MAX_LENGTH, help="the paper's maximum length")
     p.add_argument("--prompts", type=int, default=8, help="prompts in the beam-search batch")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=64, help="generated per beam (forced: no early stop)")
@@ -55,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def build(args, torch):
     from transformers import AutoModelForCausalLM
 
+    # lazy (here and in quantized_base): the model modules import torch (2-3 s), which `--help` and the one-line
+    # "no CUDA GPU" error come before
     from llasmol.model.base import arch_config
     from llasmol.model.blocks import compile_blocks, enable_gradient_checkpointing
     from llasmol.model.lora import apply_lora
@@ -84,7 +88,7 @@ def quantized_base(cfg, config, dtype, torch):
 
     from transformers import AutoModelForCausalLM
 
-    from llasmol.model.base import load_base_model
+    from llasmol.model.base import load_base_model  # lazy: see build
 
     with tempfile.TemporaryDirectory(prefix="llasmol-gpu-check-") as folder:
         AutoModelForCausalLM.from_config(config, dtype=dtype).save_pretrained(folder, safe_serialization=True)

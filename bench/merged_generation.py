@@ -20,6 +20,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import compose_config, write_result  # noqa: E402
 from generation import trained_adapter  # noqa: E402
+from llasmol.data.formatting import PromptFormatter  # noqa: E402
+from llasmol.data.source import SMolInstructSource  # noqa: E402
+from llasmol.inference.beam_search import BeamGenerator, task_settings  # noqa: E402
+from llasmol.inference.loading import load_model  # noqa: E402
+from llasmol.inference.records import balanced_subset  # noqa: E402
+from llasmol.metrics.extract import extract_answer  # noqa: E402
 
 
 def main() -> None:
@@ -31,12 +37,6 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from llasmol.data.source import SMolInstructSource
-    from llasmol.inference.beam_search import BeamGenerator, task_settings
-    from llasmol.inference.loading import load_model
-    from llasmol.inference.records import balanced_subset
-    from llasmol.data.formatting import PromptFormatter
-    from llasmol.metrics.extract import extract_answer
     from omegaconf import OmegaConf
 
     cfg = compose_config([], "evaluate")

@@ -29,6 +29,9 @@ import time
 from pathlib import Path
 
 from _common import ROOT, compose_config, write_result  # offline settings first
+from llasmol.model.base import arch_config, load_base_model, load_tokenizer
+from llasmol.model.lora import apply_lora, count_parameters
+from llasmol.model.memory import weight_bytes
 
 MODES = ("none", "8bit", "4bit")
 
@@ -37,8 +40,6 @@ def _write_stack(folder: Path, layers: int) -> None:
     """The Mistral-7B shape with `layers` decoder layers and random bf16 weights, saved as safetensors."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from llasmol.model.base import arch_config
 
     config = arch_config("mistral-7b", num_hidden_layers=layers)
     with torch.random.fork_rng(devices=[]):
@@ -51,10 +52,6 @@ def load_once(folder: str, mode: str, layers: int) -> dict:
     """In a fresh process: load the stack as `mode`, add LoRA `full`, report memory."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from llasmol.model.base import arch_config, load_base_model
-    from llasmol.model.lora import apply_lora, count_parameters
-    from llasmol.model.memory import weight_bytes
 
     cfg = compose_config(["model=mistral", f"quantization={mode}", f"model.path={folder}"])
     no_tokenizer = type("Tokenizer", (), {"pad_token_id": 0})()  # the loader reads only the pad id
@@ -97,9 +94,6 @@ def speed(steps: int, rounds: int) -> list[dict]:
     import torch
 
     import hydra
-
-    from llasmol.model.base import load_base_model, load_tokenizer
-    from llasmol.model.lora import apply_lora
 
     runs = {}
     for mode in MODES:

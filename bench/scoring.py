@@ -27,6 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, compose_config, write_result  # noqa: E402
+from llasmol.core.tasks import get_task  # noqa: E402
+from llasmol.inference.beam_search import task_settings  # noqa: E402
+from llasmol.metrics import molecules  # noqa: E402
+from llasmol.metrics.extract import extract_answer  # noqa: E402
+from llasmol.metrics.formula import parse_formula  # noqa: E402
+from llasmol.metrics.scoring import score_records  # noqa: E402
 
 BUNDLED = ROOT / "llasmol" / "data" / "bundled"
 
@@ -47,9 +53,6 @@ def load_golds() -> dict[str, list[tuple[str, str]]]:
 
 def synthesize(n: int, seed: int = 0) -> list[dict]:
     from rdkit import Chem
-
-    from llasmol.inference.beam_search import task_settings
-    from llasmol.core.tasks import get_task
 
     gen_cfg = compose_config(["generation=paper"]).generation
     rng = random.Random(seed)
@@ -136,9 +139,6 @@ def _fps(text):
 
 def baseline_score(records: list[dict]) -> dict[str, dict[str, float]]:
     from rdkit import DataStructs
-
-    from llasmol.metrics.extract import extract_answer
-    from llasmol.metrics.formula import parse_formula
 
     golds = defaultdict(list)
     for rec in records:
@@ -232,8 +232,6 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from llasmol.metrics import molecules
-    from llasmol.metrics.scoring import score_records
 
     records = synthesize(args.records)
     print(f"{len(records)} records over {len({r['task'] for r in records})} tasks, "

@@ -24,13 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_result  # noqa: E402
 
-TASKS = {
-    "forward_synthesis": (["<SMILES>", "</SMILES>"], ["<SMILES>", "</SMILES>"]),
-    "name_conversion-s2f": (["<SMILES>", "</SMILES>"], ["<MOLFORMULA>", "</MOLFORMULA>"]),
-    "property_prediction-esol": (["<SMILES>", "</SMILES>"], ["<NUMBER>", "</NUMBER>"]),
-    "property_prediction-bbbp": (["<SMILES>", "</SMILES>"], ["<BOOLEAN>", "</BOOLEAN>"]),
-    "name_conversion-s2i": (["<SMILES>", "</SMILES>"], ["<IUPAC>", "</IUPAC>"]),
-}
+from llasmol.core.tasks import get_task  # noqa: E402
+
+TASKS = ("forward_synthesis", "name_conversion-s2f", "property_prediction-esol", "property_prediction-bbbp",
+         "name_conversion-s2i")
 TEMPLATES = [{"input": "Question about <INPUT> ?", "output": "The answer is <OUTPUT> ."},
              {"input": "Tell me: <INPUT>", "output": "<OUTPUT>"}]
 SMILES = ["CCO", "CC(=O)O", "c1ccccc1", "CCN(CC)CC", "O=C(O)c1ccccc1O", "CC(C)O", "CCCCCC", "c1ccncc1",
@@ -39,9 +36,9 @@ SMILES = ["CCO", "CC(=O)O", "c1ccccc1", "CCN(CC)CC", "O=C(O)c1ccccc1O", "CC(C)O"
 
 def write_copy(root: Path, total: int) -> None:
     per_task = total // len(TASKS)
-    for task, (tin, tout) in TASKS.items():
+    for task in TASKS:
         (root / "core_tag").mkdir(parents=True, exist_ok=True)
-        (root / "core_tag" / f"{task}.json").write_text(json.dumps({"input": tin, "output": tout}))
+        (root / "core_tag" / f"{task}.json").write_text(json.dumps(get_task(task).core_tags()))
         (root / "template" / "instruction_tuning").mkdir(parents=True, exist_ok=True)
         (root / "template" / "instruction_tuning" / f"{task}.json").write_text(json.dumps(TEMPLATES))
         for split, n in (("train", per_task), ("dev", 10), ("test", 10)):

@@ -21,6 +21,7 @@ import tempfile
 
 from _common import ROOT, WHEEL_TOKENIZERS, compose_config, mistral_tokenizer_folder, wheel_tokenizer_folder, write_result
 
+from llasmol.core.defaults import MAX_LENGTH, SEED
 from llasmol.data.formatting import PromptFormatter
 from llasmol.data.smolinstruct import SMolInstructSplit
 from llasmol.inference.beam_search import task_settings
@@ -70,12 +71,12 @@ def main(model: str = "mistral") -> None:
             "median": statistics.median(lengths),
             "p99": lengths[int(0.99 * (len(lengths) - 1))],
             "max": lengths[-1],
-            "within_512": sum(n <= 512 for n in lengths) / len(lengths),
+            f"within_{MAX_LENGTH}": sum(n <= MAX_LENGTH for n in lengths) / len(lengths),
             "longest_answer": max(answers),
             "shortest_answer": min(answers),
             "max_new_tokens": task_settings(cfg.generation, task).max_new_tokens,
         }
-    rng = random.Random(13)
+    rng = random.Random(SEED)
     order = list(all_lengths)
     rng.shuffle(order)
     shares = []
@@ -85,18 +86,18 @@ def main(model: str = "mistral") -> None:
         shares.append(sum(batch) / (4 * width))
     padding = {"micro_batches": len(shares), "real_token_share_mean": statistics.mean(shares),
                "real_token_share_min": min(shares), "real_token_share_max": max(shares)}
-    print(f"{'task':30} {'n':>5} {'median':>7} {'p99':>5} {'max':>5} {'<=512':>7} {'answer':>11} {'budget':>6}")
+    print(f"{'task':30} {'n':>5} {'median':>7} {'p99':>5} {'max':>5} {f'<={MAX_LENGTH}':>7} {'answer':>11} {'budget':>6}")
     for task, r in rows.items():
-        print(f"{task:30} {r['samples']:5d} {r['median']:7.0f} {r['p99']:5d} {r['max']:5d} {r['within_512']:7.2%} "
+        print(f"{task:30} {r['samples']:5d} {r['median']:7.0f} {r['p99']:5d} {r['max']:5d} {r[f'within_{MAX_LENGTH}']:7.2%} "
               f"{r['shortest_answer']:4d}-{r['longest_answer']:<6d} {r['max_new_tokens']:6d}")
-    within = sum(n <= 512 for n in all_lengths) / len(all_lengths)
-    print(f"all tasks: {len(all_lengths)} samples, {within:.2%} within 512 tokens")
+    within = sum(n <= MAX_LENGTH for n in all_lengths) / len(all_lengths)
+    print(f"all tasks: {len(all_lengths)} samples, {within:.2%} within {MAX_LENGTH} tokens")
     print("paper micro-batches (4 random samples, padded to a multiple of 8): real tokens "
           f"{padding['real_token_share_mean']:.1%} of positions on average "
           f"({padding['real_token_share_min']:.1%}-{padding['real_token_share_max']:.1%})")
     name = "token_lengths" if model == "mistral" else f"token_lengths-{model}"
     write_result(name, {"model": cfg.model.hf_id, "tokenizer": f"mistral_common data/{source}",
-                        "tasks": rows, "within_512_all": within, "paper_micro_batches": padding})
+                        "tasks": rows, f"within_{MAX_LENGTH}_all": within, "paper_micro_batches": padding})
 
 
 if __name__ == "__main__":

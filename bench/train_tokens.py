@@ -29,6 +29,12 @@ import numpy as np
 import torch
 
 from _common import ROOT, compose_config  # offline settings first
+from llasmol.core.defaults import SEED
+from llasmol.data.collate import PackCollator
+from llasmol.data.sampler import ShardedShuffleSampler
+from llasmol.model.base import load_tokenizer
+from llasmol.train import build_model
+from llasmol.training.module import LoRACausalLM
 
 
 def batches_of(order: np.ndarray, size: int) -> list[np.ndarray]:
@@ -82,17 +88,11 @@ def main() -> None:
 
     import hydra
 
-    from llasmol.data.collate import PackCollator
-    from llasmol.data.sampler import ShardedShuffleSampler
-    from llasmol.training.module import LoRACausalLM
-    from llasmol.model.base import load_tokenizer
-    from llasmol.train import build_model
-
     cfg = compose_config(["paths.output_dir=/tmp/unused", "data.micro_batch_size=4"])
     tokenizer = load_tokenizer(cfg.model)
     dm = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
     train = dm.dataset("train")
-    sampler = ShardedShuffleSampler(len(train), seed=13, rank=0, world_size=1, lengths=train.split.length_hints(),
+    sampler = ShardedShuffleSampler(len(train), seed=SEED, rank=0, world_size=1, lengths=train.split.length_hints(),
                                     batch_size=4)
     subset = sampler._order()[: args.samples]
     plans = {"random (paper)": batches_of(subset, 4), "length-grouped (ours)": batches_of(sampler._group_by_length(subset), 4)}

@@ -18,15 +18,16 @@ from omegaconf import DictConfig
 
 from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import report_user_errors
+from llasmol.core.files import write_json, write_text
+from llasmol.core.schema import check_config
+from llasmol.data.source import SMolInstructSource
 
 
 def run_audit(cfg: DictConfig) -> dict:
     """Audit `cfg.data`, write the report into `cfg.paths.output_dir`; the result (`audit.json`'s content)."""
-    from llasmol.analysis.audit_report import to_markdown
-    from llasmol.analysis.leakage import audit
-    from llasmol.core.files import write_json, write_text
-    from llasmol.core.schema import check_config
-    from llasmol.data.source import SMolInstructSource
+    # lazy: the audit pulls in RDKit, NumPy and the scorer (0.8 s), which `audit --help` and the command-line
+    # check before Hydra do not need
+    from llasmol.leakage import audit, to_markdown
 
     check_config(cfg)  # workers=0, examples=-1: one line before any file is read
     source = SMolInstructSource.from_config(cfg.data)
@@ -46,7 +47,7 @@ def exit_status(result: dict) -> int:
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="audit")
 @report_user_errors
 def main(cfg: DictConfig) -> None:
-    from llasmol.analysis.audit_report import summary_lines
+    from llasmol.leakage import summary_lines  # lazy: as in run_audit
 
     result = run_audit(cfg)
     print("\n".join(summary_lines(result)))

@@ -4,7 +4,7 @@
     python -m llasmol.baseline method=nearest_neighbor data=smolinstruct data.split=test
     python -m llasmol.baseline --multirun method=rdkit,opsin,fingerprint,nearest_neighbor
 
-Methods (`llasmol.baselines.METHODS`): rdkit, opsin, fingerprint, nearest_neighbor. The folder
+Methods (`llasmol.classical.METHODS`): rdkit, opsin, fingerprint, nearest_neighbor. The folder
 (outputs/baseline/<date>_<time>/) holds predictions/<split>.jsonl, metrics/<split>.json and baseline.json;
 `python -m llasmol.report <folder>` reads it as a run named baseline:<method>.
 """
@@ -26,7 +26,7 @@ from llasmol.core.schema import check_config
 def make_method(cfg: DictConfig):
     """The method `cfg.method` with its settings, every setting checked (one `UserError` for a bad one: an
     unknown method, or a setting outside its schema, `llasmol.core.schema.BaselineSchema`)."""
-    from llasmol.baselines import get_method
+    from llasmol.classical import get_method
 
     cls = get_method(cfg.method)
     check_config(cfg)
@@ -46,7 +46,7 @@ def check_method(cfg: DictConfig) -> None:
 
 def baseline(cfg: DictConfig) -> dict:
     """Run `cfg.method` on `cfg.data.split`; returns the metrics and where they were written."""
-    from llasmol.baselines.runner import run_baseline
+    from llasmol.classical.runner import run_baseline
     from llasmol.data.source import SMolInstructSource
     from llasmol.metrics.families import use_scoring
 

@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from llasmol.core.errors import UserError, report_user_errors
+from llasmol.core.files import write_bytes
+from llasmol.model.adapters import ADAPTER_CONFIG, WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS, read_pickled_weights
 
 
 def convert(folder: str | Path) -> Path:
     """Write `<folder>/adapter_model.safetensors` from its `adapter_model.bin`; returns the new file."""
     from safetensors.torch import save
-
-    from llasmol.core.files import write_bytes
-    from llasmol.model.adapters import ADAPTER_CONFIG, WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS, read_pickled_weights
 
     folder = Path(folder)
     if not (folder / ADAPTER_CONFIG).is_file():

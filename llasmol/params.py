@@ -20,6 +20,8 @@ from llasmol.core.schema import check_config
 
 
 def _meta_base(cfg: DictConfig):
+    # lazy (here and below): the model modules import torch, transformers and PEFT (2-3 s), which `params --help`
+    # and the command-line check before Hydra do not need
     from llasmol.model.base import build_meta_model, load_tokenizer
 
     # The tiny model's vocabulary is its bundled tokenizer's; real bases carry theirs in config.json.

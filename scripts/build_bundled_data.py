@@ -41,12 +41,15 @@ from pathlib import Path
 from rdkit import Chem, RDLogger
 from rdkit.Chem import Descriptors, rdMolDescriptors
 
+from llasmol.core.tasks import get_task
 from llasmol.data.smiles import canonical_kekule
 
 # RDKit logs every unparsable SMILES to stderr; the build drops those rows
 # silently and reports counts instead.
 RDLogger.DisableLog("rdApp.*")
 
+# The build's own seed, not core/defaults.SEED: it chose the committed excerpt's samples, so it stays whatever
+# the library's default becomes.
 SEED = 13
 SPLITS = ("train", "dev", "test")
 # Samples per split for every task.  Small on purpose: the excerpt is for smoke
@@ -120,25 +123,6 @@ TASKS = REACTION_TASKS + NAME_TASKS + PROPERTY_TASKS
 # Official tasks that have no redistributable source on PyPI.
 LEFT_OUT_TASKS = ("molecule_captioning", "molecule_generation", "property_prediction-sider")
 
-SMILES = ("<SMILES>", "</SMILES>")
-IUPAC = ("<IUPAC>", "</IUPAC>")
-FORMULA = ("<MOLFORMULA>", "</MOLFORMULA>")
-NUMBER = ("<NUMBER>", "</NUMBER>")
-BOOLEAN = ("<BOOLEAN>", "</BOOLEAN>")
-
-CORE_TAGS: dict[str, tuple[tuple[str, str], tuple[str, str]]] = {
-    "forward_synthesis": (SMILES, SMILES),
-    "retrosynthesis": (SMILES, SMILES),
-    "name_conversion-i2f": (IUPAC, FORMULA),
-    "name_conversion-i2s": (IUPAC, SMILES),
-    "name_conversion-s2f": (SMILES, FORMULA),
-    "name_conversion-s2i": (SMILES, IUPAC),
-    "property_prediction-esol": (SMILES, NUMBER),
-    "property_prediction-lipo": (SMILES, NUMBER),
-    "property_prediction-bbbp": (SMILES, BOOLEAN),
-    "property_prediction-clintox": (SMILES, BOOLEAN),
-    "property_prediction-hiv": (SMILES, BOOLEAN),
-}
 
 # Query/response templates.  <INPUT>/<OUTPUT> are replaced by the loader with
 # the tagged core values, so the texts themselves carry no tags.
@@ -777,13 +761,13 @@ def write_json(path: Path, data: object, indent: int | None = 1) -> None:
     path.write_text(text + "\n", encoding="utf-8")
 
 
-def smolinstruct_smiles(row: Row, in_tag: tuple[str, str], out_tag: tuple[str, str]) -> Row:
+def smolinstruct_smiles(row: Row, in_tag: list, out_tag: list) -> Row:
     """The row with its SMILES sides in SMolInstruct's form (canonical Kekule, parts sorted).
 
     Selection, deduplication and splitting all work on canonical aromatic SMILES; only the written
     files use the archive's form, so the same molecules land in the same splits as before.
     """
-    def form(text: str, tag: tuple[str, str]) -> str:
+    def form(text: str, tag: list) -> str:
         if tag[0] != "<SMILES>":
             return text
         kekule = canonical_kekule(text)
@@ -795,10 +779,10 @@ def smolinstruct_smiles(row: Row, in_tag: tuple[str, str], out_tag: tuple[str, s
 
 
 def write_task(out: Path, task: str, splits: dict[str, list[Row]]) -> dict[str, int]:
-    in_tag, out_tag = CORE_TAGS[task]
-    splits = {name: [smolinstruct_smiles(row, in_tag, out_tag) for row in rows] for name, rows in splits.items()}
-    write_json(out / "core_tag" / f"{task}.json",
-               {"input": list(in_tag), "output": list(out_tag)})
+    tags = get_task(task).core_tags()  # the archive's core_tag file, from the task table
+    splits = {name: [smolinstruct_smiles(row, tags["input"], tags["output"]) for row in rows]
+              for name, rows in splits.items()}
+    write_json(out / "core_tag" / f"{task}.json", tags)
     templates = TEMPLATES[task]
     write_json(out / "template" / "instruction_tuning" / f"{task}.json",
                [{"input": q, "output": a} for q, a in templates])

@@ -19,6 +19,8 @@ from typing import Iterator
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from llasmol.metrics.extract import ANSWER_TAGS
+
 ROOT = Path(__file__).resolve().parents[1]
 # One pre-token per match; BPE merges never cross pre-tokens. SMILES pieces come first; letter runs stop
 # before Cl/Br so "CCl" is C + Cl (the price: "Clear" is Cl + ear); the rest is GPT-2-like word splitting.
@@ -26,7 +28,10 @@ PRETOKENS = (
     r" ?\[[^\]\s]{1,12}\]| ?%\d\d| ?\d| ?(?:Cl|Br)| ?(?:(?!Cl|Br)\p{L})+"
     r"| ?[^\s\p{L}\p{N}\[%]+|\s+(?!\S)|\s+"
 )
+# Written out because the order fixes the tags' token ids in the committed tokenizer; the tags themselves are the
+# answer tags of the task table (and SELFIES), checked here.
 TAGS = ["SMILES", "SELFIES", "IUPAC", "MOLFORMULA", "NUMBER", "BOOLEAN"]
+assert sorted(TAGS) == sorted(ANSWER_TAGS), f"the tokenizer's tags {TAGS} are not the answer tags {ANSWER_TAGS}"
 MARKERS = ["[INST]", "[/INST]"] + [f"<{t}>" for t in TAGS] + [f"</{t}>" for t in TAGS]
 SPECIAL = ["<unk>", "<s>", "</s>", "<pad>"]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from rdkit import Chem
 from rdkit.Chem.rdMolDescriptors import CalcMolFormula
 
+from llasmol.core.tasks import get_task
 from llasmol.data.smiles import canonical_kekule
 
 MOLECULES = [
@@ -22,14 +23,9 @@ MOLECULES = [
     "CCS", "OCCO",
 ]
 
-TASKS = {
-    # task: (input tags, output tags)
-    "forward_synthesis": (["<SMILES>", "</SMILES>"], ["<SMILES>", "</SMILES>"]),
-    "name_conversion-s2f": (["<SMILES>", "</SMILES>"], ["<MOLFORMULA>", "</MOLFORMULA>"]),
-    "property_prediction-esol": (["<SMILES>", "</SMILES>"], ["<NUMBER>", "</NUMBER>"]),
-    "property_prediction-bbbp": (["<SMILES>", "</SMILES>"], ["<BOOLEAN>", "</BOOLEAN>"]),
-    "property_prediction-sider": (["<SMILES>", "</SMILES>"], ["<BOOLEAN>", "</BOOLEAN>"]),
-}
+# The fixture's tasks; their core tags (`core_tag/<task>.json`) come from the task table.
+TASKS = ("forward_synthesis", "name_conversion-s2f", "property_prediction-esol", "property_prediction-bbbp",
+         "property_prediction-sider")
 
 TEMPLATES = {
     "forward_synthesis": [
@@ -54,14 +50,8 @@ TEMPLATES = {
 
 # Tasks that the paper splits together with others (FS with RS, MC with MG, the NC tasks), for the leakage
 # audit's tests: `write_smolinstruct(root, tasks=tuple(TASKS) + tuple(RELATED_TASKS))`.
-RELATED_TASKS = {
-    "retrosynthesis": (["<SMILES>", "</SMILES>"], ["<SMILES>", "</SMILES>"]),
-    "molecule_captioning": (["<SMILES>", "</SMILES>"], [None, None]),
-    "molecule_generation": ([None, None], ["<SMILES>", "</SMILES>"]),
-    "name_conversion-i2f": (["<IUPAC>", "</IUPAC>"], ["<MOLFORMULA>", "</MOLFORMULA>"]),
-    "name_conversion-i2s": (["<IUPAC>", "</IUPAC>"], ["<SMILES>", "</SMILES>"]),
-    "name_conversion-s2i": (["<SMILES>", "</SMILES>"], ["<IUPAC>", "</IUPAC>"]),
-}
+RELATED_TASKS = ("retrosynthesis", "molecule_captioning", "molecule_generation", "name_conversion-i2f",
+                 "name_conversion-i2s", "name_conversion-s2i")
 TEMPLATES.update({task: [{"input": "Answer for <INPUT> :", "output": "<OUTPUT>"}] for task in RELATED_TASKS})
 
 SPLITS = ("train", "dev", "test")
@@ -111,8 +101,7 @@ def write_smolinstruct(root: Path, tasks=tuple(TASKS)) -> Path:
     root = Path(root)
     for task in tasks:
         (root / "core_tag").mkdir(parents=True, exist_ok=True)
-        tin, tout = {**TASKS, **RELATED_TASKS}[task]
-        (root / "core_tag" / f"{task}.json").write_text(json.dumps({"input": tin, "output": tout}))
+        (root / "core_tag" / f"{task}.json").write_text(json.dumps(get_task(task).core_tags()))
         (root / "template" / "instruction_tuning").mkdir(parents=True, exist_ok=True)
         (root / "template" / "instruction_tuning" / f"{task}.json").write_text(json.dumps(TEMPLATES[task]))
         for split in SPLITS:

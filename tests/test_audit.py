@@ -13,7 +13,7 @@ import pytest
 from conftest import HANG_TIMEOUT, compose_config
 from smolinstruct_fixture import MOLECULES, RELATED_TASKS, TASKS, add_record, name_of, split_of, write_smolinstruct
 
-from llasmol.analysis import leakage, sample_keys
+from llasmol.leakage import checks, sample_keys
 from llasmol.audit import exit_status, run_audit
 from llasmol.core.config import check_overrides
 from llasmol.core.errors import UserError
@@ -142,7 +142,7 @@ def test_worker_processes_find_the_same(copy, tmp_path, monkeypatch):
     add_record(copy, "forward_synthesis", "train", f"{SALICYLIC}.O.CCO", SALICYLIC)
     add_record(copy, "property_prediction-bbbp", "train", SALICYLIC, "Yes")
     one = audit(copy, tmp_path / "one")
-    monkeypatch.setattr(leakage, "_POOL_BYTES", 0)  # every file through the pool,
+    monkeypatch.setattr(checks, "_POOL_BYTES", 0)  # every file through the pool,
     monkeypatch.setattr(sample_keys, "_CHUNK", 3)  # in many chunks, more than the workers take at once
     two = audit(copy, tmp_path / "two", "workers=2")
     assert two["summary"]["workers"] == 2

@@ -10,6 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import compose_config
+from llasmol.core.defaults import SEED
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import TASK_NAMES
 from llasmol.data.base_prompts import GALACTICA, ICL, MOLINST, Example, galactica_query, icl_query, molinst_query
@@ -62,7 +63,7 @@ def test_one_shot_examples_come_from_the_training_split_of_the_same_task_seeded(
     for task, count in test.counts().items():
         starts[task], start = start, start + count
     indices = sorted(starts.values())  # the first test sample of every task
-    protocol = Protocol("icl", 1, "mistral", seed=13)
+    protocol = Protocol("icl", 1, "mistral", seed=SEED)
     queries = build_queries(protocol, test, indices, train)
     training_pairs = {}
     for j in range(len(train)):

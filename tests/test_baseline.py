@@ -45,7 +45,6 @@ def records_of(folder: Path, split: str = "test") -> list[dict]:
 MOLECULES = ["CCO", "CC(=O)O", "c1ccccc1", "CCN(CC)CC", "CC(C)O", "CCCCCC", "c1ccncc1", "CC(=O)Nc1ccc(O)cc1",
              "ClCCl", "CCOC(C)=O", "OCC(O)CO", "C1CCOC1", "CS(C)=O", "N#Cc1ccccc1", "CC(C)(C)O", "Oc1ccccc1"]
 SIDE_EFFECTS = ("Hepatobiliary disorders", "Eye disorders")
-SMILES_TAGS = ["<SMILES>", "</SMILES>"]
 
 
 def _caption(k: int) -> str:
@@ -56,14 +55,13 @@ def write_extra_tasks(root: Path) -> Path:
     """SMolInstruct's layout with the three tasks the bundled sample lacks. SIDER: every molecule once per
     side effect, 'Yes' for the first and 'No' for the second, so only a model per side effect can be right."""
     tasks = {
-        "molecule_captioning": (SMILES_TAGS, [None, None], lambda k, s: (s, _caption(k))),
-        "molecule_generation": ([None, None], SMILES_TAGS, lambda k, s: (_caption(k), s)),
-        "property_prediction-sider": (SMILES_TAGS, ["<BOOLEAN>", "</BOOLEAN>"],
-                                      lambda k, s: (s, {SIDE_EFFECTS[0]: "Yes", SIDE_EFFECTS[1]: "No"})),
+        "molecule_captioning": lambda k, s: (s, _caption(k)),
+        "molecule_generation": lambda k, s: (_caption(k), s),
+        "property_prediction-sider": lambda k, s: (s, {SIDE_EFFECTS[0]: "Yes", SIDE_EFFECTS[1]: "No"}),
     }
-    for task, (tags_in, tags_out, pair) in tasks.items():
+    for task, pair in tasks.items():
         (root / "core_tag").mkdir(parents=True, exist_ok=True)
-        (root / "core_tag" / f"{task}.json").write_text(json.dumps({"input": tags_in, "output": tags_out}))
+        (root / "core_tag" / f"{task}.json").write_text(json.dumps(get_task(task).core_tags()))
         (root / "template" / "instruction_tuning").mkdir(parents=True, exist_ok=True)
         (root / "template" / "instruction_tuning" / f"{task}.json").write_text(
             json.dumps([{"input": "Question: <INPUT>", "output": "<OUTPUT>"}]))
@@ -299,7 +297,7 @@ def test_tanimoto_search_equals_rdkits_bulk_similarity():
     from rdkit import Chem, DataStructs
     from rdkit.Chem import rdFingerprintGenerator
 
-    from llasmol.baselines.morgan import morgan_packed, top_k_similar
+    from llasmol.classical.morgan import morgan_packed, top_k_similar
 
     source = SMolInstructSource.from_config(compose_config(["paths.output_dir=/x"], config_name="baseline").data)
     smiles = [x for x, _, _ in source.split("train").core_samples("name_conversion-s2f")]
@@ -316,7 +314,7 @@ def test_tanimoto_search_equals_rdkits_bulk_similarity():
 
 
 def test_fingerprints_from_worker_processes_equal_the_serial_ones(monkeypatch):
-    import llasmol.baselines.morgan as morgan
+    import llasmol.classical.morgan as morgan
 
     source = SMolInstructSource.from_config(compose_config(["paths.output_dir=/x"], config_name="baseline").data)
     smiles = [x for x, _, _ in source.split("train").core_samples("forward_synthesis")] + ["CCO", "CCO", "?"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import compose_config
+from llasmol.core.defaults import MAX_LENGTH
 from llasmol.core.errors import UserError
 from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter
 from llasmol.model.base import load_tokenizer
@@ -33,8 +34,8 @@ def mistral_v03(tmp_path_factory):
 
 def test_mistrals_own_template_gives_the_papers_ids(mistral_v03):
     mistral_v03.chat_template = MISTRAL_V1_TEMPLATE
-    paper = PromptFormatter(mistral_v03, "llasmol", max_length=512, train_on_inputs=False)
-    chat = PromptFormatter(mistral_v03, "chat_template", max_length=512, train_on_inputs=False)
+    paper = PromptFormatter(mistral_v03, "llasmol", max_length=MAX_LENGTH, train_on_inputs=False)
+    chat = PromptFormatter(mistral_v03, "chat_template", max_length=MAX_LENGTH, train_on_inputs=False)
     for sample in samples("dev"):
         assert chat.prompt_ids(sample["input"]) == paper.prompt_ids(sample["input"])
         assert chat.encode(sample["input"], sample["output"]) == paper.encode(sample["input"], sample["output"])
@@ -51,7 +52,7 @@ def chatml_tokenizer():
 def test_chatml_turns_mask_the_prompt_and_end_the_answer_at_end_of_turn():
     tok = chatml_tokenizer()
     start, end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
-    formatter = PromptFormatter(tok, "chat_template", max_length=512, train_on_inputs=False)
+    formatter = PromptFormatter(tok, "chat_template", max_length=MAX_LENGTH, train_on_inputs=False)
     sample = samples("dev")[0]
     prompt = formatter.prompt_ids(sample["input"])
     enc = formatter.encode(sample["input"], sample["output"])

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from conftest import compose_config
+from llasmol.core.defaults import MAX_LENGTH, SEED
 from llasmol.data.datamodule import SMolInstructDataModule
-from llasmol.data.formatting import IGNORE_INDEX
+from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter, resolve_prompt_template
 from llasmol.data.sampler import ShardedShuffleSampler
 from llasmol.data.smiles import canonical_kekule
 from llasmol.data.smolinstruct import SMolInstructSplit
@@ -124,14 +125,14 @@ def test_two_ranks_two_workers_see_disjoint_and_complete_shares(tokenizer, smol_
 
 
 def test_order_is_deterministic_for_a_seed_and_changes_with_epoch():
-    a = ShardedShuffleSampler(100, seed=13, rank=0, world_size=1)
-    b = ShardedShuffleSampler(100, seed=13, rank=0, world_size=1)
+    a = ShardedShuffleSampler(100, seed=SEED, rank=0, world_size=1)
+    b = ShardedShuffleSampler(100, seed=SEED, rank=0, world_size=1)
     assert list(a) == list(b) and list(a) != list(range(100))
-    assert list(ShardedShuffleSampler(100, seed=14, rank=0, world_size=1)) != list(a)
+    assert list(ShardedShuffleSampler(100, seed=SEED + 1, rank=0, world_size=1)) != list(a)
     b.set_epoch(1)
     assert list(b) != list(a) and sorted(b) == sorted(a)
     # The global order does not depend on the number of ranks: rank shares interleave it.
-    two = [list(ShardedShuffleSampler(100, seed=13, rank=r, world_size=2)) for r in range(2)]
+    two = [list(ShardedShuffleSampler(100, seed=SEED, rank=r, world_size=2)) for r in range(2)]
     assert [x for pair in zip(*two) for x in pair] == list(a)
 
 
@@ -142,9 +143,21 @@ def test_two_fresh_datamodules_with_one_seed_serve_the_same_batches(tokenizer, s
         loader = dm.dataloader("train", shuffle=True, batch_size=3, rank=0, world_size=1)
         return [[int(i) for i in batch["index"]] for batch in loader]
 
-    first = served(13)
-    assert served(13) == first
-    assert served(14) != first and sorted(sum(served(14), [])) == sorted(sum(first, []))
+    first = served(SEED)
+    assert served(SEED) == first
+    assert served(SEED + 1) != first and sorted(sum(served(SEED + 1), [])) == sorted(sum(first, []))
+
+
+def test_the_library_defaults_are_what_the_configs_pass(tokenizer, smol_root):
+    """A datamodule, sampler or formatter built without settings behaves as the commands' configs ask
+    (`core/defaults.py` for Python, `conf/` for the commands): seed, token budget, the paper's prompt."""
+    cfg = compose_config(["paths.output_dir=/tmp/unused"])
+    assert (cfg.seed, cfg.data.max_length, cfg.generation.max_prompt_tokens) == (SEED, MAX_LENGTH, MAX_LENGTH)
+    dm = make_dm(tokenizer, smol_root)
+    alone = PromptFormatter(tokenizer)
+    assert dm.seed == ShardedShuffleSampler(10, rank=0, world_size=1).seed == SEED
+    assert dm.formatter.max_length == alone.max_length == MAX_LENGTH
+    assert dm.formatter.prompt_template == alone.prompt_template == resolve_prompt_template(cfg.model.prompt_template)
 
 
 def test_batches_pad_right_and_mask_padding(tokenizer, smol_root):

@@ -14,9 +14,10 @@ from conftest import HANG_TIMEOUT
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "llasmol"
 
-# Lower layers never import higher ones; folders of one layer do not import each other.
-LAYERS = {"core": 0, "data": 1, "model": 1, "metrics": 1, "inference": 2, "training": 3, "analysis": 3, "baselines": 3,
-          "": 4}
+# Lower layers never import higher ones; folders of one layer do not import each other. The leakage audit reads
+# data and core, and renders its report with analysis's tables, so it sits above analysis; its command above it.
+LAYERS = {"core": 0, "data": 1, "model": 1, "metrics": 1, "inference": 2, "training": 3, "analysis": 3, "classical": 3,
+          "leakage": 4, "": 5}
 LIGHTNING_ALLOWED = {"training", "", "data/datamodule.py"}  # the LightningDataModule is data's one Lightning module
 
 
@@ -74,25 +75,45 @@ def test_the_commands_sit_on_top_and_little_else():
     assert top == ["audit", "baseline", "convert_adapter", "evaluate", "generate", "params", "report", "train"]
 
 
+def packages() -> list[Path]:
+    return sorted(p.parent for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE)
+
+
 def _root(stem: str) -> str:
-    """A module name without the endings that make look-alikes (evaluate/evaluation, resume/resumable)."""
-    for ending in ("ion", "ing", "able", "s", "e"):
-        if stem.endswith(ending) and len(stem) - len(ending) >= 4:
-            return stem[: -len(ending)]
-    return stem
+    """A module name without the endings that make look-alikes (evaluate/evaluation, resume/resumable), taken off
+    while one is left, so that two endings are one (baselines/baseline)."""
+    shorter = next((stem[: -len(e)] for e in ("ion", "ing", "able", "s", "e")
+                    if stem.endswith(e) and len(stem) - len(e) >= 4), stem)
+    return stem if shorter == stem else _root(shorter)
 
 
-def test_no_two_modules_differ_by_a_suffix_only():
-    stems = sorted({p.stem for p in modules() if p.stem != "__init__"})
-    for a in stems:
-        for b in stems:
-            assert a >= b or _root(a) != _root(b), f"{a}.py and {b}.py differ by a suffix only"
+def look_alikes(names: set[str]) -> list[tuple[str, str]]:
+    """Pairs of names (modules as `x.py`, folders as `x/`) that differ by a suffix only; one name found twice (two
+    `smiles.py` in two folders) is not a pair."""
+    bare = {name: name.removesuffix(".py").removesuffix("/") for name in names}
+    return [(a, b) for a in sorted(names) for b in sorted(names) if a < b and _root(bare[a]) == _root(bare[b])]
+
+
+# TEMPORARY, for the lead to remove after merging: these pairs are being renamed in other branches of issue #26
+# (metrics/metric.py), or are left to the lead's decision (the command train.py beside the folder training/).
+_LOOK_ALIKES_BEING_RENAMED = {("metric.py", "metrics/"), ("train.py", "training/")}
+
+
+def test_no_two_modules_or_folders_differ_by_a_suffix_only():
+    names = {p.name for p in modules() if p.stem != "__init__"} | {f"{p.name}/" for p in packages()}
+    found = set(look_alikes(names)) - _LOOK_ALIKES_BEING_RENAMED
+    assert not found, f"names that differ by a suffix only: {sorted(found)}"
 
 
 def test_the_look_alike_check_sees_look_alikes():
     for a, b in [("evaluate", "evaluation"), ("generate", "generation"), ("resume", "resumable"),
-                 ("checkpoints", "checkpointing"), ("metric", "metrics")]:
+                 ("checkpoints", "checkpointing"), ("metric", "metrics"), ("baseline", "baselines")]:
         assert _root(a) == _root(b), (a, b)
+    # a module beside a folder, two folders, two modules; a name repeated in two folders is no pair
+    assert look_alikes({"baseline.py", "baselines/", "core/"}) == [("baseline.py", "baselines/")]
+    assert look_alikes({"metric/", "metrics/", "smiles.py"}) == [("metric/", "metrics/")]
+    assert look_alikes({"records.py", "record.py", "predictions.py"}) == [("record.py", "records.py")]
+    assert look_alikes({"classical/", "baseline.py", "analysis/"}) == []
 
 
 def test_the_readme_layout_names_every_module():

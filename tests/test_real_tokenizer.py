@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import compose_config
+from llasmol.core.defaults import MAX_LENGTH
 from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter
 from llasmol.data.smolinstruct import SMolInstructSplit
 from llasmol.core.tasks import TASK_NAMES
@@ -87,11 +88,11 @@ def test_the_real_tokenizer_is_mistrals(mistral):
 
 
 def test_every_sample_encodes_as_the_official_string(mistral):
-    formatter = PromptFormatter(mistral, "[INST] {input} [/INST]", max_length=512)
+    formatter = PromptFormatter(mistral, "[INST] {input} [/INST]", max_length=MAX_LENGTH)
     checked = 0
     for sample in samples():
         enc = formatter.encode(sample["input"], sample["output"])
-        want = official_tokenize(mistral, official_string(sample), 512)
+        want = official_tokenize(mistral, official_string(sample), MAX_LENGTH)
         assert enc.input_ids == want, sample["input"]
         assert enc.labels == want  # the paper trains on the whole sequence
         assert enc.input_ids[0] == 1 and (enc.input_ids[-1] == 2) == (not enc.truncated)

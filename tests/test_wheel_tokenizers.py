@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import compose_config
+from llasmol.core.defaults import MAX_LENGTH
 from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter
 from llasmol.inference.beam_search import task_settings
 from llasmol.model.base import arch_facts, load_tokenizer
@@ -62,13 +63,13 @@ def test_the_tokenizer_is_the_bases_own(real):
 def test_every_sample_is_the_official_string_and_mistral_commons_ids(real):
     model, cfg, tok = real
     _, segment = own_encoder(model)
-    formatter = PromptFormatter(tok, cfg.model.prompt_template, max_length=512)
+    formatter = PromptFormatter(tok, cfg.model.prompt_template, max_length=MAX_LENGTH)
     checked = 0
     for sample in samples():
         enc = formatter.encode(sample["input"], sample["output"])
-        assert enc.input_ids == official_tokenize(tok, official_string(sample), 512)
+        assert enc.input_ids == official_tokenize(tok, official_string(sample), MAX_LENGTH)
         want = [1, 3, *segment(f" {sample['input']} "), 4, *segment(f" {sample['output']}"), 2]
-        assert enc.input_ids == want[:512] and enc.truncated == (len(want) > 512)
+        assert enc.input_ids == want[:MAX_LENGTH] and enc.truncated == (len(want) > MAX_LENGTH)
         assert enc.labels == enc.input_ids
         checked += 1
     assert checked == 300 * len(BUNDLED_TASKS)
@@ -76,14 +77,14 @@ def test_every_sample_is_the_official_string_and_mistral_commons_ids(real):
 
 def test_the_512_token_cut_drops_eos_and_masking_covers_the_prompt(real):
     model, cfg, tok = real
-    plain = PromptFormatter(tok, cfg.model.prompt_template, max_length=512)
-    masked = PromptFormatter(tok, cfg.model.prompt_template, max_length=512, train_on_inputs=False)
+    plain = PromptFormatter(tok, cfg.model.prompt_template, max_length=MAX_LENGTH)
+    masked = PromptFormatter(tok, cfg.model.prompt_template, max_length=MAX_LENGTH, train_on_inputs=False)
     cut = 0
     for sample in samples("train") + samples("dev") + samples("test"):
         enc = plain.encode(sample["input"], sample["output"])
-        assert len(enc.input_ids) <= 512 and (enc.input_ids[-1] == tok.eos_token_id) == (not enc.truncated)
+        assert len(enc.input_ids) <= MAX_LENGTH and (enc.input_ids[-1] == tok.eos_token_id) == (not enc.truncated)
         prompt = plain.prompt_ids(sample["input"])
-        assert prompt[-1] == 4 and enc.input_ids[: len(prompt)] == prompt[:512]
+        assert prompt[-1] == 4 and enc.input_ids[: len(prompt)] == prompt[:MAX_LENGTH]
         labels = masked.encode(sample["input"], sample["output"]).labels
         assert labels == ([IGNORE_INDEX] * len(prompt) + enc.input_ids[len(prompt):])[: len(enc.input_ids)]
         cut += enc.truncated

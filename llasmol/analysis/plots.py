@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from llasmol.analysis.tables import FAILURE_CATEGORIES, Table
 from llasmol.metrics.families import COUNTS, LOWER_IS_BETTER
+from llasmol.metrics.molecules import parse_molecule
 
 PathLike = Union[str, Path]
 
@@ -219,7 +220,6 @@ def plot_ablation(data: dict[str, dict[str, Optional[float]]], path: Optional[Pa
 
 def _mol(smiles: Optional[str]):
     """An RDKit molecule for drawing (dotted SMILES as one picture), or None when it does not parse."""
-    from llasmol.metrics.molecules import parse_molecule
     from rdkit import Chem
 
     if parse_molecule(smiles) is None:

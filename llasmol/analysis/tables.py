@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence, Union
 
+from llasmol.analysis.paper import PAPER_MODEL_OF_BASE, PAPER_MODELS, PAPER_RESULTS, PAPER_SOURCES
 from llasmol.analysis.runs import Run, Validation
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import TASKS, get_task
@@ -305,8 +306,6 @@ def evaluation_table(run: Run, split: str = "test") -> Table:
     values for the same base (`paper.PAPER_MODEL_OF_BASE`; a baseline's beside the paper's first model; an
     untuned base asked by the paper's protocol beside the paper's row of it, its `system.json` `paper_row`): one
     row per task and metric the paper reports for it (the task's headline metric where the paper has none)."""
-    from llasmol.analysis.paper import PAPER_MODEL_OF_BASE, PAPER_MODELS, PAPER_RESULTS, PAPER_SOURCES
-
     if split not in run.evaluations:
         have = ", ".join(sorted(run.evaluations)) or "none"
         raise UserError(f"{run.path} has no {split} results (has: {have}): run python -m llasmol.evaluate "

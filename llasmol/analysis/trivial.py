@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 
 from llasmol.analysis.tables import Table
 from llasmol.core.tasks import get_task
+from llasmol.metrics.intervals import per_sample_statistics
 
 NOTE = (
     "Why zeros: the tiny demo model starts from random weights and sees a few thousand samples for minutes. "
@@ -37,8 +38,6 @@ def _constant(task: str, golds: list[str]) -> Optional[str]:
 
 def constant_answer_table(records: Sequence[dict]) -> Table:
     """One row per task: the constant answer, its headline metric on `records`, and the samples scored."""
-    from llasmol.metrics.intervals import per_sample_statistics
-
     by_task: dict[str, list[dict]] = defaultdict(list)
     for record in records:
         by_task[record["task"]].append(record)

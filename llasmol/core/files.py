@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
+from llasmol.core.errors import UserError
+
 
 def shareable_mode(directory: bool = False) -> int:
     """The mode a plain `open` (or `mkdir`) would give under the current umask: `mkstemp` and `mkdtemp`
@@ -42,8 +44,6 @@ def raise_if_unwritable(err: BaseException, path: Path) -> None:
     a read-only or foreign folder): a fact about the machine the user can fix, not a bug to trace."""
     if not isinstance(err, OSError) or err.errno not in _FULL:
         return
-    from llasmol.core.errors import UserError
-
     reason = _FULL[err.errno]
     fix = "make that folder writable or"
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -80,8 +80,6 @@ def check_target(path: str | os.PathLike, setting: str | None = None) -> None:
     kind = not_a_regular_file(path)
     if kind is None:
         return
-    from llasmol.core.errors import UserError
-
     what = f"{setting}={path}" if setting else str(path)
     raise UserError(f"{what} is {kind}, not a regular file: llasmol writes only regular files (replaced whole) "
                     "or new paths; name a new file")

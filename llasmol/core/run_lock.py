@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
 
 LOCK = ".lock"
@@ -67,8 +68,6 @@ def check_run_lock(run_dir: Optional[Path]) -> None:
 
 
 def _holds_run(folder: Path) -> bool:
-    from llasmol.core import run_dir as layout
-
     return ((folder / layout.RESULT).is_file() or (folder / layout.PARAMS).is_file()
             or any((folder / layout.CHECKPOINTS).glob("*.ckpt")))
 
@@ -83,8 +82,6 @@ def check_fresh_start(folder: Optional[Path], ckpt_path, overwrite) -> None:
     runs = [folder] if _holds_run(folder) else [f for f in sorted(folder.iterdir()) if f.is_dir() and _holds_run(f)]
     if not runs:
         return
-    from llasmol.core import run_dir as layout
-
     held = runs[0]
     resumable = any((held / layout.CHECKPOINTS / name).is_file() for name in layout.RESUME_CKPTS)
     resume = "continue it with ckpt_path=last, " if resumable else ""

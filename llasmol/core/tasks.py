@@ -14,7 +14,7 @@ effect of the same molecule).
 Split groups follow the paper's Section 4.2 ("Data Splitting"): samples of related tasks that describe the
 same reaction (FS and RS, `REACTION`) or the same molecule (MC and MG; the four NC tasks) are placed in the
 same split, so that a reaction or molecule seen in training is never asked about in evaluation by its
-reverse task. `llasmol.analysis.leakage` checks a copy of the data against this.
+reverse task. `llasmol.leakage` checks a copy of the data against this.
 
 Counts are Table 1's #Train, #Valid, #Test (samples: SIDER counts one per molecule and side effect), as
 the LLM4Chem project page prints the table (its statistics image). The first arXiv version's Table 1
@@ -40,6 +40,24 @@ class Task:
     split_group: Optional[str]  # related tasks whose samples of one molecule/reaction share a split
     paper_counts: tuple[int, int, int]  # Table 1: train, validation, test samples
     input_kind: str  # smiles | iupac | text: the core input (reactions are '.'-joined SMILES)
+
+    @property
+    def input_tag(self) -> Optional[str]:
+        """The tag the core input is wrapped in (`SMILES`, `IUPAC`); None for text."""
+        return _INPUT_TAGS[self.input_kind]
+
+    def core_tags(self) -> dict[str, list[Optional[str]]]:
+        """The tags around the core input and output as the official archive's `core_tag/<task>.json` holds them,
+        e.g. {"input": ["<IUPAC>", "</IUPAC>"], "output": ["<MOLFORMULA>", "</MOLFORMULA>"]}."""
+        return {"input": tag_pair(self.input_tag), "output": tag_pair(self.answer_tag)}
+
+
+_INPUT_TAGS = {"smiles": "SMILES", "iupac": "IUPAC", "text": None}
+
+
+def tag_pair(tag: Optional[str]) -> list[Optional[str]]:
+    """The opening and closing forms of `tag` (`["<SMILES>", "</SMILES>"]`); `[None, None]` for no tag."""
+    return [f"<{tag}>", f"</{tag}>"] if tag else [None, None]
 
 
 REACTION = "reaction"  # the split group of FS and RS: one reaction, read forwards and backwards

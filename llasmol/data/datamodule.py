@@ -7,11 +7,12 @@ from typing import Any, Optional
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
+from llasmol.core.defaults import MAX_LENGTH, SEED
+from llasmol.core.errors import UserError
 from llasmol.data.collate import PackCollator, PadCollator
-from llasmol.data.formatting import PromptFormatter
+from llasmol.data.formatting import DEFAULT_PROMPT_TEMPLATE, PromptFormatter
 from llasmol.data.resumable_loader import ResumableDataLoader
 from llasmol.data.sampler import ShardedShuffleSampler
-from llasmol.core.errors import UserError
 from llasmol.data.smolinstruct import SMolInstructSplit
 from llasmol.data.source import SMolInstructSource
 
@@ -43,14 +44,14 @@ class SMolInstructDataModule(L.LightningDataModule):
     def __init__(
         self,
         tokenizer,
-        prompt_template: str = "[INST] {input} [/INST]",
-        max_length: int = 512,
+        prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
+        max_length: int = MAX_LENGTH,
         train_on_inputs: bool = True,
         micro_batch_size: int = 4,
         effective_batch_size: int = 512,
         eval_batch_size: Optional[int] = None,
         num_workers: int = 0,
-        seed: int = 13,
+        seed: int = SEED,
         group_by_length: bool = True,
         packing: bool = False,
         **source: Any,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llasmol.core.defaults import MAX_LENGTH
 from llasmol.core.errors import UserError
 
 IGNORE_INDEX = -100
@@ -31,6 +32,7 @@ PROMPT_TEMPLATES = {
                "the request.\n\n### Instruction:\n{input}\n\n### Response:\n"),
     "plain": "{input}",
 }
+DEFAULT_PROMPT_TEMPLATE = "llasmol"  # the paper's, for every base (the formatter's and the datamodule's default)
 
 
 # The tokenizer's own chat template, rendered by `apply_chat_template`, rather than a string template.
@@ -66,8 +68,8 @@ class PromptFormatter:
     def __init__(
         self,
         tokenizer,
-        prompt_template: str = "llasmol",
-        max_length: int = 512,
+        prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
+        max_length: int = MAX_LENGTH,
         train_on_inputs: bool = True,
     ) -> None:
         prompt_template = resolve_prompt_template(prompt_template)

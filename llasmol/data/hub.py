@@ -9,6 +9,7 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
+from llasmol.core import offline  # its functions are looked up at each call, so a test can stand in for the Hub
 from llasmol.core.errors import UserError
 
 ARCHIVE = "data.zip"
@@ -30,11 +31,9 @@ def fetch_smolinstruct(repo_id: str, revision: str = "main", cache_dir: Path | N
     if not isinstance(revision, str) or not revision:
         raise UserError(f"data.revision={revision!r} is not a revision name: give a branch, tag or commit, e.g. main")
     base = (cache_dir or default_cache_dir()) / f"{repo_id}@{revision}".replace("/", "--")
-    from llasmol.core.offline import cached_on_disk, hub_unreachable
-
     fix = "set data.path=<folder with raw/, sample/, template/, core_tag/> to use a local copy"
-    reason = hub_unreachable()
-    local_only = reason is not None and cached_on_disk(repo_id, ARCHIVE, repo_type="dataset", revision=revision)
+    reason = offline.hub_unreachable()
+    local_only = reason is not None and offline.cached_on_disk(repo_id, ARCHIVE, repo_type="dataset", revision=revision)
     if reason is not None and not local_only:
         newest = _newest_extraction(base)
         if newest is not None:

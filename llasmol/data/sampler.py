@@ -14,6 +14,8 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
+from llasmol.core.defaults import SEED
+
 
 def _dist_rank_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
@@ -32,7 +34,7 @@ class ShardedShuffleSampler(Sampler[int]):
     def __init__(
         self,
         num_samples: int,
-        seed: int = 13,
+        seed: int = SEED,
         shuffle: bool = True,
         rank: int | None = None,
         world_size: int | None = None,

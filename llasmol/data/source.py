@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional
 
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import TASK_NAMES, check_tasks
+from llasmol.data.hub import fetch_smolinstruct
 from llasmol.data.smolinstruct import SMolInstructSplit, count_samples, raw_path, raw_split
 
 DEFAULT_SPLITS = {"train": "train", "validation": "dev", "test": "test"}
@@ -55,8 +56,6 @@ class SMolInstructSource:
     def root(self) -> str:
         """The local folder of the copy; fetches the Hub archive on first use when `path` is null."""
         if not self.path:
-            from llasmol.data.hub import fetch_smolinstruct
-
             self.path = str(fetch_smolinstruct(self.hub_id, self.revision))
         return self.path
 

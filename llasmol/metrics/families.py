@@ -44,8 +44,10 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
+from llasmol.core.errors import UserError
 from llasmol.metrics.formula import formula_key
 from llasmol.metrics.molecules import FINGERPRINTS, molecule_keys, parse_gold_molecule, tanimoto, too_complex
+from llasmol.metrics.text import bleu_from_stats, caption_stats  # loads NLTK/WordNet itself, when captions are scored
 
 TOPK: tuple[int, ...] = (1, 3, 5, 10)
 
@@ -323,13 +325,9 @@ class CaptionFamily(Family):
     counts = frozenset({"num_scored"})
 
     def fill(self, answers, golds, stats):
-        from llasmol.metrics.text import caption_stats  # NLTK/WordNet only when captioning is scored
-
         stats.update(caption_stats(answers[0] if answers else None, golds))
 
     def metrics(self, stats):
-        from llasmol.metrics.text import bleu_from_stats
-
         scored = stats["num_scored"]
         out = {"meteor": ratio(stats["meteor_sum"], scored), "bleu2": bleu_from_stats(stats, 2),
                "bleu4": bleu_from_stats(stats, 4)}
@@ -352,8 +350,6 @@ FAMILIES: dict[str, Family] = {
 def use_scoring(settings) -> None:
     """Apply the `scoring` config group (conf/scoring/) to this process's scorer; a command calls it once at
     start, before anything is scored (each DDP process runs the command's start too)."""
-    from llasmol.core.errors import UserError
-
     lenient = (settings or {}).get("lenient_formulas", False)
     if not isinstance(lenient, bool):
         raise UserError(f"scoring.lenient_formulas={lenient!r} must be true or false (false: the official "

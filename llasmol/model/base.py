@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import torch
 
+from llasmol.core import offline  # its functions are looked up at each call, so a test can stand in for the Hub
 from llasmol.core.config import PACKAGE_DIR
 from llasmol.core.errors import UserError
 
@@ -71,12 +72,10 @@ def _local_only(model_cfg, what: str) -> bool:
     a one-line error when they are not cached either; False when the Hub may be asked."""
     if model_cfg.get("path") or (model_cfg.hf_id and Path(model_cfg.hf_id).is_dir()):
         return False  # a local folder: nothing to ask the Hub
-    from llasmol.core.offline import cached_on_disk, hub_unreachable
-
-    reason = hub_unreachable()
+    reason = offline.hub_unreachable()
     if reason is None:
         return False
-    if not cached_on_disk(model_cfg.hf_id):
+    if not offline.cached_on_disk(model_cfg.hf_id):
         raise _offline_error(model_cfg, what, reason)
     return True
 

@@ -1,7 +1,7 @@
 """What every baseline method is: which tasks it answers, what it learns from the train split, its answers.
 
 A method answers with *core* answers (a SMILES, a formula, ``Yes``...), best first; the runner
-(`llasmol.baselines.runner`) wraps them in the task's answer tags, as a model's response carries them, so the
+(`llasmol.classical.runner`) wraps them in the task's answer tags, as a model's response carries them, so the
 one extraction and the one scorer read a baseline exactly as they read a model.
 """
 

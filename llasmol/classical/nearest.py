@@ -1,7 +1,7 @@
 """`method=nearest_neighbor`: answer with the training answers of the most similar training inputs.
 
 Every task has a row: SMILES inputs (reactions as their '.'-joined molecules, so forward synthesis compares
-reactant sets) by Tanimoto similarity of Morgan fingerprints (`llasmol.baselines.morgan`); IUPAC names and
+reactant sets) by Tanimoto similarity of Morgan fingerprints (`llasmol.classical.morgan`); IUPAC names and
 molecule descriptions by cosine similarity of TF-IDF character n-grams. Training samples that share an input
 are one entry carrying all their answers; top-k answers come from the k nearest entries, nearest first,
 each answer once; a training input identical to the query comes first. SIDER looks among the training
@@ -15,8 +15,8 @@ from typing import Optional
 
 import numpy as np
 
-from llasmol.baselines.common import Baseline, Examples
-from llasmol.baselines.morgan import morgan_packed, top_k_similar
+from llasmol.classical.common import Baseline, Examples
+from llasmol.classical.morgan import morgan_packed, top_k_similar
 from llasmol.core.tasks import Task, get_task
 
 log = logging.getLogger(__name__)

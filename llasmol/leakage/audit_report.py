@@ -1,4 +1,4 @@
-"""The result of a leakage audit (`llasmol.analysis.leakage.audit`) as Markdown and as console lines."""
+"""The result of a leakage audit (`llasmol.leakage.checks.audit`) as Markdown and as console lines."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from llasmol.baselines.common import Baseline, Examples
+from llasmol.classical.common import Baseline, Examples
 from llasmol.core.tasks import Task
 
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from llasmol.baselines.common import Baseline, Examples
+from llasmol.classical.common import Baseline, Examples
 from llasmol.core import run_dir
 from llasmol.core.errors import UserError
 from llasmol.core.files import write_json

@@ -34,7 +34,7 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
-from llasmol.analysis.sample_keys import SMILES, TEXT, Field, available_cpus, keyed_records, kind_of_tag, pair_key
+from llasmol.leakage.sample_keys import SMILES, TEXT, Field, available_cpus, keyed_records, kind_of_tag, pair_key
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import REACTION, TASKS, get_task
 from llasmol.data.smolinstruct import raw_split, read_core_tags, read_raw_records

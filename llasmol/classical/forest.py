@@ -13,8 +13,8 @@ from typing import Optional
 
 import numpy as np
 
-from llasmol.baselines.common import Baseline, Examples
-from llasmol.baselines.morgan import morgan_packed
+from llasmol.classical.common import Baseline, Examples
+from llasmol.classical.morgan import morgan_packed
 from llasmol.core.tasks import Task, get_task
 from llasmol.metrics.families import parse_boolean, parse_number
 

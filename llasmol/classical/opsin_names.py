@@ -12,8 +12,8 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
-from llasmol.baselines.common import Baseline, Examples
-from llasmol.baselines.rdkit_formula import smiles_formula
+from llasmol.classical.common import Baseline, Examples
+from llasmol.classical.rdkit_formula import smiles_formula
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import Task, get_task
 from llasmol.data.smiles import canonical_kekule

@@ -3,11 +3,11 @@ named here, the only list of them."""
 
 from __future__ import annotations
 
-from llasmol.baselines.common import Baseline, Examples
-from llasmol.baselines.forest import FingerprintForest
-from llasmol.baselines.nearest import NearestNeighbor
-from llasmol.baselines.opsin_names import OpsinNames
-from llasmol.baselines.rdkit_formula import RDKitFormula
+from llasmol.classical.common import Baseline, Examples
+from llasmol.classical.forest import FingerprintForest
+from llasmol.classical.nearest import NearestNeighbor
+from llasmol.classical.opsin_names import OpsinNames
+from llasmol.classical.rdkit_formula import RDKitFormula
 from llasmol.core.errors import UserError
 
 METHODS: dict[str, type[Baseline]] = {m.name: m for m in (RDKitFormula, OpsinNames, FingerprintForest, NearestNeighbor)}
