@@ -86,7 +86,7 @@ def main() -> None:
     from llasmol.data.sampler import ShardedShuffleSampler
     from llasmol.training.module import LoRACausalLM
     from llasmol.model.base import load_tokenizer
-    from llasmol.train import build_model
+    from llasmol.training.build import build_model
 
     cfg = compose_config(["paths.output_dir=/tmp/unused", "data.micro_batch_size=4"])
     tokenizer = load_tokenizer(cfg.model)
