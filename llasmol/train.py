@@ -25,7 +25,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     A table of contents: preflight, build, fit, finish, each step a helper of `llasmol.training`.
     """
     started = time.monotonic()
-    # Here, not at the top: `--help` and the checks before Hydra run without loading torch and Lightning.
+    # Here, not at the top: importing the command (the Hydra shell, the checks before Hydra) loads no torch.
     import lightning as L
 
     from llasmol.metrics.families import use_scoring
@@ -52,6 +52,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     trainer = build_trainer(cfg, datamodule, resume)  # the one place the resume plan meets the trainer
     record_run(cfg, trainer, datamodule, params)
 
+    # Fit: from the planned checkpoint, if any; a SIGTERM ends the process with exit status 143.
     fit(trainer, module, datamodule, resume.checkpoint)
 
     # Finish: the last step validated if no validation fell on it, result.json, the closing line, the loggers.
