@@ -153,9 +153,9 @@ class Resume(Callback):
         return bool(self.checkpoint) and Path(self.checkpoint).resolve().is_relative_to(self.output_dir.resolve())
 
     def trainer(self, make: Callable[[list[Callback]], "Trainer"], logger_cfg) -> "Trainer":
-        """The trainer `make(callbacks)` builds, with this plan among its callbacks, the loggers of `logger_cfg`
-        set up as this plan needs before anything is logged: their settings before `make` instantiates them,
-        the loggers themselves right after."""
+        """The trainer `make(callbacks)` builds with this plan among `callbacks`, and its loggers set up for this
+        plan before anything is logged: `logger_cfg` continues an in-place resume's W&B run before `make`
+        instantiates the loggers; right after, they keep its CSV rows and remember the W&B id."""
         self._continue_wandb_run(logger_cfg)
         trainer = make([self])
         self._keep_logs(trainer)
