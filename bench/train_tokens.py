@@ -33,7 +33,7 @@ from llasmol.core.defaults import SEED
 from llasmol.data.collate import PackCollator
 from llasmol.data.sampler import ShardedShuffleSampler
 from llasmol.model.base import load_tokenizer
-from llasmol.train import build_model
+from llasmol.training.build import build_model
 from llasmol.training.module import LoRACausalLM
 
 

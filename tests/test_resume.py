@@ -161,6 +161,61 @@ def test_ckpt_path_last_passes_over_an_empty_or_truncated_checkpoint(tmp_path):
         resolve_resume("last", other, "tiny", "full")  # a sibling's broken files are passed over
 
 
+def test_the_resume_plan_meets_the_trainer_in_one_seam(tmp_path):
+    """`Resume.trainer` is the one place a plan reaches the trainer: the W&B settings are in the logger config
+    before the trainer is made, the plan is among its callbacks, the CSV logger keeps the rows up to the
+    checkpoint's step, and after the fit (rank 0 only) the stale interrupted.ckpt goes with its adapter."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from llasmol.core import run_dir as layout
+    from llasmol.training.resume import Resume
+    from llasmol.training.tracking import KeepingCSVLogger
+
+    run = _run_dir(tmp_path, "run", ckpts=("last.ckpt", "interrupted.ckpt"))
+    (run / "checkpoints" / "interrupted.adapter").mkdir()
+    (run / layout.WANDB_ID).write_text("abc123\n")
+    logger_cfg = OmegaConf.create({"wandb": {"_target_": "llasmol.training.tracking.WandbLogger"},
+                                   "csv": {"_target_": "llasmol.training.tracking.KeepingCSVLogger"}})
+    seen = {}
+
+    def make(callbacks):
+        seen.update(callbacks=callbacks, wandb=OmegaConf.to_container(logger_cfg.wandb))
+        return SimpleNamespace(loggers=[KeepingCSVLogger(str(run))], is_global_zero=True)
+
+    plan = Resume.plan("last", run, "tiny", "full")
+    trainer = plan.trainer(make, logger_cfg)
+    assert seen["callbacks"] == [plan] and seen["wandb"]["id"] == "abc123" and seen["wandb"]["resume"] == "allow"
+    assert trainer.loggers[0].keep_until_step == _TRAINING_STATE["global_step"]
+    plan.on_fit_end(SimpleNamespace(is_global_zero=False), None)
+    assert (run / "checkpoints" / "interrupted.ckpt").is_file()  # other ranks leave the files to rank 0
+    plan.on_fit_end(trainer, None)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
+
+    fresh = Resume.plan(str(run), tmp_path / "elsewhere", "tiny", "full")  # resumed from another directory
+    other_cfg = OmegaConf.create({"wandb": {"_target_": "llasmol.training.tracking.WandbLogger"}})
+    trainer = fresh.trainer(lambda callbacks: SimpleNamespace(loggers=[KeepingCSVLogger(str(tmp_path))],
+                                                              is_global_zero=True), other_cfg)
+    assert "id" not in other_cfg.wandb and trainer.loggers[0].keep_until_step is None
+
+
+def test_only_the_resume_seam_sets_what_a_resumed_run_continues():
+    """Nothing but `llasmol/training/resume.py` sets the CSV logger's kept step or names the W&B id file."""
+    import ast
+
+    package = TESTS.parent / "llasmol"
+    for path in package.rglob("*.py"):
+        if path.name == "resume.py" or path.parent.name == "core":
+            continue
+        tree = ast.parse(path.read_text())
+        stores = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "keep_until_step"
+                  and isinstance(n.ctx, ast.Store)]
+        names = [n for n in ast.walk(tree) if isinstance(n, (ast.Name, ast.Attribute, ast.alias))
+                 and "WANDB_ID" in (getattr(n, "id", None), getattr(n, "attr", None), getattr(n, "name", None))]
+        assert not stores and not names, path
+
+
 # Two tasks × 48 training samples, micro-batch 4, accumulation 2: 12 optimizer steps an epoch, 2 epochs;
 # the resume checkpoint every 3 steps; validation (no generation) once, mid-run.
 RUN = ["data.tasks=[name_conversion-s2f,property_prediction-esol]", "data.max_samples_per_task={train:48}",

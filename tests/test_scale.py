@@ -137,7 +137,7 @@ def test_compiled_blocks_keep_names_and_numbers():
 
 def test_switches_reach_the_training_model(cfg_factory):
     from llasmol.model.base import load_tokenizer
-    from llasmol.train import build_model
+    from llasmol.training.build import build_model
 
     cfg = cfg_factory("gradient_checkpointing=true", "compile.enabled=true", "compile.backend=eager")
     model, params = build_model(cfg, load_tokenizer(cfg.model))

@@ -146,6 +146,14 @@ def test_a_local_folder_as_hf_id_is_not_asked_of_the_hub(tmp_path, monkeypatch):
         _local_only(OmegaConf.create({"hf_id": "mistralai/Mistral-7B-v0.1", "path": None}), "base weights")
 
 
+def test_importing_the_command_loads_neither_torch_nor_lightning():
+    """`train`'s steps load them when it runs; the module the Hydra shell and the checks before Hydra live in
+    stays quick to import."""
+    code = "import sys, llasmol.train; print(sorted({'torch', 'lightning'} & set(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_TIMEOUT)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr[-2000:] or proc.stdout
+
+
 def test_user_errors_raise_from_the_plain_function(cfg_factory):
     with pytest.raises(UserError, match="micro_batch_size=3"):
         train(cfg_factory("data.micro_batch_size=3", *SHORT))

@@ -4,7 +4,8 @@ train as the uninterrupted one would (`StepSeeding`), and stopping on Ctrl-C or 
 resumes exactly (`StopAtStepBoundary`).
 
 The data position travels as the DataModule's state (`SMolInstructDataModule.state_dict`, restored by
-Lightning before the train loader is built); `train` only hands `Resume.checkpoint` to `trainer.fit`.
+Lightning before the train loader is built); beside `Resume.trainer`, the one seam where a plan meets the
+trainer, the fit is only handed `Resume.checkpoint`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ import logging
 import shutil
 import signal
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 import torch
@@ -26,11 +26,14 @@ from omegaconf import open_dict
 
 from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
+from llasmol.core.files import write_text
 from llasmol.training.lightning_private import log_step_row_now
+from llasmol.training.tracking import KeepingCSVLogger, wandb_loggers
 
+if TYPE_CHECKING:
+    from lightning import Trainer
 
 log = logging.getLogger(__name__)
-
 
 
 def newest_resume_checkpoint(run_dir: Path, strict: bool = True) -> Optional[Path]:
@@ -129,12 +132,16 @@ def checkpoint_step(path: str) -> int:
     return int(torch.load(path, map_location="cpu", mmap=True, weights_only=True)["global_step"])
 
 
-@dataclass
-class Resume:
-    """What `ckpt_path=` means for this run, and what a resumed run continues."""
+class Resume(Callback):
+    """What `ckpt_path=` means for this run, and the one seam where that reaches the trainer: `trainer` builds
+    the trainer with loggers that continue an in-place resume's W&B run and CSV rows, and the plan, one of the
+    trainer's callbacks, clears a stale interrupted.ckpt once the fit has trained to its end.
 
-    checkpoint: Optional[str]  # the .ckpt to resume from; None starts fresh
-    output_dir: Path
+    Not a dataclass: Hydra would turn a dataclass among the trainer's arguments into a config node."""
+
+    def __init__(self, checkpoint: Optional[str], output_dir: Path) -> None:
+        self.checkpoint = checkpoint  # the .ckpt to resume from; None starts fresh
+        self.output_dir = output_dir
 
     @classmethod
     def plan(cls, ckpt_path: Optional[str], output_dir: Path, model: str, lora: str) -> "Resume":
@@ -145,7 +152,16 @@ class Resume:
         """Resuming in this run's own directory (a restart, a requeued job): its logs continue."""
         return bool(self.checkpoint) and Path(self.checkpoint).resolve().is_relative_to(self.output_dir.resolve())
 
-    def prepare_logger_config(self, logger_cfg) -> None:
+    def trainer(self, make: Callable[[list[Callback]], "Trainer"], logger_cfg) -> "Trainer":
+        """The trainer `make(callbacks)` builds with this plan among `callbacks`, and its loggers set up for this
+        plan before anything is logged: `logger_cfg` continues an in-place resume's W&B run before `make`
+        instantiates the loggers; right after, they keep its CSV rows and remember the W&B id."""
+        self._continue_wandb_run(logger_cfg)
+        trainer = make([self])
+        self._keep_logs(trainer)
+        return trainer
+
+    def _continue_wandb_run(self, logger_cfg) -> None:
         """Before the loggers exist: an in-place resume continues its W&B run (same id, ``resume="allow"``)
         rather than start a second one; resumed from elsewhere, a run gets a new id as a fresh one does."""
         id_file = self.output_dir / layout.WANDB_ID
@@ -157,12 +173,9 @@ class Resume:
                     node.id = id_file.read_text().strip()
                     node.resume = "allow"
 
-    def attach(self, trainer) -> None:
+    def _keep_logs(self, trainer: "Trainer") -> None:
         """Once the trainer exists, before anything is logged: an in-place resume keeps its CSV rows up to
         the checkpoint's step; every run remembers its W&B id for a later in-place resume."""
-        from llasmol.core.files import write_text
-        from llasmol.training.tracking import KeepingCSVLogger, wandb_loggers
-
         if self.in_place:
             step = checkpoint_step(self.checkpoint)
             for logger in trainer.loggers:
@@ -172,9 +185,12 @@ class Resume:
             for logger in wandb_loggers(trainer):
                 write_text(self.output_dir / layout.WANDB_ID, logger.experiment.id + "\n")
 
-    def finish(self) -> None:
-        """After a run that trained to its end: an interrupted.ckpt of it is stale (last.ckpt is newer and
-        what a resume takes), so it goes with its adapter."""
+    def on_fit_end(self, trainer: "Trainer", pl_module) -> None:
+        """After a fit that trained to its end (a stop raises past this hook), once its checkpoints wrote
+        last.ckpt: an interrupted.ckpt of the run is stale (last.ckpt is newer and what a resume takes), so
+        it goes with its adapter."""
+        if not trainer.is_global_zero:
+            return
         stale = self.output_dir / layout.CHECKPOINTS / layout.INTERRUPTED_CKPT
         if stale.is_file():
             stale.unlink()

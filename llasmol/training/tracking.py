@@ -10,7 +10,9 @@ from typing import Optional
 
 from lightning.pytorch.callbacks import RichProgressBar
 
-from llasmol.training.lightning_private import CSVLoggerWithWriter, WandbLoggerWithoutAnonymous, WriterKeepingFile
+from llasmol.training.lightning_private import (
+    CSVLoggerWithWriter, WandbLoggerWithoutAnonymous, WriterKeepingFile, wandb_run_started,
+)
 
 from llasmol.metrics.families import COUNTS, LOWER_IS_BETTER
 
@@ -51,6 +53,13 @@ def wandb_loggers(trainer) -> list:
     from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 
     return [lg for lg in trainer.loggers if isinstance(lg, LightningWandbLogger)]
+
+
+def finish_wandb_runs(trainer) -> None:
+    """Close W&B runs, so the next job of a multirun (same process) starts its own run."""
+    for logger in wandb_loggers(trainer):
+        if wandb_run_started(logger):
+            logger.experiment.finish()
 
 
 def _correct(record: dict):

@@ -1,0 +1,133 @@
+"""What `llasmol.train` builds from its config, in order: the data, the base model with its adapters, the
+LightningModule, the trainer with its callbacks, plugins and loggers; then the run's facts where they are
+read (params.json, each adapter's model card, every logger's hyperparameters)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+from lightning import Trainer
+from lightning.pytorch.callbacks import ProgressBar
+from omegaconf import DictConfig, OmegaConf
+
+from llasmol.core import run_dir
+from llasmol.core.files import write_json
+from llasmol.data.datamodule import SMolInstructDataModule
+from llasmol.model.base import load_base_model
+from llasmol.model.blocks import compile_blocks, enable_gradient_checkpointing
+from llasmol.model.lora import apply_lora, base_name, count_parameters, target_modules
+from llasmol.training.checkpointing import AdapterModelCheckpoint, AtomicCheckpointIO
+from llasmol.training.module import LoRACausalLM
+from llasmol.training.resume import Resume, StepSeeding, StopAtStepBoundary
+
+log = logging.getLogger("llasmol.train")  # the run's log lines keep the command's name in train.log
+
+
+def instantiate_all(group: DictConfig | None) -> list:
+    """Instantiate every `_target_` entry of a config group such as `callbacks` or `logger`."""
+    if not group:
+        return []
+    return [hydra.utils.instantiate(node) for node in group.values() if node and "_target_" in node]
+
+
+def build_datamodule(cfg: DictConfig, tokenizer) -> SMolInstructDataModule:
+    """The DataModule of `cfg.data`; a local copy is indexed now, so bad data stops the run before loggers start."""
+    datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
+    if datamodule.path:
+        datamodule.setup("fit")
+    return datamodule
+
+
+def build_model(cfg: DictConfig, tokenizer):
+    """Base model with adapters, and its parameter counts (logged), named by model and LoRA variant."""
+    model = apply_lora(load_base_model(cfg.model, tokenizer, cfg.get("quantization")), cfg.model, cfg.lora)
+    # from_pretrained hands back eval mode, which Lightning keeps; transformers recomputes activations
+    # (gradient_checkpointing) and dropout draws only in training mode.
+    model.train()
+    if cfg.get("gradient_checkpointing"):
+        enable_gradient_checkpointing(model)
+    if cfg.get("compile") and cfg.compile.enabled:
+        n = compile_blocks(model, cfg.compile.backend, cfg.compile.get("mode"))
+        log.info("torch.compile (%s): %d transformer blocks, compiled at their first batch", cfg.compile.backend, n)
+    params = {"model": cfg.model.name, "lora": cfg.lora.name, **count_parameters(model)}
+    log.info(
+        "%s + LoRA %s: %s trainable of %s parameters (%.2f%%)",
+        params["model"], params["lora"], f"{params['trainable']:,}", f"{params['total']:,}", params["percent"],
+    )
+    return model, params
+
+
+def build_module(cfg: DictConfig, model) -> LoRACausalLM:
+    """The LightningModule training `model`'s adapters with the config's optimizer and scheduler."""
+    return LoRACausalLM(
+        model,
+        optimizer=hydra.utils.instantiate(cfg.optimizer),
+        scheduler=hydra.utils.instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
+    )
+
+
+def build_callbacks(cfg: DictConfig) -> list:
+    """The config's callbacks (without a progress bar when it is switched off), then the two a resumable run
+    needs: step-seeded random draws and stopping at an optimizer step's end."""
+    callbacks = [*instantiate_all(cfg.get("callbacks")), StepSeeding(cfg.seed), StopAtStepBoundary()]
+    if not cfg.trainer.get("enable_progress_bar", True):
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
+    return callbacks
+
+
+def build_trainer(cfg: DictConfig, datamodule: SMolInstructDataModule, resume: Resume) -> Trainer:
+    """The trainer of `cfg.trainer`, built through the resume plan (the one place a plan meets the trainer),
+    with gradient accumulation set for the number of processes it runs."""
+    callbacks = build_callbacks(cfg)
+    # FSDP and DeepSpeed presets bring their own checkpoint writers; the rest write through a rename.
+    plugins = [] if OmegaConf.is_dict(cfg.trainer.get("strategy")) else [AtomicCheckpointIO()]
+
+    def make(plan_callbacks: list) -> Trainer:  # called by the plan, once the loggers' settings are ready
+        return hydra.utils.instantiate(cfg.trainer, callbacks=[*callbacks, *plan_callbacks],
+                                       logger=instantiate_all(cfg.get("logger")), plugins=plugins or None)
+
+    trainer = resume.trainer(make, cfg.get("logger"))
+    # Accumulation depends on how many processes the trainer runs, known only once it exists.
+    accumulation = datamodule.gradient_accumulation(trainer.world_size)
+    trainer.accumulate_grad_batches = accumulation
+    trainer.val_check_interval = cfg.val_every_n_steps * accumulation
+    log.info(
+        "effective batch %d = micro-batch %d × accumulation %d × %d process(es)",
+        datamodule.effective_batch_size, datamodule.micro_batch_size, accumulation, trainer.world_size,
+    )
+    return trainer
+
+
+def record_run(cfg: DictConfig, trainer: Trainer, datamodule: SMolInstructDataModule, params: dict) -> None:
+    """The run's facts where they are read: params.json, the model card of every adapter checkpoint, and
+    the composed config with the parameter counts as every logger's hyperparameters."""
+    accumulation = trainer.accumulate_grad_batches
+    write_json(Path(cfg.paths.output_dir) / run_dir.PARAMS, params)
+    facts = card_facts(cfg, params, datamodule, accumulation)
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, AdapterModelCheckpoint):
+            callback.card_facts = facts
+    for logger in trainer.loggers:
+        logger.log_hyperparams(
+            {**OmegaConf.to_container(cfg, resolve=True), "params": params, "accumulate_grad_batches": accumulation}
+        )
+
+
+def card_facts(cfg: DictConfig, params: dict, datamodule: SMolInstructDataModule, accumulation: int) -> dict:
+    """What each saved adapter's model card says about how it was made."""
+    source = datamodule.source
+    data = source.path if cfg.data.get("path") else f"{source.hub_id} at revision {source.revision}"
+    optimizer = str(cfg.optimizer._target_).rsplit(".", 1)[-1]
+    length = (f"at most {cfg.trainer.max_steps} steps" if cfg.trainer.get("max_steps", -1) > 0
+              else f"{cfg.trainer.max_epochs} epoch(s)")
+    clip = cfg.trainer.get("gradient_clip_val")
+    recipe = (f"{optimizer} lr {cfg.optimizer.lr:g}, cosine schedule with {cfg.scheduler.num_warmup_steps} warm-up "
+              f"steps, {length}, effective batch {datamodule.effective_batch_size} (micro-batch "
+              f"{datamodule.micro_batch_size} x accumulation {accumulation}), {cfg.data.max_length} tokens, "
+              f"{f'gradient norm clipped at {clip:g}' if clip else 'no gradient clipping'}, seed {cfg.seed}")
+    lora = {"name": cfg.lora.name, "r": cfg.lora.r, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout,
+            "targets": target_modules(cfg.model, cfg.lora), "train_head": bool(cfg.lora.get("train_head"))}
+    return {"base": base_name(cfg.model), "model": cfg.model.name, "tiny": bool(cfg.model.get("random_init")),
+            "lora": lora, "params": params, "data": data, "tasks": datamodule.tasks, "recipe": recipe}

@@ -1,0 +1,77 @@
+"""Fitting a built run and finishing it: the fit (SIGTERM ends it with exit status 143), a validation of the
+last step when `val_every_n_steps` does not divide the run's length, then result.json, the closing log line
+and the W&B runs closed."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from lightning import LightningDataModule, Trainer
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from llasmol.core import run_dir
+from llasmol.core.files import write_json
+from llasmol.training.checkpointing import AdapterModelCheckpoint
+from llasmol.training.module import LoRACausalLM
+from llasmol.training.tracking import finish_wandb_runs
+
+log = logging.getLogger("llasmol.train")  # the run's log lines keep the command's name in train.log
+
+
+def fit(trainer: Trainer, module: LoRACausalLM, datamodule: LightningDataModule, checkpoint: Optional[str]) -> None:
+    """Train from `checkpoint` (None: from the start); SIGTERM ends the process with exit status 143."""
+    if checkpoint:
+        log.info("resuming from %s", checkpoint)
+    try:
+        # weights_only: a checkpoint is data from disk; ours hold only tensors and plain containers.
+        trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)
+    except SIGTERMException:
+        # Lightning's SIGTERM is a SystemExit without a code, i.e. success; a stopped run is not one.
+        finish_wandb_runs(trainer)
+        raise SystemExit(143) from None
+
+
+def validate_last_step(trainer: Trainer, module: LoRACausalLM, datamodule: LightningDataModule,
+                       val_every_n_steps: int) -> None:
+    """Every run ends with something to report, even when `val_every_n_steps` does not divide its length: the
+    last step is validated, and competes for the best checkpoint as the validations during the fit do."""
+    if module.last_validated_step == trainer.global_step:
+        return
+    log.info("validating the last step (%d): val_every_n_steps=%d does not divide it",
+             trainer.global_step, val_every_n_steps)
+    trainer.validate(module, datamodule=datamodule, verbose=False)
+    for callback in trainer.checkpoint_callbacks:  # every rank: gathering sharded adapters is collective
+        if isinstance(callback, AdapterModelCheckpoint) and callback.monitor:
+            callback.save_best_now(trainer)
+
+
+def run_result(trainer: Trainer, params: dict, output_dir: Path, resumed_from: Optional[str],
+               started: float) -> dict[str, Any]:
+    """What `train` returns and result.json holds; `started`: this process's `time.monotonic()` at its start."""
+    checkpoint = trainer.checkpoint_callback
+    return {
+        "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+        "params": params,
+        "best_checkpoint": checkpoint.best_model_path if checkpoint else None,
+        "output_dir": str(output_dir),
+        "global_step": trainer.global_step,
+        "resumed_from": resumed_from,
+        "seconds": round(time.monotonic() - started, 1),  # this process's wall time, for the ablation chart
+    }
+
+
+def finish(trainer: Trainer, result: dict[str, Any]) -> None:
+    """Rank 0 writes result.json and says where the run ended and what to run next; every rank closes its
+    W&B runs."""
+    if trainer.is_global_zero:
+        out = result["output_dir"]
+        write_json(Path(out) / run_dir.RESULT, result)
+        best = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
+        log.info("done at step %d: best checkpoint %s%s. Next: python -m llasmol.report %s ; "
+                 "python -m llasmol.evaluate ckpt=%s data.split=test", trainer.global_step,
+                 result["best_checkpoint"] or "(none: no validation kept one)",
+                 f" (val/loss {float(best):.4f})" if best is not None else "", out, out)
+    finish_wandb_runs(trainer)
