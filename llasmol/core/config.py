@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, OverrideParseException
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import OmegaConf
+
+from llasmol.core.errors import UserError, report_user_errors
+from llasmol.core.schema import check_config
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
@@ -27,9 +37,6 @@ CONFIG_DIR = _config_dir()
 
 def _sweep_group() -> str | None:
     """The W&B group of a multirun job: the sweep folder's name, shared by all its jobs; None otherwise."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None
     return f"{HydraConfig.get().job.name}-{Path(HydraConfig.get().sweep.dir).name}"
@@ -68,9 +75,6 @@ register_resolvers()
 def compose_config(overrides: list[str] | None = None, config_name: str = "train"):
     """The config a command line with these overrides would get (without Hydra's run folder); for tests,
     benchmarks and notebooks."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose(config_name=config_name, overrides=list(overrides or []))
@@ -115,12 +119,6 @@ def check_overrides(config_name: str, overrides: list[str], check: Optional[Call
     schema (`llasmol.core.schema`: types, bounds, interpolations that cannot resolve, lora=large model=mistral),
     before Hydra writes the run folder's config; `check`, when given, is called with
     each composed config to name a bad value of a plain setting (a baseline's method=rdkt)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException, OverrideParseException
-
-    from llasmol.core.errors import UserError
-    from llasmol.core.schema import check_config
-
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except OverrideParseException as err:
@@ -145,9 +143,7 @@ def check_overrides(config_name: str, overrides: list[str], check: Optional[Call
         except HydraException as err:
             raise UserError(_one_line(str(err), config_name)) from None
         finally:
-            from hydra.core.global_hydra import GlobalHydra
-
-            GlobalHydra.instance().clear()
+                    GlobalHydra.instance().clear()
 
 
 def _one_line(message: str, config_name: str) -> str:
@@ -176,7 +172,6 @@ def named_run_dir(argv: list[str]) -> Path | None:
 def command_line_values(argv: list[str], defaults: dict[str, Any]) -> dict[str, Any]:
     """The values a command line gives the top-level settings in `defaults` (the last one wins; a sweep of
     several values counts as given, as a list), else their defaults. Read before Hydra starts."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     values = dict(defaults)
     try:
@@ -198,9 +193,6 @@ MIN_FREE_BYTES = 256 << 10
 def check_writable(folder: Path) -> None:
     """A `UserError` when `folder` (or, while it does not exist yet, the nearest folder above it) cannot
     be written: a read-only file system, a folder the user may not write to, or a full disk or quota."""
-    import shutil
-
-    from llasmol.core.errors import UserError
 
     existing = Path(os.path.abspath(folder))
     while not existing.exists() and existing.parent != existing:
@@ -223,8 +215,6 @@ def check_command_line(config_name: str, run_folder: bool = False, check: Option
     """`check_overrides` for this process's command line; one `error:` line and exit status 2 on a mistake.
     `run_folder`: the command writes a run folder, which must be writable (checked before Hydra writes);
     `check`: the command's own check of each composed config (see `check_overrides`)."""
-    from llasmol.core.errors import report_user_errors
-
     report_user_errors(check_overrides)(config_name, overrides_of(sys.argv[1:]), check)
     if run_folder:
         report_user_errors(check_writable)(named_run_dir(sys.argv[1:]) or Path("outputs"))

@@ -22,7 +22,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from llasmol.core.errors import UserError
@@ -453,8 +454,6 @@ def resolved(cfg: DictConfig) -> dict:
     `UserError` naming the first key that cannot be resolved (`${oc.env:UNSET}`, a key that refers to itself,
     a `???` never given). Before Hydra runs, what depends on Hydra's run (`${hydra:...}`, the run folder) stays
     unresolved and is not checked."""
-    from hydra.core.hydra_config import HydraConfig
-
     hydra_ready = HydraConfig.initialized()
 
     def value_of(node, key, where: str):
