@@ -54,7 +54,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from llasmol.inference.records import balanced_subset
+    from llasmol.inference.pipeline import balanced_subset
     from llasmol.inference.beam_search import BeamGenerator, task_settings
     from llasmol.inference.loading import load_model
     from llasmol.metrics.extract import extract_answer

@@ -34,7 +34,7 @@ def main() -> None:
     from llasmol.data.source import SMolInstructSource
     from llasmol.inference.beam_search import BeamGenerator, task_settings
     from llasmol.inference.loading import load_model
-    from llasmol.inference.records import balanced_subset
+    from llasmol.inference.pipeline import balanced_subset
     from llasmol.data.formatting import PromptFormatter
     from llasmol.metrics.extract import extract_answer
     from omegaconf import OmegaConf

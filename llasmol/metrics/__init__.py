@@ -26,7 +26,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "ChemistryMetrics":
-        from llasmol.metrics.metric import ChemistryMetrics
+        from llasmol.metrics.reducer import ChemistryMetrics
 
         return ChemistryMetrics
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
