@@ -30,7 +30,7 @@ from llasmol.core.files import write_json, write_jsonl
 from llasmol.core.run_dir import METRICS, PREDICTIONS, intervals_file
 from llasmol.inference.beam_search import BeamGenerator, task_settings
 from llasmol.inference.predictions import make_record
-from llasmol.metrics.intervals import interval_report
+from llasmol.metrics.intervals import interval_report, wants_intervals
 from llasmol.metrics.scoring import GoldPool, per_sample_statistics, task_metrics
 
 Advance = Callable[[int], None]  # called with the number of samples just answered (a progress bar)
@@ -196,8 +196,7 @@ class Evaluation:
     def score(self, records: list[dict], metrics: Optional[dict] = None) -> Outcome:
         """The metrics of `records` (`metrics` when given: the DDP reducer's, equal on every rank) from their
         per-sample statistics, which the intervals resample too (computed once for both), written."""
-        wants_intervals = self.intervals is not None and bool(self.intervals["resamples"])
-        samples = per_sample_statistics(records) if metrics is None or wants_intervals else {}
+        samples = per_sample_statistics(records) if metrics is None or wants_intervals(self.intervals) else {}
         metrics = task_metrics(samples) if metrics is None else metrics
         intervals = interval_report(samples, self.intervals)
         if self.write:

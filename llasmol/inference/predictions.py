@@ -83,6 +83,8 @@ def make_record(index: int, sample: dict, golds: GoldPool, predictions: Optional
         answers=None if predictions is None else [extract_answer(task, p) for p in predictions],
         skipped=predictions is None,
     ).to_dict()
+
+
 # What LLM4Chem's extract_prediction.py:16 removes from an untagged output (end of sequence, padding).
 OFFICIAL_DIRECT_STRIP = ("<unk>", "</s>")
 

@@ -22,7 +22,8 @@ import numpy as np
 from llasmol.metrics.families import COUNTS
 from llasmol.metrics.scoring import STATS, TaskSample, finalize, gold_key, per_sample_statistics
 
-__all__ = ["TaskSample", "bootstrap_intervals", "interval_report", "paired_difference", "per_sample_statistics"]
+__all__ = ["TaskSample", "bootstrap_intervals", "interval_report", "paired_difference", "per_sample_statistics",
+           "wants_intervals"]
 
 CHUNK = 128  # resamples summed at once: bounds memory at CHUNK x samples floats per task
 
@@ -69,11 +70,16 @@ def bootstrap_intervals(samples: dict[str, TaskSample], resamples: int = 1000, s
     return out
 
 
+def wants_intervals(settings) -> bool:
+    """Whether the `intervals` settings (a mapping with ``resamples``, ``seed``, ``level``; None) ask for any."""
+    return settings is not None and bool(settings.get("resamples"))
+
+
 def interval_report(samples: dict[str, TaskSample], settings) -> Optional[dict]:
     """What an intervals file holds: ``{"level", "resamples", "seed", "tasks": bootstrap_intervals(...)}`` for
-    the `intervals` settings (a mapping with ``resamples``, ``seed``, ``level``); None when `settings` is None,
-    its ``resamples`` is 0 or there are no samples. Every intervals file is built here."""
-    if settings is None or not settings["resamples"] or not samples:
+    the `intervals` settings; None when they ask for none or there are no samples. Every intervals file is
+    built here."""
+    if not wants_intervals(settings) or not samples:
         return None
     resamples, seed, level = settings["resamples"], settings["seed"], settings["level"]
     return {"level": level, "resamples": resamples, "seed": seed,

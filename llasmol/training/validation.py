@@ -35,7 +35,7 @@ class GenerationEvaluator(Callback):
     def __init__(self, generation: dict, samples_per_task: Optional[int] = 20, seed: int = 13,
                  output_dir: Optional[str] = None, intervals: Optional[dict] = None) -> None:
         self.generation = generation
-        self.intervals = intervals or {"resamples": 0}
+        self.intervals = intervals  # None: none
         self.samples_per_task = samples_per_task
         self.seed = seed
         self.output_dir = output_dir
