@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import compose_config, write_result  # noqa: E402
 from llasmol.inference.beam_search import BeamGenerator, task_settings  # noqa: E402
 from llasmol.inference.loading import load_model  # noqa: E402
-from llasmol.inference.records import balanced_subset  # noqa: E402
+from llasmol.inference.pipeline import balanced_subset  # noqa: E402
 from llasmol.metrics.extract import extract_answer  # noqa: E402
 from llasmol.train import train  # noqa: E402
 

@@ -24,7 +24,7 @@ from llasmol.data.formatting import PromptFormatter  # noqa: E402
 from llasmol.data.source import SMolInstructSource  # noqa: E402
 from llasmol.inference.beam_search import BeamGenerator, task_settings  # noqa: E402
 from llasmol.inference.loading import load_model  # noqa: E402
-from llasmol.inference.records import balanced_subset  # noqa: E402
+from llasmol.inference.pipeline import balanced_subset  # noqa: E402
 from llasmol.metrics.extract import extract_answer  # noqa: E402
 
 

@@ -30,8 +30,9 @@ from llasmol.core.schema import check_config
 log = logging.getLogger(__name__)
 
 def score_file(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
+    """Score the predictions file `cfg.predictions`: (metrics, intervals or None, metrics file)."""
+    from llasmol.inference.pipeline import Evaluation, RunFiles
     from llasmol.inference.predictions import read_predictions
-    from llasmol.inference.records import score_and_write
 
     records = read_predictions(cfg.predictions)
     if cfg.pool_golds == "split":
@@ -40,8 +41,8 @@ def score_file(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
     if cfg.get("name"):  # another system's answers, kept as a row that report and the notebooks read
         return _system_row(cfg, records, src)
     out = Path(cfg.output) if cfg.output else src.with_name(src.stem + ".metrics.json")
-    results, intervals = score_and_write(records, out, cfg.intervals)
-    return results, intervals, out
+    outcome = Evaluation(RunFiles(None, out), cfg.intervals).finish(records)  # the file itself stays as it is
+    return outcome.metrics, outcome.intervals, out
 
 
 def _with_split_golds(records: list[dict], cfg: DictConfig) -> list[dict]:
@@ -50,7 +51,7 @@ def _with_split_golds(records: list[dict], cfg: DictConfig) -> list[dict]:
     so a file with part of a split gets the golds the whole split gives each of its inputs."""
     from llasmol.core.tasks import get_task
     from llasmol.data.source import SMolInstructSource
-    from llasmol.inference.records import split_golds
+    from llasmol.inference.pipeline import split_golds
 
     source = SMolInstructSource.from_config(OmegaConf.to_container(cfg.data, resolve=True))
     pool = split_golds(source.pooling_split(cfg.data.split))
@@ -69,14 +70,13 @@ def _with_split_golds(records: list[dict], cfg: DictConfig) -> list[dict]:
 def _system_row(cfg: DictConfig, records: list[dict], src: Path) -> tuple[dict, Optional[dict], Path]:
     from llasmol.core import run_dir
     from llasmol.core.files import write_json
-    from llasmol.inference.records import write_and_score
+    from llasmol.inference.pipeline import Evaluation, RunFiles
 
     folder, split = Path(cfg.paths.output_dir), cfg.data.split
-    out = Path(cfg.output) if cfg.output else folder / run_dir.METRICS / f"{split}.json"
-    results, intervals = write_and_score(records, folder / run_dir.PREDICTIONS / f"{split}.jsonl", out, cfg.intervals)
+    outcome = Evaluation(RunFiles.named(folder, split, cfg.output), cfg.intervals).finish(records)
     write_json(folder / run_dir.SYSTEM, {"name": str(cfg.name), "predictions": str(src.resolve()), "split": split,
                                          "samples": len(records)})
-    return results, intervals, out
+    return outcome.metrics, outcome.intervals, outcome.files.metrics
 
 
 class Stopped(Exception):
@@ -120,15 +120,15 @@ def _continue_command(out_dir: Path, cfg: DictConfig) -> str:
 
 
 def generate_and_score(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
-    from llasmol.core import run_dir
+    """Generate with `cfg.ckpt` on `cfg.data.split` and score: (metrics, intervals or None, metrics file)."""
     from llasmol.data.formatting import PromptFormatter
     from llasmol.data.source import SMolInstructSource
     from llasmol.inference.base_protocol import build_queries, protocol_for, read_answers
     from llasmol.inference.beam_search import BeamGenerator
     from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
     from llasmol.inference.partial import PartialPredictions
+    from llasmol.inference.pipeline import Evaluation, ModelAnswers, RunFiles, Samples
     from llasmol.inference.progress import generation_progress
-    from llasmol.inference.records import balanced_subset, generate_records, split_golds, write_and_score
 
     model_cfg, adapter, run_data = resolve_checkpoint(cfg.ckpt, cfg)
     protocol = protocol_for(cfg.get("prompting") or {}, bare=adapter is None)
@@ -143,15 +143,15 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
         OmegaConf.to_container(run_data if run_data is not None else cfg.data, resolve=True),
         max_samples_per_task=caps,
     )
-    split = source.split(split_name)
+    samples = Samples.of(source, split_name, None, cfg.seed)
     # A run evaluated on a whole split keeps the results with the run (report shows them beside the paper);
     # a capped split (data.max_samples_per_task) or another checkpoint writes to this command's folder.
     capped = bool(source.max_samples_per_task.get(split_name))
     out_dir = Path(cfg.ckpt) if run_data is not None and not capped else Path(cfg.paths.output_dir)
-    predictions_file = out_dir / run_dir.PREDICTIONS / f"{split_name}.jsonl"
-    indices = balanced_subset(split, None, cfg.seed)
+    files = RunFiles.named(out_dir, split_name, cfg.output)
+    indices = samples.indices
     # What the answers depend on: a stopped run is continued only under the same.
-    partial = PartialPredictions(predictions_file, {
+    partial = PartialPredictions(files.predictions, {
         "ckpt": str(cfg.ckpt), "adapter": None if adapter is None else str(adapter), "model": model_cfg.name,
         "prompt_template": model_cfg.prompt_template, "split": split_name, "samples": len(indices),
         "max_samples_per_task": caps, "generation": OmegaConf.to_container(cfg.generation, resolve=True),
@@ -168,15 +168,14 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
     # A base model's protocol writes the whole query itself: no chat markup around it.
     formatter = PromptFormatter(tokenizer, "plain" if protocol else model_cfg.prompt_template)
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, cfg.generation.batch_size)
-    golds = split_golds(source.pooling_split(split_name))
     queries = None
     if protocol is not None:
-        queries = build_queries(protocol, split, indices, source.split("train") if protocol.shots else None)
+        queries = build_queries(protocol, samples.split, indices, source.split("train") if protocol.shots else None)
+    answers = ModelAnswers(generator, cfg.generation, queries, done, partial.append)
     try:
         with _stoppable(), generation_progress(f"Generating on {split_name}", len(indices), done=len(done),
                                                log_every_s=cfg.progress_every_s) as advance:
-            records = generate_records(generator, split, indices, golds, cfg.generation, advance, queries, done,
-                                       partial.append)
+            records = answers.answer(samples, advance)
     except (KeyboardInterrupt, _Terminated) as err:
         term = isinstance(err, _Terminated)
         raise Stopped(f"stopped ({'SIGTERM' if term else 'Ctrl-C'}) with {partial.answered()} of {len(indices)} "
@@ -185,12 +184,11 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
     partial.close()
     if protocol is not None:
         records = read_answers(protocol, records, queries)
-    out = Path(cfg.output) if cfg.output else out_dir / run_dir.METRICS / f"{split_name}.json"
-    results, intervals = write_and_score(records, predictions_file, out, cfg.intervals)
+    outcome = Evaluation(files, cfg.intervals).finish(records)
     partial.remove()
     if protocol is not None and out_dir == Path(cfg.paths.output_dir):
         _protocol_row(cfg, model_cfg, protocol, out_dir, split_name, len(records))
-    return results, intervals, out
+    return outcome.metrics, outcome.intervals, files.metrics
 
 
 def _protocol_row(cfg: DictConfig, model_cfg: DictConfig, protocol, folder: Path, split: str, samples: int) -> None:

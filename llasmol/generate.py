@@ -55,8 +55,9 @@ def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
 
     from llasmol.data.formatting import PromptFormatter
     from llasmol.core.tasks import get_task
-    from llasmol.inference.beam_search import BeamGenerator, task_settings
+    from llasmol.inference.beam_search import BeamGenerator
     from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
+    from llasmol.inference.pipeline import ModelAnswers
 
     query = query if query is not None else cfg.query
     if not query:
@@ -72,8 +73,8 @@ def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
     model.to(pick_device(cfg.device))
     formatter = PromptFormatter(tokenizer, model_cfg.prompt_template)
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, 1)
-    settings = task_settings(cfg.generation, cfg.task or "")  # no task: the default beam settings
-    responses = generator.generate([canonicalize_query(query)], settings)[0]
+    # the answering of evaluate, for one question; no task: the default beam settings
+    responses = ModelAnswers(generator, cfg.generation).ask(canonicalize_query(query), cfg.task or "")
     if responses is None:
         raise UserError(f"the query is longer than generation.max_prompt_tokens={cfg.generation.max_prompt_tokens} tokens")
     return responses

@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_METRIC_TESTS = ["tests/test_metrics.py", "tests/test_metrics_text.py", "tests/test_metrics_metric.py",
+_METRIC_TESTS = ["tests/test_metrics.py", "tests/test_metrics_text.py", "tests/test_metrics_reducer.py",
                  "tests/test_metrics_properties.py"]
 _DATA_TESTS = ["tests/test_data.py", "tests/test_packing.py", "tests/test_real_tokenizer.py",
                "tests/test_tiny_tokenizer.py"]
@@ -48,7 +48,7 @@ TARGETS: dict[str, list[str]] = {
     "llasmol/metrics/molecules.py": _METRIC_TESTS,
     "llasmol/metrics/scoring.py": _METRIC_TESTS,
     "llasmol/metrics/text.py": _METRIC_TESTS,
-    "llasmol/metrics/metric.py": _METRIC_TESTS,
+    "llasmol/metrics/reducer.py": _METRIC_TESTS,
     "llasmol/data/formatting.py": _DATA_TESTS,
     "llasmol/data/collate.py": _DATA_TESTS,
     "llasmol/data/sampler.py": _DATA_TESTS,

@@ -27,7 +27,7 @@ from llasmol.inference.predictions import read_predictions
 from llasmol.metrics import extract_answer
 from llasmol.report import report_run
 
-# The fields every predictions record carries (llasmol.inference.records.make_record).
+# The fields every predictions record carries (llasmol.inference.predictions.make_record).
 RECORD_FIELDS = {"task", "index", "input", "raw_input", "gold", "predictions", "answers", "skipped"}
 
 

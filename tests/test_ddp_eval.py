@@ -35,25 +35,19 @@ def _evaluate_rank(rank: int, world: int, out: str) -> None:
     import hydra
     from conftest import compose_config
 
-    from llasmol.inference.records import (
-        balanced_subset,
-        gather_to_all,
-        generate_records,
-        score,
-        split_golds,
-    )
     from llasmol.inference.beam_search import BeamGenerator
     from llasmol.inference.loading import load_model
+    from llasmol.inference.pipeline import ModelAnswers, Samples, gather_to_all
+    from llasmol.metrics.reducer import reduced_metrics
 
     cfg = compose_config(["paths.output_dir=/unused", "generation.max_new_tokens_limit=6"])
     model, tok = load_model(cfg.model, None)
     dm = hydra.utils.instantiate(cfg.data, tokenizer=tok, _convert_="all")
-    split = dm.split("validation")
-    subset = balanced_subset(split, 3, seed=SEED)
+    samples = Samples.of(dm.source, "validation", 3, seed=SEED)
     generator = BeamGenerator(model, tok, dm.formatter, batch_size=4)
     # The callback's own path: each rank takes its stride, metrics sync, records gather.
-    records = generate_records(generator, split, subset[rank::world], split_golds(split), cfg.generation)
-    results = score(records, list(split.tasks), torch.device("cpu"))
+    records = ModelAnswers(generator, cfg.generation).answer(samples.share(rank, world))
+    results = reduced_metrics(records, list(samples.split.tasks), torch.device("cpu"))
     everything = sorted(gather_to_all(records), key=lambda r: r["index"])
     Path(out).with_suffix(f".{rank}.json").write_text(json.dumps({"metrics": results, "records": everything}))
 

@@ -495,7 +495,7 @@ def llm4chem_folder(tmp_path) -> tuple[Path, dict, list[dict]]:
     """The bundled test split answered in the official generate_on_dataset.py layout (a folder of
     <task>.jsonl), and the same answers as records in our format: (folder, official lines, ours)."""
     from llasmol.core.tasks import get_task
-    from llasmol.inference.records import split_golds
+    from llasmol.inference.pipeline import split_golds
 
     source = SMolInstructSource.from_config(compose_config(["paths.output_dir=/x"]).data)
     split, golds = source.split("test"), split_golds(source.pooling_split("test"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -143,17 +144,18 @@ def test_each_end_of_the_interval_is_the_quantile_of_its_level(level):
 
 
 def test_the_configured_level_is_the_level_computed_and_written(cfg_factory, tmp_path):
-    from llasmol.inference.records import score_and_write
-    from llasmol.training.validation import GenerationEvaluator
+    from llasmol.inference.pipeline import Evaluation, RunFiles
 
     records = boolean_records([i < K for i in range(N)])
     for level in (0.95, 0.90):
         overrides = [f"intervals.resamples={RESAMPLES}"] + ([] if level == 0.95 else [f"intervals.level={level}"])
         cfg = cfg_factory(*overrides)
         assert cfg.intervals.level == level  # 0.95 is the default
-        _, written = score_and_write(records, tmp_path / "m.json", cfg.intervals)  # evaluate, baselines
-        trained = GenerationEvaluator({}, intervals=dict(cfg.intervals))._intervals(records)  # validations
-        for result in (written, trained):
+        files = RunFiles(None, tmp_path / f"m{level}.json")
+        # evaluate and the baselines pass the config group, validations a plain dict of it
+        for settings in (cfg.intervals, dict(cfg.intervals)):
+            result = Evaluation(files, settings).finish(records).intervals
+            assert result == json.loads(files.intervals.read_text())
             assert result["level"] == level
             lo, hi = result["tasks"][BBBP]["accuracy"]
             assert [lo, hi] == pytest.approx(binomial_interval(N, K, level), abs=1e-9)

@@ -103,14 +103,14 @@ def test_the_ablation_chart_draws_the_intervals(two_runs, tmp_path):
 
 
 def test_the_interval_table_names_the_level_its_file_was_computed_at(two_runs, tmp_path):
-    from llasmol.inference.records import score_and_write
+    from llasmol.inference.pipeline import Evaluation, RunFiles
     from llasmol.report import main as report_main
 
     run = two_runs[0]
     val = run.latest
     assert interval_table(val).title == "95% bootstrap intervals at val-epoch0-step4"  # computed now, at 95%
-    settings = type("Settings", (), {"level": 0.9, "resamples": 200, "seed": 0})
-    score_and_write(val.predictions(), val.metrics_path, settings)  # as `intervals.level=0.9` writes it
+    settings = {"level": 0.9, "resamples": 200, "seed": 0}
+    Evaluation(RunFiles(None, val.metrics_path), settings).score(val.predictions())  # as `intervals.level=0.9` writes it
     assert interval_table(val).title == "90% bootstrap intervals at val-epoch0-step4"
     report_main([str(run.path)])
     assert "90% bootstrap intervals at val-epoch0-step4" in (run.path / "report" / "intervals.md").read_text()

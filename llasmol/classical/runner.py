@@ -1,6 +1,6 @@
 """One baseline over one split, written as an evaluated run: ``predictions/<split>.jsonl`` (the records every
-predictions file has, `llasmol.inference.records.make_record`), ``metrics/<split>.json`` (scored as
-`evaluate` scores a model, `write_and_score`) and ``baseline.json`` (the method, its settings, the tasks it
+predictions file has, `llasmol.inference.predictions.make_record`), ``metrics/<split>.json`` (scored as
+`evaluate` scores a model: the method is one more answerer of `llasmol.inference.pipeline`) and ``baseline.json`` (the method, its settings, the tasks it
 answered and skipped, its time and peak memory), which `llasmol.analysis` reads as the row ``baseline:<name>``.
 """
 
@@ -21,7 +21,8 @@ from llasmol.core.files import write_json
 from llasmol.core.tasks import get_task
 from llasmol.data.source import SMolInstructSource
 from llasmol.inference.beam_search import task_settings
-from llasmol.inference.records import make_record, split_golds, write_and_score
+from llasmol.inference.pipeline import Evaluation, RunFiles, Samples
+from llasmol.inference.predictions import make_record
 from llasmol.metrics.extract import wrap_answer
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,43 @@ def _examples(split, task: str) -> Examples:
     return examples
 
 
+class MethodAnswers:
+    """A baseline's answers (`llasmol.inference.pipeline.Answerer`), task by task: each task's model is fitted
+    on the training split's samples of that task (`train`; None for a method that needs no training), asked
+    for the task's top-k (`gen_cfg`), and dropped once it has answered, so memory holds one task's training
+    data. `seconds` and `train_sizes` take the time spent and the training samples of each task."""
+
+    def __init__(self, method: Baseline, tasks: list[str], train, gen_cfg) -> None:
+        self.method, self.tasks, self.train, self.gen_cfg = method, tasks, train, gen_cfg
+        self.seconds = {"train": 0.0, "answer": 0.0} if train is not None else {"answer": 0.0}
+        self.train_sizes: dict[str, int] = {}
+
+    def answer(self, samples: Samples, advance=None) -> list[dict]:
+        method, records = self.method, []
+        split = {i: samples.split[i] for i in samples.indices}
+        for task in self.tasks:
+            if self.train is not None:
+                tick = time.perf_counter()
+                examples = _examples(self.train, task)
+                self.train_sizes[task] = len(examples)
+                method.fit(task, examples)
+                del examples
+                self.seconds["train"] += time.perf_counter() - tick
+            tick = time.perf_counter()
+            rows = [i for i, s in split.items() if s["task"] == task]
+            test = Examples([split[i]["raw_input"] for i in rows], [], [split[i]["target"] for i in rows])
+            answers = method.predict(task, test, task_settings(self.gen_cfg, task).num_return_sequences)
+            for i, core in zip(rows, answers):
+                # No answer is an empty response, as a model that said nothing: scored as no answer.
+                records.append(make_record(i, split[i], samples.golds, [wrap_answer(task, a) for a in core] or [""]))
+            method.forget(task)
+            self.seconds["answer"] += time.perf_counter() - tick
+            if advance is not None:
+                advance(len(rows))
+            log.info("method=%s answered %d samples of %s", method.name, len(rows), task)
+        return records
+
+
 def run_baseline(method: Baseline, source: SMolInstructSource, split_name: str, gen_cfg, out_dir: Path,
                  metrics_path: Optional[Path] = None, named_tasks: bool = False,
                  intervals_cfg=None) -> tuple[dict, Optional[dict], Path]:
@@ -77,43 +115,19 @@ def run_baseline(method: Baseline, source: SMolInstructSource, split_name: str, 
     started = time.perf_counter()
     tasks, skipped = choose_tasks(method, source, named_tasks)
     source = dataclasses.replace(source, path=source.root(), tasks=tasks)
-    seconds = {"train": 0.0, "answer": 0.0} if method.needs_training else {"answer": 0.0}
-    train_sizes: dict[str, int] = {}
-    train = source.split("train") if method.needs_training else None
-    split = source.split(split_name)
-    samples = [split[i] for i in range(len(split))]
-    golds = split_golds(source.pooling_split(split_name))
-    records = []
-    # Task by task, and each task's model dropped once it has answered: memory holds one task's training data.
-    for task in tasks:
-        if train is not None:
-            tick = time.perf_counter()
-            examples = _examples(train, task)
-            train_sizes[task] = len(examples)
-            method.fit(task, examples)
-            del examples
-            seconds["train"] += time.perf_counter() - tick
-        tick = time.perf_counter()
-        rows = [i for i, s in enumerate(samples) if s["task"] == task]
-        test = Examples([samples[i]["raw_input"] for i in rows], [], [samples[i]["target"] for i in rows])
-        answers = method.predict(task, test, task_settings(gen_cfg, task).num_return_sequences)
-        for i, core in zip(rows, answers):
-            # No answer is an empty response, as a model that said nothing: scored as no answer.
-            records.append(make_record(i, samples[i], golds, [wrap_answer(task, a) for a in core] or [""]))
-        method.forget(task)
-        seconds["answer"] += time.perf_counter() - tick
-        log.info("method=%s answered %d samples of %s", method.name, len(rows), task)
+    answerer = MethodAnswers(method, tasks, source.split("train") if method.needs_training else None, gen_cfg)
+    samples = Samples.of(source, split_name)
+    records = answerer.answer(samples)
 
     tick = time.perf_counter()
-    metrics_path = metrics_path or out_dir / run_dir.METRICS / f"{split_name}.json"
-    results, intervals = write_and_score(records, out_dir / run_dir.PREDICTIONS / f"{split_name}.jsonl", metrics_path,
-                                         intervals_cfg)
+    outcome = Evaluation(RunFiles.named(out_dir, split_name, metrics_path), intervals_cfg).finish(records)
+    seconds = answerer.seconds
     seconds["score"] = time.perf_counter() - tick
     seconds["total"] = time.perf_counter() - started
     write_json(out_dir / run_dir.BASELINE, {
         "method": method.name, "split": split_name, "data": source.root(), "tasks": tasks, "skipped": skipped,
-        "train_samples": train_sizes, "test_samples": split.counts(), "settings": method.settings,
+        "train_samples": answerer.train_sizes, "test_samples": samples.split.counts(), "settings": method.settings,
         "seed": method.seed, "n_jobs": method.n_jobs, "seconds": {k: round(v, 3) for k, v in seconds.items()},
         "peak_rss_mib": round(_peak_rss_mib(), 1),
     })
-    return results, intervals, metrics_path
+    return outcome.metrics, outcome.intervals, outcome.files.metrics

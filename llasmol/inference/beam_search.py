@@ -12,6 +12,8 @@ from typing import Iterator, Optional
 
 import torch
 
+from llasmol.core.defaults import MAX_LENGTH
+
 
 @dataclass(frozen=True)
 class BeamSettings:
@@ -34,7 +36,7 @@ def task_settings(gen_cfg, task: str) -> BeamSettings:
 class BeamGenerator:
     """Generates responses for many queries of one task at a time."""
 
-    def __init__(self, model, tokenizer, formatter, max_prompt_tokens: int = 512, batch_size: int = 8) -> None:
+    def __init__(self, model, tokenizer, formatter, max_prompt_tokens: int = MAX_LENGTH, batch_size: int = 8) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.formatter = formatter

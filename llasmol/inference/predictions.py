@@ -1,5 +1,7 @@
-"""The one reader of a predictions file (JSONL, one record per line): `evaluate predictions=`, the run
-directories' `predictions/*.jsonl` read by `llasmol.analysis`, and any other system's output.
+"""Predictions files (JSONL, one record per line): the record type of a line (`Prediction`), the one
+builder of our records (`make_record`: validation, evaluate and the baselines) and the one reader
+(`read_predictions`: `evaluate predictions=`, the run directories' `predictions/*.jsonl` read by
+`llasmol.analysis`, and any other system's output).
 
 Each line needs ``task``, ``input``, ``gold`` and ``predictions`` (strings, or lists of strings; numbers are
 read as their text; ``predictions`` null means the prompt was skipped). Records come back with ``gold``
@@ -21,14 +23,68 @@ and a ``<unk>`` inside the tags stays there, as the official reader leaves it).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import get_task
-from llasmol.metrics.scoring import is_skipped
+from llasmol.metrics.extract import extract_answer
+from llasmol.metrics.scoring import GoldPool, is_skipped
 
-REQUIRED = ("task", "input", "gold", "predictions")
+
+@dataclass
+class Prediction:
+    """One line of a predictions file, its fields in the order they are written. ``target`` (SIDER's side
+    effect) is left out when None; ``extra`` holds the fields other writers add (a base-model protocol's
+    ``query``, ``extraction``, ``responses``; LLM4Chem's ``input_text``), written after the others."""
+
+    task: str
+    index: Optional[int]  # the sample's index in its split (None: another system's file)
+    input: str  # the query as asked
+    raw_input: Optional[str]  # the core input (a SMILES, a name): what golds pool by
+    target: Optional[str]
+    gold: list[str]  # every gold answer the task's pooling rule gives
+    predictions: Optional[list[str]]  # raw responses, best first; None: not generated (skipped)
+    answers: Optional[list[Optional[str]]]  # the answer extracted from each prediction
+    skipped: bool
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """The line as written (`json.dumps` of it)."""
+        line = {f.name: getattr(self, f.name) for f in FIELDS if f.name != "extra"}
+        if line["target"] is None:
+            del line["target"]
+        return {**line, **self.extra}
+
+    @classmethod
+    def from_dict(cls, line: dict) -> "Prediction":
+        """A line read back: the fields it lacks are None (``skipped``: whether it has no predictions)."""
+        known = {f.name: line.get(f.name) for f in FIELDS if f.name not in ("extra", "skipped")}
+        return cls(**known, skipped=is_skipped(line), extra={k: v for k, v in line.items() if k not in NAMES})
+
+
+FIELDS = dataclasses.fields(Prediction)
+NAMES = frozenset(f.name for f in FIELDS) - {"extra"}
+REQUIRED = ("task", "input", "gold", "predictions")  # what a line of any system's file must have
+TEXT_OR_NULL = ("raw_input", "target")
+
+
+def make_record(index: int, sample: dict, golds: GoldPool, predictions: Optional[list[str]]) -> dict:
+    """The predictions-file record of sample `index` of a split answered with `predictions` (raw responses,
+    best first; None: not generated). Every writer of predictions files (validation, evaluate, the
+    baselines) builds its records here, so they carry the same fields."""
+    task = sample["task"]
+    return Prediction(
+        task=task, index=index, input=sample["input"], raw_input=sample["raw_input"], target=sample.get("target"),
+        gold=golds.golds(sample, sample["raw_output"]), predictions=predictions,
+        answers=None if predictions is None else [extract_answer(task, p) for p in predictions],
+        skipped=predictions is None,
+    ).to_dict()
+
+
 # What LLM4Chem's extract_prediction.py:16 removes from an untagged output (end of sequence, padding).
 OFFICIAL_DIRECT_STRIP = ("<unk>", "</s>")
 
@@ -88,7 +144,7 @@ def _field_types(record: dict, where: str) -> None:
     """The fields other code reads beside gold and predictions: text where text is expected."""
     if not isinstance(record["input"], str):
         raise UserError(f"{where}: input must be a string, not {type(record['input']).__name__}")
-    for key in ("raw_input", "target"):
+    for key in TEXT_OR_NULL:
         if record.get(key) is not None and not isinstance(record[key], str):
             raise UserError(f"{where}: {key} must be a string or null, not {type(record[key]).__name__}")
     if "skipped" in record and not isinstance(record["skipped"], bool):

@@ -26,7 +26,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "ChemistryMetrics":
-        from llasmol.metrics.metric import ChemistryMetrics  # lazy: torch, torchmetrics (6 s)
+        from llasmol.metrics.reducer import ChemistryMetrics  # lazy: torch, torchmetrics (6 s)
 
         return ChemistryMetrics
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

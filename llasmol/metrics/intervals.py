@@ -13,56 +13,19 @@ tells a real gap from noise (the two models' errors on the same hard samples can
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Optional
 
 import numpy as np
 
-from llasmol.core.tasks import get_task
 from llasmol.metrics.families import COUNTS
-from llasmol.metrics.scoring import STATS, finalize, gold_key, is_skipped, record_golds, sample_stats
+from llasmol.metrics.scoring import STATS, TaskSample, finalize, gold_key, per_sample_statistics
+
+__all__ = ["TaskSample", "bootstrap_intervals", "interval_report", "paired_difference", "per_sample_statistics",
+           "wants_intervals"]
 
 CHUNK = 128  # resamples summed at once: bounds memory at CHUNK x samples floats per task
-
-
-@dataclass
-class TaskSample:
-    """One task's per-sample statistics (rows in `STATS[task]` order) and each row's resampling unit."""
-
-    task: str
-    stats: np.ndarray  # (samples, statistics)
-    units: np.ndarray  # (samples,) unit index of each row, 0..n_units-1
-
-    @property
-    def n_units(self) -> int:
-        return int(self.units.max()) + 1 if len(self.units) else 0
-
-    def metrics(self) -> dict[str, float]:
-        """The task's metrics from all rows: the sums added in record order, as `score_records` adds them
-        (so both give the same floats)."""
-        total = functools.reduce(np.add, self.stats, np.zeros(self.stats.shape[1]))
-        return finalize(self.task, dict(zip(STATS[self.task], total.tolist())))
-
-
-def per_sample_statistics(records: Iterable[dict]) -> dict[str, TaskSample]:
-    """The statistics of every record, grouped by task, with their resampling units."""
-    records = list(records)
-    rows: dict[str, list] = defaultdict(list)
-    keys: dict[str, list] = defaultdict(list)
-    for record, golds in zip(records, record_golds(records)):
-        task = record["task"]
-        stats = sample_stats(task, record.get("predictions"), golds, is_skipped(record))
-        rows[task].append([stats[name] for name in STATS[task]])
-        keys[task].append(gold_key(record) if get_task(task).pooled else len(keys[task]))
-    out = {}
-    for task in rows:
-        index: dict = {}
-        units = np.array([index.setdefault(k, len(index)) for k in keys[task]], dtype=np.int64)
-        out[task] = TaskSample(task, np.asarray(rows[task], dtype=np.float64), units)
-    return out
 
 
 def _weights(rng: np.random.Generator, sample: TaskSample, count: int) -> np.ndarray:
@@ -105,6 +68,22 @@ def bootstrap_intervals(samples: dict[str, TaskSample], resamples: int = 1000, s
                         collected[name].append(value)
         out[task] = {name: _percentiles(values, level) for name, values in collected.items()}
     return out
+
+
+def wants_intervals(settings) -> bool:
+    """Whether the `intervals` settings (a mapping with ``resamples``, ``seed``, ``level``; None) ask for any."""
+    return settings is not None and bool(settings.get("resamples"))
+
+
+def interval_report(samples: dict[str, TaskSample], settings) -> Optional[dict]:
+    """What an intervals file holds: ``{"level", "resamples", "seed", "tasks": bootstrap_intervals(...)}`` for
+    the `intervals` settings; None when they ask for none or there are no samples. Every intervals file is
+    built here."""
+    if not wants_intervals(settings) or not samples:
+        return None
+    resamples, seed, level = settings["resamples"], settings["seed"], settings["level"]
+    return {"level": level, "resamples": resamples, "seed": seed,
+            "tasks": bootstrap_intervals(samples, resamples, seed, level)}
 
 
 def _pair_keys(records: list[dict], by_index: bool) -> list[tuple]:

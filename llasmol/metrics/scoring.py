@@ -10,13 +10,19 @@ and processes (DDP) and still give exactly the corpus-level metric. What each fa
 - `finalize(task, stats)`: metric values from summed statistics; every task reports ``num_samples``,
   ``num_no_answer`` (top-1 prediction with no extractable answer) and ``num_skipped`` (not generated: the
   prompt was over the token limit; also counted as no answer).
-- `score_records(records)`: the above for a whole file of prediction records.
+- `per_sample_statistics(records)`: every record's statistics, by task (`TaskSample`), computed once: the
+  metrics are their sums (`task_metrics`), the bootstrap intervals (`llasmol.metrics.intervals`) resample them.
+- `score_records(records)`: the metrics of a whole file of prediction records, by that one route.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Iterable, Optional
+
+import numpy as np
 
 from llasmol.core.tasks import TASKS, get_task
 from llasmol.metrics.extract import extract_answer
@@ -122,15 +128,57 @@ def record_golds(records: Iterable[dict]) -> list[list[str]]:
     return [pool.golds(r, r["gold"]) for r in records]
 
 
+# --------------------------------------------------------------------------- per-sample statistics
+
+
+@dataclass
+class TaskSample:
+    """One task's per-sample statistics (rows in `STATS[task]` order) and each row's resampling unit."""
+
+    task: str
+    stats: np.ndarray  # (samples, statistics)
+    units: np.ndarray  # (samples,) unit index of each row, 0..n_units-1
+
+    @property
+    def n_units(self) -> int:
+        return int(self.units.max()) + 1 if len(self.units) else 0
+
+    def metrics(self) -> dict[str, float]:
+        """The task's metrics from all rows, the sums added in record order (the order `add_stats` would add
+        them in, and so the same floats)."""
+        total = functools.reduce(np.add, self.stats, np.zeros(self.stats.shape[1]))
+        return finalize(self.task, dict(zip(STATS[self.task], total.tolist())))
+
+
+def per_sample_statistics(records: Iterable[dict]) -> dict[str, TaskSample]:
+    """The statistics of every record (golds pooled over the records, `record_golds`), grouped by task, with
+    their resampling units: the input for tasks whose golds pool (its samples share one gold list), else the
+    sample."""
+    records = list(records)
+    rows: dict[str, list] = defaultdict(list)
+    keys: dict[str, list] = defaultdict(list)
+    for record, golds in zip(records, record_golds(records)):
+        task = record["task"]
+        stats = sample_stats(task, record.get("predictions"), golds, is_skipped(record))
+        rows[task].append([stats[name] for name in STATS[task]])
+        keys[task].append(gold_key(record) if get_task(task).pooled else len(keys[task]))
+    out = {}
+    for task in rows:
+        index: dict = {}
+        units = np.array([index.setdefault(k, len(index)) for k in keys[task]], dtype=np.int64)
+        out[task] = TaskSample(task, np.asarray(rows[task], dtype=np.float64), units)
+    return out
+
+
+def task_metrics(samples: dict[str, TaskSample]) -> dict[str, dict[str, float]]:
+    """``{task: {metric: value}}`` from per-sample statistics."""
+    return {task: sample.metrics() for task, sample in samples.items()}
+
+
 def score_records(records: Iterable[dict]) -> dict[str, dict[str, float]]:
     """Metrics of a whole file: ``{task: {metric: value}}`` for every task in `records`.
 
     Each record has ``task``, ``input``, ``gold`` (a string or a list of strings) and ``predictions``
     (raw texts, best first, or None when skipped); ``raw_input``, ``target`` and ``skipped`` when present.
     """
-    records = list(records)
-    totals: dict[str, dict[str, float]] = {}
-    for record, golds in zip(records, record_golds(records)):
-        stats = sample_stats(record["task"], record.get("predictions"), golds, is_skipped(record))
-        add_stats(totals.setdefault(record["task"], {}), stats)
-    return {task: finalize(task, total) for task, total in totals.items()}
+    return task_metrics(per_sample_statistics(records))

@@ -19,12 +19,13 @@ from typing import Optional
 
 from lightning.pytorch.callbacks import Callback
 
-from llasmol.inference.records import balanced_subset, gather_to_all, generate_records, score, split_golds
-from llasmol.inference.beam_search import BeamGenerator
-from llasmol.core.files import write_json, write_jsonl
-from llasmol.core.run_dir import METRICS, PREDICTIONS, intervals_file, validation_name
+from llasmol.core.defaults import SEED
+from llasmol.core.run_dir import validation_name
 from llasmol.core.tasks import get_task
+from llasmol.inference.beam_search import BeamGenerator
+from llasmol.inference.pipeline import Evaluation, ModelAnswers, RunFiles, Samples, gather_to_all
 from llasmol.inference.progress import generation_progress
+from llasmol.metrics.reducer import reduced_metrics
 from llasmol.training.lightning_private import live_progress
 
 
@@ -32,51 +33,46 @@ log = logging.getLogger("llasmol.train")
 
 
 class GenerationEvaluator(Callback):
-    def __init__(self, generation: dict, samples_per_task: Optional[int] = 20, seed: int = 13,
+    def __init__(self, generation: dict, samples_per_task: Optional[int] = 20, seed: int = SEED,
                  output_dir: Optional[str] = None, intervals: Optional[dict] = None) -> None:
         self.generation = generation
-        self.intervals = intervals or {"resamples": 0}
+        self.intervals = intervals  # None: none
         self.samples_per_task = samples_per_task
         self.seed = seed
         self.output_dir = output_dir
-        self._subset: Optional[list[int]] = None
+        self._samples: Optional[Samples] = None  # the subset of the validation split and its golds, drawn once
         self._last_results: Optional[dict] = None
         self._best: Optional[tuple[float, int]] = None  # (val/loss, step)
         self._epoch: Optional[int] = None  # the epoch of the latest training batch
-        self._golds = None  # GoldPool of the validation split, built once
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self._epoch = trainer.current_epoch
 
-    def _prepare(self, trainer) -> None:
-        source = trainer.datamodule.source
-        self._subset = balanced_subset(source.split("validation"), self.samples_per_task, self.seed)
-        self._golds = split_golds(source.pooling_split("validation"))
-
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
             return
-        if self._subset is None:
-            self._prepare(trainer)
+        if self._samples is None:
+            self._samples = Samples.of(trainer.datamodule.source, "validation", self.samples_per_task, self.seed)
         dm = trainer.datamodule
-        data = dm.split("validation")
-        share = self._subset[trainer.global_rank :: trainer.world_size]
+        share = self._samples.share(trainer.global_rank, trainer.world_size)
         generator = BeamGenerator(pl_module.model, dm.tokenizer, dm.formatter,
                                   self.generation["max_prompt_tokens"], self.generation["batch_size"])
-        with generation_progress("Generation", len(share), live_progress(trainer)) as advance:
-            records = generate_records(generator, data, share, self._golds, self.generation, advance)
+        with generation_progress("Generation", len(share.indices), live_progress(trainer)) as advance:
+            records = ModelAnswers(generator, self.generation).answer(share, advance)
         everything = sorted(gather_to_all(records), key=lambda r: r["index"])
         out = Path(self.output_dir or trainer.default_root_dir)
         # A validation after fit (of the last step) belongs to the epoch that step was trained in.
         epoch = trainer.current_epoch if trainer.state.fn == "fit" or self._epoch is None else self._epoch
-        stem = validation_name(epoch, trainer.global_step)
-        if trainer.is_global_zero:  # the predictions first: a failure while scoring never loses the generation
-            write_jsonl(out / PREDICTIONS / f"{stem}.jsonl", everything)
-        results = score(records, list(data.tasks), pl_module.device)
+        evaluation = Evaluation(RunFiles.named(out, validation_name(epoch, trainer.global_step)), self.intervals,
+                                write=trainer.is_global_zero)
+        evaluation.write_predictions(everything)  # rank 0; before scoring, which may fail
+        # The metrics are summed across ranks (every rank calls this); the intervals resample all ranks'
+        # records (gathered: the same on every rank, seeded).
+        outcome = evaluation.score(everything, reduced_metrics(records, list(share.split.tasks), pl_module.device))
+        results = outcome.metrics
         flat = {f"val/{task}/{name}": float(value) for task, values in results.items()
                 for name, value in values.items() if isinstance(value, (int, float))}
-        intervals = self._intervals(everything)
-        bounds = {f"val/{task}/{name}_{side}": bound for task, values in (intervals or {}).get("tasks", {}).items()
+        bounds = {f"val/{task}/{name}_{side}": bound for task, values in (outcome.intervals or {}).get("tasks", {}).items()
                   for name, pair in values.items() if pair for side, bound in zip(("lo", "hi"), pair)}
         for key, value in {**flat, **bounds}.items():
             # Already synchronised (equal on every rank); sync_dist keeps Lightning's DDP bookkeeping quiet.
@@ -87,22 +83,7 @@ class GenerationEvaluator(Callback):
             if wandb_loggers(trainer):
                 log_predictions_table(trainer, everything)
                 update_best_summary(trainer, flat)
-            write_json(out / METRICS / f"{stem}.json", results)
-            if intervals:
-                write_json(intervals_file(out / METRICS / f"{stem}.json"), intervals)
         self._last_results = results
-
-    def _intervals(self, records: list[dict]) -> Optional[dict]:
-        """Bootstrap intervals of all ranks' records (gathered: the same on every rank, seeded)."""
-        settings = self.intervals
-        if not settings.get("resamples") or not records:
-            return None
-        from llasmol.metrics.intervals import bootstrap_intervals, per_sample_statistics
-
-        tasks = bootstrap_intervals(per_sample_statistics(records), settings["resamples"], settings["seed"],
-                                    settings["level"])
-        return {"level": settings["level"], "resamples": settings["resamples"], "seed": settings["seed"],
-                "tasks": tasks}
 
     def on_validation_end(self, trainer, pl_module) -> None:
         # val/loss is aggregated only after the epoch-end hooks, so its best value and the log line are here.

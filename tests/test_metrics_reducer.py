@@ -12,7 +12,7 @@ from test_metrics import RECORDS
 
 from llasmol.core.errors import UserError
 from llasmol.metrics import STATS, ChemistryMetrics, sample_stats, score_records
-from llasmol.metrics.metric import state_name
+from llasmol.metrics.reducer import state_name
 from llasmol.metrics.scoring import record_golds
 
 TASKS = sorted({r["task"] for r in RECORDS})

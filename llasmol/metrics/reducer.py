@@ -1,4 +1,5 @@
-"""`ChemistryMetrics`: the additive statistics of `llasmol.metrics.scoring` as torchmetrics states.
+"""`ChemistryMetrics`: the additive statistics of `llasmol.metrics.scoring` as torchmetrics states, the
+reducer of a validation under DDP (every other score goes through `scoring.per_sample_statistics`).
 
 Every state is a float64 scalar with ``dist_reduce_fx="sum"``, one per (task, statistic), so
 under DDP each rank updates with its own samples, torchmetrics' sync sums the states, and
@@ -14,7 +15,7 @@ import torch
 from torchmetrics import Metric
 
 from llasmol.core.tasks import check_tasks
-from llasmol.metrics.scoring import STATS, finalize
+from llasmol.metrics.scoring import STATS, finalize, sample_stats
 
 
 def state_name(task: str, stat: str) -> str:
@@ -69,3 +70,13 @@ class ChemistryMetrics(Metric):
             if stats["num_samples"] > 0:
                 results[task] = finalize(task, stats)
         return results
+
+
+def reduced_metrics(records: list[dict], tasks: list[str], device) -> dict[str, dict[str, float]]:
+    """The metrics of every rank's `records` together, summed across ranks (every rank must call it); each
+    record's `gold` is taken as it is (already pooled over the split)."""
+    metric = ChemistryMetrics(tasks).to(device)
+    for record in records:
+        stats = sample_stats(record["task"], record["predictions"], record["gold"], record["skipped"])
+        metric.update([record["task"]], [stats])
+    return metric.compute()
