@@ -33,8 +33,8 @@ from llasmol.core.defaults import SEED
 from llasmol.data.collate import PackCollator
 from llasmol.data.sampler import ShardedShuffleSampler
 from llasmol.model.base import load_tokenizer
-from llasmol.training.build import build_model
-from llasmol.training.module import LoRACausalLM
+from llasmol.finetune.build import build_model
+from llasmol.finetune.module import LoRACausalLM
 
 
 def batches_of(order: np.ndarray, size: int) -> list[np.ndarray]:

@@ -22,7 +22,7 @@ from llasmol.core.schema import check_config
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit one run; returns its final metrics, parameter counts and best checkpoint.
 
-    A table of contents: preflight, build, fit, finish, each step a helper of `llasmol.training`.
+    A table of contents: preflight, build, fit, finish, each step a helper of `llasmol.finetune`.
     """
     started = time.monotonic()
     # Here, not at the top: importing the command (the Hydra shell, the checks before Hydra) loads no torch.
@@ -30,10 +30,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     from llasmol.metrics.families import use_scoring
     from llasmol.model.base import load_tokenizer
-    from llasmol.training.build import build_datamodule, build_model, build_module, build_trainer, record_run
-    from llasmol.training.fit import finish, fit, run_result, validate_last_step
-    from llasmol.training.preflight import check_run, claim_run_dir
-    from llasmol.training.resume import Resume
+    from llasmol.finetune.build import build_datamodule, build_model, build_module, build_trainer, record_run
+    from llasmol.finetune.fit import finish, fit, run_result, validate_last_step
+    from llasmol.finetune.preflight import check_run, claim_run_dir
+    from llasmol.finetune.resume import Resume
 
     # Preflight: the settings, the run directory (ours alone), what ckpt_path= means, what this machine runs.
     quiet_known_noise()

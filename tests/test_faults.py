@@ -347,7 +347,7 @@ def test_a_paged_optimizer_without_cuda_ends_with_one_line(tmp_path):
 
 
 def test_checkpoints_are_written_through_a_rename_in_their_own_folder(tmp_path, monkeypatch):
-    from llasmol.training.checkpointing import AtomicCheckpointIO
+    from llasmol.finetune.checkpointing import AtomicCheckpointIO
 
     io = AtomicCheckpointIO()
     target = tmp_path / "checkpoints" / "last.ckpt"
@@ -366,7 +366,7 @@ def test_checkpoints_are_written_through_a_rename_in_their_own_folder(tmp_path, 
 
 
 def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypatch):
-    from llasmol.training.checkpointing import AtomicCheckpointIO
+    from llasmol.finetune.checkpointing import AtomicCheckpointIO
     from llasmol.train import train
 
     written = []
@@ -531,7 +531,7 @@ def test_a_kill_during_a_checkpoint_write_keeps_adapter_and_checkpoint_of_one_st
     """SIGKILL while last.ckpt is being written (no handler runs): last.adapter and last.ckpt stay a pair of
     one step, and the next start in the folder removes what the killed writes left."""
     from llasmol.model.adapters import adapter_step
-    from llasmol.training.resume import checkpoint_step
+    from llasmol.finetune.resume import checkpoint_step
 
     run = tmp_path / "run"
     args = [f"hydra.run.dir={run}", "logger=csv", "trainer.enable_progress_bar=false", "checkpoint_every_n_steps=2",
@@ -702,7 +702,7 @@ def test_a_full_disk_or_read_only_folder_is_a_user_error_naming_the_file(tmp_pat
 
 def test_the_next_start_brings_back_a_stepped_aside_adapter_and_names_a_split_pair(tmp_path):
     from llasmol.core.files import write_torch
-    from llasmol.training.checkpointing import tidy_run_dir
+    from llasmol.finetune.checkpointing import tidy_run_dir
 
     checkpoints = tmp_path / "checkpoints"
     (checkpoints / ".last.adapter.old").mkdir(parents=True)  # stopped between the two renames of a save

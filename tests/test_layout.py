@@ -16,9 +16,9 @@ PACKAGE = ROOT / "llasmol"
 
 # Lower layers never import higher ones; folders of one layer do not import each other. The leakage audit reads
 # data and core, and renders its report with analysis's tables, so it sits above analysis; its command above it.
-LAYERS = {"core": 0, "data": 1, "model": 1, "metrics": 1, "inference": 2, "training": 3, "analysis": 3, "classical": 3,
+LAYERS = {"core": 0, "data": 1, "model": 1, "metrics": 1, "inference": 2, "finetune": 3, "analysis": 3, "classical": 3,
           "leakage": 4, "": 5}
-LIGHTNING_ALLOWED = {"training", "", "data/datamodule.py"}  # the LightningDataModule is data's one Lightning module
+LIGHTNING_ALLOWED = {"finetune", "", "data/datamodule.py"}  # the LightningDataModule is data's one Lightning module
 
 
 def modules() -> list[Path]:
@@ -62,7 +62,7 @@ def test_imports_point_down_the_layers(path):
 
 
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_only_training_and_the_datamodule_use_lightning(path):
+def test_only_finetune_and_the_datamodule_use_lightning(path):
     rel = str(path.relative_to(PACKAGE))
     if folder(path) in LIGHTNING_ALLOWED or rel in LIGHTNING_ALLOWED:
         return
@@ -94,14 +94,9 @@ def look_alikes(names: set[str]) -> list[tuple[str, str]]:
     return [(a, b) for a in sorted(names) for b in sorted(names) if a < b and _root(bare[a]) == _root(bare[b])]
 
 
-# TEMPORARY, for the lead to remove after merging: these pairs are being renamed in other branches of issue #26
-# (metrics/metric.py), or are left to the lead's decision (the command train.py beside the folder training/).
-_LOOK_ALIKES_BEING_RENAMED = {("metric.py", "metrics/"), ("train.py", "training/")}
-
-
 def test_no_two_modules_or_folders_differ_by_a_suffix_only():
     names = {p.name for p in modules() if p.stem != "__init__"} | {f"{p.name}/" for p in packages()}
-    found = set(look_alikes(names)) - _LOOK_ALIKES_BEING_RENAMED
+    found = look_alikes(names)
     assert not found, f"names that differ by a suffix only: {sorted(found)}"
 
 

@@ -6,7 +6,7 @@ import re
 from importlib.metadata import version
 from pathlib import Path
 
-from llasmol.training.lightning_private import TOUCH_POINTS, missing_touch_points
+from llasmol.finetune.lightning_private import TOUCH_POINTS, missing_touch_points
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ def test_lightning_is_pinned_to_the_minor_version_tested():
 
 
 def test_no_private_lightning_name_is_used_outside_its_module():
-    """Only llasmol/training/lightning_private.py names Lightning's private attributes."""
+    """Only llasmol/finetune/lightning_private.py names Lightning's private attributes."""
     names = {attr for _, _, attr, _, _ in TOUCH_POINTS if attr.startswith("_")}
     for path in (ROOT / "llasmol").rglob("*.py"):
         if path.name == "lightning_private.py":

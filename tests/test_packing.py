@@ -9,7 +9,7 @@ import torch
 
 from llasmol.data.collate import PackCollator, PadCollator
 from llasmol.core.errors import UserError
-from llasmol.training.module import LoRACausalLM
+from llasmol.finetune.module import LoRACausalLM
 from test_lora import tiny_peft_model
 
 

@@ -16,7 +16,7 @@ from llasmol.core.errors import UserError
 from llasmol.model.base import load_base_model, load_tokenizer, quantization_config
 from llasmol.model.lora import apply_lora
 from llasmol.model.memory import weight_bytes
-from llasmol.training.distributed import check_optimizer
+from llasmol.finetune.distributed import check_optimizer
 
 bnb = pytest.importorskip("bitsandbytes")
 

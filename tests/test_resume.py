@@ -18,7 +18,7 @@ from conftest import HANG_TIMEOUT
 from llasmol.data.resumable_loader import ResumableDataLoader
 from llasmol.data.sampler import ShardedShuffleSampler
 from llasmol.core.errors import UserError
-from llasmol.training.resume import resolve_resume
+from llasmol.finetune.resume import resolve_resume
 
 TESTS = Path(__file__).resolve().parent
 
@@ -170,14 +170,14 @@ def test_the_resume_plan_meets_the_trainer_in_one_seam(tmp_path):
     from omegaconf import OmegaConf
 
     from llasmol.core import run_dir as layout
-    from llasmol.training.resume import Resume
-    from llasmol.training.tracking import KeepingCSVLogger
+    from llasmol.finetune.resume import Resume
+    from llasmol.finetune.tracking import KeepingCSVLogger
 
     run = _run_dir(tmp_path, "run", ckpts=("last.ckpt", "interrupted.ckpt"))
     (run / "checkpoints" / "interrupted.adapter").mkdir()
     (run / layout.WANDB_ID).write_text("abc123\n")
-    logger_cfg = OmegaConf.create({"wandb": {"_target_": "llasmol.training.tracking.WandbLogger"},
-                                   "csv": {"_target_": "llasmol.training.tracking.KeepingCSVLogger"}})
+    logger_cfg = OmegaConf.create({"wandb": {"_target_": "llasmol.finetune.tracking.WandbLogger"},
+                                   "csv": {"_target_": "llasmol.finetune.tracking.KeepingCSVLogger"}})
     seen = {}
 
     def make(callbacks):
@@ -194,14 +194,14 @@ def test_the_resume_plan_meets_the_trainer_in_one_seam(tmp_path):
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
 
     fresh = Resume.plan(str(run), tmp_path / "elsewhere", "tiny", "full")  # resumed from another directory
-    other_cfg = OmegaConf.create({"wandb": {"_target_": "llasmol.training.tracking.WandbLogger"}})
+    other_cfg = OmegaConf.create({"wandb": {"_target_": "llasmol.finetune.tracking.WandbLogger"}})
     trainer = fresh.trainer(lambda callbacks: SimpleNamespace(loggers=[KeepingCSVLogger(str(tmp_path))],
                                                               is_global_zero=True), other_cfg)
     assert "id" not in other_cfg.wandb and trainer.loggers[0].keep_until_step is None
 
 
 def test_only_the_resume_seam_sets_what_a_resumed_run_continues():
-    """Nothing but `llasmol/training/resume.py` sets the CSV logger's kept step or names the W&B id file."""
+    """Nothing but `llasmol/finetune/resume.py` sets the CSV logger's kept step or names the W&B id file."""
     import ast
 
     package = TESTS.parent / "llasmol"

@@ -8,7 +8,7 @@ import torch
 
 from conftest import compose_config
 from llasmol.model.blocks import clean_name
-from llasmol.training.distributed import LoRAFSDPStrategy, check_trainer, lora_wrap_policy
+from llasmol.finetune.distributed import LoRAFSDPStrategy, check_trainer, lora_wrap_policy
 from llasmol.core.errors import UserError
 from llasmol.model.blocks import compile_blocks, decoder_layer_types, enable_gradient_checkpointing
 from test_lora import tiny_peft_model
@@ -17,7 +17,7 @@ TRAINERS = {  # preset: (strategy, precision)
     "cpu": ("auto", "32-true"),
     "gpu": ("auto", "bf16-mixed"),
     "ddp": ("ddp", "bf16-mixed"),
-    "fsdp": ("llasmol.training.distributed.LoRAFSDPStrategy", "bf16-mixed"),
+    "fsdp": ("llasmol.finetune.distributed.LoRAFSDPStrategy", "bf16-mixed"),
     "deepspeed": ("lightning.pytorch.strategies.DeepSpeedStrategy", "bf16-mixed"),
 }
 QUANT = {"none": (None, "bitsandbytes.optim.AdamW8bit", False),
@@ -137,7 +137,7 @@ def test_compiled_blocks_keep_names_and_numbers():
 
 def test_switches_reach_the_training_model(cfg_factory):
     from llasmol.model.base import load_tokenizer
-    from llasmol.training.build import build_model
+    from llasmol.finetune.build import build_model
 
     cfg = cfg_factory("gradient_checkpointing=true", "compile.enabled=true", "compile.backend=eager")
     model, params = build_model(cfg, load_tokenizer(cfg.model))
@@ -194,7 +194,7 @@ def test_norm_clipping_under_fsdp_goes_through_the_sharded_root(monkeypatch):
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     from conftest import free_port
-    from llasmol.training.lightning_private import clip_norm_through_root
+    from llasmol.finetune.lightning_private import clip_norm_through_root
 
     precision = FSDPPrecision("32-true")
     with pytest.raises(MisconfigurationException, match="norm"):

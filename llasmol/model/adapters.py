@@ -3,7 +3,7 @@ reading adapter weights safely (safetensors, or PEFT's old pickled `.bin` throug
 
 Next to `X.ckpt` the adapter is written in PEFT's own format to `X.adapter/` (`adapter_config.json` and
 `adapter_model.safetensors`), loadable with `PeftModel.from_pretrained(base, "X.adapter")`. Training writes
-it (`llasmol.training.checkpointing`), evaluation and generation read it (`llasmol.inference.loading`);
+it (`llasmol.finetune.checkpointing`), evaluation and generation read it (`llasmol.inference.loading`);
 neither needs the other, and nothing here needs Lightning.
 """
 

@@ -18,9 +18,9 @@ from llasmol.data.datamodule import SMolInstructDataModule
 from llasmol.model.base import load_base_model
 from llasmol.model.blocks import compile_blocks, enable_gradient_checkpointing
 from llasmol.model.lora import apply_lora, base_name, count_parameters, target_modules
-from llasmol.training.checkpointing import AdapterModelCheckpoint, AtomicCheckpointIO
-from llasmol.training.module import LoRACausalLM
-from llasmol.training.resume import Resume, StepSeeding, StopAtStepBoundary
+from llasmol.finetune.checkpointing import AdapterModelCheckpoint, AtomicCheckpointIO
+from llasmol.finetune.module import LoRACausalLM
+from llasmol.finetune.resume import Resume, StepSeeding, StopAtStepBoundary
 
 log = logging.getLogger("llasmol.train")  # the run's log lines keep the command's name in train.log
 

@@ -27,8 +27,8 @@ from omegaconf import open_dict
 from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
 from llasmol.core.files import write_text
-from llasmol.training.lightning_private import log_step_row_now
-from llasmol.training.tracking import KeepingCSVLogger, wandb_loggers
+from llasmol.finetune.lightning_private import log_step_row_now
+from llasmol.finetune.tracking import KeepingCSVLogger, wandb_loggers
 
 if TYPE_CHECKING:
     from lightning import Trainer

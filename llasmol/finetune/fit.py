@@ -14,9 +14,9 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from llasmol.core import run_dir
 from llasmol.core.files import write_json
-from llasmol.training.checkpointing import AdapterModelCheckpoint
-from llasmol.training.module import LoRACausalLM
-from llasmol.training.tracking import finish_wandb_runs
+from llasmol.finetune.checkpointing import AdapterModelCheckpoint
+from llasmol.finetune.module import LoRACausalLM
+from llasmol.finetune.tracking import finish_wandb_runs
 
 log = logging.getLogger("llasmol.train")  # the run's log lines keep the command's name in train.log
 

@@ -11,9 +11,9 @@ from omegaconf import DictConfig
 
 from llasmol.core.run_lock import hold_run_lock
 from llasmol.model.base import check_packing, quantization_config
-from llasmol.training.checkpointing import tidy_run_dir
-from llasmol.training.distributed import check_optimizer, check_trainer
-from llasmol.training.tracking import check_loggers
+from llasmol.finetune.checkpointing import tidy_run_dir
+from llasmol.finetune.distributed import check_optimizer, check_trainer
+from llasmol.finetune.tracking import check_loggers
 
 log = logging.getLogger("llasmol.train")  # the run's log lines keep the command's name in train.log
 

@@ -27,8 +27,8 @@ from llasmol.core.run_dir import INTERRUPTED_CKPT
 from llasmol.core.files import remove_stale_temporaries
 from llasmol.core.run_dir import CHECKPOINTS
 from llasmol.model.adapters import ADAPTER_CONFIG, adapter_card, adapter_dir, adapter_step, commit_adapter, stage_adapter
-from llasmol.training.distributed import module_state_dict
-from llasmol.training.lightning_private import CheckpointWithHooks
+from llasmol.finetune.distributed import module_state_dict
+from llasmol.finetune.lightning_private import CheckpointWithHooks
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class AdapterModelCheckpoint(CheckpointWithHooks):
             path = str(Path(self.dirpath) / INTERRUPTED_CKPT)
             self.save_now(trainer, path)
             if trainer.is_global_zero:
-                from llasmol.training.resume import resume_command
+                from llasmol.finetune.resume import resume_command
 
                 log.warning("interrupted at step %d, saved %s; continue with:\n  %s", trainer.global_step, path,
                             resume_command(Path(trainer.default_root_dir)))
@@ -129,7 +129,7 @@ def tidy_run_dir(run_dir: Path) -> list[str]:
         stored = adapter_step(adapter)
         if stored is None or not ckpt.is_file():
             continue  # adapters of earlier versions record no step; FSDP/DeepSpeed checkpoints are folders
-        from llasmol.training.resume import checkpoint_step
+        from llasmol.finetune.resume import checkpoint_step
 
         try:
             step = checkpoint_step(str(ckpt))

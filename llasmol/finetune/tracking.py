@@ -10,7 +10,7 @@ from typing import Optional
 
 from lightning.pytorch.callbacks import RichProgressBar
 
-from llasmol.training.lightning_private import (
+from llasmol.finetune.lightning_private import (
     CSVLoggerWithWriter, WandbLoggerWithoutAnonymous, WriterKeepingFile, wandb_run_started,
 )
 
@@ -101,7 +101,7 @@ class KeepingCSVLogger(CSVLoggerWithWriter):
     directory (Lightning's deletes ``metrics.csv`` as the logger starts): rows up to the resumed step
     stay, later ones (logged after the checkpoint, before the stop) are dropped, as they are redone."""
 
-    keep_until_step: Optional[int] = None  # set by `llasmol.training.resume` when resuming in place
+    keep_until_step: Optional[int] = None  # set by `llasmol.finetune.resume` when resuming in place
 
     def make_writer(self, log_dir: str) -> WriterKeepingFile:
         path = Path(log_dir) / WriterKeepingFile.METRICS_FILE

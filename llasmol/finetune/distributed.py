@@ -15,7 +15,7 @@ import torch
 
 from llasmol.core.errors import UserError
 from llasmol.model.blocks import clean_name, decoder_layer_types
-from llasmol.training.lightning_private import FSDPStrategyWithModelHook
+from llasmol.finetune.lightning_private import FSDPStrategyWithModelHook
 
 def _is_trainable_leaf(module: torch.nn.Module) -> bool:
     params = list(module.parameters(recurse=False))
