@@ -16,18 +16,19 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from llasmol.classical import get_method
 from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import report_user_errors
 from llasmol.core.files import check_target
 from llasmol.core.quiet import quiet_known_noise
 from llasmol.core.schema import check_config
+from llasmol.data.source import SMolInstructSource
+from llasmol.metrics.families import use_scoring
 
 
 def make_method(cfg: DictConfig):
     """The method `cfg.method` with its settings, every setting checked (one `UserError` for a bad one: an
     unknown method, or a setting outside its schema, `llasmol.core.schema.BaselineSchema`)."""
-    from llasmol.classical import get_method
-
     cls = get_method(cfg.method)
     check_config(cfg)
     # The method's own settings, with the Morgan fingerprint shared by the methods that use one.
@@ -46,9 +47,8 @@ def check_method(cfg: DictConfig) -> None:
 
 def baseline(cfg: DictConfig) -> dict:
     """Run `cfg.method` on `cfg.data.split`; returns the metrics and where they were written."""
+    # lazy: the runner answers through the pipeline, which brings torch (1.5 s); the checks before Hydra need none
     from llasmol.classical.runner import run_baseline
-    from llasmol.data.source import SMolInstructSource
-    from llasmol.metrics.families import use_scoring
 
     quiet_known_noise()
     method = make_method(cfg)
@@ -66,7 +66,7 @@ def baseline(cfg: DictConfig) -> dict:
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="baseline")
 @report_user_errors
 def main(cfg: DictConfig) -> None:
-    from llasmol.analysis.tables import metric_lines
+    from llasmol.analysis.tables import metric_lines  # lazy: matplotlib (0.6 s), for the closing lines only
 
     result = baseline(cfg)
     print(metric_lines(result["metrics"], result["intervals"]))

@@ -15,24 +15,35 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator, Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from llasmol.core import run_dir
 from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import UserError, report_user_errors
-from llasmol.core.files import check_target
+from llasmol.core.files import check_target, write_json
 from llasmol.core.quiet import quiet_known_noise
 from llasmol.core.schema import check_config
+from llasmol.core.tasks import get_task
+from llasmol.data.formatting import PromptFormatter
+from llasmol.data.source import SMolInstructSource
+from llasmol.inference.base_protocol import build_queries, protocol_for, read_answers
+from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
+from llasmol.inference.partial import PartialPredictions
+from llasmol.inference.predictions import read_predictions
+from llasmol.inference.progress import generation_progress
+from llasmol.metrics.families import use_scoring
 
 log = logging.getLogger(__name__)
 
 def score_file(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
     """Score the predictions file `cfg.predictions`: (metrics, intervals or None, metrics file)."""
+    # lazy: the pipeline brings torch (1.5 s), which the command's checks before Hydra do not need
     from llasmol.inference.pipeline import Evaluation, RunFiles
-    from llasmol.inference.predictions import read_predictions
 
     records = read_predictions(cfg.predictions)
     if cfg.pool_golds == "split":
@@ -49,8 +60,7 @@ def _with_split_golds(records: list[dict], cfg: DictConfig) -> list[dict]:
     """`records` with the golds of every sample of `data.split` that shares an input, for the tasks whose golds
     pool: what the official compute_metrics.py `read_result` reads from the dataset (lines 12-25, 38-43),
     so a file with part of a split gets the golds the whole split gives each of its inputs."""
-    from llasmol.core.tasks import get_task
-    from llasmol.data.source import SMolInstructSource
+    # lazy: the pipeline brings torch (1.5 s), which the command's checks before Hydra do not need
     from llasmol.inference.pipeline import split_golds
 
     source = SMolInstructSource.from_config(OmegaConf.to_container(cfg.data, resolve=True))
@@ -68,8 +78,7 @@ def _with_split_golds(records: list[dict], cfg: DictConfig) -> list[dict]:
 
 
 def _system_row(cfg: DictConfig, records: list[dict], src: Path) -> tuple[dict, Optional[dict], Path]:
-    from llasmol.core import run_dir
-    from llasmol.core.files import write_json
+    # lazy: the pipeline brings torch (1.5 s), which the command's checks before Hydra do not need
     from llasmol.inference.pipeline import Evaluation, RunFiles
 
     folder, split = Path(cfg.paths.output_dir), cfg.data.split
@@ -121,14 +130,9 @@ def _continue_command(out_dir: Path, cfg: DictConfig) -> str:
 
 def generate_and_score(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
     """Generate with `cfg.ckpt` on `cfg.data.split` and score: (metrics, intervals or None, metrics file)."""
-    from llasmol.data.formatting import PromptFormatter
-    from llasmol.data.source import SMolInstructSource
-    from llasmol.inference.base_protocol import build_queries, protocol_for, read_answers
+    # lazy: the pipeline brings torch (1.5 s), which the command's checks before Hydra do not need
     from llasmol.inference.beam_search import BeamGenerator
-    from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
-    from llasmol.inference.partial import PartialPredictions
     from llasmol.inference.pipeline import Evaluation, ModelAnswers, RunFiles, Samples
-    from llasmol.inference.progress import generation_progress
 
     model_cfg, adapter, run_data = resolve_checkpoint(cfg.ckpt, cfg)
     protocol = protocol_for(cfg.get("prompting") or {}, bare=adapter is None)
@@ -193,11 +197,8 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
 
 def _protocol_row(cfg: DictConfig, model_cfg: DictConfig, protocol, folder: Path, split: str, samples: int) -> None:
     """Label the folder's row with its protocol (``Mistral (1-shot)``), as report and the notebooks show it."""
-    from dataclasses import asdict
-
+    # lazy: the analysis package brings matplotlib (0.6 s), needed only for a base model's protocol row
     from llasmol.analysis.paper import PAPER_SOURCES
-    from llasmol.core import run_dir
-    from llasmol.core.files import write_json
 
     if protocol.style == "molinst":
         name = "Molinst"
@@ -216,17 +217,12 @@ def _protocol_row(cfg: DictConfig, model_cfg: DictConfig, protocol, folder: Path
 
 def evaluate(cfg: DictConfig) -> dict:
     """Score `cfg.predictions`, or generate with `cfg.ckpt` on `cfg.data.split` and score that."""
-    from llasmol.metrics.families import use_scoring
-
     quiet_known_noise()
     check_config(cfg)
     use_scoring(cfg.get("scoring"))
     if cfg.output and Path(cfg.output).is_dir():
         raise UserError(f"output={cfg.output} is a directory: name the metrics file, e.g. "
                         f"output={Path(cfg.output) / 'metrics.json'}")
-    if cfg.pool_golds not in ("file", "split"):
-        raise UserError(f"pool_golds={cfg.pool_golds} is not a choice: file (the samples of the predictions "
-                        "file) or split (every sample of data.split, as the official scorer reads them)")
     if cfg.output:
         check_target(cfg.output, "output")  # before any work: a FIFO or device is not replaced at the end
     if cfg.predictions:
@@ -250,7 +246,7 @@ def main(cfg: DictConfig) -> None:
     except KeyboardInterrupt:
         log.warning("stopped (Ctrl-C) before the first answer: nothing was kept")
         raise SystemExit(1) from None
-    from llasmol.analysis.tables import metric_lines
+    from llasmol.analysis.tables import metric_lines  # lazy: matplotlib (0.6 s), for the closing lines only
 
     print(metric_lines(result["metrics"], result["intervals"]))
     if result["intervals"]:

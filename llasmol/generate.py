@@ -16,10 +16,17 @@ import sys
 from typing import Optional
 
 import hydra
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
-from llasmol.core.config import CONFIG_DIR, VALUED_OPTIONS, check_command_line
+from llasmol.core.config import CONFIG_DIR, VALUED_OPTIONS, check_command_line, compose_config
 from llasmol.core.errors import UserError, report_user_errors
+from llasmol.core.quiet import quiet_known_noise
+from llasmol.core.schema import check_config
+from llasmol.data.formatting import PromptFormatter
+from llasmol.data.smiles import canonical_kekule
+from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
+from llasmol.metrics.extract import any_answer, extract_answer
 
 SMILES_SPAN = re.compile(r"(<SMILES>\s*)(.*?)(\s*</SMILES>)", re.S)
 OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
@@ -28,8 +35,6 @@ OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
 def canonicalize_query(query: str) -> str:
     """The query with each tagged SMILES written as SMolInstruct writes it (canonical Kekule, parts sorted:
     the form the model was trained on); left as is when RDKit cannot read it. ';' separates parts too."""
-    from llasmol.data.smiles import canonical_kekule
-
     def canon(match: re.Match) -> str:
         written = canonical_kekule(match.group(2).replace(";", "."))
         return match.group(1) + (written if written is not None else match.group(2)) + match.group(3)
@@ -40,24 +45,17 @@ def canonicalize_query(query: str) -> str:
 def answer_of(response: str, task: Optional[str] = None) -> Optional[str]:
     """The answer the scorer would extract for `task`; without a task, the text between the first
     complete pair of answer tags in `response`."""
-    from llasmol.metrics.extract import any_answer, extract_answer
-
     return extract_answer(task, response) if task else any_answer(response)
 
 
 def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
     """Responses to `query` (taken literally), or to `cfg.query` when none is given."""
-    from llasmol.core.quiet import quiet_known_noise
-    from llasmol.core.schema import check_config
+    # lazy: beam search and the pipeline bring torch (1.5 s), which the checks before Hydra do not need
+    from llasmol.inference.beam_search import BeamGenerator
+    from llasmol.inference.pipeline import ModelAnswers
 
     quiet_known_noise()
-    check_config(cfg)
-
-    from llasmol.data.formatting import PromptFormatter
-    from llasmol.core.tasks import get_task
-    from llasmol.inference.beam_search import BeamGenerator
-    from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
-    from llasmol.inference.pipeline import ModelAnswers
+    check_config(cfg)  # task= names a task, the beams fit: the schema's
 
     query = query if query is not None else cfg.query
     if not query:
@@ -66,8 +64,6 @@ def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
         query.encode("utf-8")
     except UnicodeEncodeError:
         raise UserError("the question holds bytes that are not UTF-8 text: pass it as UTF-8") from None
-    if cfg.task:
-        get_task(cfg.task, "task= (or leave task out for the default beams)")
     model_cfg, adapter, _ = resolve_checkpoint(cfg.ckpt, cfg)
     model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"), merge=cfg.merge_adapter)
     model.to(pick_device(cfg.device))
@@ -82,13 +78,9 @@ def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
 
 def _settings() -> frozenset[str]:
     """The names an override of generate may start with: its config's top-level keys and the config groups."""
-    from llasmol.core.config import compose_config
-
     try:
         keys = set(compose_config([], "generate"))
     finally:
-        from hydra.core.global_hydra import GlobalHydra
-
         GlobalHydra.instance().clear()
     groups = {p.name for p in CONFIG_DIR.iterdir() if p.is_dir()}
     return frozenset(keys | groups | {"hydra"})

@@ -218,5 +218,5 @@ def test_a_partial_llm4chem_file_gets_the_golds_of_the_whole_split_with_pool_gol
     with pytest.raises(UserError, match=r"^forward_synthesis input 'CCCCCCCCCCCC' of the predictions is not in "
                                         r"data.split=test of .*: pass the data the predictions were made on"):
         evaluate(compose_config([*common[1:], f"predictions={stray}", "pool_golds=split"], "evaluate"))
-    with pytest.raises(UserError, match=r"^pool_golds=whole is not a choice"):
+    with pytest.raises(UserError, match=r"^pool_golds='whole' must be one of file, split"):
         evaluate(compose_config([*common, "pool_golds=whole"], "evaluate"))

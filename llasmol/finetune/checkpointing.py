@@ -24,11 +24,12 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from llasmol.core.run_dir import INTERRUPTED_CKPT
-from llasmol.core.files import remove_stale_temporaries
+from llasmol.core.files import remove_stale_temporaries, write_torch
 from llasmol.core.run_dir import CHECKPOINTS
 from llasmol.model.adapters import ADAPTER_CONFIG, adapter_card, adapter_dir, adapter_step, commit_adapter, stage_adapter
 from llasmol.finetune.distributed import module_state_dict
 from llasmol.finetune.lightning_private import CheckpointWithHooks
+from llasmol.finetune.resume import checkpoint_step, resume_command
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
-        from llasmol.core.files import write_torch
-
         write_torch(path, checkpoint)
 
 
@@ -98,8 +97,6 @@ class AdapterModelCheckpoint(CheckpointWithHooks):
             path = str(Path(self.dirpath) / INTERRUPTED_CKPT)
             self.save_now(trainer, path)
             if trainer.is_global_zero:
-                from llasmol.finetune.resume import resume_command
-
                 log.warning("interrupted at step %d, saved %s; continue with:\n  %s", trainer.global_step, path,
                             resume_command(Path(trainer.default_root_dir)))
 
@@ -129,8 +126,6 @@ def tidy_run_dir(run_dir: Path) -> list[str]:
         stored = adapter_step(adapter)
         if stored is None or not ckpt.is_file():
             continue  # adapters of earlier versions record no step; FSDP/DeepSpeed checkpoints are folders
-        from llasmol.finetune.resume import checkpoint_step
-
         try:
             step = checkpoint_step(str(ckpt))
         except Exception:  # noqa: BLE001 - a damaged checkpoint is named where it is used

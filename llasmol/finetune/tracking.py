@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import json
 from pathlib import Path
@@ -10,19 +11,17 @@ from typing import Optional
 
 from lightning.pytorch.callbacks import RichProgressBar
 
+from llasmol.core.errors import UserError
+from llasmol.core.files import write_text
+from llasmol.metrics.families import COUNTS, LOWER_IS_BETTER
+from llasmol.metrics.scoring import judge
 from llasmol.finetune.lightning_private import (
     CSVLoggerWithWriter, WandbLoggerWithoutAnonymous, WriterKeepingFile, wandb_run_started,
 )
 
-from llasmol.metrics.families import COUNTS, LOWER_IS_BETTER
-
 
 def check_loggers(logger_cfg) -> None:
     """Settings that would fail only after the run has started, as one line now."""
-    import importlib.util
-
-    from llasmol.core.errors import UserError
-
     for name, node in (logger_cfg or {}).items():
         target = (node or {}).get("_target_", "")
         if target.endswith("WandbLogger") and node.get("log_model") and node.get("offline"):
@@ -64,8 +63,6 @@ def finish_wandb_runs(trainer) -> None:
 
 def _correct(record: dict):
     """Whether the top-1 answer is right, by the metric's own rule; None where a metric is not a yes/no."""
-    from llasmol.metrics.scoring import judge
-
     category, _ = judge(record["task"], record["predictions"], record["gold"], record.get("skipped", False))
     return None if category == "scored" else category == "correct"
 
@@ -108,8 +105,6 @@ class KeepingCSVLogger(CSVLoggerWithWriter):
         keep = self.keep_until_step is not None and path.is_file()
         keys: list[str] = []
         if keep:
-            from llasmol.core.files import write_text
-
             with path.open(newline="") as fh:
                 reader = csv.DictReader(fh)
                 keys = list(reader.fieldnames or [])

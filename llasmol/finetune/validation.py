@@ -27,6 +27,7 @@ from llasmol.inference.pipeline import Evaluation, ModelAnswers, RunFiles, Sampl
 from llasmol.inference.progress import generation_progress
 from llasmol.metrics.reducer import reduced_metrics
 from llasmol.finetune.lightning_private import live_progress
+from llasmol.finetune.tracking import log_predictions_table, update_best_summary, wandb_loggers
 
 
 log = logging.getLogger("llasmol.train")
@@ -78,8 +79,6 @@ class GenerationEvaluator(Callback):
             # Already synchronised (equal on every rank); sync_dist keeps Lightning's DDP bookkeeping quiet.
             pl_module.log(key, value, sync_dist=True)
         if trainer.is_global_zero:
-            from llasmol.finetune.tracking import log_predictions_table, update_best_summary, wandb_loggers
-
             if wandb_loggers(trainer):
                 log_predictions_table(trainer, everything)
                 update_best_summary(trainer, flat)
@@ -87,8 +86,6 @@ class GenerationEvaluator(Callback):
 
     def on_validation_end(self, trainer, pl_module) -> None:
         # val/loss is aggregated only after the epoch-end hooks, so its best value and the log line are here.
-        from llasmol.finetune.tracking import update_best_summary, wandb_loggers
-
         loss = trainer.callback_metrics.get("val/loss")
         if trainer.sanity_checking or not trainer.is_global_zero or loss is None:
             return

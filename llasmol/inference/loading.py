@@ -11,10 +11,13 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from llasmol.core import offline
 from llasmol.core import run_dir as layout
+from llasmol.core.config import CONFIG_DIR
 from llasmol.core.errors import UserError
 from llasmol.core.schema import ModelSchema, check_group
-from llasmol.model.adapters import ADAPTER_CONFIG, WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS, adapter_dir, readable_adapter
+from llasmol.model.adapters import (ADAPTER_CONFIG, WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS, adapter_dir, load_adapter,
+                                    readable_adapter)
 from llasmol.model.lora import TINY_BASE
 
 log = logging.getLogger(__name__)
@@ -162,8 +165,6 @@ def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
         return  # trained from a local folder: nothing to compare against
     if base == model_cfg.get("hf_id"):
         return
-    from llasmol.core.config import CONFIG_DIR
-
     names = [f.stem for f in sorted((CONFIG_DIR / "model").glob("*.yaml"))
              if OmegaConf.load(f).get("hf_id") == base]
     fix = f"model={names[0]}" if names else f"model.hf_id={base} with a model config of its architecture"
@@ -229,7 +230,7 @@ def load_model(model_cfg: DictConfig, adapter: Optional[str], quant_cfg: Optiona
     function, without the adapters' extra matmuls at every step. A quantised base keeps its adapter
     separate: merging would re-round the 4/8-bit weights.
     """
-    from llasmol.model.adapters import load_adapter
+    # lazy: the base's loader brings torch and transformers (1.7 s), which evaluate's checks before Hydra need not
     from llasmol.model.base import load_base_model, load_tokenizer
 
     if not isinstance(merge, bool):
@@ -251,10 +252,8 @@ def _fetch_adapter(repo_id: str, model_cfg: DictConfig) -> Path:
     weights only, so that its pickle, if it has one, is read by our weights-only reader, not by PEFT."""
     from huggingface_hub import snapshot_download
 
-    from llasmol.core.offline import cached_on_disk, hub_unreachable
-
-    reason = hub_unreachable()
-    if reason is not None and not cached_on_disk(repo_id, ADAPTER_CONFIG):
+    reason = offline.hub_unreachable()
+    if reason is not None and not offline.cached_on_disk(repo_id, ADAPTER_CONFIG):
         raise UserError(f"adapter {repo_id} is not available offline ({reason}): run `hf download {repo_id}` where "
                         "the Hub is reachable, or give ckpt=<local adapter folder>")
     try:
