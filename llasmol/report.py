@@ -56,7 +56,7 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[P
 
     for split in run.evaluations:  # whole-split results (evaluate ckpt=<run>), beside the paper's numbers
         table = analysis.evaluation_table(run, split)
-        _write(out / f"{split}.md", table.to_markdown(), written)
+        _write(out / f"{split}.md", analysis.evaluation_note(run, table) + table.to_markdown(), written)
         _write(out / f"{split}.csv", table.to_csv(), written)
     metrics = analysis.metric_table(val)
     metrics.title = f"{run.label}: metrics at {val.name}"
