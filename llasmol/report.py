@@ -7,6 +7,8 @@
     python -m llasmol.report <run_dir> --validation val-epoch0-step200 --worst 8
 
 A run's report (of its latest validation unless ``--validation`` picks one):
+``<split>.md``/``.csv`` for each evaluated whole split (beside the paper's numbers for its base, with a line
+saying why any paper cell is empty),
 ``metrics.md``/``.csv`` (per task; for the tiny demo model, with why its exact matches are 0),
 ``trivial.md``/``.csv`` (the best constant answer on the same samples), ``intervals.md``/``.csv`` (each
 metric's 95% bootstrap interval),
