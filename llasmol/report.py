@@ -7,6 +7,8 @@
     python -m llasmol.report <run_dir> --validation val-epoch0-step200 --worst 8
 
 A run's report (of its latest validation unless ``--validation`` picks one):
+``<split>.md``/``.csv`` for each evaluated whole split (beside the paper's numbers for its base, with a line
+saying why any paper cell is empty),
 ``metrics.md``/``.csv`` (per task; for the tiny demo model, with why its exact matches are 0),
 ``trivial.md``/``.csv`` (the best constant answer on the same samples), ``intervals.md``/``.csv`` (each
 metric's 95% bootstrap interval),
@@ -56,7 +58,7 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[P
 
     for split in run.evaluations:  # whole-split results (evaluate ckpt=<run>), beside the paper's numbers
         table = analysis.evaluation_table(run, split)
-        _write(out / f"{split}.md", table.to_markdown(), written)
+        _write(out / f"{split}.md", analysis.evaluation_note(run, table) + table.to_markdown(), written)
         _write(out / f"{split}.csv", table.to_csv(), written)
     metrics = analysis.metric_table(val)
     metrics.title = f"{run.label}: metrics at {val.name}"

@@ -280,6 +280,26 @@ def test_report_on_hand_made_run(run_dir, capsys):
     assert "| forward_synthesis | 0.200 |" in md
 
 
+def test_a_test_split_report_says_why_paper_cells_are_empty(run_dir, capsys):
+    """The demo model has no paper row, and the paper's ESOL RMSE is not transcribed: a line above test.md says
+    so, rather than leave a newcomer a column of '-'."""
+    write_json(run_dir / "metrics" / "test.json", analysis.load_run(run_dir).latest.metrics)
+    report_main([str(run_dir)])
+    tiny = (run_dir / "report" / "test.md").read_text().splitlines()
+    assert tiny[0].startswith("Paper column empty: the paper reports no results for the tiny demo model")
+    assert "model=mistral, llama2, galactica, codellama" in tiny[0] and tiny[1] == ""
+    assert all(line.endswith(" | - |") for line in tiny if line.startswith("| ") and "---" not in line[:6]
+               and not line.startswith("| task "))
+    params = json.loads((run_dir / "params.json").read_text())
+    write_json(run_dir / "params.json", {**params, "model": "mistral"})
+    report_main([str(run_dir)])
+    capsys.readouterr()
+    mistral = (run_dir / "report" / "test.md").read_text().splitlines()
+    assert mistral[0].startswith("'-' in the paper column: ESOL and Lipo RMSE are printed in the paper (Table 12)")
+    assert "| property_prediction-esol | rmse | 1.458 | - |" in mistral
+    assert f"| property_prediction-bbbp | accuracy | 0.250 | {PAPER_RESULTS['LlaSMol-Mistral']['property_prediction-bbbp']['accuracy']:.3f} |" in mistral
+
+
 # --------------------------------------------------------------------------- a real sweep
 
 

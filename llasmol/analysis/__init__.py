@@ -51,6 +51,7 @@ from llasmol.analysis.tables import (
     FAILURE_CATEGORIES,
     HEADLINE,
     Table,
+    evaluation_note,
     evaluation_table,
     failure_counts,
     failure_table,

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence, Union
 
-from llasmol.analysis.paper import PAPER_MODEL_OF_BASE, PAPER_MODELS, PAPER_RESULTS, PAPER_SOURCES
+from llasmol.analysis.paper import NOT_TRANSCRIBED, PAPER_MODEL_OF_BASE, PAPER_MODELS, PAPER_RESULTS, PAPER_SOURCES
 from llasmol.analysis.runs import Run, Validation
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import TASKS, get_task
@@ -301,6 +301,33 @@ def metric_trends(run: Run, metrics: Union[None, str, Sequence[str]] = None) -> 
 # --------------------------------------------------------------------------- test set beside the paper
 
 
+def _paper_model(run: Run) -> Optional[str]:
+    """The paper's row a run's whole-split results stand beside; None where the paper has none."""
+    # A baseline stands beside the paper's first (best) model: what a fine-tuned LLM reaches on the task.
+    if run.baseline is not None:
+        return PAPER_MODELS[0]
+    return (run.system or {}).get("paper_row") or PAPER_MODEL_OF_BASE.get(run.model or "")
+
+
+def evaluation_note(run: Run, table: Table) -> str:
+    """The line above `evaluation_table(run)` saying why its paper column, or some of its cells, are empty
+    ('' when every cell is there): a reader should not take '-' for a zero or a bug."""
+    paper_model = _paper_model(run)
+    if not paper_model:
+        what = ("the tiny demo model (random initial weights, minutes of training: a learning demo, not a "
+                "chemistry model)" if run.model == "tiny" else f"{run.label} (model={run.model})")
+        return (f"Paper column empty: the paper reports no results for {what}. Its LlaSMol rows stand beside "
+                f"runs on model={', '.join(PAPER_MODEL_OF_BASE)}.\n\n")
+    empty = sorted({row[0] for row in table.rows if row[-1] is None})
+    if not empty:
+        return ""
+    reasons = sorted({NOT_TRANSCRIBED[task] for task in empty if task in NOT_TRANSCRIBED})
+    others = [task for task in empty if task not in NOT_TRANSCRIBED]
+    if others:
+        reasons.append(f"{paper_model} has no reported value for {', '.join(others)}")
+    return "'-' in the paper column: " + "; ".join(reasons) + ".\n\n"
+
+
 def evaluation_table(run: Run, split: str = "test") -> Table:
     """A run's whole-split results (`evaluate ckpt=<run> data.split=<split>`) beside the paper's Table
     values for the same base (`paper.PAPER_MODEL_OF_BASE`; a baseline's beside the paper's first model; an
@@ -310,9 +337,7 @@ def evaluation_table(run: Run, split: str = "test") -> Table:
         have = ", ".join(sorted(run.evaluations)) or "none"
         raise UserError(f"{run.path} has no {split} results (has: {have}): run python -m llasmol.evaluate "
                         f"ckpt={run.path} data.split={split}")
-    # A baseline stands beside the paper's first (best) model: what a fine-tuned LLM reaches on the task.
-    paper_model = PAPER_MODELS[0] if run.baseline is not None else (
-        (run.system or {}).get("paper_row") or PAPER_MODEL_OF_BASE.get(run.model or ""))
+    paper_model = _paper_model(run)
     paper = PAPER_RESULTS.get(paper_model, {}) if paper_model else {}
     rows = []
     for task, values in run.evaluations[split].items():

@@ -1,0 +1,55 @@
+"""The documentation holds together: every page under docs/ is reachable from the README, and every relative
+link in the README and the docs points at a file (and, for a Markdown heading anchor, a heading) that exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = sorted((ROOT / "docs").glob("*.md"))
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _prose(path: Path) -> str:
+    """The file without its fenced code blocks (a `# comment` in a shell block is no heading)."""
+    return re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ +(.+?) *$", _prose(path), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+def _relative_links(path: Path) -> list[str]:
+    return [t for t in LINK.findall(_prose(path)) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    readme = ROOT / "README.md"
+    linked = {(readme.parent / t.split("#")[0]).resolve() for t in _relative_links(readme) if t.split("#")[0]}
+    assert PAGES, "no docs/*.md"
+    missing = [p.name for p in PAGES if p.resolve() not in linked]
+    assert not missing, f"README.md links no docs/{missing}"
+
+
+def test_every_relative_link_points_at_something_that_exists():
+    broken = []
+    for page in [ROOT / "README.md", *PAGES]:
+        for target in _relative_links(page):
+            file, _, anchor = target.partition("#")
+            dest = (page.parent / file).resolve() if file else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_link_checker_can_fail(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# A title, with `code`\n\n[ok](page.md#a-title-with-code) [bad](nowhere.md) "
+                    "[web](https://example.org)\n```bash\n# not a heading\n```\n")
+    assert _relative_links(page) == ["page.md#a-title-with-code", "nowhere.md"]
+    assert _anchors(page) == {"a-title-with-code"}
