@@ -111,13 +111,23 @@ def test_the_look_alike_check_sees_look_alikes():
     assert look_alikes({"classical/", "baseline.py", "analysis/"}) == []
 
 
-def test_the_readme_layout_names_every_module():
-    readme = (ROOT / "README.md").read_text()
-    layout = readme[readme.index("## Layout"): readme.index("## Troubleshooting")]
+def test_the_architecture_page_names_every_module_and_the_readme_every_folder():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    modules_list = page[page.index("## Modules"):]
     for path in modules():
         if path.stem == "__init__":
             continue
-        assert re.search(rf"\b{re.escape(path.name)}\b", layout), f"README's Layout does not name {path.relative_to(ROOT)}"
+        assert re.search(rf"\b{re.escape(path.name)}\b", modules_list), \
+            f"docs/architecture.md's Modules does not name {path.relative_to(ROOT)}"
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout"): readme.index("## Troubleshooting")]
+    for package in [*packages(), ROOT / "conf"]:
+        if package.parent in (PACKAGE, ROOT):
+            assert f"`{package.name}/`" in layout, f"README's Layout does not name {package.name}/"
+    layers = page[page.index("## The layers"): page.index("## One sample")]
+    for name in LAYERS:
+        if name:
+            assert re.search(rf"^ *\d? +{name}/", layers, flags=re.M), f"docs/architecture.md's layers lack {name}/"
 
 
 @pytest.mark.slow
