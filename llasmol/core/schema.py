@@ -168,12 +168,18 @@ class BeamSchema:
     early_stopping: Union[bool, str] = setting(choices=(True, False, "never"))
 
 
-def _task_names(names, where: str) -> Optional[str]:
+def _said(check: Callable, *args) -> Optional[str]:
+    """What `check(*args)` says is wrong (its `UserError`'s message), None when nothing is: a rule built on a
+    check that raises."""
     try:
-        check_tasks(names, where)
+        check(*args)
     except UserError as err:
         return str(err)
     return None
+
+
+def _task_names(names, where: str) -> Optional[str]:
+    return _said(check_tasks, names, where)
 
 
 @dataclass
@@ -338,19 +344,31 @@ def _lora_base(cfg: dict) -> Optional[str]:
 
 
 @dataclass
-class TrainSchema:
+class CommandSchema:
+    """What every command has: the one seed (conf/shared.yaml)."""
+
     seed: int = setting(0)
+
+
+@dataclass
+class ModelCommandSchema(CommandSchema):
+    """The groups of a command that loads a base and generates with it."""
+
+    model: ModelSchema = setting()
+    quantization: QuantizationSchema = setting()
+    generation: GenerationSchema = setting()
+
+
+@dataclass
+class TrainSchema(ModelCommandSchema):
     val_every_n_steps: int = setting(1, COUNT)
     checkpoint_every_n_steps: int = setting(1, COUNT)
     gradient_checkpointing: bool = setting()
     compile: CompileSchema = setting()
     ckpt_path: Optional[str] = setting()
     overwrite: bool = setting()
-    model: ModelSchema = setting()
     lora: LoraSchema = setting()
-    quantization: QuantizationSchema = setting()
     data: DataSchema = setting()
-    generation: GenerationSchema = setting()
     intervals: IntervalsSchema = setting()
     scoring: ScoringSchema = setting()
     optimizer: OptimizerSchema = setting()
@@ -362,8 +380,7 @@ class TrainSchema:
 
 
 @dataclass
-class EvaluateSchema:
-    seed: int = setting(0)
+class EvaluateSchema(ModelCommandSchema):
     predictions: Optional[str] = setting()
     output: Optional[str] = setting()
     name: Optional[str] = setting()
@@ -373,11 +390,8 @@ class EvaluateSchema:
     device: str = setting()
     merge_adapter: bool = setting()
     progress_every_s: float = setting(0, hint="seconds between progress lines in the log; 0: after every batch")
-    model: ModelSchema = setting()
-    quantization: QuantizationSchema = setting()
     prompting: PromptingSchema = setting()
     data: DataSchema = setting()
-    generation: GenerationSchema = setting()
     intervals: IntervalsSchema = setting()
     scoring: ScoringSchema = setting()
 
@@ -386,33 +400,22 @@ class EvaluateSchema:
 
 def _generate_task(cfg: dict) -> Optional[str]:
     task = cfg.get("task")
-    if task is None:
-        return None
-    try:
-        get_task(task, "task= (or leave task out for the default beams)")
-    except UserError as err:
-        return str(err)
-    return None
+    return None if task is None else _said(get_task, task, "task= (or leave task out for the default beams)")
 
 
 @dataclass
-class GenerateSchema:
-    seed: int = setting(0)
+class GenerateSchema(ModelCommandSchema):
     query: Optional[str] = setting()
     ckpt: Optional[str] = setting()
     task: Optional[str] = setting()
     device: str = setting()
     merge_adapter: bool = setting()
-    model: ModelSchema = setting()
-    quantization: QuantizationSchema = setting()
-    generation: GenerationSchema = setting()
 
     RULES = (_generate_task,)
 
 
 @dataclass
-class BaselineSchema:
-    seed: int = setting(0)
+class BaselineSchema(CommandSchema):
     method: Optional[str] = setting()
     n_jobs: int = setting(1, 1024)
     output: Optional[str] = setting()
@@ -428,8 +431,7 @@ class BaselineSchema:
 
 
 @dataclass
-class AuditSchema:
-    seed: int = setting(0)
+class AuditSchema(CommandSchema):
     held_out: List[str] = setting()
     fail_on_duplicates: bool = setting()
     examples: int = setting(0, COUNT)
