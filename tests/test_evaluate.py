@@ -182,6 +182,13 @@ GOOD = {"task": "forward_synthesis", "input": "a", "gold": "C", "predictions": [
     (b'{"task": "forward_synthesis", "input": "a", "gold": ' + b"9" * 5000 + b', "predictions": []}',
      "line 1 cannot be read (Exceeds the limit"),
     (b"[1, 2]\n", "line 1 lacks task, input, gold, predictions"),
+    # Escaped lone surrogates parse as JSON but are no text: every later write of them would fail.
+    (b'{"task": "forward_synthesis", "input": "x\\ud800", "gold": "C", "predictions": ["C"]}',
+     "line 1: input holds '\\ud800', half of a UTF-16 pair and not text"),
+    (b'{"task": "forward_synthesis", "input": "x", "gold": "C", "predictions": ["C", "<SMILES> C\\udc00 </SMILES>"]}',
+     "line 1: predictions[1] holds '\\udc00'"),
+    (b'{"task": "forward_synthesis", "input": "x", "gold": "C", "predictions": ["C"], "meta": {"\\ud83d": 1}}',
+     "line 1: a key of meta holds '\\ud83d'"),
 ])
 def test_predictions_files_of_the_wrong_kind_are_named(tmp_path, content, needle):
     from llasmol.core.errors import UserError

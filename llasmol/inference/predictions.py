@@ -162,6 +162,25 @@ def read_predictions(path: str | Path, allow_empty: bool = False) -> list[dict]:
     return records
 
 
+def _encodable(value, where: str, key: str = "") -> None:
+    """JSON may escape a lone surrogate (`"\\ud800"`), which is no text: every later write or print of it would
+    fail. Named here, with its field, as the reader's other refusals are."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            char = value[err.start]
+            raise UserError(f"{where}: {key or 'a string'} holds {ascii(char)}, half of a UTF-16 pair and not text: "
+                            "write the file's strings as UTF-8 text") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _encodable(k, where, f"a key of {key}" if key else "a key")
+            _encodable(v, where, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _encodable(v, where, f"{key}[{i}]")
+
+
 def _read_file(path: Path) -> list[dict]:
     records = []
     with path.open("rb") as fh:
@@ -180,6 +199,7 @@ def _read_file(path: Path) -> list[dict]:
             except (ValueError, RecursionError) as err:  # 5,000-digit integers; nesting deeper than Python's stack
                 reason = "nested too deeply" if isinstance(err, RecursionError) else str(err).split(";")[0][:80]
                 raise UserError(f"{where} cannot be read ({reason})") from None
+            _encodable(record, where)
             official = isinstance(record, dict) and "output" in record and "predictions" not in record
             if official:
                 record = _from_llm4chem(record)
