@@ -157,3 +157,11 @@ def test_a_base_that_is_not_listed_trains_from_its_folder(tmp_path, cfg_factory)
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(folder)
     assert sorted(config["target_modules"]) == sorted(LLAMA.values())
+    # ... and its adapter is evaluated over the same folder.
+    from llasmol.evaluate import evaluate
+
+    scored = evaluate(compose_config([*_hf(folder), "setup/model=tiny", "model.dtype=float32", f"ckpt={adapter}",
+                                      f"paths.output_dir={tmp_path / 'eval'}", "data.tasks=[forward_synthesis]",
+                                      "data.max_samples_per_task={test:2}", "generation.max_new_tokens_limit=4",
+                                      "intervals.resamples=0"], "evaluate"))
+    assert scored["metrics"]["forward_synthesis"]["num_samples"] == 2
