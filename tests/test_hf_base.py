@@ -83,7 +83,7 @@ def test_a_fused_projection_trains_all_its_roles_or_none(tmp_path):
     assert target_modules(cfg.model, cfg.lora) == ["attn.c_attn", "attn.c_proj"]  # c_attn once for q, k, v
     lite = compose_config(_hf(folder, "lora=lite"), "params")
     with pytest.raises(UserError, match=r"computes q, k, v in one module \(attn.c_attn\): lora.targets \['q', 'v'\] "
-                                        r"must take all of them or none \(add k; lora=attn or full do\)"):
+                                        r"must take all of them or none \(add k\)"):
         target_modules(lite.model, lite.lora)
 
 

@@ -34,7 +34,7 @@ def target_modules(model_cfg, lora_cfg) -> list[str]:
         if left:
             raise UserError(
                 f"model {model_cfg.name} computes {', '.join(serves)} in one module ({name}): lora.targets "
-                f"{list(lora_cfg.targets)} must take all of them or none (add {', '.join(left)}; lora=attn or full do)"
+                f"{list(lora_cfg.targets)} must take all of them or none (add {', '.join(left)})"
             )
     if not names:
         raise UserError(f"lora.targets {list(lora_cfg.targets)} match no module of model {model_cfg.name}")

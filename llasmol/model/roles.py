@@ -40,7 +40,7 @@ _INFERRED: dict[str, dict[str, Optional[str]]] = {}  # model.arch -> its inferre
 def linear_layer_names(model, head: str = "lm_head") -> list[str]:
     """The distinct names of `model`'s linear layers (GPT-2's Conv1D ones too) within a block
     (`self_attn.q_proj`), in order of appearance, the output head left out."""
-    import torch
+    import torch  # here, not at the top: llasmol.model.lora imports this module without torch or transformers
     from transformers.pytorch_utils import Conv1D
 
     names: dict[str, None] = {}
@@ -80,7 +80,7 @@ def role_map(model_cfg) -> dict[str, Optional[str]]:
         return {role: given.get(role) for role in ROLES}
     arch = str(model_cfg.arch)
     if arch not in _INFERRED:
-        from llasmol.model.base import build_meta_model
+        from llasmol.model.base import build_meta_model  # torch at import: only a map to infer needs it
 
         names = linear_layer_names(build_meta_model(model_cfg), model_cfg.get("head") or "lm_head")
         _INFERRED[arch] = infer_role_map(names, str(model_cfg.get("name") or arch))
