@@ -179,7 +179,9 @@ def test_cfg_job_prints_the_prompting_setting_for_every_base(tmp_path):
     import sys
 
     for model in MODELS:
-        proc = subprocess.run([sys.executable, "-m", "llasmol.evaluate", "ckpt=none", f"model={model}", "--cfg", "job"],
+        given = ["model.name=someone/any-base", "model.path=/x"] if model == "hf" else []  # its id and folder
+        proc = subprocess.run([sys.executable, "-m", "llasmol.evaluate", "ckpt=none", f"model={model}", *given,
+                               "--cfg", "job"],
                               capture_output=True, text=True, cwd=tmp_path, timeout=600,
                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
         assert proc.returncode == 0, proc.stderr[-2000:]

@@ -14,6 +14,9 @@ from llasmol.model.base import arch_facts
 MODELS = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
 LORAS = sorted(p.stem for p in (CONFIG_DIR / "lora").glob("*.yaml"))
 QUANTIZATIONS = sorted(p.stem for p in (CONFIG_DIR / "quantization").glob("*.yaml"))
+# model=hf (a base that is not listed) needs its Hub id and folder; the folder's config.json is read only
+# when the model is built (tests/test_hf_base.py).
+GIVEN = {"hf": ["model.name=someone/any-base", "model.path=/tmp/unused-base"]}
 HF_IDS = {
     "mistral": "mistralai/Mistral-7B-v0.1",
     "llama2": "meta-llama/Llama-2-7b-hf",
@@ -26,14 +29,14 @@ HF_IDS = {
 @pytest.mark.parametrize("lora", LORAS)
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_lora_combination_composes(model, lora):
-    cfg = compose_config([f"model={model}", f"lora={lora}", "paths.output_dir=/tmp/unused"])
+    cfg = compose_config([f"model={model}", f"lora={lora}", "paths.output_dir=/tmp/unused", *GIVEN.get(model, [])])
     # An explicit model wins the composition; the settings check then refuses lora=large on another base.
-    assert cfg.model.name == model
+    assert cfg.model.name == ("someone/any-base" if model == "hf" else model)
     assert cfg.lora.name == lora
     assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout) == (16, 16, 0.05)
     assert cfg.lora.train_head == (lora == "plus")
-    for role in cfg.lora.targets:
-        assert role in cfg.model.lora_targets
+    for role in cfg.lora.targets:  # model=hf reads its map from the base's module names
+        assert role in cfg.model.lora_targets if model != "hf" else cfg.model.lora_targets is None
 
 
 def test_large_switches_the_base_to_llama2_13b():
@@ -46,9 +49,10 @@ def test_large_switches_the_base_to_llama2_13b():
 
 @pytest.mark.parametrize("model", [m for m in MODELS if m != "tiny"])
 def test_real_bases_get_the_paper_recipe(model):
-    cfg = compose_config([f"model={model}", "lora=full", "paths.output_dir=/tmp/unused"])
+    cfg = compose_config([f"model={model}", "lora=full", "paths.output_dir=/tmp/unused", *GIVEN.get(model, [])])
     assert cfg.model.hf_id == HF_IDS.get(model, cfg.model.hf_id) and cfg.model.hf_id.count("/") == 1
-    assert arch_facts(cfg.model.arch)["model_type"]  # its shapes are bundled
+    if model != "hf":  # its shapes are bundled (model=hf's are its folder's config.json)
+        assert arch_facts(cfg.model.arch)["model_type"]
     assert cfg.model.dtype == "bfloat16"
     # Qwen3-8B is a chat checkpoint: its own chat template by default; every other base the paper's string.
     assert cfg.model.prompt_template == ("chat_template" if model == "qwen3" else "[INST] {input} [/INST]")
@@ -199,6 +203,7 @@ def test_gpu_presets_run_fp32_when_put_on_cpu():
     ("train", "data.max_length=-1", "data.max_length=-1 must be an integer >= 16"),
     ("train", "lora.r=0", "lora.r=0 must be an integer >= 1"),
     ("params", "lora.r=0", "lora.r=0 must be an integer >= 1"),
+    ("params", "model=hf", "model.name is not set (???): give it a value, model.name=<value>"),
     ("train", "optimizer.lr=nan", "optimizer.lr=nan must be a number > 0"),
     ("train", "optimizer.lr=-0.001", "optimizer.lr=-0.001 must be a number > 0"),
     ("train", "trainer.max_steps=-5", "trainer.max_steps=-5 must be an integer >= 1 and <= 1073741824 or -1"),

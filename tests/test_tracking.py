@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,30 @@ def wandb_run_files(run_dir: Path) -> list[Path]:
 
     wandb.teardown()
     return sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+
+
+def wandb_history(record_file: Path) -> list[dict]:
+    """The history rows (what `wandb.log` was given) of one offline run file, in order. The file is W&B's
+    record log: a 7-byte header, then 32 KiB blocks of chunks (crc32, length, type: whole, first, middle,
+    last), each record a `wandb_internal_pb2.Record`."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, block, pos, rows, parts = record_file.read_bytes(), 32768, 7, [], b""
+    assert data[:4] == b":W&B", record_file
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # too little room left in this block for a chunk header: padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        parts += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a whole record, or the last chunk of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts)
+            parts = b""
+            if record.WhichOneof("record_type") == "history":
+                rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
+    return rows
 
 
 @pytest.mark.slow
@@ -125,3 +150,30 @@ def test_resuming_from_a_mid_run_checkpoint_rewrites_the_rows_after_it_once(cfg_
     assert train_rows() == [0, 1, 2, 3, 4, 5]
     train(cfg_factory("trainer.max_steps=6", f"ckpt_path={mid}", *short))
     assert train_rows() == [0, 1, 2, 3, 4, 5]  # steps 3-5 once, from the resumed session
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,code", [("SIGTERM", 143), ("SIGINT", 1)])
+def test_a_run_stopped_by_a_signal_and_resumed_logs_every_step_to_its_wandb_run_once(tmp_path, cfg_factory, sig, code):
+    """Stopped between the two micro-batches of step 2 (the stop waits for the step's end), then resumed in
+    place: the one W&B run's history holds steps 0-5, each once."""
+    run = ["logger=[csv,wandb]", "trainer.max_steps=6", "data.max_samples_per_task={train:24,validation:2}",
+           "data.micro_batch_size=2", "data.effective_batch_size=4", "val_every_n_steps=100",
+           "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false"]
+    probe = ["+callbacks.signal._target_=resume_probe.SignalAt", f"+callbacks.signal.signal={sig}",
+             "+callbacks.signal.step=2", "+callbacks.signal.micro_batch=1"]
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "llasmol.train", f"hydra.run.dir={tmp_path}", *run, *probe],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=HANG_TIMEOUT)
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert (tmp_path / "checkpoints" / "interrupted.ckpt").is_file()
+    train(cfg_factory(*run, "ckpt_path=last"))
+    run_id = (tmp_path / "wandb_run_id").read_text().strip()
+    sessions = wandb_run_files(tmp_path)
+    assert [p.name for p in sessions] == [f"run-{run_id}.wandb"] * 2  # one W&B run, continued
+    steps = [row["trainer/global_step"] for p in sessions for row in wandb_history(p) if "train/loss" in row]
+    # Session by session: no gap at the step the stop waited for (2), no step twice. (W&B's own `_step` starts
+    # again at 0 in an offline session; the steps are `trainer/global_step`, the x-axis Lightning sets.)
+    assert steps == list(range(6)), steps

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue, OmegaConfBaseException
 
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import check_tasks, get_task
@@ -93,11 +93,19 @@ COUNT = 1 << 30  # steps, epochs, samples: past a billion is a typo
 # --------------------------------------------------------------------------- the groups
 
 
+def _arch_given(model: dict) -> Optional[str]:
+    if "arch" in model and model["arch"] is None:  # model=hf takes model.path as its arch
+        return ("model.path is not set: model=hf reads the base from a local folder, model.path=<folder with its "
+                "config.json, tokenizer files and *.safetensors> (a listed model names model.arch, a bundled "
+                "architecture)")
+    return None
+
+
 @dataclass
 class ModelSchema:
     name: str
     hf_id: Optional[str]
-    arch: str
+    arch: Optional[str]  # null only as model=hf's unset model.path (`_arch_given`)
     tokenizer: Optional[str]
     tokenizer_legacy: Optional[bool]
     random_init: bool
@@ -107,7 +115,9 @@ class ModelSchema:
     trust_remote_code: bool = setting()
     prompt_template: str = setting()
     head: str = setting()
-    lora_targets: Dict[str, Optional[str]] = setting()
+    lora_targets: Optional[Dict[str, Optional[str]]] = setting()  # null: read from the base's module names
+
+    RULES = (_arch_given,)
 
 
 @dataclass
@@ -466,6 +476,10 @@ def resolved(cfg: DictConfig) -> dict:
             value = node[key]
         except MissingMandatoryValue:
             raise UserError(f"{where} is not set (???): give it a value, {where}=<value>") from None
+        except InterpolationToMissingValueError as err:  # a setting that refers to a `???` (model=hf's name)
+            missing = re.search(r"Missing mandatory value: ([\w.]+)", str(err))
+            key = missing.group(1) if missing else where
+            raise UserError(f"{key} is not set (???): give it a value, {key}=<value>") from None
         except (OmegaConfBaseException, RecursionError, ValueError) as err:
             if not hydra_ready and "HydraConfig was not set" in str(err):
                 return _UNRESOLVED  # it names Hydra's run folder, which exists once Hydra runs

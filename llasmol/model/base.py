@@ -1,7 +1,8 @@
 """Build or load base causal LMs.
 
 Every supported base model ships its Hugging Face `config.json` facts in `llasmol/model/arch/`, so shapes
-and parameter counts are known offline (on the `meta` device). Real weights come from `model.path` or the
+and parameter counts are known offline (on the `meta` device); a base that is not listed (`model=hf`) names
+its local folder as `model.arch`, whose own config.json gives them. Real weights come from `model.path` or the
 Hugging Face cache/Hub; when neither has them the user gets one line saying how to point at local weights.
 The tiny model is built from its bundled config with random weights and uses the bundled tokenizer.
 """
@@ -24,20 +25,44 @@ TINY_TOKENIZER_DIR = PACKAGE_DIR / "model" / "tiny_tokenizer"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _arch_folder(arch: str) -> Optional[Path]:
+    """The folder `arch` names when it is a path rather than a bundled architecture (model=hf: model.path)."""
+    return Path(arch) if "/" in arch or Path(arch).is_dir() else None
+
+
 def arch_facts(arch: str) -> dict[str, Any]:
-    """The bundled `config.json` facts of architecture `arch` (a file stem in `llasmol/model/arch/`)."""
-    path = ARCH_DIR / f"{arch}.json"
+    """The `config.json` facts of architecture `arch`: a file stem in `llasmol/model/arch/`, or a folder
+    holding the base's own config.json."""
+    folder = _arch_folder(arch)
+    path = ARCH_DIR / f"{arch}.json" if folder is None else folder / "config.json"
+    if folder is not None and not path.is_file():
+        raise UserError(f"{arch} has no config.json: point model.path (model=hf) at the base's folder, with its "
+                        "config.json, tokenizer files and *.safetensors (`hf download <id> --local-dir <folder>`)")
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in ARCH_DIR.glob("*.json")))
-        raise UserError(f"unknown model.arch {arch!r}: bundled architectures are {known}")
-    return json.loads(path.read_text())
+        raise UserError(f"unknown model.arch {arch!r}: bundled architectures are {known} (or model=hf "
+                        "model.path=<folder with config.json>)")
+    try:
+        facts = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"{path} is not valid JSON ({err}): copy the base's config.json again") from None
+    if not isinstance(facts, dict) or not isinstance(facts.get("model_type"), str):
+        raise UserError(f"{path} names no model_type: copy the base's config.json again")
+    return facts
 
 
 def arch_config(arch: str, **overrides: Any):
-    """The bundled `transformers` config of architecture `arch`."""
+    """The `transformers` config of architecture `arch` (bundled facts, or a folder's config.json)."""
     from transformers import AutoConfig
 
     facts = {**arch_facts(arch), **overrides}
+    if _arch_folder(arch) is not None:
+        try:  # transformers reads its own file (renamed keys, nested sub-configs) as it would load the weights
+            return AutoConfig.from_pretrained(arch, **overrides)
+        except (OSError, ValueError, KeyError) as err:
+            reason = " ".join(str(err).split())[:200]
+            raise UserError(f"{arch}/config.json cannot be read by transformers ({reason}): a model_type this "
+                            "transformers release knows is needed") from None
     return AutoConfig.for_model(facts.pop("model_type"), **facts)
 
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from llasmol.core.errors import UserError
-
-ROLES = ("q", "k", "v", "o", "gate", "up", "down")
+from llasmol.model.roles import ROLES, role_map
 # What an adapter of the embedded tiny model names as its base (it has no Hub id: its random weights are
 # rebuilt from model.init_seed, never saved).
 TINY_BASE = "llasmol/tiny-mistral (random weights, rebuilt from model.init_seed)"
@@ -18,18 +17,25 @@ def base_name(model_cfg) -> str:
 
 
 def target_modules(model_cfg, lora_cfg) -> list[str]:
-    """Module names that get adapters: the LoRA group names roles, the model config maps them to names.
+    """Module names that get adapters: the LoRA group names roles, the model config maps them to names
+    (`llasmol.model.roles.role_map`, which reads them from the base where the config leaves them out).
 
-    A role the family does not have (OPT/Galactica has no gate projection) is skipped.
+    A role the family does not have (OPT/Galactica has no gate projection) is skipped. A module that serves
+    several roles (a fused q/k/v) is named once, and only when every role it serves is chosen.
     """
-    names = []
-    mapping = model_cfg.lora_targets
+    mapping = role_map(model_cfg)
     for role in lora_cfg.targets:
         if role not in ROLES:
             raise UserError(f"unknown LoRA role {role!r} in lora.targets: use some of {', '.join(ROLES)}")
-        name = mapping.get(role)
-        if name:
-            names.append(name)
+    names = list(dict.fromkeys(mapping[role] for role in lora_cfg.targets if mapping.get(role)))
+    for name in names:
+        serves = [role for role in ROLES if mapping.get(role) == name]
+        left = [role for role in serves if role not in lora_cfg.targets]
+        if left:
+            raise UserError(
+                f"model {model_cfg.name} computes {', '.join(serves)} in one module ({name}): lora.targets "
+                f"{list(lora_cfg.targets)} must take all of them or none (add {', '.join(left)})"
+            )
     if not names:
         raise UserError(f"lora.targets {list(lora_cfg.targets)} match no module of model {model_cfg.name}")
     return names
@@ -58,7 +64,13 @@ def apply_lora(model, model_cfg, lora_cfg):
     with warnings.catch_warnings():
         # PEFT asks for a property this transformers release deprecates; nothing for our users to do.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        peft_model = get_peft_model(model, lora_config(model_cfg, lora_cfg))
+        config = lora_config(model_cfg, lora_cfg)
+        try:
+            peft_model = get_peft_model(model, config)
+        except ValueError as err:  # PEFT's word on a module name it cannot adapt (missing, or unsupported)
+            reason = " ".join(str(err).split())[:300]
+            raise UserError(f"LoRA cannot go on {sorted(config.target_modules)} of model {model_cfg.name} ({reason}): "
+                            "fix model.lora_targets") from None
     # Saved adapters say which base they go on (PEFT takes the base's name_or_path, empty for the tiny model).
     peft_model.peft_config["default"].base_model_name_or_path = base_name(model_cfg)
     return peft_model

@@ -1,0 +1,167 @@
+"""`model=hf`: a base that is not listed, from a local folder; its LoRA roles read from its module names (#25)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import compose_config
+from llasmol.core.errors import UserError
+from llasmol.model.base import TINY_TOKENIZER_DIR
+from llasmol.model.roles import role_map
+
+LLAMA = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
+         "down": "down_proj"}
+OPT = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj", "gate": None, "up": "fc1", "down": "fc2"}
+GPT2 = {"q": "attn.c_attn", "k": "attn.c_attn", "v": "attn.c_attn", "o": "attn.c_proj", "gate": None,
+        "up": "mlp.c_fc", "down": "mlp.c_proj"}
+# Two blocks of each family, small enough to build, save and train in seconds.
+SIZES = {
+    "llama": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "max_position_embeddings": 1024},
+    "opt": {"hidden_size": 32, "ffn_dim": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "word_embed_proj_dim": 32, "max_position_embeddings": 1024},
+    "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 1024},
+    "mamba": {"hidden_size": 32, "num_hidden_layers": 2, "state_size": 4},
+}
+
+
+def write_base(folder: Path, model_type: str, weights: bool = True) -> Path:
+    """A folder as `hf download` leaves one: config.json, tokenizer files and random weights as safetensors
+    (the embedded model's tokenizer); with `weights=False` the config.json alone."""
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast.from_pretrained(str(TINY_TOKENIZER_DIR))
+    config = AutoConfig.for_model(model_type, vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+                                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **SIZES[model_type])
+    if not weights:
+        config.save_pretrained(folder)
+        return folder
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _hf(folder: Path, *extra: str) -> list[str]:
+    return ["model=hf", f"model.name=someone/{folder.name}", f"model.path={folder}", *extra]
+
+
+@pytest.mark.parametrize("model_type,expected", [("llama", LLAMA), ("opt", OPT), ("gpt2", GPT2)])
+def test_the_role_map_is_read_from_the_folder_and_params_counts_it(tmp_path, model_type, expected):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from llasmol.params import count_trainable
+
+    folder = write_base(tmp_path / f"tiny-{model_type}", model_type, weights=model_type != "gpt2")
+    cfg = compose_config(_hf(folder, "lora=full"), "params")
+    assert role_map(cfg.model) == expected
+    counts = count_trainable(cfg)
+    # What the folder holds, counted the plain way: the base's parameters, and r × (in + out) per adapted layer.
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    targets = {name for name in expected.values() if name}
+    adapted = [m for name, m in base.named_modules()
+               if any(name.endswith("." + t) for t in targets) and hasattr(m, "weight")]
+    assert len(adapted) == 2 * len(targets)  # each block's
+    shape = (lambda m: m.weight.shape[::-1]) if model_type == "gpt2" else (lambda m: m.weight.shape)  # Conv1D: (in, out)
+    assert counts["base"] == sum(p.numel() for p in base.parameters())
+    assert counts["trainable"] == sum(16 * (shape(m)[0] + shape(m)[1]) for m in adapted)
+
+
+def test_a_fused_projection_trains_all_its_roles_or_none(tmp_path):
+    from llasmol.model.lora import target_modules
+
+    folder = write_base(tmp_path / "tiny-gpt2", "gpt2", weights=False)
+    cfg = compose_config(_hf(folder, "lora=attn"), "params")
+    assert target_modules(cfg.model, cfg.lora) == ["attn.c_attn", "attn.c_proj"]  # c_attn once for q, k, v
+    lite = compose_config(_hf(folder, "lora=lite"), "params")
+    with pytest.raises(UserError, match=r"computes q, k, v in one module \(attn.c_attn\): lora.targets \['q', 'v'\] "
+                                        r"must take all of them or none \(add k\)"):
+        target_modules(lite.model, lite.lora)
+
+
+def test_a_given_role_map_wins_and_a_role_it_misnames_is_one_line(tmp_path):
+    folder = write_base(tmp_path / "tiny-mamba", "mamba", weights=False)
+    cfg = compose_config(_hf(folder, "model.lora_targets={q:mixer.in_proj,o:mixer.out_proj}"), "params")
+    assert role_map(cfg.model) == {"q": "mixer.in_proj", "k": None, "v": None, "o": "mixer.out_proj", "gate": None,
+                                   "up": None, "down": None}
+    bad = compose_config(_hf(folder, "model.lora_targets={query:mixer.in_proj}"), "params")
+    with pytest.raises(UserError, match="model.lora_targets names 'query', which is no LoRA role"):
+        role_map(bad.model)
+
+
+def _params(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llasmol.params", *overrides], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+
+
+def test_a_base_whose_linear_layers_have_unknown_names_is_one_line_naming_them(tmp_path):
+    folder = write_base(tmp_path / "tiny-mamba", "mamba", weights=False)
+    proc = _params(tmp_path, *_hf(folder))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        "error: model.lora_targets is null and no known naming scheme fits its module names: the linear layers of "
+        "someone/tiny-mamba are mixer.in_proj, mixer.x_proj, mixer.dt_proj, mixer.out_proj; name the roles from "
+        "these, model.lora_targets={q:<name>,k:<name>,v:<name>,o:<name>,gate:<name>,up:<name>,down:<name>} "
+        "(null for a role it lacks)"]
+    # As the line says: named, it counts.
+    named = _params(tmp_path, *_hf(folder, "model.lora_targets={q:mixer.in_proj,o:mixer.x_proj}"), "lora=attn")
+    assert named.returncode == 0, named.stderr[-2000:]
+    assert json.loads(named.stdout.splitlines()[-1])["trainable"] > 0
+    # A name PEFT will not adapt (Mamba's out_proj) is one line too.
+    refused = _params(tmp_path, *_hf(folder, "model.lora_targets={q:mixer.out_proj}"), "lora=attn")
+    assert refused.returncode == 2
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("error: LoRA cannot go on ['mixer.out_proj'] of model someone/tiny-mamba (")
+    assert line.endswith("): fix model.lora_targets")
+
+
+def test_a_folder_without_config_json_or_a_missing_path_is_one_line(tmp_path):
+    proc = _params(tmp_path, *_hf(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {tmp_path} has no config.json: point model.path (model=hf) at the base's folder, with its "
+        "config.json, tokenizer files and *.safetensors (`hf download <id> --local-dir <folder>`)"]
+    proc = _params(tmp_path, "model=hf", "model.name=someone/base")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: model.path is not set: model=hf reads the base from a local folder, model.path=<folder with its "
+        "config.json, tokenizer files and *.safetensors> (a listed model names model.arch, a bundled architecture)"]
+
+
+@pytest.mark.slow
+def test_a_base_that_is_not_listed_trains_from_its_folder(tmp_path, cfg_factory):
+    """The demo job on a tiny Llama-type folder: its adapters on every projection, its folder as their base."""
+    from safetensors import safe_open
+
+    from llasmol.train import train
+
+    folder = write_base(tmp_path / "tiny-llama", "llama")
+    out = tmp_path / "run"
+    result = train(cfg_factory(*_hf(folder), "setup/model=tiny", "model.dtype=float32", f"paths.output_dir={out}",
+                               "trainer.max_steps=3", "val_every_n_steps=2", "data.tasks=[forward_synthesis]",
+                               "data.max_samples_per_task={validation:2}", "generation.max_new_tokens_limit=4",
+                               "trainer.enable_progress_bar=false"))
+    assert result["global_step"] == 3
+    adapter = out / "checkpoints" / "last.adapter"
+    with safe_open(str(adapter / "adapter_model.safetensors"), "pt") as fh:
+        keys = list(fh.keys())
+    assert sum(".lora_A." in k or ".lora_B." in k for k in keys) == 2 * 7 * 2  # 2 blocks × 7 projections × (A, B)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(folder)
+    assert sorted(config["target_modules"]) == sorted(LLAMA.values())
+    # ... and its adapter is evaluated over the same folder.
+    from llasmol.evaluate import evaluate
+
+    scored = evaluate(compose_config([*_hf(folder), "setup/model=tiny", "model.dtype=float32", f"ckpt={adapter}",
+                                      f"paths.output_dir={tmp_path / 'eval'}", "data.tasks=[forward_synthesis]",
+                                      "data.max_samples_per_task={test:2}", "generation.max_new_tokens_limit=4",
+                                      "intervals.resamples=0"], "evaluate"))
+    assert scored["metrics"]["forward_synthesis"]["num_samples"] == 2
