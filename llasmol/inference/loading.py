@@ -166,7 +166,7 @@ def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
     if base == model_cfg.get("hf_id"):
         return
     names = [f.stem for f in sorted((CONFIG_DIR / "model").glob("*.yaml"))
-             if OmegaConf.load(f).get("hf_id") == base]
+             if OmegaConf.to_container(OmegaConf.load(f), resolve=False).get("hf_id") == base]  # model=hf: ${.name}
     fix = f"model={names[0]}" if names else f"model.hf_id={base} with a model config of its architecture"
     raise UserError(
         f"adapter {adapter} was trained on {base}, but model={model_cfg.get('name')} is "
