@@ -196,7 +196,7 @@ def test_malformed_lines_can_be_skipped_and_counted(broken_root):
 
 @pytest.mark.parametrize("args,expected", [
     (["model=mistrall"], "error: model=mistrall is not a choice of model: pick one of codellama, galactica, "
-                         "gemma2, llama2, llama2_13b, llama31, mistral, mistral_nemo, mistral_v03, olmo2, qwen25, qwen3, "
+                         "gemma2, hf, llama2, llama2_13b, llama31, mistral, mistral_nemo, mistral_v03, olmo2, qwen25, qwen3, "
                          "tiny"),
     # Each value of a sweep is checked before the first job runs.
     (["--multirun", "lora=lite,fulll"], "error: lora=fulll is not a choice of lora: pick one of attn, ffn, full"),

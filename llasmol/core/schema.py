@@ -225,7 +225,7 @@ class PromptingSchema:
 
 @dataclass
 class OptimizerSchema:
-    lr: float = setting(above=0, high=10, hint="the paper's is 1e-4")
+    lr: float = setting(above=0, hint="the paper's is 1e-4")  # a huge one diverges: the non-finite loss check says so
     weight_decay: float = setting(0)
 
 
