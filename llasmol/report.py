@@ -171,12 +171,14 @@ def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
 
 @report_user_errors
 def _run(args) -> list[Path]:
-    WRITE_ELSEWHERE.set("write the report elsewhere with --out <folder>")
+    token = WRITE_ELSEWHERE.set("write the report elsewhere with --out <folder>")
     try:
         written = _report(args)
     except OSError as err:  # a chart's file on a full disk or in a read-only folder: one line naming it
         raise_if_unwritable(err, Path(err.filename or args.out or args.path[0]))
         raise
+    finally:
+        WRITE_ELSEWHERE.reset(token)
     for file in written:
         print(f"wrote {file}")
     return written

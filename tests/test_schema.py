@@ -84,7 +84,7 @@ def test_every_field_of_the_schemas_is_a_setting_some_config_holds():
                 present.add(generic(f"{prefix}{key}"))
                 if isinstance(value, dict):
                     walk(value, f"{prefix}{key}.")
-        walk(OmegaConf.to_container(cfg, resolve=False))
+        walk(resolved(cfg))  # resolved: a copy of a group (${generation}) holds that group's keys
     present |= {k.replace("generation.default.", "generation.tasks.*.") for k in present}
     for cls in set(COMMANDS.values()):
         stale = sorted(k for k in schema_keys(cls) if k not in present and k not in ADDED_BY_USERS)
@@ -109,6 +109,11 @@ def test_every_field_of_the_schemas_is_a_setting_some_config_holds():
     # Counts that only make sense non-negative, and a run that would train nothing.
     ("evaluate", "+data.max_samples_per_task={test: -1}", "data.max_samples_per_task={'test': -1} must give each split"),
     ("train", "+trainer.limit_train_batches=0", "trainer.limit_train_batches=0 must be a count >= 1 or a fraction"),
+    # The validation callback's copies of the groups are checked as the groups are.
+    ("train", "callbacks.generation_evaluator.intervals={resamples: 2000000000, seed: 0, level: 0.95}",
+     "callbacks.generation_evaluator.intervals.resamples=2000000000 must be an integer >= 0 and <= 100000"),
+    ("train", "callbacks.generation_evaluator.seed=-5", "callbacks.generation_evaluator.seed=-5 must be an integer >= 0"),
+    ("train", "generation.default.early_stopping=never", "generation.default.early_stopping='never' must be true or false"),
     ("train", "+trainer.limit_train_batches=1.5", "trainer.limit_train_batches=1.5 must be a count >= 1"),
     # Lightning's own refusals, before any model is loaded.
     ("train", "trainer.devices=0", "trainer.devices=0 must be a count of devices >= 1"),

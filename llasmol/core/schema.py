@@ -175,7 +175,7 @@ class BeamSchema:
     num_beams: int = setting(1, 256)
     num_return_sequences: int = setting(1, 256)
     max_new_tokens: int = setting(1, TOKENS)
-    early_stopping: Union[bool, str] = setting(choices=(True, False, "never"))
+    early_stopping: bool = setting()  # beam_search reads it as a boolean
 
 
 def _said(check: Callable, *args) -> Optional[str]:
@@ -286,6 +286,10 @@ class TrainerSchema:
 @dataclass
 class GenerationEvaluatorSchema:
     samples_per_task: Optional[int] = setting(0, COUNT, hint="null: every validation sample")
+    # Copies of the top-level groups (${generation}, ${intervals}, ${seed}); an override can replace them.
+    generation: GenerationSchema = setting()
+    intervals: IntervalsSchema = setting()
+    seed: int = setting(0)
 
 
 @dataclass
