@@ -26,7 +26,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 def _config_dir() -> Path:
     """Where the configs are: `conf/` at the top of a checkout, beside `llasmol/` (an editable install, or the
-    checkout on PYTHONPATH); in an installed wheel they ship as the package `llasmol.conf` (pyproject's
+    checkout on PYTHONPATH); in an installed wheel they ship as the package `llasmol.conf` (setup.py's
     package-dir maps one to the other), so a plain `pip install .` finds them too."""
     installed = PACKAGE_DIR / "conf"
     return installed if installed.is_dir() else PACKAGE_DIR.parent / "conf"

@@ -10,7 +10,7 @@ and its schema lacks passes (Lightning's and the loggers' own arguments pass thr
 groups); a key its schema has and the config lacks is not checked.
 
 To add a bound: give the field a `setting(...)` in its group's dataclass below, and a case in
-`tests/test_config.py::test_settings_outside_their_values_are_named`.
+`tests/test_schema.py::test_a_hostile_setting_is_one_line_naming_it`.
 """
 
 from __future__ import annotations
