@@ -1,20 +1,31 @@
-"""How many plausible one-line bugs the tests catch: a mutation run over the scoring, data and file-writing
-code.
+"""How many plausible one-line bugs the fast tests catch: a mutation run over the whole package.
 
-    python scripts/mutation_score.py                      # the recorded run: 150 mutants, seed 0 (~1.5 h on 2 cores)
-    python scripts/mutation_score.py --sample 20          # a quick look
-    python scripts/mutation_score.py --list               # every mutant, without running anything
-    python scripts/mutation_score.py --ids <id> ...       # some again (the survivors, once tests are added)
-    python scripts/mutation_score.py --report-only        # mutation.md from the recorded run and its rerun
+    python scripts/mutation_score.py --seed 1 --sample 150   # a recorded run (bench/results/mutation-package/)
+    python scripts/mutation_score.py --sample 20 --out /tmp/m # a quick look
+    python scripts/mutation_score.py --list                   # every mutant, without running anything
+    python scripts/mutation_score.py --ids <id> ...           # some again (the survivors, once tests are added)
+    python scripts/mutation_score.py --report-only            # mutation.md again from mutation.json
 
-Each mutant changes one operator, constant, condition or return value in one module (see `OPERATORS`),
-in a copy of the package (the checkout is never touched), and runs the test files that cover that module
-(`TARGETS`), fast tests only (`-m "not slow"`), stopping at the first failure. A mutant is *killed* when a
-test fails (or the run exceeds its timeout), *survived* otherwise. Mutants are drawn at random (seeded)
-from all those of the target modules, so the score estimates the score of all of them; its 95% interval
-is given. Survivors judged equivalent (no behaviour a user could see changes) are listed in `EQUIVALENT`
-with the reason, and the score counts non-equivalent mutants only. Results go to
-bench/results/mutation.json and bench/results/mutation.md. Run outside CI: it is slow.
+Each mutant changes one operator, constant, condition or return value (see `OPERATORS`) in one module of
+`llasmol/`, in a copy of the checkout (the checkout itself is never touched), and runs the fast tests
+(`-m "not slow"`) that execute the mutated line, fastest first, stopping at the first failure. Which tests
+execute which line comes from one coverage run of the fast suite in that copy, each test under its own
+coverage context, in the pytest process and in the Python subprocesses it starts
+(scripts/mutation_map_plugin.py); a line run only while a module is imported (a module constant, a
+decorator) maps to every test that ran any of that module. A mutant is *killed* when a test fails (or the
+run passes its time limit, five times the tests' own time plus a minute), *survived* otherwise; a mutant of
+a line that no fast test executes survives without running. Mutants are drawn at random (seeded) from all
+those of the package and run in the drawn order, and the results file is rewritten after each one, so a run
+stopped early is still a random sample; the score's 95% interval is given. Survivors judged equivalent (no
+behaviour a user could see changes) are listed in `EQUIVALENT` with the reason, and the score counts
+non-equivalent mutants only.
+
+A mutant is written into its module as a change of the mutated node's own text, so comments and the rest of
+the file stay as they are (tests read some of them), and it is checked to parse to the mutated syntax tree.
+
+The first recorded run (`--seed 0`, bench/results/mutation.md) covered only the scoring, data and
+file-writing modules, with a hand-made map of test files; its files are kept as they were.
+Run outside CI: it is slow (about a minute per mutant on 2 cores).
 """
 
 from __future__ import annotations
@@ -36,33 +47,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_METRIC_TESTS = ["tests/test_metrics.py", "tests/test_metrics_text.py", "tests/test_metrics_reducer.py",
-                 "tests/test_metrics_properties.py"]
-_DATA_TESTS = ["tests/test_data.py", "tests/test_packing.py", "tests/test_real_tokenizer.py",
-               "tests/test_tiny_tokenizer.py"]
-# Module -> the test files that cover it.
-TARGETS: dict[str, list[str]] = {
-    "llasmol/metrics/extract.py": _METRIC_TESTS,
-    "llasmol/metrics/families.py": _METRIC_TESTS,
-    "llasmol/metrics/formula.py": _METRIC_TESTS,
-    "llasmol/metrics/molecules.py": _METRIC_TESTS,
-    "llasmol/metrics/scoring.py": _METRIC_TESTS,
-    "llasmol/metrics/text.py": _METRIC_TESTS,
-    "llasmol/metrics/reducer.py": _METRIC_TESTS,
-    "llasmol/data/formatting.py": _DATA_TESTS,
-    "llasmol/data/collate.py": _DATA_TESTS,
-    "llasmol/data/sampler.py": _DATA_TESTS,
-    "llasmol/core/files.py": ["tests/test_files.py"] + [f"tests/test_faults.py::{name}" for name in (
-        "test_a_kill_while_writing_predictions_leaves_the_old_file_whole",
-        "test_checkpoints_are_written_through_a_rename_in_their_own_folder",
-        "test_an_adapter_save_stopped_between_its_renames_leaves_the_previous_one_readable",
-        "test_written_files_and_adapter_folders_respect_the_umask",
-        "test_temporaries_of_dead_writers_are_removed_and_those_of_live_ones_kept",
-        "test_a_full_disk_or_read_only_folder_is_a_user_error_naming_the_file")],
-}
-
 # Survivors that change nothing a user could observe, by mutant id, with the reason (filled in after
-# reading each survivor of the recorded run).
+# reading each survivor of a recorded run).
 EQUIVALENT: dict[str, str] = {
     "llasmol/metrics/families.py:94:31:constant:1":
         "has_top{k} is only read as `> 0` (was a top-k answer list ever that long); 2.0 reads the same",
@@ -203,38 +189,179 @@ def _replace(tree: ast.Module, target_index: int, operator: str, mutate) -> ast.
     return ast.fix_missing_locations(new)
 
 
-def mutants(module: str) -> list[tuple[Mutant, str]]:
-    """Every mutant of `module`, with its mutated source."""
+def package_modules() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "llasmol").rglob("*.py"))
+
+
+def _span(node: ast.AST) -> tuple[int, int, int, int]:
+    return node.lineno, node.col_offset, node.end_lineno, node.end_col_offset
+
+
+def _splice(source: str, span: tuple[int, int, int, int], text: str) -> str:
+    """`source` with the text at `span` (ast line numbers, UTF-8 byte columns) replaced by `text`."""
+    lines = source.encode().splitlines(keepends=True)
+    (l1, c1, l2, c2) = span
+    start = sum(len(x) for x in lines[: l1 - 1]) + c1
+    end = sum(len(x) for x in lines[: l2 - 1]) + c2
+    raw = source.encode()
+    return (raw[:start] + text.encode() + raw[end:]).decode()
+
+
+def _segment(source: str, node: ast.AST) -> str:
+    lines = source.encode().splitlines(keepends=True)
+    l1, c1, l2, c2 = _span(node)
+    start = sum(len(x) for x in lines[: l1 - 1]) + c1
+    end = sum(len(x) for x in lines[: l2 - 1]) + c2
+    return source.encode()[start:end].decode()
+
+
+def _text_edit(source: str, node: ast.AST, operator: str, mutate) -> tuple[tuple[int, int, int, int], str]:
+    """The span to replace and its new text, for one mutation of `node`."""
+    if operator == "statement":
+        return _span(node), "pass"
+    if operator == "not":
+        return _span(node), f"({_segment(source, node.operand)})"
+    if operator == "return":
+        return _span(node.value), "None"
+    if operator == "condition":
+        return _span(node.test), f"not ({_segment(source, node.test)})"
+    changed = copy.deepcopy(node)
+    mutate(changed)
+    if operator == "constant":
+        return _span(node), repr(changed.value)
+    if isinstance(node, ast.AugAssign):
+        return _span(node), ast.unparse(changed)
+    return _span(node), f"({ast.unparse(changed)})"
+
+
+def _same_tree(a: ast.AST, b: ast.AST) -> bool:
+    return ast.dump(a, include_attributes=False) == ast.dump(b, include_attributes=False)
+
+
+def _lines_of(node: ast.AST, operator: str, parents: dict) -> range:
+    """The source lines whose execution the mutated node's behaviour rides on: the condition's own lines for
+    a condition, the statement holding an expression from its first line."""
+    if operator == "condition":
+        return range(node.test.lineno, node.test.end_lineno + 1)
+    start = node
+    while not isinstance(start, ast.stmt) and start in parents:
+        start = parents[start]
+    return range(start.lineno, node.end_lineno + 1)
+
+
+@dataclass
+class Candidate:
+    """A mutant before its source is written: where it is and what it does."""
+    mutant: "Mutant"
+    edit: int  # its position in the module's list of edits (`_edits`)
+    lines: range
+
+
+def candidates(module: str) -> list[Candidate]:
+    """Every mutant of `module` (cheap: nothing is copied or written yet)."""
     source = (ROOT / module).read_text()
     tree = ast.parse(source)
-    index = {id(node): i for i, node in enumerate(ast.walk(tree))}
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     out, seen = [], {}
-    for node, operator, mutate in list(_edits(tree)):
-        mutated = _replace(tree, index[id(node)], operator, mutate)
-        new_source = ast.unparse(mutated)
+    for edit, (node, operator, mutate) in enumerate(list(_edits(tree))):
         key = f"{module}:{node.lineno}:{node.col_offset}:{operator}"
         seen[key] = seen.get(key, 0) + 1
         before = ast.get_source_segment(source, node) or ast.unparse(node)
-        changed = _find(mutated, index[id(node)])
-        after = "pass" if operator == "statement" else ast.unparse(changed) if changed is not None else "?"
-        if operator == "not":
-            after = ast.unparse(node.operand)
-        out.append((Mutant(f"{key}:{seen[key]}", module, node.lineno, operator, before.splitlines()[0][:100],
-                           after.splitlines()[0][:100]), new_source))
+        _, text = _text_edit(source, node, operator, mutate)
+        after = {"statement": "pass", "not": ast.unparse(getattr(node, "operand", node)),
+                 "condition": f"not ({ast.unparse(getattr(node, 'test', node))})"}.get(operator, text)
+        if operator in ("condition",):
+            before = ast.unparse(node.test)
+        out.append(Candidate(Mutant(f"{key}:{seen[key]}", module, node.lineno, operator,
+                                    before.splitlines()[0][:100], after.splitlines()[0][:100]),
+                             edit, _lines_of(node, operator, parents)))
     return out
 
 
-def _find(tree: ast.Module, i: int):
-    nodes = list(ast.walk(tree))
-    return nodes[i] if i < len(nodes) else None
+def mutated_source(candidate: Candidate) -> str:
+    """The module's text with this one mutation, checked to parse to the mutated tree."""
+    source = (ROOT / candidate.mutant.module).read_text()
+    tree = ast.parse(source)
+    node, operator, op_fn = list(_edits(tree))[candidate.edit]
+    index = next(i for i, n in enumerate(ast.walk(tree)) if n is node)
+    span, text = _text_edit(source, node, operator, op_fn)
+    new_source = _splice(source, span, text)
+    expected = _replace(tree, index, operator, op_fn)
+    if not _same_tree(ast.parse(new_source), expected):
+        raise RuntimeError(f"{candidate.mutant.id}: the text edit does not give the mutated tree")
+    return new_source
+
+
+# ---------------------------------------------------------------------------------------------- the map
+
+
+def _copy_checkout(dest: Path) -> None:
+    """The tracked files of the checkout (plus this script's untracked neighbours), as they are now."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, files):
+        src = ROOT / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def _env(copy_root: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": f"{copy_root}{os.pathsep}{copy_root / 'scripts'}", "HF_HUB_OFFLINE": "1",
+            "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def build_map(copy_root: Path) -> dict:
+    """Run the fast suite once under coverage in `copy_root`: which tests execute each line of the package,
+    how long each test takes, and which fail unmutated (those are never used to judge a mutant)."""
+    rc = copy_root / ".mutation-coveragerc"
+    rc.write_text("[run]\nsource = llasmol\npatch = subprocess\nparallel = true\n"
+                  f"data_file = {copy_root / '.coverage'}\n")
+    durations, outcomes = copy_root / ".durations.json", copy_root / ".pytest-log.txt"
+    env = {**_env(copy_root), "MUTATION_MAP_DURATIONS": str(durations)}
+    start = time.time()
+    with open(outcomes, "w") as log:
+        subprocess.run([sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "-q", "-rf",
+                        "-p", "no:cacheprovider", "-p", "mutation_map_plugin", "-m", "not slow"],
+                       cwd=copy_root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    subprocess.run([sys.executable, "-m", "coverage", "combine", f"--rcfile={rc}", "-q"], cwd=copy_root, env=env,
+                   check=True)
+    import coverage  # the mutation run's own requirement (the dev extra), not the package's
+
+    data = coverage.CoverageData(basename=str(copy_root / ".coverage"))
+    data.read()
+    lines: dict[str, dict[int, list[str]]] = {}
+    for measured in data.measured_files():
+        module = os.path.relpath(measured, copy_root)
+        if module.startswith("llasmol/"):
+            lines[module] = {n: sorted(c) for n, c in data.contexts_by_lineno(measured).items()}
+    failed = sorted({line.split()[1] for line in outcomes.read_text().splitlines() if line.startswith("FAILED ")})
+    return {"seconds": time.time() - start, "durations": json.loads(durations.read_text()), "failed": failed,
+            "lines": lines}
+
+
+def tests_for(candidate: Candidate, cov: dict) -> list[str]:
+    """The fast tests that execute the mutated lines, fastest first; for a line run only at import time,
+    every test that ran any line of the module."""
+    by_line = cov["lines"].get(candidate.mutant.module, {})
+    tests: set[str] = set()
+    import_time = False
+    for n in candidate.lines:
+        contexts = by_line.get(str(n), by_line.get(n, []))
+        import_time |= "" in contexts
+        tests.update(c for c in contexts if c)
+    if import_time and not tests:
+        tests = {c for contexts in by_line.values() for c in contexts if c}
+    tests -= set(cov["failed"])
+    return sorted(tests, key=lambda t: (cov["durations"].get(t, 0.0), t))
 
 
 def _run_tests(copy_root: Path, tests: list[str], timeout: float) -> tuple[str, float, str]:
-    env = {**os.environ, "PYTHONPATH": str(copy_root), "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.time()
     try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not slow",
-                               *tests], cwd=copy_root, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p",
+                               "no:randomly", "-m", "not slow", *tests], cwd=copy_root, env=_env(copy_root),
+                              capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return "killed (timeout)", time.time() - start, ""
     status = "survived" if proc.returncode == 0 else "killed"
@@ -242,6 +369,7 @@ def _run_tests(copy_root: Path, tests: list[str], timeout: float) -> tuple[str, 
         status = f"killed (pytest exit {proc.returncode})"
     failed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
     return status, time.time() - start, failed[0] if failed else ""
+
 
 
 def _interval(killed: int, n: int) -> tuple[float, float]:
@@ -254,9 +382,15 @@ def _interval(killed: int, n: int) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _report(results: list[Mutant], total: int, args, rerun: dict[str, dict] | None = None) -> str:
-    """The score table and the survivors. `rerun`: survivors of the recorded run run again after tests were
-    added for them (`--ids`, results in rerun/), by id -> status; both scores are shown."""
+def _folder(module: str) -> str:
+    parts = module.split("/")
+    return "/".join(parts[:2]) + "/" if len(parts) > 2 else module
+
+
+def _report(recorded: dict, rerun: dict[str, dict] | None = None) -> str:
+    """The score table and every survivor with its verdict. `rerun`: survivors run again after tests were
+    added for them (`--ids`, results in rerun/), by id; both scores are shown."""
+    results = [Mutant(**m) for m in recorded["mutants"]]
     first = [m for m in results if m.id not in EQUIVALENT]
     first_killed = sum(m.status.startswith("killed") for m in first)
     survivors = [m for m in results if not m.status.startswith("killed")]
@@ -265,25 +399,36 @@ def _report(results: list[Mutant], total: int, args, rerun: dict[str, dict] | No
         results = [Mutant(**{**asdict(m), "status": "killed (rerun)", "killed_by": again[m.id].get("killed_by", "")})
                    if again[m.id] and again[m.id]["status"].startswith("killed") else m for m in results]
     rows = []
-    for module in TARGETS:
-        mine = [m for m in results if m.module == module]
+    for folder in sorted({_folder(m.module) for m in results}):
+        mine = [m for m in results if _folder(m.module) == folder]
         scored = [m for m in mine if m.id not in EQUIVALENT]
         killed = sum(m.status.startswith("killed") for m in scored)
-        rows.append(f"| `{module}` | {len(mine)} | {len(mine) - len(scored)} | {killed}/{len(scored)} |")
+        unrun = sum(m.status == "survived (no fast test runs it)" for m in mine)
+        rows.append(f"| `{folder}` | {len(mine)} | {len(mine) - len(scored)} | {unrun} | {killed}/{len(scored)} |")
     scored = [m for m in results if m.id not in EQUIVALENT]
     killed = sum(m.status.startswith("killed") for m in scored)
+    timeouts = sum(m.status == "killed (timeout)" for m in results)
     lo, hi = _interval(killed, len(scored))
+    flo, fhi = _interval(first_killed, len(first))
+    cov = recorded.get("map", {})
     lines = [
         "# Mutation score", "",
-        f"`python scripts/mutation_score.py --sample {args.sample} --seed {args.seed}`: {len(results)} of "
-        f"{total} mutants of the target modules, drawn at random; each run against its module's fast tests.", "",
-        f"**Score: {killed}/{len(scored)} non-equivalent mutants killed = {killed / max(1, len(scored)):.1%}** "
-        f"(95% interval {lo:.1%}–{hi:.1%}); {len(results) - len(scored)} judged equivalent.", "",
-        *([f"The recorded run itself killed {first_killed}/{len(first)} ({first_killed / max(1, len(first)):.1%}); "
-           f"tests were then added for its survivors, and those survivors run again (`--ids`, "
-           f"bench/results/rerun/): {sum(r['status'].startswith('killed') for r in rerun.values())} of {len(rerun)} "
-           "are killed now.", ""] if rerun else []),
-        "| module | mutants run | equivalent | killed |", "|---|---|---|---|", *rows, "",
+        f"`{recorded['command']}`: {len(results)} of {recorded['total_mutants']} mutants of "
+        f"{recorded.get('scope', 'the target modules')}, drawn at random and run in the drawn order; each run "
+        "against the fast tests that execute its line.", "",
+        *([f"The coverage map: the fast suite under coverage took {cov['seconds'] / 60:.1f} min; "
+           f"{len(cov.get('failed', []))} tests failed unmutated and judge no mutant"
+           + (f" ({', '.join(f'`{t}`' for t in cov['failed'])})" if cov.get("failed") else "") + ".", ""]
+          if cov else []),
+        f"**Score before any test was written for its survivors: {first_killed}/{len(first)} non-equivalent "
+        f"mutants killed = {first_killed / max(1, len(first)):.1%}** (95% interval {flo:.1%}–{fhi:.1%}); "
+        f"{len(results) - len(scored)} judged equivalent; {timeouts} killed by the time limit.", "",
+        *([f"Tests were then added for its survivors, and those survivors run again (`--ids`, rerun/): "
+           f"{sum(r['status'].startswith('killed') for r in rerun.values())} of {len(rerun)} are killed now, "
+           f"so **{killed}/{len(scored)} = {killed / max(1, len(scored)):.1%}** (95% interval {lo:.1%}–{hi:.1%}) "
+           "with them.", ""] if rerun else []),
+        "| folder | mutants run | equivalent | no fast test runs the line | killed |", "|---|---|---|---|---|",
+        *rows, "",
         "## Survivors", "",
         "| mutant | change | verdict |", "|---|---|---|",
     ]
@@ -301,75 +446,81 @@ def _report(results: list[Mutant], total: int, args, rerun: dict[str, dict] | No
     return "\n".join(lines) + "\n"
 
 
+def _write_json(path: Path, payload: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sample", type=int, default=150, help="mutants to run, drawn at random (0: all)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=300, help="seconds per mutant's test run")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--modules", default="llasmol/", help="only modules whose path starts with this")
     parser.add_argument("--list", action="store_true", help="print the mutants and stop")
     parser.add_argument("--ids", nargs="+", help="run only these mutants (e.g. the survivors of a recorded run)")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite mutation.md from mutation.json (after judging survivors in EQUIVALENT)")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "mutation-package")
     args = parser.parse_args()
 
     if args.report_only:
         recorded = json.loads((args.out / "mutation.json").read_text())
-        results = [Mutant(**m) for m in recorded["mutants"]]
-        args.sample, args.seed = recorded["sample"], recorded["seed"]
         rerun_file = args.out / "rerun" / "mutation.json"
         rerun = ({m["id"]: m for m in json.loads(rerun_file.read_text())["mutants"]}
                  if rerun_file.is_file() else None)
-        (args.out / "mutation.md").write_text(_report(results, recorded["total_mutants"], args, rerun))
+        (args.out / "mutation.md").write_text(_report(recorded, rerun))
         print((args.out / "mutation.md").read_text())
         return
-    everything = [(m, src) for module in TARGETS for m, src in mutants(module)]
+    modules = [m for m in package_modules() if m.startswith(args.modules)]
+    everything = [c for module in modules for c in candidates(module)]
     if args.list:
-        for m, _ in everything:
-            print(f"{m.id}\t{m.before}  ->  {m.after}")
+        for c in everything:
+            print(f"{c.mutant.id}\t{c.mutant.before}  ->  {c.mutant.after}")
         print(f"{len(everything)} mutants", file=sys.stderr)
         return
     if args.ids:
-        chosen = [pair for pair in everything if pair[0].id in set(args.ids)]
+        wanted = set(args.ids) | {MOVED.get(i, i) for i in args.ids}
+        chosen = [c for c in everything if c.mutant.id in wanted]
         args.out = args.out / "rerun"
-    elif args.sample:
-        chosen = random.Random(args.seed).sample(everything, min(args.sample, len(everything)))
+        command = "python scripts/mutation_score.py --ids " + " ".join(args.ids)
     else:
-        chosen = everything
-    chosen.sort(key=lambda pair: (list(TARGETS).index(pair[0].module), pair[0].line))
+        chosen = random.Random(args.seed).sample(everything, min(args.sample, len(everything))) if args.sample \
+            else everything
+        command = f"python scripts/mutation_score.py --sample {args.sample} --seed {args.seed}"
+    args.out.mkdir(parents=True, exist_ok=True)
 
     with tempfile.TemporaryDirectory(prefix="llasmol-mutants-") as tmp:
         copy_root = Path(tmp)
-        for part in ("llasmol", "tests", "bench", "scripts", "pyproject.toml"):
-            src = ROOT / part
-            (shutil.copytree if src.is_dir() else shutil.copy)(src, copy_root / part)
-        # The unmutated package, written the way mutants are (ast.unparse), must pass first.
-        for module in TARGETS:
-            (copy_root / module).write_text(ast.unparse(ast.parse((ROOT / module).read_text())))
-        for tests in {tuple(t) for t in TARGETS.values()}:
-            status, _, _ = _run_tests(copy_root, list(tests), args.timeout * 2)
-            if status != "survived":
-                sys.exit(f"the unmutated package fails {' '.join(tests)}: fix that first")
-        results = []
-        for i, (mutant, source) in enumerate(chosen, 1):
-            original = (copy_root / mutant.module).read_text()
-            (copy_root / mutant.module).write_text(source)
-            try:
-                mutant.status, mutant.seconds, mutant.killed_by = _run_tests(copy_root, TARGETS[mutant.module],
-                                                                             args.timeout)
-            finally:
-                (copy_root / mutant.module).write_text(original)
-            results.append(mutant)
-            print(f"[{i}/{len(chosen)}] {mutant.status:9} {mutant.seconds:5.1f}s {mutant.id}  "
+        _copy_checkout(copy_root)
+        print(f"coverage map: the fast suite under coverage in {copy_root} ...", flush=True)
+        cov = build_map(copy_root)
+        print(f"coverage map: {cov['seconds'] / 60:.1f} min, {len(cov['durations'])} tests, "
+              f"{len(cov['failed'])} failing unmutated: {cov['failed']}", flush=True)
+        payload = {"command": command, "sample": args.sample, "seed": args.seed, "scope": f"`{args.modules}`",
+                   "total_mutants": len(everything),
+                   "map": {"seconds": cov["seconds"], "failed": cov["failed"], "tests": len(cov["durations"])},
+                   "mutants": []}
+        for i, candidate in enumerate(chosen, 1):
+            mutant = candidate.mutant
+            tests = tests_for(candidate, cov)
+            if not tests:
+                mutant.status = "survived (no fast test runs it)"
+            else:
+                path = copy_root / mutant.module
+                original = path.read_text()
+                path.write_text(mutated_source(candidate))
+                limit = 60 + 5 * sum(cov["durations"].get(t, 0.0) for t in tests)
+                try:
+                    mutant.status, mutant.seconds, mutant.killed_by = _run_tests(copy_root, tests, limit)
+                finally:
+                    path.write_text(original)
+            payload["mutants"].append(asdict(mutant))
+            _write_json(args.out / "mutation.json", payload)
+            print(f"[{i}/{len(chosen)}] {mutant.status:9} {mutant.seconds:5.1f}s {len(tests):4} tests {mutant.id}  "
                   f"{mutant.before!r} -> {mutant.after!r}", flush=True)
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "mutation.json").write_text(json.dumps(
-        {"command": ("python scripts/mutation_score.py --ids " + " ".join(args.ids)) if args.ids else
-                    f"python scripts/mutation_score.py --sample {args.sample} --seed {args.seed}",
-         "sample": args.sample, "seed": args.seed, "total_mutants": len(everything),
-         "mutants": [asdict(m) for m in results]}, indent=1) + "\n")
-    (args.out / "mutation.md").write_text(_report(results, len(everything), args))
+    (args.out / "mutation.md").write_text(_report(payload))
     print((args.out / "mutation.md").read_text())
 
 
