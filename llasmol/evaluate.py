@@ -29,6 +29,7 @@ from llasmol.core.files import check_target, write_json
 from llasmol.core.quiet import quiet_known_noise
 from llasmol.core.schema import check_config
 from llasmol.core.tasks import get_task
+from llasmol.core.threads import use_cpu_threads
 from llasmol.data.formatting import PromptFormatter
 from llasmol.data.source import SMolInstructSource
 from llasmol.inference.base_protocol import build_queries, protocol_for, read_answers
@@ -219,6 +220,7 @@ def evaluate(cfg: DictConfig) -> dict:
     """Score `cfg.predictions`, or generate with `cfg.ckpt` on `cfg.data.split` and score that."""
     quiet_known_noise()
     check_config(cfg)
+    use_cpu_threads(cfg.get("cpu"))  # before torch loads: OpenMP reads its wait policy once
     use_scoring(cfg.get("scoring"))
     if cfg.output and Path(cfg.output).is_dir():
         raise UserError(f"output={cfg.output} is a directory: name the metrics file, e.g. "

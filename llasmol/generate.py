@@ -23,6 +23,7 @@ from llasmol.core.config import CONFIG_DIR, VALUED_OPTIONS, check_command_line, 
 from llasmol.core.errors import UserError, report_user_errors
 from llasmol.core.quiet import quiet_known_noise
 from llasmol.core.schema import check_config
+from llasmol.core.threads import use_cpu_threads
 from llasmol.data.formatting import PromptFormatter
 from llasmol.data.smiles import canonical_kekule
 from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
@@ -50,12 +51,12 @@ def answer_of(response: str, task: Optional[str] = None) -> Optional[str]:
 
 def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
     """Responses to `query` (taken literally), or to `cfg.query` when none is given."""
+    quiet_known_noise()
+    check_config(cfg)  # task= names a task, the beams fit: the schema's
+    use_cpu_threads(cfg.get("cpu"))  # before torch loads: OpenMP reads its wait policy once
     # lazy: beam search and the pipeline bring torch (1.5 s), which the checks before Hydra do not need
     from llasmol.inference.beam_search import BeamGenerator
     from llasmol.inference.pipeline import ModelAnswers
-
-    quiet_known_noise()
-    check_config(cfg)  # task= names a task, the beams fit: the schema's
 
     query = query if query is not None else cfg.query
     if not query:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from typing import Any
@@ -15,8 +16,11 @@ from omegaconf import DictConfig
 from llasmol.core.config import CONFIG_DIR, check_command_line, command_line_values, named_run_dir
 from llasmol.core.errors import report_user_errors
 from llasmol.core.quiet import quiet_known_noise
-from llasmol.core.run_lock import check_fresh_start, check_run_lock
+from llasmol.core.run_lock import check_fresh_start, check_run_lock, process_rank
 from llasmol.core.schema import check_config
+from llasmol.core.threads import use_cpu_threads
+
+log = logging.getLogger(__name__)
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -25,6 +29,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     A table of contents: preflight, build, fit, finish, each step a helper of `llasmol.finetune`.
     """
     started = time.monotonic()
+    check_config(cfg)
+    threads = use_cpu_threads(cfg.get("cpu"))  # before torch loads: OpenMP reads its wait policy once
     # Here, not at the top: importing the command (the Hydra shell, the checks before Hydra) loads no torch.
     import lightning as L
 
@@ -37,11 +43,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     # Preflight: the settings, the run directory (ours alone), what ckpt_path= means, what this machine runs.
     quiet_known_noise()
-    check_config(cfg)
     use_scoring(cfg.get("scoring"))
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     out = claim_run_dir(cfg.paths.output_dir)
     resume = Resume.plan(cfg.get("ckpt_path"), out, cfg.model.name, cfg.lora.name)
+    log.info("CPU: %d intra-op thread(s), OpenMP threads wait %s (cpu.threads, cpu.wait_policy)", threads,
+             cfg.cpu.wait_policy if cfg.get("cpu") else "as the environment says")
     check_run(cfg)
 
     # Build: the data first, so bad data stops the run before the model loads and the loggers start.
@@ -65,18 +72,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 @report_user_errors
 def main(cfg: DictConfig) -> None:
-    from lightning.pytorch.utilities import rank_zero_only  # here: importing this module stays free of Lightning
-
     result = train(cfg)
-    if rank_zero_only.rank == 0:  # once, not once per DDP process
+    if process_rank() == 0:  # once, not once per DDP process
         print(f"run directory: {result['output_dir']}", flush=True)
 
 
 if __name__ == "__main__":
     check_command_line("train", run_folder=True)
-    from lightning.pytorch.utilities import rank_zero_only
-
-    if rank_zero_only.rank == 0:  # DDP's other processes run this line too, while rank 0 holds the lock
+    if process_rank() == 0:  # DDP's other processes run this line too, while rank 0 holds the lock
         # Before Hydra writes its config into the folder: a second run must not replace the first one's.
         report_user_errors(check_run_lock)(named_run_dir(sys.argv[1:]))
         report_user_errors(check_fresh_start)(named_run_dir(sys.argv[1:]), *command_line_values(

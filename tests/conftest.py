@@ -12,6 +12,10 @@ os.environ["WANDB_MODE"] = "offline"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # gloo process groups in tests talk over loopback only.
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+# OpenMP threads that wait sleep at once instead of spinning, as in the commands (conf/cpu/): before anything
+# here loads torch, and inherited by the commands the tests start. On a machine shared with other work a
+# spinning wait slows a 2-core torch process tens of times (bench/cpu_threads.py).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from pathlib import Path
 

@@ -14,6 +14,7 @@ import torch
 
 from conftest import HANG_TIMEOUT
 from llasmol.core.errors import UserError
+from llasmol.core.threads import usable_cores
 from llasmol.params import count_trainable
 from llasmol.train import train
 
@@ -210,9 +211,11 @@ def test_ddp_on_two_cpu_processes_runs_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_short_run_validates_its_last_step_and_tells_its_story_in_train_log(tmp_path):
+def test_a_short_run_validates_its_last_step_and_tells_its_story_in_train_log(tmp_path, monkeypatch):
     """No terminal (nohup, SLURM, CI): train.log has a line per validation and a summary with what to run next."""
     run = tmp_path / "run"
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setenv("OMP_DISPLAY_ENV", "VERBOSE")  # libgomp prints its settings as torch loads it
     proc = run_cli(["llasmol.train", f"hydra.run.dir={run}", "trainer.max_steps=3", "val_every_n_steps=2",
                     "logger=csv", "trainer.enable_progress_bar=false", "generation.max_new_tokens_limit=4",
                     "callbacks.generation_evaluator.samples_per_task=1"], tmp_path)
@@ -227,6 +230,9 @@ def test_a_short_run_validates_its_last_step_and_tells_its_story_in_train_log(tm
     assert "done at step 3" in log and f"python -m llasmol.report {run}" in log
     assert f"python -m llasmol.evaluate ckpt={run} data.split=test" in log
     assert log.count("GPU available") == 1 and "Tip:" not in log  # Lightning's lines once, no advertising
+    # The command set OpenMP's passive wait before torch loaded it (libgomp's own default spins 300,000 times).
+    assert "GOMP_SPINCOUNT = '0'" in proc.stderr
+    assert f"CPU: {usable_cores()} intra-op thread(s), OpenMP threads wait passive" in log
     # The validation after fit competes for the best checkpoint as the ones during fit do.
     best = Path(json.loads((run / "result.json").read_text())["best_checkpoint"])
     assert best.is_file() and f"val_loss{min(val_losses(run)):.4f}" in best.name, best

@@ -18,7 +18,16 @@ from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
 
 LOCK = ".lock"
+# Where a launcher says which process this is, in the order Lightning reads them (its `rank_zero_only.rank`;
+# tests/test_threads.py compares): read here without loading Lightning, whose torch would load OpenMP
+# before the command sets its wait policy (llasmol.core.threads).
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
 _held: dict[str, int] = {}  # run directory -> the open descriptor holding its lock (this process)
+
+
+def process_rank() -> int:
+    """This process's rank among a launch's processes: 0 alone, or for the first of them."""
+    return next((int(os.environ[key]) for key in RANK_VARIABLES if os.environ.get(key) is not None), 0)
 
 
 def _owner(path: Path) -> str:

@@ -358,6 +358,13 @@ def _lora_base(cfg: dict) -> Optional[str]:
 
 
 @dataclass
+class CpuSchema:
+    threads: Optional[int] = setting(1, 1024, hint="null: one per core this process may use")
+    wait_policy: str = setting(choices=("passive", "active", "inherit"),
+                               hint="passive: a waiting thread sleeps; inherit: OMP_WAIT_POLICY as it is")
+
+
+@dataclass
 class CommandSchema:
     """What every command has: the one seed (conf/shared.yaml)."""
 
@@ -371,6 +378,7 @@ class ModelCommandSchema(CommandSchema):
     model: ModelSchema = setting()
     quantization: QuantizationSchema = setting()
     generation: GenerationSchema = setting()
+    cpu: CpuSchema = setting()
 
 
 @dataclass

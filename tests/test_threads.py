@@ -1,0 +1,92 @@
+"""CPU threads (conf/cpu/, llasmol.core.threads): the wait policy reaches OpenMP before torch loads it, the
+thread count follows the setting, the launcher or the cores this process may use."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HANG_TIMEOUT, compose_config
+from llasmol.core.errors import UserError
+from llasmol.core.schema import check_config
+from llasmol.core.threads import thread_count, usable_cores
+
+# A fresh interpreter (OpenMP reads its wait policy once, when torch loads it): the command's first step,
+# then one parallel op; libgomp prints its settings at start-up with OMP_DISPLAY_ENV=VERBOSE.
+CHILD = """
+import os, sys
+from llasmol.core.config import compose_config
+from llasmol.core.threads import use_cpu_threads
+cfg = compose_config(sys.argv[1:])
+n = use_cpu_threads(cfg.cpu)
+import torch
+torch.ones(1 << 16).sum()
+print("threads", n, torch.get_num_threads())
+"""
+
+
+def run_child(*overrides: str, affinity: set | None = None, **env: str) -> tuple[str, str]:
+    environ = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    code = CHILD if affinity is None else f"import os; os.sched_setaffinity(0, {affinity!r})\n" + CHILD
+    proc = subprocess.run([sys.executable, "-c", code, *overrides], capture_output=True, text=True,
+                          env={**environ, "OMP_DISPLAY_ENV": "VERBOSE", **env}, timeout=HANG_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("policy,spin", [("passive", "0"), ("active", "30000000000"), ("inherit", "300000")])
+def test_the_wait_policy_reaches_openmp(policy, spin):
+    # libgomp's own default (inherit, nothing set) spins 300,000 times before sleeping; passive never spins.
+    _, err = run_child(f"cpu.wait_policy={policy}")
+    assert f"GOMP_SPINCOUNT = '{spin}'" in err
+
+
+def test_inherit_leaves_the_environments_policy():
+    _, err = run_child("cpu.wait_policy=inherit", OMP_WAIT_POLICY="ACTIVE")
+    assert "GOMP_SPINCOUNT = '30000000000'" in err
+
+
+def test_the_default_is_passive_with_a_thread_per_usable_core():
+    out, err = run_child()
+    assert "GOMP_SPINCOUNT = '0'" in err
+    assert out.split()[1:] == [str(usable_cores())] * 2
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two cores and affinity masks")
+def test_a_process_limited_to_one_core_gets_one_thread():
+    out, _ = run_child(affinity={sorted(os.sched_getaffinity(0))[0]})
+    assert out.split()[1:] == ["1", "1"]
+
+
+def test_a_set_count_and_a_launchers_count():
+    out, _ = run_child("cpu.threads=1")
+    assert out.split()[1:] == ["1", "1"]
+    assert thread_count(None, {"OMP_NUM_THREADS": "3"}) == 3  # Lightning's DDP on CPUs sets each process's share
+    assert thread_count(None, {"OMP_NUM_THREADS": "x"}) == usable_cores()
+    assert thread_count(2, {"OMP_NUM_THREADS": "3"}) == 2
+
+
+@pytest.mark.parametrize("override,named", [("cpu.threads=0", "cpu.threads=0"), ("cpu.threads=-2", "cpu.threads=-2"),
+                                            ("cpu.wait_policy=spin", "cpu.wait_policy='spin'")])
+@pytest.mark.parametrize("command", ["train", "evaluate", "generate"])
+def test_a_bad_cpu_setting_is_one_line(command, override, named):
+    with pytest.raises(UserError, match=named.replace(".", r"\.")):
+        check_config(compose_config([override], command))
+
+
+@pytest.mark.parametrize("env", [{}, {"RANK": "1"}, {"LOCAL_RANK": "2", "SLURM_PROCID": "5"}, {"SLURM_PROCID": "3"},
+                                 {"JSM_NAMESPACE_RANK": "4"}, {"RANK": "0", "LOCAL_RANK": "1"}])
+def test_the_rank_read_before_lightning_loads_is_lightnings(monkeypatch, env):
+    from lightning.fabric.utilities.rank_zero import _get_rank
+
+    from llasmol.core.run_lock import RANK_VARIABLES, process_rank
+
+    for key in RANK_VARIABLES:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert process_rank() == (_get_rank() or 0)
