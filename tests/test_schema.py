@@ -122,6 +122,12 @@ def test_every_field_of_the_schemas_is_a_setting_some_config_holds():
     ("evaluate", "pool_golds=both", "pool_golds='both' must be one of file, split"),
     ("train", "quantization=4bit", None),  # the quantised settings of a real option pass
     ("train", "trainer.devices=auto", None),
+    # Lightning reads a string of digits as the count it spells.
+    ("train", 'trainer.devices="0"', "trainer.devices='0' must be a count of devices >= 1"),
+    ("train", 'trainer.devices="-5"', "trainer.devices='-5' must be a count of devices >= 1"),
+    ("train", "trainer.devices=[]", "trainer.devices=[] must list at least one device id"),
+    ("train", 'trainer.devices="2"', None),
+    ("train", 'trainer.devices="0,1"', None),
     ("train", "+trainer.limit_train_batches=0.25", None),
 ])
 def test_a_hostile_setting_is_one_line_naming_it(command, override, expected):
