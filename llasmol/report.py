@@ -38,9 +38,11 @@ def _write(path: Path, text: str, written: list[Path]) -> None:
 
 def _out_folder(out: Path) -> Path:
     """The report's folder, made; `--out` naming a file (or a pipe) is one line, not a traceback."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is not a folder: give the folder the report's files go into (it is made if "
-                        "missing), e.g. --out " + str(out.parent / "report"))
+    # The first part of the path that exists must be a folder: --out <file>/sub cannot be made either.
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UserError(f"--out {out} is not a folder: {existing} is a file; give the folder the report's files go "
+                        "into (it is made if missing), e.g. --out " + str(existing.parent / "report"))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:

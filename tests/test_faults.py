@@ -652,8 +652,14 @@ def test_report_out_naming_a_file_is_one_line(tmp_path, capsys):
         report_main([str(run), "--out", str(taken)])
     assert stop.value.code == 2
     assert capsys.readouterr().err.strip() == (
-        f"error: --out {taken} is not a folder: give the folder the report's files go into (it is made if missing), "
-        f"e.g. --out {tmp_path / 'report'}")
+        f"error: --out {taken} is not a folder: {taken} is a file; give the folder the report's files go into (it is "
+        f"made if missing), e.g. --out {tmp_path / 'report'}")
+    with pytest.raises(SystemExit) as stop:  # a folder under a file cannot be made either
+        report_main([str(run), "--out", str(taken / "sub" / "report")])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --out {taken / 'sub' / 'report'} is not a folder: {taken} is a file; give the folder the report's "
+        f"files go into (it is made if missing), e.g. --out {tmp_path / 'report'}")
     assert taken.read_text() == "mine"
     assert report_main([str(run), "--out", str(tmp_path / "again")])  # a fresh folder: written
     assert report_main([str(run), "--out", str(tmp_path / "again")])  # an existing report: overwritten cleanly
