@@ -4,6 +4,7 @@
     python scripts/mutation_score.py --sample 20 --out /tmp/m # a quick look
     python scripts/mutation_score.py --list                   # every mutant, without running anything
     python scripts/mutation_score.py --ids <id> ...           # some again (the survivors, once tests are added)
+    python scripts/mutation_score.py --ids <id> ... --tests tests/test_x.py   # ... against the tests named
     python scripts/mutation_score.py --report-only            # mutation.md again from mutation.json
 
 Each mutant changes one operator, constant, condition or return value (see `OPERATORS`) in one module of
@@ -343,6 +344,8 @@ def build_map(copy_root: Path) -> dict:
 def tests_for(candidate: Candidate, cov: dict) -> list[str]:
     """The fast tests that execute the mutated lines, fastest first; for a line run only at import time,
     every test that ran any line of the module."""
+    if cov["lines"] is None:  # --tests: the tests named
+        return list(cov["tests"])
     by_line = cov["lines"].get(candidate.mutant.module, {})
     tests: set[str] = set()
     import_time = False
@@ -459,6 +462,8 @@ def main() -> None:
     parser.add_argument("--modules", default="llasmol/", help="only modules whose path starts with this")
     parser.add_argument("--list", action="store_true", help="print the mutants and stop")
     parser.add_argument("--ids", nargs="+", help="run only these mutants (e.g. the survivors of a recorded run)")
+    parser.add_argument("--tests", nargs="+", help="with --ids: run these tests (files or node ids) for each mutant "
+                        "instead of those the coverage map finds (no map is built)")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite mutation.md from mutation.json (after judging survivors in EQUIVALENT)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "mutation-package")
@@ -483,7 +488,8 @@ def main() -> None:
         wanted = set(args.ids) | {MOVED.get(i, i) for i in args.ids}
         chosen = [c for c in everything if c.mutant.id in wanted]
         args.out = args.out / "rerun"
-        command = "python scripts/mutation_score.py --ids " + " ".join(args.ids)
+        command = "python scripts/mutation_score.py --ids " + " ".join(args.ids) + (
+            " --tests " + " ".join(args.tests) if args.tests else "")
     else:
         chosen = random.Random(args.seed).sample(everything, min(args.sample, len(everything))) if args.sample \
             else everything
@@ -493,14 +499,28 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="llasmol-mutants-") as tmp:
         copy_root = Path(tmp)
         _copy_checkout(copy_root)
-        print(f"coverage map: the fast suite under coverage in {copy_root} ...", flush=True)
-        cov = build_map(copy_root)
-        print(f"coverage map: {cov['seconds'] / 60:.1f} min, {len(cov['durations'])} tests, "
-              f"{len(cov['failed'])} failing unmutated: {cov['failed']}", flush=True)
+        if args.tests:  # the survivors again, against the tests written for them
+            if not args.ids:
+                parser.error("--tests goes with --ids")
+            status, seconds, failed = _run_tests(copy_root, args.tests, 3600)
+            if status != "survived":
+                sys.exit(f"the unmutated package fails {failed or args.tests}: fix that first")
+            cov = {"seconds": 0.0, "failed": [], "durations": {t: seconds / len(args.tests) for t in args.tests},
+                   "lines": None, "tests": args.tests}
+        else:
+            print(f"coverage map: the fast suite under coverage in {copy_root} ...", flush=True)
+            cov = build_map(copy_root)
+            print(f"coverage map: {cov['seconds'] / 60:.1f} min, {len(cov['durations'])} tests, "
+                  f"{len(cov['failed'])} failing unmutated: {cov['failed']}", flush=True)
         payload = {"command": command, "sample": args.sample, "seed": args.seed, "scope": f"`{args.modules}`",
                    "total_mutants": len(everything),
                    "map": {"seconds": cov["seconds"], "failed": cov["failed"], "tests": len(cov["durations"])},
                    "mutants": []}
+        earlier = args.out / "mutation.json"
+        if args.ids and earlier.is_file():  # survivors run again in several goes: one file of their latest results
+            again = {c.mutant.id for c in chosen}
+            payload["mutants"] = [m for m in json.loads(earlier.read_text())["mutants"] if m["id"] not in again]
+            payload["command"] = "several runs of python scripts/mutation_score.py --ids ... (--tests ...)"
         for i, candidate in enumerate(chosen, 1):
             mutant = candidate.mutant
             tests = tests_for(candidate, cov)
