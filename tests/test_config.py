@@ -158,8 +158,10 @@ def test_the_demo_ablation_sweeps_four_variants_of_the_tiny_model_briefly():
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["experiment=demo_ablation"], return_hydra_config=True)
     assert cfg.model.name == "tiny" and cfg.hydra.sweeper.params.lora == "lite,attn,ffn,full"
-    # Short and validated twice (two points per loss curve), with little generation: the README's minutes.
-    assert (cfg.trainer.max_steps, cfg.val_every_n_steps, cfg.trainer.max_epochs) == (150, 75, -1)
+    # Short and validated twice (two points per loss curve) on a few samples, with little generation: the
+    # README's minutes (BENCHMARKS.md section 14).
+    assert (cfg.trainer.max_steps, cfg.val_every_n_steps, cfg.trainer.max_epochs) == (100, 50, -1)
+    assert dict(cfg.data.max_samples_per_task) == {"validation": 8}
     assert cfg.callbacks.generation_evaluator.samples_per_task == 2 and cfg.generation.max_new_tokens_limit == 16
     assert list(cfg.logger) == ["csv"] and cfg.optimizer.lr == 3e-3  # the demo recipe's
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -30,13 +32,13 @@ def wandb_run_files(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
 
 
-def wandb_history(record_file: Path) -> list[dict]:
-    """The history rows (what `wandb.log` was given) of one offline run file, in order. The file is W&B's
+def wandb_records(record_file: Path) -> list:
+    """The records of one offline run file, in order (`wandb_internal_pb2.Record`). The file is W&B's
     record log: a 7-byte header, then 32 KiB blocks of chunks (crc32, length, type: whole, first, middle,
-    last), each record a `wandb_internal_pb2.Record`."""
+    last), each record a `Record`."""
     from wandb.proto import wandb_internal_pb2
 
-    data, block, pos, rows, parts = record_file.read_bytes(), 32768, 7, [], b""
+    data, block, pos, records, parts = record_file.read_bytes(), 32768, 7, [], b""
     assert data[:4] == b":W&B", record_file
     while pos + 7 <= len(data):
         if block - pos % block < 7:  # too little room left in this block for a chunk header: padding
@@ -49,9 +51,14 @@ def wandb_history(record_file: Path) -> list[dict]:
             record = wandb_internal_pb2.Record()
             record.ParseFromString(parts)
             parts = b""
-            if record.WhichOneof("record_type") == "history":
-                rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
-    return rows
+            records.append(record)
+    return records
+
+
+def wandb_history(record_file: Path) -> list[dict]:
+    """The history rows (what `wandb.log` was given) of one offline run file, in order."""
+    return [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+            for r in wandb_records(record_file) if r.WhichOneof("record_type") == "history"]
 
 
 @pytest.mark.slow
@@ -154,9 +161,11 @@ def test_resuming_from_a_mid_run_checkpoint_rewrites_the_rows_after_it_once(cfg_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [("SIGTERM", 143), ("SIGINT", 1)])
-def test_a_run_stopped_by_a_signal_and_resumed_logs_every_step_to_its_wandb_run_once(tmp_path, cfg_factory, sig, code):
+def test_a_run_stopped_by_a_signal_and_resumed_logs_every_step_to_its_wandb_run_once(tmp_path, cfg_factory, capfd,
+                                                                                      caplog, sig, code):
     """Stopped between the two micro-batches of step 2 (the stop waits for the step's end), then resumed in
-    place: the one W&B run's history holds steps 0-5, each once."""
+    place: one W&B run, its first session closed as preempting (not failed), its history holding steps 0-5,
+    each once, and each session saying in a line or two, not W&B's screenful, where its files are."""
     run = ["logger=[csv,wandb]", "trainer.max_steps=6", "data.max_samples_per_task={train:24,validation:2}",
            "data.micro_batch_size=2", "data.effective_batch_size=4", "val_every_n_steps=100",
            "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false"]
@@ -165,11 +174,17 @@ def test_a_run_stopped_by_a_signal_and_resumed_logs_every_step_to_its_wandb_run_
     tests = Path(__file__).resolve().parent
     env = {**os.environ, "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
+    for name in ("WANDB_QUIET", "WANDB_SILENT"):
+        env.pop(name, None)
     proc = subprocess.run([sys.executable, "-m", "llasmol.train", f"hydra.run.dir={tmp_path}", *run, *probe],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=HANG_TIMEOUT)
     assert proc.returncode == code, proc.stderr[-3000:]
     assert (tmp_path / "checkpoints" / "interrupted.ckpt").is_file()
+    first_output = proc.stdout + proc.stderr
+    capfd.readouterr()
+    caplog.set_level(logging.INFO, logger="llasmol.train")
     train(cfg_factory(*run, "ckpt_path=last"))
+    second_output = "".join(capfd.readouterr())
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
     sessions = wandb_run_files(tmp_path)
     assert [p.name for p in sessions] == [f"run-{run_id}.wandb"] * 2  # one W&B run, continued
@@ -177,3 +192,21 @@ def test_a_run_stopped_by_a_signal_and_resumed_logs_every_step_to_its_wandb_run_
     # Session by session: no gap at the step the stop waited for (2), no step twice. (W&B's own `_step` starts
     # again at 0 in an offline session; the steps are `trainer/global_step`, the x-axis Lightning sets.)
     assert steps == list(range(6)), steps
+
+    # The stop is recorded as W&B's preemption, and neither session's exit code counts as a failure (W&B and
+    # `wandb leet` show a non-zero one as "Failed").
+    def closing(record_file: Path) -> tuple[list[int], bool]:
+        records = wandb_records(record_file)
+        exits = [r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit"]
+        return exits, any(r.WhichOneof("record_type") == "preempting" for r in records)
+
+    assert closing(sessions[0]) == ([0], True)
+    assert closing(sessions[1]) == ([0], False)
+    # What W&B prints stays short: its three start lines (offline, where, `wandb leet`), no closing block of
+    # sparklines and summary values; one line of ours says where the session's files are.
+    for output in (first_output, second_output):
+        wandb_lines = [line for line in re.sub(r"\x1b\[[0-9;]*m", "", output).splitlines() if line.startswith("wandb:")]
+        assert 1 <= len(wandb_lines) <= 3, wandb_lines  # at least one: W&B's output was captured
+    assert f"W&B run {run_id} (stopped: marked preempting, not failed): files in {sessions[0].parent}" in first_output
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("W&B run")] == [
+        f"W&B run {run_id}: files in {sessions[1].parent} (upload: wandb sync {sessions[1].parent})"]

@@ -4,9 +4,9 @@ torch runs each CPU op on one thread per core, and its OpenMP threads meet at a 
 default libgomp's waiting threads spin before they sleep: on a machine shared with other work, the thread
 that arrives first spins on a core the late one needs: beside one busy process, the default job trained
 46-557 tokens/s on 2 cores that way and over 3,100 with a passive wait, which gives the core up at once
-(bench/cpu_threads.py, BENCHMARKS.md section 13). OpenMP reads its wait policy once, when torch loads it, so `use_cpu_threads` runs before anything
-imports torch (each command's first step); where torch is loaded already (a notebook, a test calling
-`train` in-process) only the thread count can still change.
+(bench/cpu_threads.py, BENCHMARKS.md section 13). OpenMP reads its wait policy once, when torch loads it,
+so `use_cpu_threads` runs before anything imports torch (each command's first step); where torch is loaded
+already (a notebook, a test calling `train` in-process) only the thread count can still change.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ log = logging.getLogger("llasmol.train")  # the run's log lines keep the command
 
 
 def fit(trainer: Trainer, module: LoRACausalLM, datamodule: LightningDataModule, checkpoint: Optional[str]) -> None:
-    """Train from `checkpoint` (None: from the start); SIGTERM ends the process with exit status 143."""
+    """Train from `checkpoint` (None: from the start); SIGTERM ends the process with exit status 143, Ctrl-C
+    with 1, and either closes the W&B runs as stopped on purpose, not failed."""
     if checkpoint:
         log.info("resuming from %s", checkpoint)
     try:
@@ -30,8 +31,13 @@ def fit(trainer: Trainer, module: LoRACausalLM, datamodule: LightningDataModule,
         trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)
     except SIGTERMException:
         # Lightning's SIGTERM is a SystemExit without a code, i.e. success; a stopped run is not one.
-        finish_wandb_runs(trainer)
+        finish_wandb_runs(trainer, stopped=True)
         raise SystemExit(143) from None
+    except SystemExit as stop:
+        # Lightning answers Ctrl-C with sys.exit(1) from its KeyboardInterrupt handler.
+        if trainer.interrupted and isinstance(stop.__context__, KeyboardInterrupt):
+            finish_wandb_runs(trainer, stopped=True)
+        raise
 
 
 def validate_last_step(trainer: Trainer, module: LoRACausalLM, datamodule: LightningDataModule,

@@ -6,6 +6,8 @@ import csv
 import importlib.util
 import io
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -18,6 +20,8 @@ from llasmol.metrics.scoring import judge
 from llasmol.finetune.lightning_private import (
     CSVLoggerWithWriter, WandbLoggerWithoutAnonymous, WriterKeepingFile, wandb_run_started,
 )
+
+log = logging.getLogger("llasmol.train")  # the closing lines belong in the run's train.log
 
 
 def check_loggers(logger_cfg) -> None:
@@ -36,7 +40,15 @@ def check_loggers(logger_cfg) -> None:
 
 
 class WandbLogger(WandbLoggerWithoutAnonymous):
-    """Lightning's W&B logger, started without the deprecation warning Lightning's arguments cause."""
+    """Lightning's W&B logger, started without the deprecation warning Lightning's arguments cause, and quiet:
+    W&B's closing block (a sparkline per metric and the whole run summary, some 30 lines at every run's end)
+    is left out, and `finish_wandb_runs` says in one line where the run's files are. WANDB_QUIET or
+    WANDB_SILENT in the environment, or `settings` given, decide instead."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        if "settings" not in kwargs and not any(v in os.environ for v in ("WANDB_QUIET", "WANDB_SILENT")):
+            kwargs["settings"] = {"quiet": True}
+        super().__init__(*args, **kwargs)
 
 
 class ProgressBar(RichProgressBar):
@@ -54,11 +66,21 @@ def wandb_loggers(trainer) -> list:
     return [lg for lg in trainer.loggers if isinstance(lg, LightningWandbLogger)]
 
 
-def finish_wandb_runs(trainer) -> None:
-    """Close W&B runs, so the next job of a multirun (same process) starts its own run."""
+def finish_wandb_runs(trainer, stopped: bool = False) -> None:
+    """Close W&B runs, so the next job of a multirun (same process) starts its own run, each with one line
+    saying where its files are. `stopped`: Ctrl-C or SIGTERM ended the fit, on purpose; W&B would record
+    the process's exit status (1, 143), i.e. a failed run. It is marked preempting instead (W&B's state for
+    a run that stops to be continued; a resume in place continues the same run id) and closed with exit
+    code 0, which W&B and `wandb leet` do not count as a failure."""
     for logger in wandb_loggers(trainer):
-        if wandb_run_started(logger):
-            logger.experiment.finish()
+        if not wandb_run_started(logger):
+            continue
+        run = logger.experiment
+        if stopped:
+            run.mark_preempting()
+        where = f"files in {run.sync_dir} (upload: wandb sync {run.sync_dir})" if run.offline else run.url
+        run.finish(exit_code=0)
+        log.info("W&B run %s%s: %s", run.id, " (stopped: marked preempting, not failed)" if stopped else "", where)
 
 
 def _correct(record: dict):
