@@ -97,8 +97,9 @@ class PromptFormatter:
     def _render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         # enable_thinking=False: SMolInstruct answers carry no reasoning. Qwen3's template writes a final
         # answer turn as `<think>\n\n</think>\n\n{answer}` and, asked without thinking, ends its generation
-        # prompt with that same empty block: the block is then prompt (masked, never generated) and the model
-        # answers exactly where training taught it to. Templates that do not read the flag ignore it.
+        # prompt with that same empty block: the block is then prompt (never generated; masked with
+        # train_on_inputs=false) and the model answers exactly where training taught it to. Templates that
+        # do not read the flag ignore it.
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                                   enable_thinking=False)
 
