@@ -94,3 +94,76 @@ def test_a_template_that_rewrites_the_prompt_in_the_conversation_is_refused():
     tok.chat_template = CHATML_TEMPLATE.replace("<|im_start|>assistant\n{% endif %}", "<|im_start|>model\n{% endif %}")
     with pytest.raises(UserError, match="prompt followed by the answer"):
         PromptFormatter(tok, "chat_template").encode("q", "a")
+
+
+# Qwen3's own chat template (one template for the whole Qwen3 family, Qwen3-0.6B to Qwen3-8B and up), as
+# vendored by llama.cpp in models/templates/Qwen-Qwen3-0.6B.jinja (read from the ye-NX/llama.cpp copy at
+# b354d7c9ecb76c97c07098617cdebbdfffa2583e, line endings LF): model data, kept byte for byte.
+QWEN3_TEMPLATE = (Path(__file__).parent / "data" / "qwen3_chat_template.jinja").read_text()
+EMPTY_THINK = "<think>\n\n</think>\n\n"
+
+
+def qwen3_tokenizer():
+    """The tiny tokenizer with Qwen3's turn markers (special) and think tags (added, not special, as Qwen3's
+    tokenizer has them: decoding keeps them) and Qwen3's real chat template."""
+    tok = load_tokenizer(compose_config([]).model)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.add_tokens(["<think>", "</think>"])
+    tok.eos_token = "<|im_end|>"
+    tok.chat_template = QWEN3_TEMPLATE
+    return tok
+
+
+def test_qwen3s_template_asks_for_the_answer_after_the_empty_think_block_it_trains_after():
+    """Qwen3's template writes a final answer turn as `<think>\\n\\n</think>\\n\\n{answer}`; its non-thinking
+    generation prompt ends with that same empty block. The block belongs to the (masked) prompt, so the
+    target is the answer and its end of turn alone, and generation starts where training taught the answer."""
+    tok = qwen3_tokenizer()
+    think_open, think_close, end = tok.convert_tokens_to_ids(["<think>", "</think>", "<|im_end|>"])
+    formatter = PromptFormatter(tok, "chat_template", max_length=MAX_LENGTH, train_on_inputs=False)
+    for sample in samples("dev"):
+        prompt = formatter.prompt_ids(sample["input"])
+        enc = formatter.encode(sample["input"], sample["output"])
+        assert tok.decode(prompt) == f"<|im_start|>user\n{sample['input']}<|im_end|>\n<|im_start|>assistant\n{EMPTY_THINK}"
+        assert prompt.count(think_open) == prompt.count(think_close) == 1
+        assert enc.input_ids[: len(prompt)] == prompt  # prompt/response identity
+        answer = enc.input_ids[len(prompt):]
+        assert think_open not in answer and think_close not in answer
+        assert tok.decode(answer) == f"{sample['output']}<|im_end|>\n" and answer[-2] == end == tok.eos_token_id
+        assert enc.labels == [IGNORE_INDEX] * len(prompt) + answer and not enc.truncated
+        # The generation prompt is the one the template itself gives for non-thinking answers.
+        assert prompt == tok(tok.apply_chat_template([{"role": "user", "content": sample["input"]}], tokenize=False,
+                                                     add_generation_prompt=True, enable_thinking=False),
+                             add_special_tokens=False)["input_ids"]
+
+
+def test_qwen3s_template_truncates_to_512_tokens_from_the_end():
+    """As for the paper's format: the first 512 tokens are kept, so a cut sample loses its end of turn."""
+    tok = qwen3_tokenizer()
+    sample = samples("dev")[0]
+    response = " ".join([sample["output"]] * 200)  # far over 512 tokens
+    plain = PromptFormatter(tok, "chat_template", max_length=MAX_LENGTH)
+    masked = PromptFormatter(tok, "chat_template", max_length=MAX_LENGTH, train_on_inputs=False)
+    whole = PromptFormatter(tok, "chat_template", max_length=10**6).encode(sample["input"], response)
+    cut, cut_masked = plain.encode(sample["input"], response), masked.encode(sample["input"], response)
+    assert len(whole.input_ids) > MAX_LENGTH and whole.input_ids[-2] == tok.eos_token_id
+    assert cut.truncated and cut.input_ids == whole.input_ids[:MAX_LENGTH] == cut_masked.input_ids
+    assert tok.eos_token_id not in cut.input_ids[len(plain.prompt_ids(sample["input"])):]
+    n_prompt = len(masked.prompt_ids(sample["input"]))
+    assert cut_masked.labels == [IGNORE_INDEX] * n_prompt + cut.input_ids[n_prompt:]
+
+
+def test_an_answer_after_an_empty_think_block_is_read_as_the_answer():
+    """A model that writes Qwen3's empty think block before its answer (asked without the block in its
+    prompt) is scored on the answer: the block is not the caption, and tags inside a think block are not
+    the answer."""
+    from llasmol.metrics import any_answer, extract_answer
+
+    assert extract_answer("molecule_captioning", f"{EMPTY_THINK}The molecule is an acid.") == "The molecule is an acid."
+    assert extract_answer("forward_synthesis", f"{EMPTY_THINK}<SMILES> CCO </SMILES>") == "CCO"
+    assert extract_answer("forward_synthesis", "<think>\nmaybe <SMILES> C </SMILES>\n</think>\n\n<SMILES> CCO </SMILES>") == "CCO"
+    assert extract_answer("molecule_captioning", EMPTY_THINK) is None
+    assert extract_answer("forward_synthesis", "<think>\nmaybe <SMILES> C </SMILES>") is None  # still thinking
+    assert any_answer(f"{EMPTY_THINK}<NUMBER> -1.4 </NUMBER>") == "-1.4"
+    # Only a leading block is the model's reasoning; the tags elsewhere are text like any other.
+    assert extract_answer("molecule_captioning", "It is <think> an acid.") == "It is <think> an acid."

@@ -423,6 +423,8 @@ def test_saved_adapters_name_their_base_and_carry_a_real_model_card(run_dir):
                    "tasks: forward_synthesis", "AdamW lr 0.003", "python -m llasmol.evaluate ckpt=", "arXiv:2402.09391"):
         assert needle in card, needle
     assert "More Information Needed" not in card
+    # last.adapter was saved at the end of step 4, before step 4's validation: no other step's numbers.
+    assert "| val/loss |" not in card and "optimizer step 4" in card
     best = [p for p in (run_dir / "checkpoints").glob("epoch*.adapter")]
     assert best and "| val/loss |" in (best[0] / "README.md").read_text()  # saved at a validation: its metrics
     with pytest.raises(UserError, match="trained on the embedded tiny model, .* pass model=tiny"):

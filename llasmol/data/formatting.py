@@ -9,8 +9,9 @@ text after `<s>` gets a leading '▁' is the tokenizer's own (legacy) behaviour,
 With `train_on_inputs=false` the first len(encode(prompt)) labels are masked, as `finetune.py` does.
 
 `model.prompt_template=chat_template` instead renders the query as the user turn and the response as the
-assistant turn of the tokenizer's own chat template (for instruct/chat checkpoints); the rendered prompt
-must be a prefix of the rendered conversation, so the same mask, truncation and packing apply.
+assistant turn of the tokenizer's own chat template (for instruct/chat checkpoints), without thinking (a
+Qwen3 template's empty think block ends the prompt); the rendered prompt must be a prefix of the rendered
+conversation, so the same mask, truncation and packing apply.
 """
 
 from __future__ import annotations
@@ -94,7 +95,13 @@ class PromptFormatter:
         return self.prompt_template.replace("{input}", query)
 
     def _render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        # enable_thinking=False: SMolInstruct answers carry no reasoning. Qwen3's template writes a final
+        # answer turn as `<think>\n\n</think>\n\n{answer}` and, asked without thinking, ends its generation
+        # prompt with that same empty block: the block is then prompt (never generated; masked with
+        # train_on_inputs=false) and the model answers exactly where training taught it to. Templates that
+        # do not read the flag ignore it.
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                  enable_thinking=False)
 
     def _ids(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

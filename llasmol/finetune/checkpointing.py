@@ -65,7 +65,11 @@ class AdapterModelCheckpoint(CheckpointWithHooks):
         if trainer.is_global_zero:
             card = None
             if self.card_facts is not None:
-                metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+                # A validation's numbers belong to the checkpoint of its step only: a save at a step's end
+                # (every_n_train_steps, the last step) comes before that step's validation.
+                validated = getattr(module, "last_validated_step", None) == trainer.global_step
+                metrics = {k: float(v) for k, v in trainer.callback_metrics.items()
+                           if k.startswith("val/") and validated}
                 card = adapter_card(self.card_facts, metrics, trainer.global_step)
             self._staged[filepath] = stage_adapter(module.model, adapter_dir(filepath),
                                                    module.adapter_state_dict(state), card, trainer.global_step)
@@ -83,9 +87,17 @@ class AdapterModelCheckpoint(CheckpointWithHooks):
         if trainer.is_global_zero:
             shutil.rmtree(adapter_dir(filepath), ignore_errors=True)
 
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        # The step that reaches trainer.max_steps is saved here, at its end, as every periodic save is. Saved
+        # at on_train_end, the checkpoint would hold Lightning's loop state after it has counted the
+        # unfinished epoch as done, and a resume to a higher max_steps would skip the rest of its data.
+        if self.resume and 0 < trainer.max_steps <= trainer.global_step:
+            self.save_last_unless_saved(trainer)
+
     def on_train_end(self, trainer, pl_module) -> None:
         super().on_train_end(trainer, pl_module)
-        if self.resume:
+        if self.resume:  # a run that ended with its last epoch, off the save interval
             self.save_last_unless_saved(trainer)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:

@@ -8,7 +8,10 @@ SMolInstruct responses wrap the answer in a tag pair with spaces inside, e.g.
   ``"<SMILES> a <SMILES> b </SMILES>"`` the answer is ``"b"``: a pair never contains a tag);
 - the text is stripped of surrounding whitespace; tags are matched exactly (case-sensitive);
 - no complete pair, or an empty pair, means no answer (``None``);
-- molecule_captioning has no tag: the whole response, stripped, is the answer (empty -> ``None``).
+- molecule_captioning has no tag: the whole response, stripped, is the answer (empty -> ``None``);
+- a leading ``<think>...</think>`` block (a reasoning model's thoughts; Qwen3 writes an empty one when asked
+  without its block in the prompt) is not part of the answer, and a think block left open holds no answer.
+  SMolInstruct responses never start with one, so the paper's scoring is unchanged.
 
 Non-string input (e.g. ``None``) is no answer rather than an error, so model output never
 crashes scoring.
@@ -20,6 +23,8 @@ from llasmol.core.tasks import TASKS, get_task
 
 # The tags any answer may sit in: the task table's, and SELFIES for `data.representation=selfies`.
 ANSWER_TAGS: tuple[str, ...] = tuple(dict.fromkeys(t.answer_tag for t in TASKS if t.answer_tag)) + ("SELFIES",)
+# A reasoning model's thoughts, before its answer (Qwen3's chat template writes them so).
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 def extract_answer(task: str, text: str) -> str | None:
@@ -30,6 +35,7 @@ def extract_answer(task: str, text: str) -> str | None:
     tag = get_task(task).answer_tag
     if not isinstance(text, str):
         return None
+    text = _after_reasoning(text)
     if tag is None:
         answer = text.strip()
         return answer or None
@@ -41,6 +47,15 @@ def wrap_answer(task: str, answer: str) -> str:
     is): what a system that is not a language model answers, so the same extraction reads it back."""
     tag = get_task(task).answer_tag
     return answer if tag is None else f"<{tag}> {answer} </{tag}>"
+
+
+def _after_reasoning(text: str) -> str:
+    """`text` after its leading think block, if it starts with one ("" when that block never closes)."""
+    stripped = text.lstrip()
+    if not stripped.startswith(THINK_OPEN):
+        return text
+    end = stripped.find(THINK_CLOSE)
+    return "" if end == -1 else stripped[end + len(THINK_CLOSE):]
 
 
 def _between(text: str, tag: str) -> str | None:
@@ -62,6 +77,7 @@ def any_answer(text: str) -> str | None:
     """Without a task: the answer of the complete tag pair that closes first, whichever answer tag it is."""
     if not isinstance(text, str):
         return None
+    text = _after_reasoning(text)
     found = []
     for tag in ANSWER_TAGS:
         answer = _between(text, tag)
