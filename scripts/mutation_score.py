@@ -312,49 +312,63 @@ def _env(copy_root: Path) -> dict[str, str]:
             "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def build_map(copy_root: Path) -> dict:
+MAP_FILES = (".coverage", ".durations.json", ".pytest-log.txt")
+
+
+def build_map(copy_root: Path, saved: Path | None = None) -> dict:
     """Run the fast suite once under coverage in `copy_root`: which tests execute each line of the package,
-    how long each test takes, and which fail unmutated (those are never used to judge a mutant)."""
-    rc = copy_root / ".mutation-coveragerc"
-    rc.write_text("[run]\nsource = llasmol\npatch = subprocess\nparallel = true\n"
-                  f"data_file = {copy_root / '.coverage'}\n")
-    durations, outcomes = copy_root / ".durations.json", copy_root / ".pytest-log.txt"
-    env = {**_env(copy_root), "MUTATION_MAP_DURATIONS": str(durations)}
+    how long each test takes, and which fail unmutated (those are never used to judge a mutant). `saved`: a
+    folder that keeps the map's files; where it holds them already, they are read instead (the same tree)."""
     start = time.time()
-    with open(outcomes, "w") as log:
-        subprocess.run([sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "-q", "-rf",
-                        "-p", "no:cacheprovider", "-p", "mutation_map_plugin", "-m", "not slow"],
-                       cwd=copy_root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    subprocess.run([sys.executable, "-m", "coverage", "combine", f"--rcfile={rc}", "-q"], cwd=copy_root, env=env,
-                   check=True)
+    if saved is not None and all((saved / name).is_file() for name in MAP_FILES):
+        source = saved
+    else:
+        source = copy_root
+        rc = copy_root / ".mutation-coveragerc"
+        rc.write_text("[run]\nsource = llasmol\npatch = subprocess\nparallel = true\n"
+                      f"data_file = {copy_root / '.coverage'}\n")
+        env = {**_env(copy_root), "MUTATION_MAP_DURATIONS": str(copy_root / ".durations.json")}
+        with open(copy_root / ".pytest-log.txt", "w") as log:
+            subprocess.run([sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "-q", "-rf",
+                            "-p", "no:cacheprovider", "-p", "mutation_map_plugin", "-m", "not slow"],
+                           cwd=copy_root, env=env, stdout=log, stderr=subprocess.STDOUT)
+        subprocess.run([sys.executable, "-m", "coverage", "combine", f"--rcfile={rc}", "-q"], cwd=copy_root, env=env,
+                       check=True)
+        (copy_root / ".seconds").write_text(f"{time.time() - start:.0f}\n")
+        if saved is not None:
+            saved.mkdir(parents=True, exist_ok=True)
+            for name in (*MAP_FILES, ".seconds"):
+                shutil.copy2(copy_root / name, saved / name)
     import coverage  # the mutation run's own requirement (the dev extra), not the package's
 
-    data = coverage.CoverageData(basename=str(copy_root / ".coverage"))
+    data = coverage.CoverageData(basename=str(source / ".coverage"))
     data.read()
     lines: dict[str, dict[int, list[str]]] = {}
     for measured in data.measured_files():
-        module = os.path.relpath(measured, copy_root)
-        if module.startswith("llasmol/"):
+        if "/llasmol/" in measured:  # the copy's path, wherever the copy was
+            module = measured[measured.rindex("/llasmol/") + 1:]
             lines[module] = {n: sorted(c) for n, c in data.contexts_by_lineno(measured).items()}
-    failed = sorted({line.split()[1] for line in outcomes.read_text().splitlines() if line.startswith("FAILED ")})
-    return {"seconds": time.time() - start, "durations": json.loads(durations.read_text()), "failed": failed,
-            "lines": lines}
+    log_lines = (source / ".pytest-log.txt").read_text().splitlines()
+    failed = sorted({line.split()[1] for line in log_lines if line.startswith("FAILED ")})
+    took = source / ".seconds"
+    return {"seconds": float(took.read_text()) if took.is_file() else time.time() - start, "durations": json.loads((source / ".durations.json").read_text()),
+            "failed": failed, "lines": lines}
 
 
 def tests_for(candidate: Candidate, cov: dict) -> list[str]:
-    """The fast tests that execute the mutated lines, fastest first; for a line run only at import time,
-    every test that ran any line of the module."""
+    """The fast tests that execute the mutated lines, fastest first; for a line run at import time, also
+    every test that ran any line of the module (the import may have happened in another test)."""
     if cov["lines"] is None:  # --tests: the tests named
         return list(cov["tests"])
     by_line = cov["lines"].get(candidate.mutant.module, {})
     tests: set[str] = set()
     import_time = False
     for n in candidate.lines:
-        contexts = by_line.get(str(n), by_line.get(n, []))
+        contexts = by_line.get(n, [])
         import_time |= "" in contexts
         tests.update(c for c in contexts if c)
-    if import_time and not tests:
-        tests = {c for contexts in by_line.values() for c in contexts if c}
+    if import_time:  # a line run as the module loads (a constant, a table) is read by whoever uses the module
+        tests |= {c for contexts in by_line.values() for c in contexts if c}
     tests -= set(cov["failed"])
     return sorted(tests, key=lambda t: (cov["durations"].get(t, 0.0), t))
 
@@ -467,6 +481,8 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite mutation.md from mutation.json (after judging survivors in EQUIVALENT)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "mutation-package")
+    parser.add_argument("--map", type=Path, help="a folder keeping the coverage map's files: read where it holds "
+                        "them (a map of this same tree), else written there")
     args = parser.parse_args()
 
     if args.report_only:
@@ -509,7 +525,7 @@ def main() -> None:
                    "lines": None, "tests": args.tests}
         else:
             print(f"coverage map: the fast suite under coverage in {copy_root} ...", flush=True)
-            cov = build_map(copy_root)
+            cov = build_map(copy_root, args.map)
             print(f"coverage map: {cov['seconds'] / 60:.1f} min, {len(cov['durations'])} tests, "
                   f"{len(cov['failed'])} failing unmutated: {cov['failed']}", flush=True)
         payload = {"command": command, "sample": args.sample, "seed": args.seed, "scope": f"`{args.modules}`",
