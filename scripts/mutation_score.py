@@ -247,7 +247,8 @@ def _lines_of(node: ast.AST, operator: str, parents: dict) -> range:
     start = node
     while not isinstance(start, ast.stmt) and start in parents:
         start = parents[start]
-    return range(start.lineno, node.end_lineno + 1)
+    # A decorator sits above its def's own line.
+    return range(min(start.lineno, node.lineno), max(start.lineno, node.end_lineno) + 1)
 
 
 @dataclass
