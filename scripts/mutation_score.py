@@ -356,6 +356,18 @@ def build_map(copy_root: Path, saved: Path | None = None) -> dict:
             "failed": failed, "lines": lines}
 
 
+def _importers(module: str) -> set[str]:
+    """The test files (and their helpers' users) that import `module` by name."""
+    name = module.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    parent, _, leaf = name.rpartition(".")
+    found = set()
+    for path in (ROOT / "tests").glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        if f"import {name}" in text or f"from {name} import" in text or f"from {parent} import {leaf}" in text:
+            found.add(f"tests/{path.name}")
+    return found
+
+
 def tests_for(candidate: Candidate, cov: dict) -> list[str]:
     """The fast tests that execute the mutated lines, fastest first; for a line run at import time, also
     every test that ran any line of the module (the import may have happened in another test)."""
@@ -368,8 +380,12 @@ def tests_for(candidate: Candidate, cov: dict) -> list[str]:
         contexts = by_line.get(n, [])
         import_time |= "" in contexts
         tests.update(c for c in contexts if c)
-    if import_time:  # a line run as the module loads (a constant, a table) is read by whoever uses the module
+    if import_time:  # a line run as the module loads (a constant, a table) is read by whoever uses the module:
+        # the tests that ran any of its lines, and those of the test files that import it (a test that only
+        # reads a table the module built at import runs none of its lines)
         tests |= {c for contexts in by_line.values() for c in contexts if c}
+        files = _importers(candidate.mutant.module)
+        tests |= {t for t in cov["durations"] if t.split("::")[0] in files}
     tests -= set(cov["failed"])
     return sorted(tests, key=lambda t: (cov["durations"].get(t, 0.0), t))
 
