@@ -4,7 +4,7 @@
     python -m llasmol.report <baseline dir>   # the same for a baseline's split (python -m llasmol.baseline)
     python -m llasmol.report <multirun_dir>   # the variants beside the paper + the ablation chart
     python -m llasmol.report <run A> <run B>  # A - B per task, with paired bootstrap intervals
-    python -m llasmol.report <run_dir> --validation val-epoch0-step200 --worst 8
+    python -m llasmol.report <run_dir> --validation val-step200 --worst 8
 
 A run's report (of its latest validation unless ``--validation`` picks one):
 ``<split>.md``/``.csv`` for each evaluated whole split (beside the paper's numbers for its base, with a line
@@ -105,7 +105,7 @@ def report_sweep(sweep_dir, out_dir=None) -> list[Path]:
     """Write a multirun's comparison; returns the files written."""
     runs = analysis.load_sweep(sweep_dir)
     if not any(run.validations or run.evaluations for run in runs):
-        raise UserError(f"{sweep_dir}: no run has a validation yet (no metrics/val-epoch*-step*.json) nor an "
+        raise UserError(f"{sweep_dir}: no run has a validation yet (no metrics/val-step*.json) nor an "
                         "evaluated split (metrics/<split>.json)")
     out = _out_folder(Path(out_dir) if out_dir else Path(sweep_dir) / "report")
     written: list[Path] = []
@@ -161,7 +161,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
     parser = argparse.ArgumentParser(prog="python -m llasmol.report", description=__doc__.splitlines()[0])
     parser.add_argument("path", nargs="+", help="a run directory or a multirun directory; or two run "
                         "directories to compare")
-    parser.add_argument("--validation", help="a run's validation to report, e.g. val-epoch0-step200, or an evaluated "
+    parser.add_argument("--validation", help="a run's validation to report, e.g. val-step200, or an evaluated "
                         "split, e.g. test (default: the latest validation; a baseline: its test split)")
     parser.add_argument("--worst", type=int, default=5, help="worst examples per task (default 5)")
     parser.add_argument("--out", help="folder to write into (default: <path>/report)")

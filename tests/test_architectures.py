@@ -22,7 +22,7 @@ def test_a_tiny_instance_trains_validates_and_saves(cfg_factory, tmp_path, arch,
 
     result = train(cfg_factory("model=tiny", f"model.arch={arch}", f"lora={lora}", *QUICK))
     assert result["global_step"] == 3
-    assert (tmp_path / "metrics" / "val-epoch0-step2.json").is_file()
+    assert (tmp_path / "metrics" / "val-step2.json").is_file()
     adapter = Path(tmp_path / "checkpoints" / "last.adapter" / "adapter_model.safetensors")
     with safe_open(str(adapter), "pt") as fh:
         keys = list(fh.keys())

@@ -282,7 +282,7 @@ def worst_table(worst: dict[str, list[dict]]) -> Table:
 
 
 def metric_trends(run: Run, metrics: Union[None, str, Sequence[str]] = None) -> Table:
-    """One row per validation, oldest first (epoch, step), one column ``<task>/<metric>`` per task
+    """One row per validation, oldest first (by optimizer step), one column ``<task>/<metric>`` per task
     and metric: each task's headline metric (`HEADLINE`) by default, or the given metric name(s)
     for every task that reports them."""
     if isinstance(metrics, str):
@@ -294,8 +294,8 @@ def metric_trends(run: Run, metrics: Union[None, str, Sequence[str]] = None) -> 
             for m in wanted:
                 if m in values and (task, m) not in columns:
                     columns.append((task, m))
-    rows = [[val.epoch, val.step] + [val.metrics.get(t, {}).get(m) for t, m in columns] for val in run.validations]
-    return Table(["epoch", "step"] + [f"{t}/{m}" for t, m in columns], rows, title="Metric trends")
+    rows = [[val.step] + [val.metrics.get(t, {}).get(m) for t, m in columns] for val in run.validations]
+    return Table(["step"] + [f"{t}/{m}" for t, m in columns], rows, title="Metric trends")
 
 
 # --------------------------------------------------------------------------- test set beside the paper
