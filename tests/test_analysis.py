@@ -287,7 +287,14 @@ def test_report_on_hand_made_run(run_dir, capsys):
             "failures.png", "trends.png", "worst_forward_synthesis.png"} <= names
     assert all(f"wrote {p}" in out for p in written)
     md = (run_dir / "report" / "metrics.md").read_text()
-    assert "| forward_synthesis | 0.200 |" in md
+    # Narrow by default: each task's headline metric and samples; which tasks the data lacks, said once here.
+    assert "| task | metric | value | num_samples |" in md and "| forward_synthesis | exact_match | 0.200 | 5 |" in md
+    assert "| property_prediction-esol | rmse |" in md and "validity" not in md
+    assert "Tasks: 4 of the 14 SMolInstruct tasks; not in this run's data: retrosynthesis," in md
+    assert "--all-metrics" in md and "validity" in (run_dir / "report" / "metrics.csv").read_text()
+    report_main([str(run_dir), "--all-metrics"])
+    md = (run_dir / "report" / "metrics.md").read_text()
+    assert "| forward_synthesis | 0.200 |" in md and "validity" in md and "--all-metrics" not in md
 
 
 def test_a_test_split_report_says_why_paper_cells_are_empty(run_dir, capsys):

@@ -126,6 +126,9 @@ def test_evaluate_command_scores_a_hand_written_file(tmp_path):
     assert metrics["property_prediction-bbbp"]["accuracy"] == 0.0
     assert all(m["num_skipped"] == 0 for m in metrics.values())
     assert "forward_synthesis" in proc.stdout and "exact_match=0.5" in proc.stdout
+    # Each task's headline metric and sample count, not every metric (all_metrics=true shows them).
+    fs = next(line for line in proc.stdout.splitlines() if line.startswith("forward_synthesis"))
+    assert fs.split() == ["forward_synthesis", "exact_match=0.5000", "[0,", "1]", "num_samples=2"], fs
 
 
 def test_numeric_golds_and_skipped_lines_in_a_predictions_file(tmp_path):
@@ -593,8 +596,11 @@ def test_evaluate_writes_bootstrap_intervals_beside_the_metrics(tmp_path):
                     f"output={tmp_path / 'off.json'}", "intervals.resamples=0"], tmp_path)
     assert proc.returncode == 0 and "accuracy=0.7500 " in proc.stdout and "[" not in proc.stdout
     assert not (tmp_path / "off.intervals.json").exists()
-    proc = run_cli(["llasmol.evaluate", f"predictions={path}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
+    assert "mcc=" not in proc.stdout  # the headline metric only, by default
+    proc = run_cli(["llasmol.evaluate", f"predictions={path}", f"hydra.run.dir={tmp_path / 'h'}", "all_metrics=true"],
+                   tmp_path)
     assert re.search(r"accuracy=0\.7500 \[0\.6\d+, 0\.8\d+\]", proc.stdout), proc.stdout
+    assert re.search(r"mcc=\S+ \[", proc.stdout) and "num_no_answer=0" in proc.stdout
     bad = run_cli(["llasmol.evaluate", f"predictions={path}", "intervals.level=95"], tmp_path)
     assert bad.returncode == 2 and "intervals.level=95" in bad.stderr and "0.95 for 95% intervals" in bad.stderr
 
