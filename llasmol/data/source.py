@@ -106,7 +106,15 @@ class SMolInstructSource:
         folder = self.splits[name]
         if raw_split(folder) == folder and not self.max_samples_per_task.get(name):
             return self.split(name)
-        return self._open(raw_split(folder), None)
+        key = f"{name} (pooled)"  # kept with the splits, so that `close` closes its files too
+        if key not in self._opened:
+            self._opened[key] = self._open(raw_split(folder), None)
+        return self._opened[key]
+
+    def close(self) -> None:
+        """Close the raw files of every split opened here (a split read again reopens them)."""
+        for split in self._opened.values():
+            split.close()
 
     def _open(self, folder: str, limit: Optional[int]) -> SMolInstructSplit:
         return SMolInstructSplit(
