@@ -94,6 +94,14 @@ def test_multirun_of_two_variants_records_each_count(tmp_path):
         assert params["trainable"] == expected["trainable"]
         assert (run / "checkpoints" / "last.adapter" / "adapter_model.safetensors").is_file()
         assert f"run directory: {run}" in proc.stdout
+    # The jobs a stopped sweep had not started join its folder numbered on (first_job=), as the stop says.
+    more = run_cli(["llasmol.train", "--multirun", "lora=full", f"hydra.sweep.dir={sweep}", "first_job=2",
+                    "trainer.max_steps=1", "val_every_n_steps=1", "data.max_samples_per_task={train:8,validation:2}",
+                    "logger=csv"], cwd=tmp_path)
+    assert more.returncode == 0, more.stderr[-3000:]
+    from llasmol.analysis import load_sweep
+
+    assert [r.name for r in load_sweep(sweep)] == ["0_tiny_lite", "1_tiny_attn", "2_tiny_full"]
 
 
 @pytest.mark.parametrize(

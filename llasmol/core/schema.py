@@ -359,9 +359,10 @@ def _lora_base(cfg: dict) -> Optional[str]:
 
 @dataclass
 class CommandSchema:
-    """What every command has: the one seed (conf/shared.yaml)."""
+    """What every command has (conf/shared.yaml): the one seed, and a multirun's first job number."""
 
     seed: int = setting(0)
+    first_job: int = setting(0, COUNT)
 
 
 @dataclass
