@@ -69,7 +69,7 @@ def main(cfg: DictConfig) -> None:
     from llasmol.analysis.tables import metric_lines  # lazy: matplotlib (0.6 s), for the closing lines only
 
     result = baseline(cfg)
-    print(metric_lines(result["metrics"], result["intervals"]))
+    print(metric_lines(result["metrics"], result["intervals"], cfg.all_metrics))
     print(f"metrics written to {result['output']}\n  report: python -m llasmol.report {result['folder']}", flush=True)
 
 

@@ -250,7 +250,7 @@ def main(cfg: DictConfig) -> None:
         raise SystemExit(1) from None
     from llasmol.analysis.tables import metric_lines  # lazy: matplotlib (0.6 s), for the closing lines only
 
-    print(metric_lines(result["metrics"], result["intervals"]))
+    print(metric_lines(result["metrics"], result["intervals"], cfg.all_metrics))
     if result["intervals"]:
         print(f"[lo, hi]: {result['intervals']['level']:.0%} bootstrap intervals (tasks with pooled golds resample "
               "inputs), written beside the metrics")

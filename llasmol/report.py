@@ -4,7 +4,7 @@
     python -m llasmol.report <baseline dir>   # the same for a baseline's split (python -m llasmol.baseline)
     python -m llasmol.report <multirun_dir>   # the variants beside the paper + the ablation chart
     python -m llasmol.report <run A> <run B>  # A - B per task, with paired bootstrap intervals
-    python -m llasmol.report <run_dir> --validation val-epoch0-step200 --worst 8
+    python -m llasmol.report <run_dir> --validation val-step200 --worst 8
 
 A run's report (of its latest validation unless ``--validation`` picks one):
 ``<split>.md``/``.csv`` for each evaluated whole split (beside the paper's numbers for its base, with a line
@@ -28,7 +28,7 @@ from llasmol import analysis
 from llasmol.analysis import pairs, trivial
 from llasmol.core.errors import UserError, report_user_errors
 from llasmol.core.files import WRITE_ELSEWHERE, raise_if_unwritable, write_text
-from llasmol.core.tasks import get_task
+from llasmol.core.tasks import TASK_NAMES, get_task
 
 
 def _write(path: Path, text: str, written: list[Path]) -> None:
@@ -51,8 +51,23 @@ def _out_folder(out: Path) -> Path:
     return out
 
 
-def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[Path]:
-    """Write a run's report; returns the files written."""
+ALL_METRICS_NOTE = ("\nEach task's headline metric (the one the paper's tables lead with) and its samples; every "
+                    "metric is in metrics.csv, and in this table with `python -m llasmol.report <run> --all-metrics`.\n")
+
+
+def coverage_note(tasks: Sequence[str]) -> str:
+    """A line saying which of the 14 tasks the run's data lacks (the bundled excerpt has 11), or nothing."""
+    missing = [t for t in TASK_NAMES if t not in tasks]
+    if not missing:
+        return ""
+    return (f"\nTasks: {len(TASK_NAMES) - len(missing)} of the {len(TASK_NAMES)} SMolInstruct tasks; not in this "
+            f"run's data: {', '.join(missing)} (`data.tasks=[...]` chooses tasks; the bundled excerpt holds "
+            "11 of the 14, llasmol/data/bundled/PROVENANCE.md says why).\n")
+
+
+def report_run(run_dir, out_dir=None, validation=None, worst: int = 5, all_metrics: bool = False) -> list[Path]:
+    """Write a run's report (`all_metrics`: every metric in metrics.md, not each task's headline one); returns
+    the files written."""
     run = analysis.load_run(run_dir, require_validation=True)
     val = run.validation(validation)
     out = _out_folder(Path(out_dir) if out_dir else run.path / "report")
@@ -62,9 +77,11 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5) -> list[P
         table = analysis.evaluation_table(run, split)
         _write(out / f"{split}.md", analysis.evaluation_note(run, table) + table.to_markdown(), written)
         _write(out / f"{split}.csv", table.to_csv(), written)
-    metrics = analysis.metric_table(val)
-    metrics.title = f"{run.label}: metrics at {val.name}"
-    _write(out / "metrics.md", (trivial.NOTE if run.model == "tiny" else "") + metrics.to_markdown(), written)
+    metrics = analysis.metric_table(val)  # metrics.csv: every metric; metrics.md: the headline ones unless asked
+    shown = metrics if all_metrics else analysis.headline_table(val)
+    shown.title = f"{run.label}: {'metrics' if all_metrics else 'headline metrics'} at {val.name}"
+    _write(out / "metrics.md", (trivial.NOTE if run.model == "tiny" else "") + shown.to_markdown() + "\n"
+           + coverage_note(val.tasks) + ("" if all_metrics else ALL_METRICS_NOTE), written)
     if val.predictions():
         floor = trivial.constant_answer_table(val.predictions())
         _write(out / "trivial.md", floor.to_markdown(), written)
@@ -107,7 +124,7 @@ def report_sweep(sweep_dir, out_dir=None) -> list[Path]:
     """Write a multirun's comparison; returns the files written."""
     runs = analysis.load_sweep(sweep_dir)
     if not any(run.validations or run.evaluations for run in runs):
-        raise UserError(f"{sweep_dir}: no run has a validation yet (no metrics/val-epoch*-step*.json) nor an "
+        raise UserError(f"{sweep_dir}: no run has a validation yet (no metrics/val-step*.json) nor an "
                         "evaluated split (metrics/<split>.json)")
     out = _out_folder(Path(out_dir) if out_dir else Path(sweep_dir) / "report")
     written: list[Path] = []
@@ -163,9 +180,11 @@ def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
     parser = argparse.ArgumentParser(prog="python -m llasmol.report", description=__doc__.splitlines()[0])
     parser.add_argument("path", nargs="+", help="a run directory or a multirun directory; or two run "
                         "directories to compare")
-    parser.add_argument("--validation", help="a run's validation to report, e.g. val-epoch0-step200, or an evaluated "
+    parser.add_argument("--validation", help="a run's validation to report, e.g. val-step200, or an evaluated "
                         "split, e.g. test (default: the latest validation; a baseline: its test split)")
     parser.add_argument("--worst", type=int, default=5, help="worst examples per task (default 5)")
+    parser.add_argument("--all-metrics", action="store_true", help="every metric of every task in metrics.md "
+                        "(default: each task's headline metric; metrics.csv always has them all)")
     parser.add_argument("--out", help="folder to write into (default: <path>/report)")
     args = parser.parse_args(argv)
     return _run(args)
@@ -200,7 +219,7 @@ def _report(args) -> list[Path]:
                                 "metrics/, predictions/)")
         written = report_two(path, Path(args.path[1]), args.out)
     elif analysis.is_run_dir(path):
-        written = report_run(path, args.out, args.validation, args.worst)
+        written = report_run(path, args.out, args.validation, args.worst, args.all_metrics)
     elif analysis.is_multirun_dir(path):
         written = report_sweep(path, args.out)
     else:

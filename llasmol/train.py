@@ -83,5 +83,5 @@ if __name__ == "__main__":
         # Before Hydra writes its config into the folder: a second run must not replace the first one's.
         report_user_errors(check_run_lock)(named_run_dir(sys.argv[1:]))
         report_user_errors(check_fresh_start)(named_run_dir(sys.argv[1:]), *command_line_values(
-            sys.argv[1:], {"ckpt_path": None, "overwrite": False}).values())
+            sys.argv[1:], {"ckpt_path": None, "overwrite": False, "first_job": 0}).values())
     main()

@@ -82,9 +82,9 @@ def write_run(path: Path, lora: str = "lite", trainable: int = 100, scale: float
     metrics["forward_synthesis"]["exact_match"] *= scale
     early = {task: {**values, "exact_match": 0.0} for task, values in metrics.items()}
     # step 10 must sort after step 2 (numerically, not as text).
-    write_json(path / "metrics" / "val-epoch0-step2.json", early)
-    write_json(path / "metrics" / "val-epoch0-step10.json", metrics)
-    write_jsonl(path / "predictions" / "val-epoch0-step10.jsonl", records)
+    write_json(path / "metrics" / "val-step2.json", early)
+    write_json(path / "metrics" / "val-step10.json", metrics)
+    write_jsonl(path / "predictions" / "val-step10.jsonl", records)
     return path
 
 
@@ -105,12 +105,22 @@ def sweep_dir(tmp_path) -> Path:
 
 def test_load_run_orders_validations_by_step(run_dir):
     run = analysis.load_run(run_dir)
-    assert [v.name for v in run.validations] == ["val-epoch0-step2", "val-epoch0-step10"]
+    assert [v.name for v in run.validations] == ["val-step2", "val-step10"]
     assert run.latest.step == 10 and run.lora == "lite" and run.params["trainable"] == 100
-    assert run.validation("val-epoch0-step2").predictions() == []  # no file for the early one
+    assert run.validation("val-step2").predictions() == []  # no file for the early one
     assert len(run.latest.predictions()) == len(RECORDS)
     # NaN-free: an RMSE with no valid prediction is null in the file and None here.
     assert run.validation(0).metrics["property_prediction-esol"]["rmse"] is not None
+
+
+def test_runs_written_before_one_numbering_still_read(run_dir):
+    """Validations an older version named val-epoch{E}-step{S} (S the same count) read as before, by step."""
+    for folder in ("metrics", "predictions"):
+        for file in list((run_dir / folder).iterdir()):
+            file.rename(file.with_name(file.name.replace("val-step", "val-step")))
+    run = analysis.load_run(run_dir)
+    assert [(v.name, v.step) for v in run.validations] == [("val-step2", 2), ("val-step10", 10)]
+    assert run.evaluations == {} and len(run.validation("step10").predictions()) == len(RECORDS)
 
 
 def test_metric_table_known_values(run_dir):
@@ -134,7 +144,7 @@ def test_metric_table_known_values(run_dir):
     assert rows[0]["task"] == "forward_synthesis" and float(rows[0]["exact_match"]) == pytest.approx(0.2)
     assert rows[3]["exact_match"] == ""
 
-    early = analysis.metric_table(analysis.load_run(run_dir), validation="val-epoch0-step2")
+    early = analysis.metric_table(analysis.load_run(run_dir), validation="val-step2")
     assert early.row("forward_synthesis")["exact_match"] == 0.0
 
 
@@ -183,12 +193,12 @@ def test_worst_examples_order(run_dir):
 def test_metric_trends_order_and_columns(run_dir):
     trends = analysis.metric_trends(analysis.load_run(run_dir))
     assert trends.column("step") == [2, 10]
-    assert trends.columns[:3] == ["epoch", "step", "forward_synthesis/exact_match"]
+    assert trends.columns[:2] == ["step", "forward_synthesis/exact_match"]
     assert "property_prediction-esol/rmse" in trends.columns
     assert "property_prediction-bbbp/accuracy" in trends.columns
     assert trends.column("forward_synthesis/exact_match") == [0.0, pytest.approx(0.2)]
     fts = analysis.metric_trends(analysis.load_run(run_dir), metrics="validity")
-    assert fts.columns == ["epoch", "step", "forward_synthesis/validity"]
+    assert fts.columns == ["step", "forward_synthesis/validity"]
 
 
 def test_plots_and_drawings(run_dir, tmp_path):
@@ -251,7 +261,7 @@ def test_report_errors(tmp_path, capsys):
     }
     (tmp_path / "fresh").mkdir()
     write_json(tmp_path / "fresh" / "params.json", {"model": "tiny", "lora": "full", "trainable": 1, "total": 2})
-    cases[tmp_path / "fresh"] = "has no validation yet (no metrics/val-epoch*-step*.json): a run validates every val_every_n_steps"
+    cases[tmp_path / "fresh"] = "has no validation yet (no metrics/val-step*.json): a run validates every val_every_n_steps"
     write_json(tmp_path / "sw" / "0_tiny_full" / "params.json", {"model": "tiny", "lora": "full"})
     cases[tmp_path / "sw"] = "no run has a validation yet"
     for path, message in cases.items():
@@ -277,7 +287,14 @@ def test_report_on_hand_made_run(run_dir, capsys):
             "failures.png", "trends.png", "worst_forward_synthesis.png"} <= names
     assert all(f"wrote {p}" in out for p in written)
     md = (run_dir / "report" / "metrics.md").read_text()
-    assert "| forward_synthesis | 0.200 |" in md
+    # Narrow by default: each task's headline metric and samples; which tasks the data lacks, said once here.
+    assert "| task | metric | value | num_samples |" in md and "| forward_synthesis | exact_match | 0.200 | 5 |" in md
+    assert "| property_prediction-esol | rmse |" in md and "validity" not in md
+    assert "Tasks: 4 of the 14 SMolInstruct tasks; not in this run's data: retrosynthesis," in md
+    assert "--all-metrics" in md and "validity" in (run_dir / "report" / "metrics.csv").read_text()
+    report_main([str(run_dir), "--all-metrics"])
+    md = (run_dir / "report" / "metrics.md").read_text()
+    assert "| forward_synthesis | 0.200 |" in md and "validity" in md and "--all-metrics" not in md
 
 
 def test_a_test_split_report_says_why_paper_cells_are_empty(run_dir, capsys):
@@ -368,9 +385,9 @@ def test_report_on_real_run(real_sweep, capsys):
             assert abs(float(row["constant answer"]) - mean) <= 0.005 + 1e-9  # written to 2 decimals
     assert {"property_prediction-bbbp", "property_prediction-esol"} <= set(floor)
     curves = run.loss_curves()  # what trends.png draws first
-    # One point per validation (their step as the CSV log numbers it, which issue #28 item 7 may change).
+    # One point per validation, at the step its files are named by.
     steps = [step for step, _ in curves["val/loss"]]
-    assert len(steps) == 2 and steps[0] < steps[1] and curves["val/loss"][-1][1] == run.val_loss
+    assert steps == [v.step for v in run.validations] and curves["val/loss"][-1][1] == run.val_loss
     assert curves["train/loss"] and curves["train/loss"][-1][1] == run.train_loss
 
 
@@ -388,7 +405,7 @@ def test_report_on_real_sweep(real_sweep, capsys):
     tasks = {r["task"] for r in pairs}
     assert {(r["a"], r["b"]) for r in pairs} == {("tiny/lite", "tiny/attn")} and len(tasks) == len(pairs) >= 10
     for r in pairs:  # the two variants validated on the same subset: every sample paired
-        assert int(r["samples"]) >= 1 and r["excludes_zero"] in ("yes", "no") and r["on"].startswith("val-epoch")
+        assert int(r["samples"]) >= 1 and r["excludes_zero"] in ("yes", "no") and r["on"].startswith("val-step")
         if r["difference"]:  # blank where a metric is undefined on one side (RMSE with no valid number)
             assert float(r["difference"]) == pytest.approx(float(r["a_value"]) - float(r["b_value"]))
             assert float(r["lo"]) <= float(r["hi"])
@@ -486,10 +503,10 @@ def test_charts_say_something_on_a_short_sweep():
     assert fig.get_suptitle() == "sweep X"
     data["property_prediction-esol/rmse"] = {"lite": 1.5, "full": None}
     assert len(plot_ablation(data).axes) == 5
-    trends = Table(["epoch", "step", "forward_synthesis/exact_match", "property_prediction-esol/rmse"],
-                   [[0, 100, 0.1, None], [0, 200, 0.2, None]])
+    trends = Table(["step", "forward_synthesis/exact_match", "property_prediction-esol/rmse"],
+                   [[100, 0.1, None], [200, 0.2, None]])
     assert len(plot_trends(trends, title="run Y").axes) == 1  # no RMSE yet: no empty panel
-    trends.rows[1][3] = 1.2
+    trends.rows[1][2] = 1.2
     assert [ax.get_ylabel() for ax in plot_trends(trends).axes] == ["value (fraction)", "RMSE (lower is better)"]
     losses = {"train/loss": [(10, 4.2), (20, 3.9), (30, 3.5)], "val/loss": [(100, 3.6), (200, 3.3)]}
     fig = plot_trends(trends, losses=losses)

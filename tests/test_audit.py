@@ -13,7 +13,7 @@ import pytest
 from conftest import HANG_TIMEOUT, compose_config
 from smolinstruct_fixture import MOLECULES, RELATED_TASKS, TASKS, add_record, name_of, split_of, write_smolinstruct
 
-from llasmol.leakage import checks, sample_keys
+from llasmol.leakage import checks, sample_keys, summary_lines
 from llasmol.audit import exit_status, run_audit
 from llasmol.core.config import check_overrides
 from llasmol.core.errors import UserError
@@ -57,8 +57,9 @@ def test_a_clean_copy_passes_and_its_report_is_written(copy, tmp_path):
         "task": "property_prediction-lipo", "split": "test", "audited": False, "records": None, "samples": None,
         "paper": 420}
     assert json.loads((tmp_path / "out" / "audit.json").read_text()) == result
+    assert "  sample counts differ from the paper's Table 1 in 33 of 33 task splits" in summary_lines(result)
     markdown = (tmp_path / "out" / "audit.md").read_text()
-    assert "**Passed**" in markdown and "| retrosynthesis | 24 / 941,735 | 8 / 2,092 | 8 / 4,156 |" in markdown
+    assert "bundled data" not in markdown and "**Passed**" in markdown and "| retrosynthesis | 24 / 941,735 | 8 / 2,092 | 8 / 4,156 |" in markdown
 
 
 def test_a_reaction_in_train_fs_and_test_rs_is_found(copy, tmp_path):
@@ -179,6 +180,12 @@ def test_the_bundled_sample_passes_its_own_audit(tmp_path):
     assert result["data"].endswith("llasmol/data/bundled")
     assert result["findings"] == [] and result["invalid_smiles"] == [] and result["summary"]["passed"]
     assert result["summary"]["records"] == 11 * 360
+    # Its counts are an excerpt's by design: said as such, not as 33 differences from the paper.
+    said = [line for line in summary_lines(result) if "sample counts" in line]
+    assert said == ["  sample counts: 3,960 samples in 33 task splits, as expected: the bundled data is a small "
+                    "excerpt (a few hundred samples a task, 11 of the 14 tasks: llasmol/data/bundled/PROVENANCE.md), "
+                    "not the full SMolInstruct of Table 1"]
+    assert "the bundled data is a small excerpt" in (tmp_path / "out" / "audit.md").read_text()
 
 
 def test_table_1_rows_add_up_to_its_overall_row():

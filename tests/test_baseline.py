@@ -3,11 +3,13 @@ the sample lacks), writes a predictions file like any other, and is scored and r
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
 import subprocess
 import sys
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -190,7 +192,7 @@ def test_a_report_over_a_run_and_two_baselines_has_a_row_for_each(tmp_path, caps
     assert list(rows) == ["tiny/lite", "baseline:rdkit (test)", "baseline:fingerprint (test)", "LlaSMol-Mistral",
                           "LlaSMol-Llama 2"]
     assert [rows[v]["source"] for v in rows] == ["run", "baseline", "baseline", "paper", "paper"]
-    latest = json.loads((run / "metrics" / "val-epoch0-step10.json").read_text())
+    latest = json.loads((run / "metrics" / "val-step10.json").read_text())
     assert float(rows["tiny/lite"]["name_conversion-s2f/exact_match"]) == pytest.approx(
         latest["name_conversion-s2f"]["exact_match"])
     assert float(rows["baseline:rdkit (test)"]["name_conversion-s2f/exact_match"]) == 1.0 == \
@@ -233,7 +235,11 @@ def _train_labels(task: str) -> list[str]:
 
 def test_fingerprint_forests_beat_a_constant_predictor(tmp_path):
     tasks = "data.tasks=[property_prediction-esol,property_prediction-bbbp]"
-    metrics = run_method(tmp_path / "a", "method=fingerprint", tasks)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        metrics = run_method(tmp_path / "a", "method=fingerprint", tasks)
+        gc.collect()  # an unclosed file warns when it is collected
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]  # the training files are closed
     golds = {t: [r["gold"][0] for r in records_of(tmp_path / "a") if r["task"] == t] for t in metrics}
     # ESOL: the training mean for every molecule; BBBP: the training majority answer.
     mean = float(np.mean([float(y) for y in _train_labels("property_prediction-esol")]))

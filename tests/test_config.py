@@ -294,3 +294,62 @@ def test_the_seed_is_stated_once():
         extra = [] if command == "generate" else ["paths.output_dir=/x"]
         assert compose_config(["seed=7", *extra], command).seed == 7
         assert compose_config(extra, command).seed == 13
+
+
+def test_a_stopped_multirun_says_how_to_run_the_jobs_that_had_not_started(tmp_path, capsys):
+    """Ctrl-C in job 1 of four: the last lines say how to continue job 1 and name the two jobs not started, to
+    run into the same folder numbered on (a real Ctrl-C: tests/test_faults.py; a continued sweep:
+    tests/test_train.py)."""
+    from omegaconf import OmegaConf
+
+    from llasmol.core.config import SweepSummary, remaining_jobs_command
+
+    sweep = (tmp_path / "sweep").resolve()
+    basic = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+    given = ["lora=lite,attn,ffn,full", "data.max_samples_per_task={train:8}"]
+
+    def config(num=None, task="train", launcher=basic):
+        lora = None if num is None else ["lite", "attn", "ffn", "full"][num]
+        return OmegaConf.create({"task_name": task, "first_job": 0, "hydra": {
+            "launcher": {"_target_": launcher}, "sweep": {"dir": str(sweep)}, "job": {"num": num},
+            "runtime": {"output_dir": str(sweep / f"{num}_tiny_{lora}")},
+            "overrides": {"task": given if num is None else [f"lora={lora}", given[1]]}}})
+
+    summary = SweepSummary()
+    summary.on_multirun_start(config())
+    summary.on_job_start(config(0))
+    summary.on_job_end(config(0))
+    summary.on_job_start(config(1))
+    summary._said_if_stopped()  # what the process says as it exits
+    assert capsys.readouterr().err.splitlines() == [
+        "multirun stopped in job 1",
+        f"  continue it with: python -m llasmol.train lora=attn 'data.max_samples_per_task={{train:8}}' "
+        f"hydra.run.dir={sweep / '1_tiny_attn'} ckpt_path=last",
+        "  the jobs that had not started run into the same folder with: python -m llasmol.train --multirun "
+        f"lora=ffn,full 'data.max_samples_per_task={{train:8}}' hydra.sweep.dir={sweep} first_job=2"]
+    summary._said_if_stopped()
+    assert capsys.readouterr().err == ""  # said once
+    # A baseline keeps nothing of a stopped job: it runs again with the rest.
+    summary = SweepSummary()
+    summary.on_multirun_start(config(task="baseline"))
+    summary.on_job_start(config(0, "baseline"))
+    summary._said_if_stopped()
+    assert capsys.readouterr().err.splitlines()[1:] == [
+        "  the jobs that had not finished run into the same folder with: python -m llasmol.baseline --multirun "
+        f"lora=lite,attn,ffn,full 'data.max_samples_per_task={{train:8}}' hydra.sweep.dir={sweep} first_job=0"]
+    # A multirun that ran to its end says only where its folder is; another launcher's jobs run elsewhere.
+    for launcher, ended in ((basic, True), ("hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
+                                            False)):
+        summary = SweepSummary()
+        summary.on_multirun_start(config(launcher=launcher))
+        summary.on_job_start(config(0, launcher=launcher))
+        if ended:
+            summary.on_multirun_end(config(launcher=launcher))
+        summary._said_if_stopped()
+        assert "multirun stopped" not in capsys.readouterr().err
+    # Two swept keys stopped mid-way: two sweeps, each numbered on; none left: nothing to run.
+    assert remaining_jobs_command("train", ["lora=lite,attn", "optimizer.lr=1e-4,3e-4,1e-3", "first_job=4"], 1,
+                                  "/s", 4) == (
+        "python -m llasmol.train --multirun lora=lite optimizer.lr=0.001 hydra.sweep.dir=/s first_job=6 && "
+        "python -m llasmol.train --multirun lora=attn optimizer.lr=0.0001,0.0003,0.001 hydra.sweep.dir=/s first_job=7")
+    assert remaining_jobs_command("baseline", ["method=rdkit,opsin"], 1, "/s") == ""

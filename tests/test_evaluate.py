@@ -58,14 +58,14 @@ def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def test_each_validation_writes_predictions_and_metrics(run_dir):
     tasks = SMolInstructSource.from_config(compose_config(["paths.output_dir=/x"]).data).task_names()
     for step in (2, 4):
-        lines = (run_dir / "predictions" / f"val-epoch0-step{step}.jsonl").read_text().splitlines()
+        lines = (run_dir / "predictions" / f"val-step{step}.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines]
         assert sorted(r["task"] for r in records) == sorted(t for t in tasks for _ in range(2))  # 2 per task
         for r in records:
             assert set(r) >= {"task", "input", "gold", "predictions", "answers"}
             assert isinstance(r["gold"], list) and r["gold"]
             assert r["skipped"] or len(r["predictions"]) == len(r["answers"]) >= 1
-        metrics = json.loads((run_dir / "metrics" / f"val-epoch0-step{step}.json").read_text())
+        metrics = json.loads((run_dir / "metrics" / f"val-step{step}.json").read_text())
         assert set(metrics) == set(tasks)
         for task, values in metrics.items():
             mine = [r for r in records if r["task"] == task]
@@ -73,19 +73,19 @@ def test_each_validation_writes_predictions_and_metrics(run_dir):
             assert values["num_samples"] == 2 and values["num_no_answer"] == no_answer, task
             assert values["num_skipped"] == sum(1 for r in mine if r["skipped"]), task
     # The same subset every validation.
-    first = [json.loads(x)["index"] for x in (run_dir / "predictions" / "val-epoch0-step2.jsonl").read_text().splitlines()]
-    last = [json.loads(x)["index"] for x in (run_dir / "predictions" / "val-epoch0-step4.jsonl").read_text().splitlines()]
+    first = [json.loads(x)["index"] for x in (run_dir / "predictions" / "val-step2.jsonl").read_text().splitlines()]
+    last = [json.loads(x)["index"] for x in (run_dir / "predictions" / "val-step4.jsonl").read_text().splitlines()]
     assert first == last
     # Logged as val/<task>/<metric>, equal to the file.
     logged = json.loads((run_dir / "callback_metrics.json").read_text())
-    metrics = json.loads((run_dir / "metrics" / "val-epoch0-step4.json").read_text())
+    metrics = json.loads((run_dir / "metrics" / "val-step4.json").read_text())
     for task, values in metrics.items():
         for name, value in values.items():
             assert same(logged[f"val/{task}/{name}"], value), (task, name)
     # Beside them, bootstrap intervals: in a file and logged as val/<task>/<metric>_lo, _hi.
-    intervals = json.loads((run_dir / "metrics" / "val-epoch0-step4.intervals.json").read_text())
+    intervals = json.loads((run_dir / "metrics" / "val-step4.intervals.json").read_text())
     assert intervals["resamples"] == 1000 and set(intervals["tasks"]) == set(tasks)
-    records = [json.loads(x) for x in (run_dir / "predictions" / "val-epoch0-step4.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in (run_dir / "predictions" / "val-step4.jsonl").read_text().splitlines()]
     from llasmol.metrics.intervals import bootstrap_intervals, per_sample_statistics
 
     assert intervals["tasks"] == json.loads(json.dumps(bootstrap_intervals(per_sample_statistics(records))))
@@ -97,10 +97,10 @@ def test_each_validation_writes_predictions_and_metrics(run_dir):
 
 
 def test_a_predictions_file_rescores_to_the_logged_numbers(run_dir, tmp_path):
-    src = run_dir / "predictions" / "val-epoch0-step4.jsonl"
+    src = run_dir / "predictions" / "val-step4.jsonl"
     out = tmp_path / "m.json"
     result = evaluate(compose_config(["paths.output_dir=/x", f"predictions={src}", f"output={out}"], "evaluate"))
-    logged = json.loads((run_dir / "metrics" / "val-epoch0-step4.json").read_text())
+    logged = json.loads((run_dir / "metrics" / "val-step4.json").read_text())
     written = json.loads(out.read_text())
     for task, values in logged.items():
         for name, value in values.items():
@@ -126,6 +126,9 @@ def test_evaluate_command_scores_a_hand_written_file(tmp_path):
     assert metrics["property_prediction-bbbp"]["accuracy"] == 0.0
     assert all(m["num_skipped"] == 0 for m in metrics.values())
     assert "forward_synthesis" in proc.stdout and "exact_match=0.5" in proc.stdout
+    # Each task's headline metric and sample count, not every metric (all_metrics=true shows them).
+    fs = next(line for line in proc.stdout.splitlines() if line.startswith("forward_synthesis"))
+    assert fs.split() == ["forward_synthesis", "exact_match=0.5000", "[0,", "1]", "num_samples=2"], fs
 
 
 def test_numeric_golds_and_skipped_lines_in_a_predictions_file(tmp_path):
@@ -425,7 +428,7 @@ def test_saved_adapters_name_their_base_and_carry_a_real_model_card(run_dir):
     assert "More Information Needed" not in card
     # last.adapter was saved at the end of step 4, before step 4's validation: no other step's numbers.
     assert "| val/loss |" not in card and "optimizer step 4" in card
-    best = [p for p in (run_dir / "checkpoints").glob("epoch*.adapter")]
+    best = [p for p in (run_dir / "checkpoints").glob("step*.adapter")]
     assert best and "| val/loss |" in (best[0] / "README.md").read_text()  # saved at a validation: its metrics
     with pytest.raises(UserError, match="trained on the embedded tiny model, .* pass model=tiny"):
         resolve_checkpoint(str(adapter), compose_config(["model=mistral"], "evaluate"))
@@ -595,8 +598,11 @@ def test_evaluate_writes_bootstrap_intervals_beside_the_metrics(tmp_path):
                     f"output={tmp_path / 'off.json'}", "intervals.resamples=0"], tmp_path)
     assert proc.returncode == 0 and "accuracy=0.7500 " in proc.stdout and "[" not in proc.stdout
     assert not (tmp_path / "off.intervals.json").exists()
-    proc = run_cli(["llasmol.evaluate", f"predictions={path}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
+    assert "mcc=" not in proc.stdout  # the headline metric only, by default
+    proc = run_cli(["llasmol.evaluate", f"predictions={path}", f"hydra.run.dir={tmp_path / 'h'}", "all_metrics=true"],
+                   tmp_path)
     assert re.search(r"accuracy=0\.7500 \[0\.6\d+, 0\.8\d+\]", proc.stdout), proc.stdout
+    assert re.search(r"mcc=\S+ \[", proc.stdout) and "num_no_answer=0" in proc.stdout
     bad = run_cli(["llasmol.evaluate", f"predictions={path}", "intervals.level=95"], tmp_path)
     assert bad.returncode == 2 and "intervals.level=95" in bad.stderr and "0.95 for 95% intervals" in bad.stderr
 

@@ -264,12 +264,15 @@ def test_non_finite_loss_stops_training_with_one_line(tmp_path):
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 1), (signal.SIGTERM, 143)])
 def test_ctrl_c_or_sigterm_saves_a_checkpoint_that_resumes(tmp_path, cfg_factory, sig, code):
     """Ctrl-C, or SIGTERM as a cluster sends before it preempts a job: a resumable checkpoint and a
-    failing exit status (Lightning's own SIGTERM exit is 0, which a scheduler reads as done)."""
-    run = tmp_path / "run"
+    failing exit status (Lightning's own SIGTERM exit is 0, which a scheduler reads as done). Stopped in the
+    first job of a multirun, the command also says how to run the jobs that had not started (#28 item 8)."""
+    sweep = tmp_path / "sweep"
+    run = sweep / "0_tiny_full"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llasmol.train", f"hydra.run.dir={run}", "trainer.max_steps=100000",
-         "val_every_n_steps=1000", "logger=csv", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1"],
+        [sys.executable, "-m", "llasmol.train", "--multirun", "lora=full,lite,attn", f"hydra.sweep.dir={sweep}",
+         "trainer.max_steps=100000", "val_every_n_steps=1000", "logger=csv", "trainer.enable_progress_bar=false",
+         "trainer.log_every_n_steps=1"],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     metrics = run / "csv" / "metrics.csv"
@@ -281,6 +284,14 @@ def test_ctrl_c_or_sigterm_saves_a_checkpoint_that_resumes(tmp_path, cfg_factory
     assert proc.returncode == code, err[-2000:]
     ckpt = run / "checkpoints" / "interrupted.ckpt"
     assert ckpt.is_file(), err[-2000:]
+    given = "trainer.max_steps=100000 val_every_n_steps=1000 logger=csv trainer.enable_progress_bar=false " \
+            "trainer.log_every_n_steps=1"
+    assert err.rstrip().splitlines()[-3:] == [  # the jobs' own lines go to their train.log only
+        "multirun stopped in job 0",
+        f"  continue it with: python -m llasmol.train lora=full {given} hydra.run.dir={run} ckpt_path=last",
+        "  the jobs that had not started run into the same folder with: python -m llasmol.train --multirun "
+        f"lora=lite,attn {given} hydra.sweep.dir={sweep.resolve()} first_job=1"], err[-2000:]
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0_tiny_full"]  # nothing else started
     assert (run / "checkpoints" / "interrupted.adapter" / "adapter_model.safetensors").is_file()
     step = torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"]
     assert step >= 1
@@ -377,7 +388,7 @@ def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypa
     train(cfg_factory("trainer.max_steps=2", "val_every_n_steps=2", "trainer.enable_progress_bar=false",
                       "callbacks.generation_evaluator.samples_per_task=1", "generation.max_new_tokens_limit=2",
                       "data.max_samples_per_task={validation:2}"))
-    assert "last.ckpt" in written and any(name.startswith("epoch") for name in written)
+    assert "last.ckpt" in written and any(name.startswith("step") for name in written)
 
 
 def test_an_adapter_save_stopped_between_its_renames_leaves_the_previous_one_readable(tmp_path, monkeypatch):
@@ -758,6 +769,9 @@ def test_a_fresh_start_in_a_folder_holding_a_run_is_refused_unless_asked(tmp_pat
     _finished_run(sweep / "1")
     with pytest.raises(UserError, match=rf"^{sweep / '1'} already holds a run"):
         check_fresh_start(sweep, None, False)
+    with pytest.raises(UserError, match=rf"^{sweep / '1'} already holds a run"):
+        check_fresh_start(sweep, None, False, 1)
+    check_fresh_start(sweep, None, False, 2)  # the jobs a stopped sweep had not started: numbered from 2 on
     (tmp_path / "early").mkdir()
     (tmp_path / "early" / "params.json").write_text("{}")
     with pytest.raises(UserError) as err:

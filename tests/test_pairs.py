@@ -28,8 +28,8 @@ def records(right_bbbp: list[bool], right_s2f: list[bool]) -> list[dict]:
 
 def write_run(path: Path, recs: list[dict], lora: str, test: list[dict] | None = None) -> Path:
     write_json(path / "params.json", {"model": "tiny", "lora": lora, "trainable": 10, "total": 100, "percent": 10})
-    write_jsonl(path / "predictions" / "val-epoch0-step4.jsonl", recs)
-    write_json(path / "metrics" / "val-epoch0-step4.json", score_records(recs))
+    write_jsonl(path / "predictions" / "val-step4.jsonl", recs)
+    write_json(path / "metrics" / "val-step4.json", score_records(recs))
     if test is not None:
         write_jsonl(path / "predictions" / "test.jsonl", test)
         write_json(path / "metrics" / "test.json", score_records(test))
@@ -47,7 +47,7 @@ def two_runs(tmp_path):
 def test_a_clear_gap_excludes_zero_and_an_equal_task_does_not(two_runs):
     table = paired_table(list(two_runs), ["full", "lite"])
     bbbp, s2f = table.row("full"), [r for r in table.records() if r["task"] == S2F][0]
-    assert (bbbp["task"], bbbp["on"], bbbp["samples"]) == (BBBP, "val-epoch0-step4", 120)
+    assert (bbbp["task"], bbbp["on"], bbbp["samples"]) == (BBBP, "val-step4", 120)
     assert bbbp["difference"] == pytest.approx(0.3) and bbbp["excludes_zero"] == "yes"
     assert bbbp["lo"] > 0.15 and bbbp["hi"] < 0.45
     assert s2f["difference"] == 0.0 and s2f["excludes_zero"] == "no" and (s2f["lo"], s2f["hi"]) == (0.0, 0.0)
@@ -68,7 +68,7 @@ def test_the_test_split_is_the_basis_when_both_have_it(tmp_path, two_runs):
     assert {r["on"] for r in rows} == {"test"} and rows[0]["samples"] == 30 and rows[0]["difference"] == 1.0
     # One evaluated on the test split, the other not: their validations are compared instead.
     rows = paired_table([a, two_runs[1]], ["a", "lite"]).records()
-    assert {r["on"] for r in rows} == {"val-epoch0-step4"}
+    assert {r["on"] for r in rows} == {"val-step4"}
 
 
 def test_intervals_are_read_beside_the_metrics_or_computed_for_older_runs(two_runs):
@@ -79,7 +79,7 @@ def test_intervals_are_read_beside_the_metrics_or_computed_for_older_runs(two_ru
     assert lo < 0.9 < hi
     table = interval_table(val)
     assert table.records()[0] == {"task": BBBP, "metric": "accuracy", "value": 0.9, "lo": lo, "hi": hi}
-    write_json(val.metrics_path.with_name("val-epoch0-step4.intervals.json"),
+    write_json(val.metrics_path.with_name("val-step4.intervals.json"),
                {"level": 0.95, "resamples": 5, "seed": 0, "tasks": {BBBP: {"accuracy": [0.1, 0.2]}}})
     assert intervals_of(val.metrics_path, val.predictions()) == {BBBP: {"accuracy": [0.1, 0.2]}}
     bars = ablation_intervals(list(two_runs), ["full", "lite"])
@@ -108,9 +108,9 @@ def test_the_interval_table_names_the_level_its_file_was_computed_at(two_runs, t
 
     run = two_runs[0]
     val = run.latest
-    assert interval_table(val).title == "95% bootstrap intervals at val-epoch0-step4"  # computed now, at 95%
+    assert interval_table(val).title == "95% bootstrap intervals at val-step4"  # computed now, at 95%
     settings = {"level": 0.9, "resamples": 200, "seed": 0}
     Evaluation(RunFiles(None, val.metrics_path), settings).score(val.predictions())  # as `intervals.level=0.9` writes it
-    assert interval_table(val).title == "90% bootstrap intervals at val-epoch0-step4"
+    assert interval_table(val).title == "90% bootstrap intervals at val-step4"
     report_main([str(run.path)])
-    assert "90% bootstrap intervals at val-epoch0-step4" in (run.path / "report" / "intervals.md").read_text()
+    assert "90% bootstrap intervals at val-step4" in (run.path / "report" / "intervals.md").read_text()

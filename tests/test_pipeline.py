@@ -62,7 +62,7 @@ def test_the_same_answers_give_the_same_files_from_every_path(tmp_path):
     assert outcome.records == written and files_of(model) == files_of(first)
 
     # a validation: the DDP reducer's metrics, the pipeline's files
-    val, name = tmp_path / "val", "val-epoch0-step3"
+    val, name = tmp_path / "val", "val-step3"
     reduced = reduced_metrics(written, list(source.task_names()), torch.device("cpu"))
     assert reduced == made["metrics"]
     Evaluation(RunFiles.named(val, name), dict(cfg.intervals)).finish(written, reduced)

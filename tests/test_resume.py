@@ -310,6 +310,9 @@ def test_a_run_killed_mid_epoch_resumes_exactly(tmp_path, cfg_factory, reference
     combined = [r for r in killed if r["step"] < saved_step] + _records(resumed_log)
     _assert_same_training({0: combined}, {0: _records(reference / "reference.jsonl")}, per_epoch=96)
     assert resumed["metrics"]["val/loss"] == pytest.approx(expected["metrics"]["val/loss"], rel=1e-5)
+    # The CSV keeps the killed run's rows up to the checkpoint's step (numbered by steps completed: the row of
+    # step saved_step is the checkpoint's own work) and drops the ones the resumed run redid.
+    assert [s for s, _ in _logged_steps(run)] == [s for s, _ in _logged_steps(reference / "run")] == list(range(1, 25))
 
 
 @pytest.mark.slow
@@ -349,7 +352,7 @@ def test_a_run_stopped_by_ctrl_c_or_sigterm_resumes_exactly_from_interrupted_ckp
                           per_epoch=96)
     expected = json.loads((reference / "result.json").read_text())
     assert resumed["metrics"]["val/loss"] == pytest.approx(expected["metrics"]["val/loss"], rel=1e-5)
-    assert [s for s, _ in _logged_steps(run)] == list(range(24))  # every step's row once
+    assert [s for s, _ in _logged_steps(run)] == list(range(1, 25))  # every step's row once
     # Finished, the run's interrupted.ckpt is stale: a later ckpt_path=last must not go back to it.
     assert not ckpt.exists() and not ckpt.with_suffix(".adapter").exists()
 
@@ -393,7 +396,7 @@ def test_a_signal_between_micro_batches_stops_at_the_step_boundary_and_resumes_e
     assert resumed["global_step"] == 12
     # Every step's row once, the one of the step the stop waited for included (it was lost, #27).
     logged, reference_logged = _logged_steps(run), _logged_steps(reference_acc4 / "run")
-    assert [s for s, _ in logged] == [s for s, _ in reference_logged] == list(range(12))
+    assert [s for s, _ in logged] == [s for s, _ in reference_logged] == list(range(1, 13))
     assert [loss for _, loss in logged] == pytest.approx([loss for _, loss in reference_logged], rel=1e-5)
     assert resumed["metrics"]["val/loss"] == pytest.approx(expected["metrics"]["val/loss"], rel=1e-5)
 

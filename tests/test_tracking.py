@@ -77,6 +77,8 @@ def test_offline_wandb_run_holds_metrics_config_table_and_best(cfg_factory, tmp_
     table = json.loads(tables[-1].read_text())
     assert table["columns"] == ["task", "input", "gold", "predictions", "answer", "correct"]
     assert len(table["data"]) == 11 * 2
+    # Each validation at the step its files and train.log give it (val-step2, val-step4).
+    assert [row["trainer/global_step"] for row in wandb_history(record) if "val/loss" in row] == [2, 4]
     # The API key reaches no file of the run.
     for path in tmp_path.rglob("*"):
         if path.is_file():
@@ -124,17 +126,17 @@ def test_a_run_resumed_in_its_directory_keeps_its_csv_rows(cfg_factory, tmp_path
 
     short = ["val_every_n_steps=100", "callbacks.resume_checkpoint.every_n_train_steps=3", "trainer.log_every_n_steps=1",
              "trainer.enable_progress_bar=false", "data.max_samples_per_task={validation:2}"]
-    train(cfg_factory("trainer.max_steps=4", *short))  # last.ckpt at step 4 (the end), rows for steps 0-3
+    train(cfg_factory("trainer.max_steps=4", *short))  # last.ckpt at step 4 (the end), rows for steps 1-4
 
     def steps():
         with (tmp_path / "csv" / "metrics.csv").open() as fh:
             return [int(row["step"]) for row in csv.DictReader(fh) if row.get("train/loss")]
 
     first = steps()
-    assert first and max(first) >= 3
+    assert first and max(first) == 4
     train(cfg_factory("trainer.max_steps=6", "ckpt_path=last", *short))
     both = steps()
-    assert both[: len(first)] == first and max(both) >= 5  # the first session's rows, then the new ones
+    assert both[: len(first)] == first and max(both) == 6  # the first session's rows, then the new ones
     assert len(both) == len(set(both))  # no step twice
 
 
@@ -148,23 +150,23 @@ def test_resuming_from_a_mid_run_checkpoint_rewrites_the_rows_after_it_once(cfg_
              "generation.max_new_tokens_limit=2", "data.max_samples_per_task={validation:2}",
              "callbacks.model_checkpoint.save_top_k=-1"]  # keep the checkpoint of each validation
     train(cfg_factory("trainer.max_steps=6", *short))
-    (mid,) = (tmp_path / "checkpoints").glob("epoch*-step3-*.ckpt")  # after 3 steps
+    (mid,) = (tmp_path / "checkpoints").glob("step3-*.ckpt")  # after 3 steps
 
     def train_rows():
         with (tmp_path / "csv" / "metrics.csv").open() as fh:
             return [int(row["step"]) for row in csv.DictReader(fh) if row.get("train/loss")]
 
-    assert train_rows() == [0, 1, 2, 3, 4, 5]
+    assert train_rows() == [1, 2, 3, 4, 5, 6]
     train(cfg_factory("trainer.max_steps=6", f"ckpt_path={mid}", *short))
-    assert train_rows() == [0, 1, 2, 3, 4, 5]  # steps 3-5 once, from the resumed session
+    assert train_rows() == [1, 2, 3, 4, 5, 6]  # steps 4-6 once, from the resumed session
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [("SIGTERM", 143), ("SIGINT", 1)])
 def test_a_run_stopped_by_a_signal_and_resumed_logs_every_step_to_its_wandb_run_once(tmp_path, cfg_factory, capfd,
                                                                                       caplog, sig, code):
-    """Stopped between the two micro-batches of step 2 (the stop waits for the step's end), then resumed in
-    place: one W&B run, its first session closed as preempting (not failed), its history holding steps 0-5,
+    """Stopped between the two micro-batches of the third step (the stop waits for the step's end), then resumed
+    in place: one W&B run, its first session closed as preempting (not failed), its history holding steps 1-6,
     each once, and each session saying in a line or two, not W&B's screenful, where its files are."""
     run = ["logger=[csv,wandb]", "trainer.max_steps=6", "data.max_samples_per_task={train:24,validation:2}",
            "data.micro_batch_size=2", "data.effective_batch_size=4", "val_every_n_steps=100",
@@ -189,9 +191,9 @@ def test_a_run_stopped_by_a_signal_and_resumed_logs_every_step_to_its_wandb_run_
     sessions = wandb_run_files(tmp_path)
     assert [p.name for p in sessions] == [f"run-{run_id}.wandb"] * 2  # one W&B run, continued
     steps = [row["trainer/global_step"] for p in sessions for row in wandb_history(p) if "train/loss" in row]
-    # Session by session: no gap at the step the stop waited for (2), no step twice. (W&B's own `_step` starts
+    # Session by session: no gap at the step the stop waited for (3), no step twice. (W&B's own `_step` starts
     # again at 0 in an offline session; the steps are `trainer/global_step`, the x-axis Lightning sets.)
-    assert steps == list(range(6)), steps
+    assert steps == list(range(1, 7)), steps
 
     # The stop is recorded as W&B's preemption, and neither session's exit code counts as a failure (W&B and
     # `wandb leet` show a non-zero one as "Failed").

@@ -95,6 +95,14 @@ def test_multirun_of_two_variants_records_each_count(tmp_path):
         assert params["trainable"] == expected["trainable"]
         assert (run / "checkpoints" / "last.adapter" / "adapter_model.safetensors").is_file()
         assert f"run directory: {run}" in proc.stdout
+    # The jobs a stopped sweep had not started join its folder numbered on (first_job=), as the stop says.
+    more = run_cli(["llasmol.train", "--multirun", "lora=full", f"hydra.sweep.dir={sweep}", "first_job=2",
+                    "trainer.max_steps=1", "val_every_n_steps=1", "data.max_samples_per_task={train:8,validation:2}",
+                    "logger=csv"], cwd=tmp_path)
+    assert more.returncode == 0, more.stderr[-3000:]
+    from llasmol.analysis import load_sweep
+
+    assert [r.name for r in load_sweep(sweep)] == ["0_tiny_lite", "1_tiny_attn", "2_tiny_full"]
 
 
 @pytest.mark.parametrize(
@@ -173,11 +181,11 @@ def test_paper_recipe_runs_on_the_tiny_model(cfg_factory, tmp_path):
     assert "bitsandbytes.optim.AdamW8bit" in hparams
     with (tmp_path / "csv" / "metrics.csv").open() as fh:
         rows = list(csv.DictReader(fh))
-    lrs = [float(r["train/lr"]) for r in rows if r["train/lr"]]
-    # Linear warm-up over 1000 steps towards 1e-4, logged after steps 0, 1, 2.
-    assert lrs == pytest.approx([1e-7 * k for k in range(3)], abs=1e-12)
+    lrs = [(int(r["step"]), float(r["train/lr"])) for r in rows if r["train/lr"]]
+    # Linear warm-up over 1000 steps towards 1e-4: step k (its row at k, the steps completed) used (k-1)/1000.
+    assert lrs == [(k, pytest.approx(1e-7 * (k - 1), abs=1e-12)) for k in (1, 2, 3)]
     # Validation every 2 optimizer steps = every 8 micro-batches, and at the end (step 3 is not on the grid).
-    assert [int(r["step"]) for r in rows if r["val/loss"]] == [1, 3]
+    assert [int(r["step"]) for r in rows if r["val/loss"]] == [2, 3]
 
 
 @pytest.mark.slow
@@ -195,15 +203,15 @@ def test_ddp_on_two_cpu_processes_runs_end_to_end(tmp_path):
     assert proc.stdout.count("run directory:") == 1
     assert "accumulation 1 × 2 process(es)" in (run / "train.log").read_text()  # 16 = 8 × 1 × 2
     # Each rank generated its share; the file and the metrics cover the whole subset.
-    records = [json.loads(x) for x in (run / "predictions" / "val-epoch0-step4.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in (run / "predictions" / "val-step4.jsonl").read_text().splitlines()]
     assert len(records) == 11 * 3 and len({r["index"] for r in records}) == 33
-    metrics = json.loads((run / "metrics" / "val-epoch0-step4.json").read_text())
+    metrics = json.loads((run / "metrics" / "val-step4.json").read_text())
     assert all(v["num_samples"] == 3 for v in metrics.values())
     # The two ranks' synchronised metrics are what one process scores from the same predictions.
     from llasmol.inference.predictions import read_predictions
     from llasmol.metrics.scoring import score_records
 
-    single = score_records(read_predictions(run / "predictions" / "val-epoch0-step4.jsonl"))
+    single = score_records(read_predictions(run / "predictions" / "val-step4.jsonl"))
     assert set(single) == set(metrics)
     for task, values in single.items():
         got = {k: float("nan") if metrics[task][k] is None else metrics[task][k] for k in values}  # JSON null = NaN
@@ -212,17 +220,22 @@ def test_ddp_on_two_cpu_processes_runs_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_a_short_run_validates_its_last_step_and_tells_its_story_in_train_log(tmp_path, monkeypatch):
-    """No terminal (nohup, SLURM, CI): train.log has a line per validation and a summary with what to run next."""
+    """No terminal (nohup, SLURM, CI): train.log has a line per validation and a summary with what to run next;
+    and every place that names a validation numbers it as train.log does (issue #28 item 7): 11 training
+    samples in micro-batches of 8 make 2 steps an epoch, so step 2 ends epoch 0 (validated during fit) and step
+    3 is in epoch 1 (validated after fit, where Lightning's own counters are one off in each direction)."""
     run = tmp_path / "run"
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.setenv("OMP_DISPLAY_ENV", "VERBOSE")  # libgomp prints its settings as torch loads it
     proc = run_cli(["llasmol.train", f"hydra.run.dir={run}", "trainer.max_steps=3", "val_every_n_steps=2",
                     "logger=csv", "trainer.enable_progress_bar=false", "generation.max_new_tokens_limit=4",
-                    "callbacks.generation_evaluator.samples_per_task=1"], tmp_path)
+                    "callbacks.generation_evaluator.samples_per_task=1", "trainer.log_every_n_steps=1",
+                    "data.max_samples_per_task={train:1,validation:2}"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(p.name for p in (run / "metrics").iterdir()) == [
-        "val-epoch0-step2.intervals.json", "val-epoch0-step2.json", "val-epoch0-step3.intervals.json",
-        "val-epoch0-step3.json"]  # each validation's metrics and, beside them, their bootstrap intervals
+        "val-step2.intervals.json", "val-step2.json", "val-step3.intervals.json",
+        "val-step3.json"]  # each validation's metrics and, beside them, their bootstrap intervals
+    assert sorted(p.name for p in (run / "predictions").iterdir()) == ["val-step2.jsonl", "val-step3.jsonl"]
     log = (run / "train.log").read_text()
     lines = [line for line in log.splitlines() if "validation at step" in line]
     assert [line.split("validation at step ")[1].split(":")[0] for line in lines] == ["2", "3"]
@@ -233,7 +246,21 @@ def test_a_short_run_validates_its_last_step_and_tells_its_story_in_train_log(tm
     # The command set OpenMP's passive wait before torch loaded it (libgomp's own default spins 300,000 times).
     assert "GOMP_SPINCOUNT = '0'" in proc.stderr
     assert f"CPU: {usable_cores()} intra-op thread(s), OpenMP threads wait passive" in log
-    # The validation after fit competes for the best checkpoint as the ones during fit do.
+    # The CSV numbers each validation and each training step as train.log does, with the epoch of that step.
+    with (run / "csv" / "metrics.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    validations = [(int(r["step"]), int(r["epoch"]), float(r["val/loss"])) for r in rows if r["val/loss"]]
+    assert [(step, epoch) for step, epoch, _ in validations] == [(2, 0), (3, 1)]
+    assert [int(r["step"]) for r in rows if r["train/loss"]] == [1, 2, 3]
+    said = {int(line.split("validation at step ")[1].split(":")[0]): line.split("val/loss ")[1].split(" ")[0]
+            for line in lines}
+    assert said == {step: f"{loss:.4f}" for step, _, loss in validations}
+    # The validation after fit competes for the best checkpoint as the ones during fit do; the best
+    # checkpoint and its adapter are named by the step of the validation that chose them.
     best = Path(json.loads((run / "result.json").read_text())["best_checkpoint"])
-    assert best.is_file() and f"val_loss{min(val_losses(run)):.4f}" in best.name, best
+    step, _, loss = min(validations, key=lambda v: v[2])
+    assert best.is_file() and best.name == f"step{step}-val_loss{loss:.4f}.ckpt", best
+    from llasmol.model.adapters import adapter_step
+
+    assert adapter_step(best.with_name(f"step{step}-val_loss{loss:.4f}.adapter")) == step
     assert not (run / "checkpoints" / "interrupted.ckpt").exists()

@@ -2,7 +2,8 @@
 
     from llasmol import analysis
     run = analysis.load_run("outputs/train/<date>_<time>")
-    analysis.metric_table(run)                      # per-task metrics of the latest validation
+    analysis.headline_table(run)                    # each task's headline metric at the latest validation
+    analysis.metric_table(run)                      # every metric of every task
     analysis.plot_topk(analysis.topk_curves(run))   # top-k exact match curves
     analysis.compare_table("outputs/train/multirun/<date>_<time>")   # variants beside the paper
     analysis.paper_table()                          # every system the paper reports, with its source
@@ -55,6 +56,7 @@ from llasmol.analysis.tables import (
     evaluation_table,
     failure_counts,
     failure_table,
+    headline_table,
     judge_sample,
     judged_samples,
     metric_table,

@@ -1,8 +1,9 @@
 """Reading run directories (single runs and multiruns) written by `python -m llasmol.train`, and the folders
 of `python -m llasmol.baseline`, read the same way.
 
-A run directory holds ``params.json``, ``metrics/val-epoch{E}-step{S}.json`` (one per validation),
-``predictions/val-epoch{E}-step{S}.jsonl`` and ``csv/metrics.csv``, and ``metrics/<split>.json`` with
+A run directory holds ``params.json``, ``metrics/val-step{S}.json`` (one per validation, after S optimizer
+steps; runs written before issue #28 named them ``val-epoch{E}-step{S}``, read the same),
+``predictions/val-step{S}.jsonl`` and ``csv/metrics.csv``, and ``metrics/<split>.json`` with
 ``predictions/<split>.jsonl`` for a whole split evaluated at once; a baseline's folder holds the latter and
 ``baseline.json`` (its method). A multirun directory holds one run directory per job, named
 ``<n>_<model>_<lora>`` (``<n>_<method>`` for baselines).  Everything here only reads files: nothing is
@@ -23,13 +24,12 @@ from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
 from llasmol.inference.predictions import read_predictions
 
-_VALIDATION_NAME = re.compile(r"^val-epoch(\d+)-step(\d+)$")
 _VARIANT_NAME = re.compile(r"^(\d+)_")
 
 PathLike = Union[str, Path]
 
 # Why a run has nothing to report yet, and what to do.
-NO_VALIDATION = ("has no validation yet (no metrics/val-epoch*-step*.json): a run validates every "
+NO_VALIDATION = ("has no validation yet (no metrics/val-step*.json): a run validates every "
                  "val_every_n_steps optimizer steps and at its last step; wait for one, or score it with "
                  "python -m llasmol.evaluate ckpt=<run dir>")
 
@@ -54,7 +54,6 @@ class Validation:
     """One validation of a run, or a whole split scored at once (`split`: `evaluate ckpt=<run>`, a baseline):
     its metrics and (read on demand) its predictions."""
 
-    epoch: Optional[int]
     step: Optional[int]
     metrics_path: Path
     predictions_path: Optional[Path]
@@ -64,7 +63,7 @@ class Validation:
 
     @property
     def name(self) -> str:
-        return self.split or f"val-epoch{self.epoch}-step{self.step}"
+        return self.split or self.metrics_path.stem  # val-step{S} (an older run's val-epoch{E}-step{S})
 
     @property
     def tasks(self) -> list[str]:
@@ -127,13 +126,13 @@ class Run:
             have = ", ".join(sorted(self.evaluations)) or "none"
             raise UserError(f"{self.path} has no {split} results (has: {have})")
         predictions = self.path / layout.PREDICTIONS / f"{split}.jsonl"
-        return Validation(epoch=None, step=None, metrics_path=self.path / layout.METRICS / f"{split}.json",
+        return Validation(step=None, metrics_path=self.path / layout.METRICS / f"{split}.json",
                           predictions_path=predictions if predictions.is_file() else None,
                           metrics=self.evaluations[split], split=split)
 
     def validation(self, which: Union[None, int, str] = None) -> Validation:
         """The latest validation (``None``), the one at a list position (``-1``, ``0``) or by name
-        (``"val-epoch0-step2"`` or its step as a string ``"step2"``), or an evaluated split by name
+        (``"val-step2"``, or its step as a string ``"step2"``), or an evaluated split by name
         (``"test"``). A folder with no validation but evaluated splits (a baseline's) gives its ``test``
         split (else its first) for ``None``."""
         if isinstance(which, str) and which in self.evaluations:
@@ -220,9 +219,9 @@ def _load_validations(path: Path) -> list[Validation]:
     metrics_dir = path / layout.METRICS
     if not metrics_dir.is_dir():
         return out
-    for file in metrics_dir.glob("val-epoch*-step*.json"):
-        match = _VALIDATION_NAME.match(file.stem)
-        if not match:
+    for file in metrics_dir.glob("val-*.json"):
+        step = layout.validation_step(file.stem)
+        if step is None:
             continue
         data = _read_json(file)
         if not isinstance(data, dict):
@@ -235,21 +234,20 @@ def _load_validations(path: Path) -> list[Validation]:
         predictions = path / layout.PREDICTIONS / f"{file.stem}.jsonl"
         out.append(
             Validation(
-                epoch=int(match.group(1)),
-                step=int(match.group(2)),
+                step=step,
                 metrics_path=file,
                 predictions_path=predictions if predictions.is_file() else None,
                 metrics=metrics,
             )
         )
-    out.sort(key=lambda v: (v.step, v.epoch))
+    out.sort(key=lambda v: v.step)
     return out
 
 
 def _load_evaluations(path: Path) -> dict[str, dict[str, dict[str, Optional[float]]]]:
     out = {}
     for file in sorted((path / layout.METRICS).glob("*.json")) if (path / layout.METRICS).is_dir() else []:
-        if _VALIDATION_NAME.match(file.stem) or file.stem.endswith(layout.INTERVALS_SUFFIX):
+        if layout.validation_step(file.stem) is not None or file.stem.endswith(layout.INTERVALS_SUFFIX):
             continue
         data = _read_json(file)
         if isinstance(data, dict):

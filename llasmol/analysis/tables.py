@@ -118,10 +118,21 @@ def _text_cell(value: Any) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
-def metric_lines(results: dict[str, dict[str, Any]], intervals: Optional[dict] = None) -> str:
-    """What `evaluate` and `baseline` print: one line per task, its metrics as `name=value [lo, hi]`."""
+def headline_metrics(task: str, values: dict[str, Any]) -> list[str]:
+    """The metrics shown for `task` by default: its headline metric (the task table's) and its sample count,
+    those of the two `values` has. Every metric stays in the files; `all_metrics=true` (evaluate, baseline)
+    and `report --all-metrics` show them all."""
+    wanted = [HEADLINE.get(task), "num_samples"]
+    return [name for name in wanted if name in values]
+
+
+def metric_lines(results: dict[str, dict[str, Any]], intervals: Optional[dict] = None, all_metrics: bool = False) -> str:
+    """What `evaluate` and `baseline` print: one line per task, its headline metric and sample count (all its
+    metrics with `all_metrics`) as `name=value [lo, hi]`."""
     width = max((len(t) for t in results), default=4)
     bounds = (intervals or {}).get("tasks", {})
+    if not all_metrics:
+        results = {task: {m: metrics[m] for m in headline_metrics(task, metrics)} for task, metrics in results.items()}
 
     def cell(task: str, name: str, value: Any) -> str:
         interval = bounds.get(task, {}).get(name)
@@ -145,6 +156,15 @@ def _ordered_metrics(names: Iterable[str]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- metric table
+
+
+def headline_table(source: Union[Run, Validation], validation=None) -> Table:
+    """One row per task of a validation (the latest unless `validation` picks one): its headline metric's
+    name and value and the samples scored (`metric_table` has every metric)."""
+    val = _validation(source, validation)
+    rows = [[task, HEADLINE.get(task), values.get(HEADLINE.get(task)), values.get("num_samples")]
+            for task, values in val.metrics.items()]
+    return Table(["task", "metric", "value", "num_samples"], rows, title=f"Headline metrics at {val.name}")
 
 
 def metric_table(
@@ -282,7 +302,7 @@ def worst_table(worst: dict[str, list[dict]]) -> Table:
 
 
 def metric_trends(run: Run, metrics: Union[None, str, Sequence[str]] = None) -> Table:
-    """One row per validation, oldest first (epoch, step), one column ``<task>/<metric>`` per task
+    """One row per validation, oldest first (by optimizer step), one column ``<task>/<metric>`` per task
     and metric: each task's headline metric (`HEADLINE`) by default, or the given metric name(s)
     for every task that reports them."""
     if isinstance(metrics, str):
@@ -294,8 +314,8 @@ def metric_trends(run: Run, metrics: Union[None, str, Sequence[str]] = None) -> 
             for m in wanted:
                 if m in values and (task, m) not in columns:
                     columns.append((task, m))
-    rows = [[val.epoch, val.step] + [val.metrics.get(t, {}).get(m) for t, m in columns] for val in run.validations]
-    return Table(["epoch", "step"] + [f"{t}/{m}" for t, m in columns], rows, title="Metric trends")
+    rows = [[val.step] + [val.metrics.get(t, {}).get(m) for t, m in columns] for val in run.validations]
+    return Table(["step"] + [f"{t}/{m}" for t, m in columns], rows, title="Metric trends")
 
 
 # --------------------------------------------------------------------------- test set beside the paper

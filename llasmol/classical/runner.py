@@ -117,7 +117,10 @@ def run_baseline(method: Baseline, source: SMolInstructSource, split_name: str, 
     source = dataclasses.replace(source, path=source.root(), tasks=tasks)
     answerer = MethodAnswers(method, tasks, source.split("train") if method.needs_training else None, gen_cfg)
     samples = Samples.of(source, split_name)
-    records = answerer.answer(samples)
+    try:
+        records = answerer.answer(samples)
+    finally:  # the splits' raw files (read while answering) are not needed again
+        source.close()
 
     tick = time.perf_counter()
     outcome = Evaluation(RunFiles.named(out_dir, split_name, metrics_path), intervals_cfg).finish(records)

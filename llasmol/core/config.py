@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import itertools
 import os
 import re
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -52,6 +55,9 @@ RESOLVERS = {
     # W&B stays offline (no account, no network) unless the user asks for online, by config or WANDB_MODE.
     "llasmol_wandb_offline": lambda: os.environ.get("WANDB_MODE", "offline") != "online",
     "llasmol_sweep_group": _sweep_group,
+    # A multirun job's folder number: its place in this sweep plus `first_job`, so that a continued sweep
+    # (the jobs a stopped one had not started) numbers on from the jobs its folder has.
+    "llasmol_job_number": lambda num, first: int(num) + int(first),
     # Progress bars only on a terminal; logs and CI stay quiet.
     "llasmol_interactive": _interactive,
     # The GPU presets' precision: bf16 autocast on GPUs, plain fp32 when run on CPU.
@@ -81,13 +87,118 @@ def compose_config(overrides: list[str] | None = None, config_name: str = "train
 
 
 class SweepSummary(Callback):
-    """A Hydra callback: once every job of a multirun of `train` has ended, print the sweep folder and the
-    command that compares its variants (the jobs' own output scrolled past long before)."""
+    """A Hydra callback for multiruns of `train` and `baseline`: once every job has ended, print the sweep folder
+    and the command that compares its variants (the jobs' own output scrolled past long before). When the
+    multirun stops before its end (Ctrl-C, SIGTERM, a job's error: Hydra then calls no end hook, so this is
+    said as the process exits), say how to continue the stopped job (`ckpt_path=last`; a baseline's is run
+    again with the rest) and the command that runs the jobs that had not started, into the same folder. The
+    jobs' own log lines go to their train.log only, so this is where a user sees it."""
+
+    def __init__(self) -> None:
+        self._sweep: Optional[dict] = None  # what a stopped multirun needs to say how to continue
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        # Only Hydra's basic launcher runs the jobs one after another in this process, where a stop leaves the
+        # later ones unstarted (submitit's start in their own processes, where these hooks are not called).
+        launcher = str(OmegaConf.select(config, "hydra.launcher._target_") or "")
+        if config.get("task_name") not in ("train", "baseline") or not launcher.endswith("BasicLauncher"):
+            return
+        self._sweep = {"task": config.task_name, "dir": str(Path(str(config.hydra.sweep.dir)).resolve()),
+                       "overrides": list(config.hydra.overrides.task), "first_job": int(config.get("first_job") or 0),
+                       "started": -1, "job": None, "job_ended": False, "ended": False}
+        atexit.register(self._said_if_stopped)
+
+    def on_job_start(self, config, **kwargs) -> None:
+        if self._sweep is not None:
+            self._sweep.update(started=int(config.hydra.job.num), job_ended=False, job={
+                "dir": str(OmegaConf.select(config, "hydra.runtime.output_dir") or ""),
+                "overrides": list(config.hydra.overrides.task)})
+
+    def on_job_end(self, config, **kwargs) -> None:
+        if self._sweep is not None:
+            self._sweep["job_ended"] = True
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        if self._sweep is not None:
+            self._sweep["ended"] = True
         if config.get("task_name") in ("train", "baseline"):
             sweep = Path(config.hydra.sweep.dir).resolve()
             print(f"sweep folder: {sweep}\n  compare its variants: python -m llasmol.report {sweep}", flush=True)
+
+    def _said_if_stopped(self) -> None:
+        sweep, self._sweep = self._sweep, None
+        if sweep is None or sweep["ended"]:
+            return
+        lines, done = [], sweep["started"]
+        job = sweep["job"]
+        if job and not sweep["job_ended"]:
+            if sweep["task"] == "train":  # a training job resumes from its checkpoint, in its own folder
+                given = _as_given(sweep["overrides"])
+                args = "".join(shlex.quote(given.get(o.split("=", 1)[0], o)) + " " for o in job["overrides"]
+                               if not o.startswith("first_job="))
+                lines.append(f"continue it with: python -m llasmol.train {args}"
+                             f"hydra.run.dir={shlex.quote(job['dir'])} ckpt_path=last")
+            else:  # a baseline keeps nothing of a stopped job: it runs again with the others
+                done -= 1
+        rest = remaining_jobs_command(sweep["task"], sweep["overrides"], done, sweep["dir"], sweep["first_job"])
+        if rest:
+            lines.append(f"the jobs that had not {'started' if done == sweep['started'] else 'finished'} run into "
+                         f"the same folder with: {rest}")
+        if lines:
+            print(f"multirun stopped in job {sweep['first_job'] + max(sweep['started'], 0)}",
+                  *(f"  {line}" for line in lines), sep="\n", file=sys.stderr, flush=True)
+
+
+def remaining_jobs_command(task: str, overrides: list[str], done: int, sweep_dir: str, first_job: int = 0) -> str:
+    """The command line (one, or a few joined by `&&` when the remaining jobs are not one product of values)
+    that runs the jobs of a multirun after the `done`-th (0-based; -1: none), numbered on from it in
+    `sweep_dir`; "" when none remain. Jobs are the product of the sweep's values in Hydra's basic sweeper's
+    order (the product of each key's values, keys in the order given, a key given twice in its first place with its
+    last values); a setting that is not swept is written as it was given."""
+    mine = ("hydra.sweep.dir", "first_job")  # said anew below
+    values: dict[str, list[str]] = {}
+    for o in OverridesParser.create().parse_overrides(overrides):
+        key = o.get_key_element()
+        if key.lstrip("+") not in mine:
+            options = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+            values[key] = [f"{key}={v}" for v in options]
+    given = _as_given(overrides)
+    jobs = [list(job) for job in itertools.product(*values.values())]
+    todo = jobs[done + 1:]
+    commands, number = [], first_job + done + 1
+    for group in _products(todo):
+        said = [given.get(o.split("=", 1)[0], o) for o in group["overrides"]]
+        args = "".join(shlex.quote(o) + " " for o in said)  # as a shell reads them: {a:1} would expand
+        commands.append(f"python -m llasmol.{task} --multirun {args}hydra.sweep.dir={shlex.quote(sweep_dir)} "
+                        f"first_job={number}")
+        number += group["jobs"]
+    return " && ".join(commands)
+
+
+def _as_given(overrides: list[str]) -> dict[str, str]:
+    """The settings of a command line that are not swept, by key, as typed (Hydra's job overrides say
+    `False` for `false`, `0.0001` for `1e-4`)."""
+    return {o.get_key_element(): o.input_line for o in OverridesParser.create().parse_overrides(overrides)
+            if not o.is_sweep_override()}
+
+
+def _products(jobs: list[list[str]]) -> list[dict]:
+    """`jobs` (each a list of `key=value`, the same keys in the same order) as few sweeps as possible, in
+    order: each `{"overrides": [key=v1,v2, ...], "jobs": n}` one product of values."""
+    if not jobs:
+        return []
+    pairs = [[o.split("=", 1) for o in job] for job in jobs]
+    values = [list(dict.fromkeys(job[i][1] for job in pairs)) for i in range(len(pairs[0]))]
+    count = 1
+    for options in values:
+        count *= len(options)
+    if count == len(jobs):  # a suffix of a product in the sweeper's order that is a whole product: it is one
+        overrides = [job_pair[0] + "=" + (options[0] if len(options) == 1 else ",".join(map(_quoted, options)))
+                     for job_pair, options in zip(pairs[0], values)]
+        return [{"overrides": overrides, "jobs": len(jobs)}]
+    varying = next(i for i, options in enumerate(values) if len(options) > 1)
+    head = [job for job in jobs if job[varying] == jobs[0][varying]]
+    return _products(head) + _products(jobs[len(head):])
 
 
 # Hydra's command-line options that take the next argument as their value (it is not an override);

@@ -4,7 +4,9 @@ analysis read them. (The checkpoint folder and the CSV logger's folder are also 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Optional
 
 PARAMS = "params.json"  # trainable/total parameters, model and LoRA variant
 RESULT = "result.json"  # final metrics, best checkpoint, global step
@@ -27,6 +29,21 @@ def intervals_file(metrics_file: Path) -> Path:
     return metrics_file.with_name(metrics_file.stem + INTERVALS_SUFFIX + ".json")
 
 
-def validation_name(epoch: int, step: int) -> str:
-    """The stem of a validation's predictions and metrics files."""
-    return f"val-epoch{epoch}-step{step}"
+# One numbering everywhere a run names a moment of training (checkpoint files and their adapters, a
+# validation's files, train.log, the CSV and W&B step): the optimizer steps completed, as `max_steps` and
+# `val_every_n_steps` count them. Names carry no epoch: the step alone is unique and never ambiguous.
+VALIDATION_PREFIX = "val-step"
+# Runs written before issue #28 named validations val-epoch{E}-step{S} (S the same count); still read.
+VALIDATION_STEM = re.compile(r"^val-(?:epoch\d+-)?step(\d+)$")
+
+
+def validation_name(step: int) -> str:
+    """The stem of the predictions and metrics files of the validation after `step` optimizer steps."""
+    return f"{VALIDATION_PREFIX}{step}"
+
+
+def validation_step(stem: str) -> Optional[int]:
+    """The step of a validation's file stem (`val-step40`, or an older run's `val-epoch0-step40`); None when
+    `stem` names no validation (an evaluated split such as `test`)."""
+    match = VALIDATION_STEM.match(stem)
+    return int(match.group(1)) if match else None

@@ -76,19 +76,29 @@ def check_run_lock(run_dir: Optional[Path]) -> None:
         os.close(fd)  # closing drops the shared lock, if it was taken
 
 
+def _job_number(name: str) -> int:
+    """The number a multirun job's folder starts with (`2_tiny_full`: 2); a folder named otherwise counts as
+    the first."""
+    number = name.split("_", 1)[0]
+    return int(number) if number.isdigit() else 0
+
+
 def _holds_run(folder: Path) -> bool:
     return ((folder / layout.RESULT).is_file() or (folder / layout.PARAMS).is_file()
             or any((folder / layout.CHECKPOINTS).glob("*.ckpt")))
 
 
-def check_fresh_start(folder: Optional[Path], ckpt_path, overwrite) -> None:
+def check_fresh_start(folder: Optional[Path], ckpt_path, overwrite, first_job=0) -> None:
     """A `UserError` when a run starting fresh (no `ckpt_path`) would write into `folder` while it holds a run
-    (its result, parameters or checkpoints; or, for a sweep's folder, any of its jobs' folders does), unless
-    `overwrite` is true. A command-line check, made before Hydra writes its config into the folder."""
+    (its result, parameters or checkpoints; or, for a sweep's folder, any of its jobs' folders numbered from
+    `first_job` on does: a continued sweep writes only those), unless `overwrite` is true. A command-line check,
+    made before Hydra writes its config into the folder."""
     if folder is None or ckpt_path is not None or overwrite is True or not Path(folder).is_dir():
         return
     folder = Path(folder)
-    runs = [folder] if _holds_run(folder) else [f for f in sorted(folder.iterdir()) if f.is_dir() and _holds_run(f)]
+    first = first_job if isinstance(first_job, int) else 0  # a sweep of first_job values: every job folder counts
+    runs = [folder] if _holds_run(folder) else [f for f in sorted(folder.iterdir()) if f.is_dir() and _holds_run(f)
+                                                and _job_number(f.name) >= first]
     if not runs:
         return
     held = runs[0]

@@ -370,9 +370,10 @@ class CpuSchema:
 
 @dataclass
 class CommandSchema:
-    """What every command has: the one seed (conf/shared.yaml)."""
+    """What every command has (conf/shared.yaml): the one seed, and a multirun's first job number."""
 
     seed: int = setting(0)
+    first_job: int = setting(0, COUNT)
 
 
 @dataclass
@@ -416,6 +417,7 @@ class EvaluateSchema(ModelCommandSchema):
     device: str = setting()
     merge_adapter: bool = setting()
     progress_every_s: float = setting(0, hint="seconds between progress lines in the log; 0: after every batch")
+    all_metrics: bool = setting()
     prompting: PromptingSchema = setting()
     data: DataSchema = setting()
     intervals: IntervalsSchema = setting()
@@ -445,6 +447,7 @@ class BaselineSchema(CommandSchema):
     method: Optional[str] = setting()
     n_jobs: int = setting(1, 1024)
     output: Optional[str] = setting()
+    all_metrics: bool = setting()
     data: DataSchema = setting()
     generation: GenerationSchema = setting()
     intervals: IntervalsSchema = setting()

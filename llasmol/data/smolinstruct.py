@@ -418,6 +418,13 @@ class SMolInstructSplit:
             self._handles[k] = self._tables[k].raw_path.open("rb")
         return self._handles[k]
 
+    def close(self) -> None:
+        """Close the raw files this process opened (a later read opens them again)."""
+        handles, self._handles = self._handles, {}
+        if self._pid == os.getpid():  # a forked worker's copies are its parent's to close
+            for fh in handles.values():
+                fh.close()
+
     def raw_record(self, k: int, line: int) -> dict:
         table = self._tables[k]
         fh = self._handle(k)

@@ -21,6 +21,7 @@ from llasmol.model.lora import apply_lora, base_name, count_parameters, target_m
 from llasmol.finetune.checkpointing import AdapterModelCheckpoint, AtomicCheckpointIO
 from llasmol.finetune.module import LoRACausalLM
 from llasmol.finetune.resume import Resume, StepSeeding, StopAtStepBoundary
+from llasmol.finetune.tracking import number_rows_by_optimizer_step
 
 log = logging.getLogger("llasmol.train")  # the run's log lines keep the command's name in train.log
 
@@ -89,6 +90,7 @@ def build_trainer(cfg: DictConfig, datamodule: SMolInstructDataModule, resume: R
                                        logger=instantiate_all(cfg.get("logger")), plugins=plugins or None)
 
     trainer = resume.trainer(make, cfg.get("logger"))
+    number_rows_by_optimizer_step(trainer)
     # Accumulation depends on how many processes the trainer runs, known only once it exists.
     accumulation = datamodule.gradient_accumulation(trainer.world_size)
     trainer.accumulate_grad_batches = accumulation

@@ -59,7 +59,7 @@ class LoRACausalLM(L.LightningModule):
             last = next((c.last_model_path for c in self.trainer.checkpoint_callbacks if c.last_model_path), "")
             resume = f"resume from the last good checkpoint with ckpt_path={last}" if last else "start again"
             raise UserError(
-                f"training loss became {loss.item()} at step {self.global_step}: lower optimizer.lr "
+                f"training loss became {loss.item()} in step {self.global_step + 1}: lower optimizer.lr "
                 f"(now {self.optimizers().param_groups[0]['lr']:g}) or clip gradients (trainer.gradient_clip_val=1.0, the "
                 f"paper recipe's; now {self.trainer.gradient_clip_val}), then {resume}"
             )

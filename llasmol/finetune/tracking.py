@@ -60,6 +60,29 @@ class ProgressBar(RichProgressBar):
         return metrics
 
 
+def epoch_of_latest_step(trainer) -> int:
+    """The 0-based epoch in which the latest optimizer step was taken. During fit that is Lightning's
+    `current_epoch`; once fit has ended Lightning counts the epoch it left as done, one past the last step's."""
+    if trainer.state.fn == "fit" or trainer.global_step == 0:
+        return trainer.current_epoch
+    return max(trainer.current_epoch - 1, 0)
+
+
+def number_rows_by_optimizer_step(trainer) -> None:
+    """Every logger's rows (CSV, W&B, TensorBoard) at the optimizer steps completed, the number train.log,
+    checkpoint names and validation files give (`llasmol.core.run_dir`), and their `epoch` the epoch of that
+    step. Lightning passes a counter one lower during fit (a validation after 100 steps at step 99) but
+    not after it, and the epoch after the last one to a validation run after fit."""
+    for logger in trainer.loggers:
+        def log_metrics(metrics, step=None, _log=logger.log_metrics):
+            metrics = dict(metrics)
+            if "epoch" in metrics:
+                metrics["epoch"] = epoch_of_latest_step(trainer)
+            _log(metrics, step=trainer.global_step)
+
+        logger.log_metrics = log_metrics
+
+
 def wandb_loggers(trainer) -> list:
     from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 
@@ -130,8 +153,9 @@ class KeepingCSVLogger(CSVLoggerWithWriter):
             with path.open(newline="") as fh:
                 reader = csv.DictReader(fh)
                 keys = list(reader.fieldnames or [])
-                # Rows are numbered from 0: step S was logged after the checkpoint of S steps, so it is redone.
-                kept = [row for row in reader if row.get("step") and int(float(row["step"])) < self.keep_until_step]
+                # Rows are numbered by the optimizer steps completed: those up to the checkpoint's step were
+                # logged for work the checkpoint holds (its step's loss, its validation); later ones are redone.
+                kept = [row for row in reader if row.get("step") and int(float(row["step"])) <= self.keep_until_step]
             buf = io.StringIO()
             writer = csv.DictWriter(buf, fieldnames=keys)
             writer.writeheader()

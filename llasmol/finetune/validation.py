@@ -1,10 +1,12 @@
 """At each validation: beam-search generation on a fixed, task-balanced validation subset, scored with
 the paper's chemistry metrics, logged as `val/<task>/<metric>` and written to the run directory:
 
-    predictions/val-epoch{E}-step{S}.jsonl   one line per sample (task, input, gold, predictions, answers)
-    metrics/val-epoch{E}-step{S}.json        {task: {metric: value}}
-    metrics/val-epoch{E}-step{S}.intervals.json   their bootstrap intervals, also logged as
-                                                  val/<task>/<metric>_lo and _hi
+    predictions/val-step{S}.jsonl   one line per sample (task, input, gold, predictions, answers)
+    metrics/val-step{S}.json        {task: {metric: value}}
+    metrics/val-step{S}.intervals.json   their bootstrap intervals, also logged as val/<task>/<metric>_lo and _hi
+
+S is the optimizer steps completed, the number train.log, the checkpoint's name and the CSV/W&B step give the
+same validation (`llasmol.core.run_dir.validation_name`).
 
 Under DDP each rank generates its stride of the subset; the metric sums are torchmetrics states, so
 2 ranks give the same numbers as 1, and rank 0 gathers the records to write one file.
@@ -44,10 +46,6 @@ class GenerationEvaluator(Callback):
         self._samples: Optional[Samples] = None  # the subset of the validation split and its golds, drawn once
         self._last_results: Optional[dict] = None
         self._best: Optional[tuple[float, int]] = None  # (val/loss, step)
-        self._epoch: Optional[int] = None  # the epoch of the latest training batch
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        self._epoch = trainer.current_epoch
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
@@ -62,9 +60,7 @@ class GenerationEvaluator(Callback):
             records = ModelAnswers(generator, self.generation).answer(share, advance)
         everything = sorted(gather_to_all(records), key=lambda r: r["index"])
         out = Path(self.output_dir or trainer.default_root_dir)
-        # A validation after fit (of the last step) belongs to the epoch that step was trained in.
-        epoch = trainer.current_epoch if trainer.state.fn == "fit" or self._epoch is None else self._epoch
-        evaluation = Evaluation(RunFiles.named(out, validation_name(epoch, trainer.global_step)), self.intervals,
+        evaluation = Evaluation(RunFiles.named(out, validation_name(trainer.global_step)), self.intervals,
                                 write=trainer.is_global_zero)
         evaluation.write_predictions(everything)  # rank 0; before scoring, which may fail
         # The metrics are summed across ranks (every rank calls this); the intervals resample all ranks'

@@ -296,6 +296,7 @@ def _result(run: _Audit, root: Path, tasks: list[str], names: list[str], held_ou
     failing = [f for f in findings if f["fails"]]
     return {
         "data": str(root),
+        "bundled": run.source.is_bundled(),  # the package's excerpt: its counts are an excerpt's by design
         "splits": {name: run.source.splits[name] for name in names},
         "tasks": tasks,
         "held_out": held_out,
