@@ -211,6 +211,12 @@ def test_plots_and_drawings(run_dir, tmp_path):
         "empty": analysis.plot_topk({}),
     }.items():
         assert analysis.png(fig).startswith(PNG_MAGIC), name
+    # A chart with nothing to draw says why, in its middle, instead of showing bare axes.
+    for fig, why in [(analysis.plot_topk({}), "no task reports top-k exact match"),
+                     (analysis.plot_failures({}), "no predictions"),
+                     (analysis.plot_ablation({}), "no variant has a validation")]:
+        texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+        assert texts == [why] and not any(ax.axison for ax in fig.axes)
     image = analysis.draw_examples(analysis.worst_examples(run)["forward_synthesis"], tmp_path / "w.png")
     assert image.startswith(PNG_MAGIC) and (tmp_path / "w.png").read_bytes() == bytes(image)
     assert analysis.draw_examples([{"gold": ["not a smiles ("], "answer": None}]) is None

@@ -436,3 +436,27 @@ def test_micro_batches_of_one_sample_are_not_grouped_by_length():
     assert one == plain  # nothing to pad in a batch of one: the shuffle stays as it is
     four = list(ShardedShuffleSampler(200, seed=5, rank=0, world_size=1, lengths=lengths, batch_size=4))
     assert sorted(four) == sorted(plain) and four != plain
+
+
+@pytest.mark.parametrize("window", [7, 1 << 16])
+@pytest.mark.parametrize("broken,line,why", [
+    ('{"idx": 5, "template_id": 0,}', 10, "Expecting property name"),  # the decoder's own error, inside a sample
+    ('{"idx": 5 "template_id": 0}', 10, "Expecting ','"),
+    ('7', 10, None),  # a sample that is no object: the sample's own line is in the other message
+])
+def test_a_broken_sample_names_the_line_it_is_on_in_the_file(tmp_path, monkeypatch, window, broken, line, why):
+    """Line numbers count from the top of the file however far the reading window has moved (pretty-printed
+    lists put one sample per line, as the official files do)."""
+    from llasmol.data.smolinstruct import _JSONReader, _read_sample_list
+
+    monkeypatch.setattr(_JSONReader.__init__, "__defaults__", (window,))
+    samples = [f'    {{"idx": {i}, "template_id": 0}}' for i in range(7)] + [f"    {broken}", '    {"idx": 9, "template_id": 0}']
+    path = tmp_path / "task.json"
+    path.write_text('{"split": "train",\n  "samples": [\n' + ",\n".join(samples) + "\n  ]\n}\n")
+    assert path.read_text().splitlines()[line - 1].strip().rstrip(",") == broken
+    with pytest.raises(UserError) as err:
+        _read_sample_list(path, "task", None)
+    if why is None:
+        assert "sample 7 of" in str(err.value)
+    else:
+        assert f"({why}" in str(err.value) and f"at line {line})" in str(err.value), str(err.value)

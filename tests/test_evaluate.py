@@ -261,6 +261,10 @@ def test_generate_extracts_the_answer_as_the_scorer_does():
     assert answer_of("It is <NUMBER> -1.2 </NUMBER> mol/L") == "-1.2"  # no task: the first tagged span
     proc = run_cli(["llasmol.generate", "What is <SMILES> CCO </SMILES> ?", "task=forward_synth"], Path.cwd())
     assert proc.returncode == 2 and "unknown task 'forward_synth' in task=" in proc.stderr and "Traceback" not in proc.stderr
+    # A mistyped choice is the one line of the checks before Hydra, not Hydra's own error.
+    proc = run_cli(["llasmol.generate", "What is <SMILES> CCO </SMILES> ?", "model=mistrall"], Path.cwd())
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-800:]
+    assert proc.stderr.startswith("error: ") and "model=mistrall" in proc.stderr
 
 
 def test_query_smiles_are_canonicalised():

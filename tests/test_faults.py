@@ -698,6 +698,25 @@ def test_temporaries_of_dead_writers_are_removed_and_those_of_live_ones_kept(tmp
     assert (tmp_path / "predictions" / f".val.jsonl.{live_pid}.q1w2e3r4.tmp").read_text() == "live"
 
 
+def test_claiming_a_run_folder_locks_it_and_clears_what_a_killed_run_left(tmp_path, caplog):
+    """What train does first (in-process): the folder is this process's alone, and a dead writer's temporary
+    is gone with a line in the log."""
+    from llasmol.finetune.preflight import claim_run_dir
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / "run" / "checkpoints" / f".last.ckpt.{int(dead.stdout)}.q1w2e3r4.tmp"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"y" * 5)
+    with caplog.at_level("WARNING", logger="llasmol.train"):
+        assert claim_run_dir(tmp_path / "run") == tmp_path / "run"
+    assert not stale.exists() and "removed 1 temporary file(s)" in caplog.text
+    other = subprocess.run([sys.executable, "-c", "import sys; from llasmol.core.run_lock import check_run_lock; "
+                            "check_run_lock(sys.argv[1])", str(tmp_path / "run")], capture_output=True, text=True,
+                           timeout=HANG_TIMEOUT)
+    assert other.returncode != 0 and f"{tmp_path / 'run'} is in use by another llasmol.train (pid {os.getpid()}" \
+        in other.stderr, other.stderr[-800:]
+
+
 def test_a_full_disk_or_read_only_folder_is_a_user_error_naming_the_file(tmp_path, monkeypatch):
     import errno
 

@@ -212,3 +212,23 @@ def test_a_run_stopped_by_a_signal_and_resumed_logs_every_step_to_its_wandb_run_
     assert f"W&B run {run_id} (stopped: marked preempting, not failed): files in {sessions[0].parent}" in first_output
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("W&B run")] == [
         f"W&B run {run_id}: files in {sessions[1].parent} (upload: wandb sync {sessions[1].parent})"]
+
+
+def test_a_multirun_jobs_wandb_group_is_its_sweep_folders_name_and_a_single_run_has_none():
+    """In-process, as Hydra sets it for each job (the multirun test runs the real thing, slowly)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from llasmol.core.config import CONFIG_DIR
+
+    try:
+        for mode, group in [(RunMode.RUN, None), (RunMode.MULTIRUN, "train-2026-12-02_01-02-03")]:
+            with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="train"):
+                cfg = compose("train", overrides=["hydra.sweep.dir=/x/multirun/2026-12-02_01-02-03"],
+                              return_hydra_config=True)
+            cfg.hydra.mode = mode
+            HydraConfig.instance().set_config(cfg)
+            assert cfg.logger.wandb.group == group
+    finally:
+        HydraConfig.instance().cfg = None
