@@ -101,6 +101,16 @@ def test_weight_memory_of_a_7b_base_halves_and_quarters():
     assert sizes["8bit"]["quantized"] / linear == pytest.approx(0.5, abs=0.002)
     assert sizes["4bit"]["quantized"] / linear == pytest.approx(0.258, abs=0.002)  # 4 bits + 1/8 bit of absmax
     assert sizes["4bit"]["training"] > sizes["4bit"]["total"]  # embeddings and head in fp32 for training
+    # What `params` prints of them (README: 13.49 GiB bf16, 3.84 GiB 4-bit, 4.33 GiB when training).
+    from llasmol.model.memory import describe
+
+    assert describe(sizes["none"], "bfloat16", compose_config(["quantization=none"]).quantization) == \
+        "weights: 13.49 GiB in bfloat16"
+    four = describe(sizes["4bit"], "bfloat16", compose_config(["quantization=4bit"]).quantization)
+    assert four.startswith("weights: 3.84 GiB (4-bit nf4, double-quantised: ") and four.endswith(
+        "4.33 GiB when training (the unquantised parts cast to fp32)"), four
+    assert describe(sizes["8bit"], "bfloat16", compose_config(["quantization=8bit"]).quantization).startswith(
+        "weights: 6.99 GiB (8-bit: 6.51 GiB in the quantised layers")
 
 
 def test_bad_quantisation_settings_are_one_line():
