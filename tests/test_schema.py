@@ -122,6 +122,7 @@ def test_every_field_of_the_schemas_is_a_setting_some_config_holds():
     ("train", "+trainer.limit_train_batches=1.5", "trainer.limit_train_batches=1.5 must be a count >= 1"),
     # Lightning's own refusals, before any model is loaded.
     ("train", "trainer.devices=0", "trainer.devices=0 must be a count of devices >= 1"),
+    ("train", "+trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches=0 must be an integer >= 1"),
     ("train", "trainer.precision=7", "trainer.precision=7 must be one of transformer-engine"),
     ("train", "trainer.accelerator=gpux", "trainer.accelerator='gpux' must be one of auto, cpu, gpu"),
     ("evaluate", "pool_golds=both", "pool_golds='both' must be one of file, split"),
