@@ -457,6 +457,11 @@ def _report(recorded: dict, rerun: dict[str, dict] | None = None) -> str:
         f"**Score before any test was written for its survivors: {first_killed}/{len(first)} non-equivalent "
         f"mutants killed = {first_killed / max(1, len(first)):.1%}** (95% interval {flo:.1%}–{fhi:.1%}); "
         f"{len(results) - len(scored)} judged equivalent; {timeouts} killed by the time limit.", "",
+        *([f"{len(recorded['reselected'])} survivors of the run were run again on the same tree, before any test "
+           "was written, with the test selection corrected after they were seen (a line run as its module loads "
+           "is also judged by the test files that import the module; a decorator by the tests that run its "
+           "line); their results above are those: " + ", ".join(f"`{i}`" for i in recorded["reselected"]) + ".",
+           ""] if recorded.get("reselected") else []),
         *([f"Tests were then added for its survivors, and those survivors run again (`--ids`, rerun/): "
            f"{sum(r['status'].startswith('killed') for r in rerun.values())} of {len(rerun)} are killed now, "
            f"so **{killed}/{len(scored)} = {killed / max(1, len(scored)):.1%}** (95% interval {lo:.1%}–{hi:.1%}) "
@@ -486,6 +491,28 @@ def _write_json(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+def _find_again(ids: list[str], everything: list[Candidate], recorded_file: Path) -> list[Candidate]:
+    """The candidates of `ids`; an id whose module has changed since the recorded run is found by its
+    module, operator and text (the same change in the same place, moved), and keeps its recorded id."""
+    recorded = ({m["id"]: m for m in json.loads(recorded_file.read_text())["mutants"]}
+                if recorded_file.is_file() else {})
+    by_id = {c.mutant.id: c for c in everything}
+    chosen = []
+    for mutant_id in ids:
+        found = by_id.get(MOVED.get(mutant_id, mutant_id))
+        if found is None and mutant_id in recorded:
+            r = recorded[mutant_id]
+            same = [c for c in everything if (c.mutant.module, c.mutant.operator, c.mutant.before, c.mutant.after)
+                    == (r["module"], r["operator"], r["before"], r["after"])]
+            found = same[0] if len(same) == 1 else None
+        if found is None:
+            print(f"not found (changed beyond recognition): {mutant_id}", file=sys.stderr)
+            continue
+        found.mutant.id = mutant_id
+        chosen.append(found)
+    return chosen
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sample", type=int, default=150, help="mutants to run, drawn at random (0: all)")
@@ -495,6 +522,9 @@ def main() -> None:
     parser.add_argument("--ids", nargs="+", help="run only these mutants (e.g. the survivors of a recorded run)")
     parser.add_argument("--tests", nargs="+", help="with --ids: run these tests (files or node ids) for each mutant "
                         "instead of those the coverage map finds (no map is built)")
+    parser.add_argument("--reselect", action="store_true",
+                        help="with --ids (and --map of the recorded run's tree): run survivors again with this "
+                        "script's test selection, their results replacing the recorded ones (no test added)")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite mutation.md from mutation.json (after judging survivors in EQUIVALENT)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "mutation-package")
@@ -518,9 +548,9 @@ def main() -> None:
         print(f"{len(everything)} mutants", file=sys.stderr)
         return
     if args.ids:
-        wanted = set(args.ids) | {MOVED.get(i, i) for i in args.ids}
-        chosen = [c for c in everything if c.mutant.id in wanted]
-        args.out = args.out / "rerun"
+        chosen = _find_again(args.ids, everything, args.out / "mutation.json")
+        if not args.reselect:
+            args.out = args.out / "rerun"
         command = "python scripts/mutation_score.py --ids " + " ".join(args.ids) + (
             " --tests " + " ".join(args.tests) if args.tests else "")
     else:
@@ -550,8 +580,11 @@ def main() -> None:
                    "map": {"seconds": cov["seconds"], "failed": cov["failed"], "tests": len(cov["durations"])},
                    "mutants": []}
         earlier = args.out / "mutation.json"
-        if args.ids and earlier.is_file():  # survivors run again in several goes: one file of their latest results
-            again = {c.mutant.id for c in chosen}
+        again = {c.mutant.id for c in chosen}
+        if args.reselect:  # the recorded run, with these survivors' results replaced where they now die
+            payload = json.loads(earlier.read_text())
+            payload["reselected"] = sorted(set(payload.get("reselected", [])) | again)
+        elif args.ids and earlier.is_file():  # survivors run again in several goes: one file of their latest results
             payload["mutants"] = [m for m in json.loads(earlier.read_text())["mutants"] if m["id"] not in again]
             payload["command"] = "several runs of python scripts/mutation_score.py --ids ... (--tests ...)"
         for i, candidate in enumerate(chosen, 1):
@@ -568,7 +601,10 @@ def main() -> None:
                     mutant.status, mutant.seconds, mutant.killed_by = _run_tests(copy_root, tests, limit)
                 finally:
                     path.write_text(original)
-            payload["mutants"].append(asdict(mutant))
+            if args.reselect:
+                payload["mutants"] = [asdict(mutant) if m["id"] == mutant.id else m for m in payload["mutants"]]
+            else:
+                payload["mutants"].append(asdict(mutant))
             _write_json(args.out / "mutation.json", payload)
             print(f"[{i}/{len(chosen)}] {mutant.status:9} {mutant.seconds:5.1f}s {len(tests):4} tests {mutant.id}  "
                   f"{mutant.before!r} -> {mutant.after!r}", flush=True)
