@@ -309,6 +309,8 @@ def test_a_test_split_report_says_why_paper_cells_are_empty(run_dir, capsys):
     write_json(run_dir / "metrics" / "test.json", analysis.load_run(run_dir).latest.metrics)
     report_main([str(run_dir)])
     tiny = (run_dir / "report" / "test.md").read_text().splitlines()
+    table = list(csv.DictReader((run_dir / "report" / "test.csv").open()))  # the same table, for notebooks
+    assert len(table) == sum(line.startswith("| ") and not line.startswith(("| task ", "|---")) for line in tiny)
     assert tiny[0].startswith("Paper column empty: the paper reports no results for the tiny demo model")
     assert "model=mistral, llama2, galactica, codellama" in tiny[0] and tiny[1] == ""
     assert all(line.endswith(" | - |") for line in tiny if line.startswith("| ") and "---" not in line[:6]

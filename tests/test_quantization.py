@@ -48,6 +48,17 @@ def test_4bit_base_is_nf4_with_the_configured_compute_dtype_and_adapters_train_i
     assert {type(m.base_layer).__name__ for m in model.modules() if hasattr(m, "lora_A") and len(m.lora_A)} == {"Linear4bit"}
 
 
+def test_a_quantised_base_keeps_its_norms_in_fp32_and_a_plain_base_keeps_its_dtype():
+    """QLoRA's preparation (PEFT's prepare_model_for_kbit_training) casts the unquantised weights to fp32 for
+    stable k-bit training; a base that is not quantised is left in the dtype it was asked for."""
+    cfg, tok = _tiny("quantization=4bit", "model.dtype=bfloat16")
+    quantised = load_base_model(cfg.model, tok, cfg.quantization)
+    assert quantised.model.layers[0].input_layernorm.weight.dtype == torch.float32
+    cfg, tok = _tiny("model.dtype=bfloat16")
+    plain = load_base_model(cfg.model, tok, cfg.quantization)
+    assert plain.model.layers[0].input_layernorm.weight.dtype == torch.bfloat16
+
+
 def test_8bit_base_is_llm_int8():
     cfg, tok = _tiny("quantization=8bit")
     model = apply_lora(load_base_model(cfg.model, tok, cfg.quantization), cfg.model, cfg.lora)

@@ -128,6 +128,7 @@ def test_every_field_of_the_schemas_is_a_setting_some_config_holds():
     ("evaluate", "pool_golds=both", "pool_golds='both' must be one of file, split"),
     ("train", "quantization=4bit", None),  # the quantised settings of a real option pass
     ("train", "trainer.devices=auto", None),
+    ("evaluate", "generation.tasks.forward_synthesis={num_beams: 5, num_return_sequences: 5}", None),  # all beams
     # Lightning reads a string of digits as the count it spells.
     ("train", 'trainer.devices="0"', "trainer.devices='0' must be a count of devices >= 1"),
     ("train", 'trainer.devices="-5"', "trainer.devices='-5' must be a count of devices >= 1"),
