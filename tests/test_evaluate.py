@@ -839,3 +839,14 @@ def test_evaluate_stopped_by_a_signal_continues_with_the_same_command(run_dir, t
     for name in ("predictions/test.jsonl", "metrics/test.json"):
         assert (parts / name).read_text() == (whole / name).read_text(), name
     assert not partial.exists()
+
+
+def test_a_command_stopped_by_a_mistake_leaves_no_timestamped_run_folder(tmp_path):
+    """The error is on the console; a dated folder holding only Hydra's files would be clutter. A folder the
+    user named keeps its log, error included."""
+    missing = tmp_path / "missing.jsonl"
+    proc = run_cli(["llasmol.evaluate", f"predictions={missing}"], tmp_path)
+    assert proc.returncode == 2 and f"predictions file {missing} does not exist" in proc.stderr
+    assert list((tmp_path / "outputs" / "evaluate").iterdir()) == []
+    proc = run_cli(["llasmol.evaluate", f"predictions={missing}", f"hydra.run.dir={tmp_path / 'named'}"], tmp_path)
+    assert proc.returncode == 2 and "does not exist" in (tmp_path / "named" / "evaluate.log").read_text()
