@@ -98,6 +98,9 @@ EQUIVALENT: dict[str, str] = {
     "llasmol/analysis/trivial.py:51:62:constant:1":
         "marks the constant answers skipped: that adds only to num_skipped, and the trivial table shows the "
         "headline metric alone",
+    "llasmol/leakage/checks.py:109:15:condition:1":
+        "which files go through the worker pool: the pool computes the same keys "
+        "(tests/test_audit.py::test_worker_processes_find_the_same), only the time differs",
     "llasmol/metrics/text.py:68:27:compare:1":
         "':' (58) is Unicode punctuation, which the next line accepts anyway (as the first run's text.py:63)",
 }

@@ -14,7 +14,7 @@ from llasmol.core.defaults import SEED
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import TASK_NAMES
 from llasmol.data.base_prompts import GALACTICA, ICL, MOLINST, Example, galactica_query, icl_query, molinst_query
-from llasmol.inference.base_protocol import Protocol, build_queries, draw_examples, protocol_for
+from llasmol.inference.base_protocol import Protocol, build_queries, draw_examples, protocol_for, read_answers
 from llasmol.metrics.base_extraction import extract_base_answer
 
 MODELS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "model").glob("*.yaml"))
@@ -106,10 +106,16 @@ def test_galactica_and_molinst_queries_carry_the_titles_their_rules_read(task):
                                  else "-1.2\n")
     expected = GAL_EXPECTED.get(task, response.split("\n")[0])
     assert extract_base_answer("gal", task, gal + " " + response) == expected
+    # As evaluate reads a response: the query before it (generation strips the space written after it).
+    record = {"index": 0, "task": task, "predictions": [response]}
+    read = read_answers(Protocol("galactica", 0, "gal", 0), [record], {0: gal})[0]
+    assert read["answers"] == [expected] and read["responses"] == [response]
     mol = molinst_query(task, question)
     assert mol.endswith("### Input:\nCCO\n\n### Response:\n")
     assert ("Nausea" in mol) == ("Nausea" in gal) == (task == "property_prediction-sider")
     answer = extract_base_answer("mol", task, mol + "yes, it does.</s>")
+    record = {"index": 0, "task": task, "predictions": ["yes, it does.</s>"]}
+    assert read_answers(Protocol("molinst", 0, "mol", 0), [record], {0: mol})[0]["answers"] == [answer]
     assert answer == ("Yes" if task.startswith("property_prediction-") and task not in
                       ("property_prediction-esol", "property_prediction-lipo") else
                       "yes, it does" if task.endswith(("esol", "lipo")) else "yes, it does.")
