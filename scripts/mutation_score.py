@@ -101,6 +101,11 @@ EQUIVALENT: dict[str, str] = {
     "llasmol/leakage/checks.py:109:15:condition:1":
         "which files go through the worker pool: the pool computes the same keys "
         "(tests/test_audit.py::test_worker_processes_find_the_same), only the time differs",
+    "llasmol/data/smolinstruct.py:443:36:constant:1":
+        "j - n_k instead of j (n_k the task's sample count) is j's negative alias: the numpy arrays and the "
+        "list indexed with it give the same element",
+    "llasmol/data/smolinstruct.py:113:12:return:1":
+        "None for False at the end of the file: every caller reads the result as true or false",
     "llasmol/metrics/text.py:68:27:compare:1":
         "':' (58) is Unicode punctuation, which the next line accepts anyway (as the first run's text.py:63)",
 }

@@ -54,14 +54,19 @@ def _hf(folder: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize("model_type,expected", [("llama", LLAMA), ("opt", OPT), ("gpt2", GPT2)])
-def test_the_role_map_is_read_from_the_folder_and_params_counts_it(tmp_path, model_type, expected):
+def test_the_role_map_is_read_from_the_folder_and_params_counts_it(tmp_path, model_type, expected, caplog):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from llasmol.params import count_trainable
 
     folder = write_base(tmp_path / f"tiny-{model_type}", model_type, weights=model_type != "gpt2")
     cfg = compose_config(_hf(folder, "lora=full"), "params")
-    assert role_map(cfg.model) == expected
+    with caplog.at_level("INFO"):
+        assert role_map(cfg.model) == expected
+    # The run's log says which module names it took for which role, once.
+    said = [r.getMessage() for r in caplog.records if "LoRA roles of" in r.getMessage()]
+    assert said == [f"LoRA roles of someone/{folder.name} read from its module names: "
+                    + ", ".join(f"{r}={n}" for r, n in expected.items())]
     counts = count_trainable(cfg)
     # What the folder holds, counted the plain way: the base's parameters, and r × (in + out) per adapted layer.
     with torch.device("meta"):

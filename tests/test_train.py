@@ -264,3 +264,23 @@ def test_a_short_run_validates_its_last_step_and_tells_its_story_in_train_log(tm
 
     assert adapter_step(best.with_name(f"step{step}-val_loss{loss:.4f}.adapter")) == step
     assert not (run / "checkpoints" / "interrupted.ckpt").exists()
+
+
+def test_train_log_names_the_first_validation_of_the_best_loss_as_best(caplog):
+    """As the best-checkpoint callback does (ModelCheckpoint keeps the first of equal scores), a later
+    validation that only equals the best loss does not take its place in train.log's '(best … at step …)'."""
+    from types import SimpleNamespace
+
+    from llasmol.finetune.validation import GenerationEvaluator
+
+    evaluator = GenerationEvaluator({}, samples_per_task=0)
+    with caplog.at_level("INFO", logger="llasmol.train"):
+        for step, loss in [(2, 3.5), (4, 3.25), (6, 3.25), (8, 3.75)]:
+            trainer = SimpleNamespace(callback_metrics={"val/loss": torch.tensor(loss)}, sanity_checking=False,
+                                      is_global_zero=True, loggers=[], global_step=step)
+            evaluator.on_validation_end(trainer, None)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("validation at step")]
+    assert said == ["validation at step 2: val/loss 3.5000 (best 3.5000 at step 2)",
+                    "validation at step 4: val/loss 3.2500 (best 3.2500 at step 4)",
+                    "validation at step 6: val/loss 3.2500 (best 3.2500 at step 4)",
+                    "validation at step 8: val/loss 3.7500 (best 3.2500 at step 4)"]
