@@ -341,3 +341,24 @@ def test_the_analysis_notebook_reads_a_baseline_folder(tmp_path, monkeypatch):
     run_method(tmp_path, "method=rdkit")
     text, images = _execute_notebook("analyze_predictions.ipynb", "LLASMOL_RUN_DIR", tmp_path, monkeypatch)
     assert "baseline:rdkit" in text and "| name_conversion-s2f |" in text and images >= 2
+
+
+def test_the_forest_says_how_many_training_labels_it_left_out_and_only_then(caplog):
+    from llasmol.baseline import make_method
+    from llasmol.classical.common import Examples
+
+    method = make_method(compose_config(["method=fingerprint", "fingerprint.n_estimators=2"], "baseline"))
+    train = Examples()
+    for smiles, answer in [("CCO", "Yes"), ("CCN", "No"), ("CCC", "perhaps"), ("CCCl", "Yes")]:
+        train.add(smiles, answer, None)
+    with caplog.at_level("WARNING"):
+        method.fit("property_prediction-bbbp", train)
+    assert [r.getMessage() for r in caplog.records] == [
+        "fingerprint: property_prediction-bbbp: 1 training labels are not yes/no; left out"]
+    caplog.clear()
+    clean = Examples()
+    for smiles, answer in [("CCO", "Yes"), ("CCN", "No")] * 2:
+        clean.add(smiles, answer, None)
+    with caplog.at_level("WARNING"):
+        method.fit("property_prediction-bbbp", clean)
+    assert not caplog.records

@@ -85,6 +85,10 @@ def test_intervals_are_read_beside_the_metrics_or_computed_for_older_runs(two_ru
     bars = ablation_intervals(list(two_runs), ["full", "lite"])
     assert bars[f"{BBBP}/accuracy"]["full"] == [0.1, 0.2]
     assert set(bars[f"{S2F}/exact_match"]) == {"lite"}  # full's file, written by hand above, has no S2F
+    # A damaged intervals file (cut short by a kill, edited by hand) is as good as none: computed again.
+    val.metrics_path.with_name("val-step4.intervals.json").write_text('{"level": 0.95, "tas')
+    assert intervals_of(val.metrics_path, val.predictions()) == computed
+    assert interval_table(val).title.startswith("95% bootstrap intervals")
 
 
 def test_the_ablation_chart_draws_the_intervals(two_runs, tmp_path):
