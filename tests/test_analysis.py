@@ -211,6 +211,12 @@ def test_plots_and_drawings(run_dir, tmp_path):
         "empty": analysis.plot_topk({}),
     }.items():
         assert analysis.png(fig).startswith(PNG_MAGIC), name
+    # The failure chart's bars are each task's shares of its samples, filling the row.
+    counts = analysis.failure_counts(run)
+    bars = analysis.plot_failures(counts).axes[0].patches
+    for i, task in enumerate(counts):
+        row = [b.get_width() for b in bars if round(b.get_y() + b.get_height() / 2) == i]
+        assert sum(row) == pytest.approx(1.0), (task, row)
     # A chart with nothing to draw says why, in its middle, instead of showing bare axes.
     for fig, why in [(analysis.plot_topk({}), "no task reports top-k exact match"),
                      (analysis.plot_failures({}), "no predictions"),

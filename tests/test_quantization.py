@@ -146,6 +146,11 @@ def test_a_quantised_base_picks_paged_adamw_on_gpus_and_plain_8bit_adamw_on_a_cp
                                         r"through CUDA memory .* use optimizer._target_=bitsandbytes.optim.AdamW8bit"):
         check_optimizer({"_target_": "bitsandbytes.optim.PagedAdamW8bit"}, cpu.trainer)
     check_optimizer(cpu.optimizer, cpu.trainer)  # the unpaged one is fine on a CPU
+    # The paper's GPU setup on a machine without CUDA (accelerator gpu, as model=mistral picks): the same line.
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match=r"pages its state through CUDA memory and this run has no GPU "
+                                            r"\(trainer.accelerator=gpu\)"):
+            check_optimizer(on_gpu.optimizer, on_gpu.trainer)
 
 
 def _rows(run: Path) -> list[dict]:
