@@ -112,6 +112,9 @@ EQUIVALENT: dict[str, str] = {
         "only saves its time",
     "llasmol/inference/pipeline.py:147:18:constant:1":
         "RunFiles not frozen: nothing assigns to its fields",
+    "llasmol/leakage/sample_keys.py:140:31:binop:1":
+        "how many chunks wait in the worker pool before the oldest is taken: the same keys in the same order, "
+        "only less overlap",
     "llasmol/metrics/text.py:68:27:compare:1":
         "':' (58) is Unicode punctuation, which the next line accepts anyway (as the first run's text.py:63)",
 }

@@ -80,6 +80,10 @@ def test_one_shot_examples_come_from_the_training_split_of_the_same_task_seeded(
     # three shots are three distinct training samples
     three = draw_examples(train, indices[0], test[indices[0]]["task"], 3, 13)
     assert len({(e.input, e.output) for e in three}) == 3
+    # as many shots as the task has training samples: exactly those samples, none of a neighbouring task
+    for task, count in train.counts().items():
+        every = draw_examples(train, indices[0], task, count, 13)
+        assert {(e.input, e.output) for e in every} == {p for p in training_pairs[task]} and len(every) == count
 
 
 def test_more_shots_than_training_samples_is_one_error():
