@@ -124,6 +124,8 @@ def test_every_field_of_the_schemas_is_a_setting_some_config_holds():
     ("train", "trainer.devices=0", "trainer.devices=0 must be a count of devices >= 1"),
     ("train", "+trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches=0 must be an integer >= 1"),
     ("train", "trainer.log_every_n_steps=0", "trainer.log_every_n_steps=0 must be an integer >= 1"),  # Lightning: % 0
+    # A setting of several types names each.
+    ("train", "trainer.devices=1.5", "trainer.devices=1.5 must be an integer or a string or a list of integers ([a,b])"),
     # A setting that may be null says so, and what null means.
     ("train", "callbacks.generation_evaluator.samples_per_task=-1", "callbacks.generation_evaluator.samples_per_task=-1 "
      "must be an integer >= 0 and <= 1073741824 or null (null: every validation sample)"),
