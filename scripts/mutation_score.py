@@ -403,7 +403,8 @@ def build_map(copy_root: Path, saved: Path | None = None) -> dict:
     log_lines = (source / ".pytest-log.txt").read_text().splitlines()
     failed = sorted({line.split()[1] for line in log_lines if line.startswith("FAILED ")})
     took = source / ".seconds"
-    return {"seconds": float(took.read_text()) if took.is_file() else time.time() - start, "durations": json.loads((source / ".durations.json").read_text()),
+    return {"seconds": float(took.read_text()) if took.is_file() else time.time() - start,
+            "durations": json.loads((source / ".durations.json").read_text()),
             "failed": failed, "lines": lines}
 
 
@@ -478,9 +479,10 @@ def _report(recorded: dict, rerun: dict[str, dict] | None = None) -> str:
     results = [Mutant(**m) for m in recorded["mutants"]]
     first = [m for m in results if m.id not in EQUIVALENT]
     first_killed = sum(m.status.startswith("killed") for m in first)
+    reselected_killed = sum(m.id in recorded.get("reselected", ()) and m.status.startswith("killed") for m in first)
     survivors = [m for m in results if not m.status.startswith("killed")]
     if rerun:
-        again = {m.id: rerun.get(MOVED.get(m.id, m.id)) for m in results}
+        again = {m.id: rerun.get(m.id) or rerun.get(MOVED.get(m.id, m.id)) for m in results}
         results = [Mutant(**{**asdict(m), "status": "killed (rerun)", "killed_by": again[m.id].get("killed_by", "")})
                    if again[m.id] and again[m.id]["status"].startswith("killed") else m for m in results]
     rows = []
@@ -511,7 +513,8 @@ def _report(recorded: dict, rerun: dict[str, dict] | None = None) -> str:
         *([f"{len(recorded['reselected'])} survivors of the run were run again on the same tree, before any test "
            "was written, with the test selection corrected after they were seen (a line run as its module loads "
            "is also judged by the test files that import the module; a decorator by the tests that run its "
-           "line); their results above are those: " + ", ".join(f"`{i}`" for i in recorded["reselected"]) + ".",
+           "line); their results above are those: " + ", ".join(f"`{i}`" for i in recorded["reselected"]) + ". "
+           f"With the run's own selection, {first_killed - reselected_killed}/{len(first)} were killed.",
            ""] if recorded.get("reselected") else []),
         *([f"Tests were then added for its survivors, and those survivors run again (`--ids`, rerun/): "
            f"{sum(r['status'].startswith('killed') for r in rerun.values())} of {len(rerun)} are killed now, "
