@@ -54,7 +54,8 @@ def use_cpu_threads(cpu: Optional[Mapping[str, Any]]) -> int:
     elif wanted and os.environ.get("OMP_WAIT_POLICY") != wanted["OMP_WAIT_POLICY"]:
         log.debug("cpu.wait_policy=%s not applied: torch was loaded before the command started",
                   cpu["wait_policy"])
-    import torch
+    import torch  # here, after the wait policy: this import is what starts OpenMP
+
 
     n = thread_count(cpu["threads"])
     torch.set_num_threads(n)
