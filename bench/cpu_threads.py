@@ -28,7 +28,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from datetime import date
 from pathlib import Path
 

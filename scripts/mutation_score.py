@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
+import functools
 import json
 import math
 import os
@@ -249,21 +250,22 @@ def _span(node: ast.AST) -> tuple[int, int, int, int]:
     return node.lineno, node.col_offset, node.end_lineno, node.end_col_offset
 
 
-def _splice(source: str, span: tuple[int, int, int, int], text: str) -> str:
-    """`source` with the text at `span` (ast line numbers, UTF-8 byte columns) replaced by `text`."""
+def _byte_range(source: str, span: tuple[int, int, int, int]) -> tuple[int, int]:
+    """Where `span` (ast line numbers, UTF-8 byte columns) lies in `source`'s UTF-8 bytes."""
     lines = source.encode().splitlines(keepends=True)
-    (l1, c1, l2, c2) = span
-    start = sum(len(x) for x in lines[: l1 - 1]) + c1
-    end = sum(len(x) for x in lines[: l2 - 1]) + c2
+    l1, c1, l2, c2 = span
+    return sum(len(x) for x in lines[: l1 - 1]) + c1, sum(len(x) for x in lines[: l2 - 1]) + c2
+
+
+def _splice(source: str, span: tuple[int, int, int, int], text: str) -> str:
+    """`source` with the text at `span` replaced by `text`."""
+    start, end = _byte_range(source, span)
     raw = source.encode()
     return (raw[:start] + text.encode() + raw[end:]).decode()
 
 
 def _segment(source: str, node: ast.AST) -> str:
-    lines = source.encode().splitlines(keepends=True)
-    l1, c1, l2, c2 = _span(node)
-    start = sum(len(x) for x in lines[: l1 - 1]) + c1
-    end = sum(len(x) for x in lines[: l2 - 1]) + c2
+    start, end = _byte_range(source, _span(node))
     return source.encode()[start:end].decode()
 
 
@@ -408,7 +410,8 @@ def build_map(copy_root: Path, saved: Path | None = None) -> dict:
             "failed": failed, "lines": lines}
 
 
-def _importers(module: str) -> set[str]:
+@functools.lru_cache(maxsize=None)  # asked once per mutant of a module's import-time lines
+def _importers(module: str) -> frozenset[str]:
     """The test files (and their helpers' users) that import `module` by name."""
     name = module.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
     parent, _, leaf = name.rpartition(".")
@@ -417,7 +420,7 @@ def _importers(module: str) -> set[str]:
         text = path.read_text(encoding="utf-8")
         if f"import {name}" in text or f"from {name} import" in text or f"from {parent} import {leaf}" in text:
             found.add(f"tests/{path.name}")
-    return found
+    return frozenset(found)
 
 
 def tests_for(candidate: Candidate, cov: dict) -> list[str]:
