@@ -56,13 +56,13 @@ ALL_METRICS_NOTE = ("\nEach task's headline metric (the one the paper's tables l
 
 
 def coverage_note(tasks: Sequence[str]) -> str:
-    """A line saying which of the 14 tasks the run's data lacks (the bundled excerpt has 11), or nothing."""
+    """A line saying which of the 14 tasks the run's data lacks, or nothing."""
     missing = [t for t in TASK_NAMES if t not in tasks]
     if not missing:
         return ""
     return (f"\nTasks: {len(TASK_NAMES) - len(missing)} of the {len(TASK_NAMES)} SMolInstruct tasks; not in this "
-            f"run's data: {', '.join(missing)} (`data.tasks=[...]` chooses tasks; the bundled excerpt holds "
-            "11 of the 14, llasmol/data/bundled/PROVENANCE.md says why).\n")
+            f"run's data: {', '.join(missing)} (`data.tasks=[...]` chooses tasks; "
+            "llasmol/data/bundled/PROVENANCE.md says which the bundled excerpt leaves out, and why).\n")
 
 
 def report_run(run_dir, out_dir=None, validation=None, worst: int = 5, all_metrics: bool = False) -> list[Path]:
