@@ -353,3 +353,14 @@ def test_a_stopped_multirun_says_how_to_run_the_jobs_that_had_not_started(tmp_pa
         "python -m llasmol.train --multirun lora=lite optimizer.lr=0.001 hydra.sweep.dir=/s first_job=6 && "
         "python -m llasmol.train --multirun lora=attn optimizer.lr=0.0001,0.0003,0.001 hydra.sweep.dir=/s first_job=7")
     assert remaining_jobs_command("baseline", ["method=rdkit,opsin"], 1, "/s") == ""
+    # A setting not swept before the swept ones, and swept dict and quoted values: each value is written back as
+    # it was typed (quoted anew, Hydra would read the dict as a string, or the quotes as part of the text).
+    assert remaining_jobs_command("train", ["seed=1", "lora=lite,attn", "data.max_samples_per_task={train:8},{train:16}"],
+                                  0, "/s") == (
+        "python -m llasmol.train --multirun seed=1 lora=lite 'data.max_samples_per_task={train:16}' hydra.sweep.dir=/s "
+        "first_job=1 && python -m llasmol.train --multirun seed=1 lora=attn "
+        "'data.max_samples_per_task={train:8},{train:16}' hydra.sweep.dir=/s first_job=2")
+    assert remaining_jobs_command("train", ["model.prompt_template='Q: {input}','{input}'", "lora=lite,attn"], 1,
+                                  "/s") == (
+        "python -m llasmol.train --multirun 'model.prompt_template='\"'\"'{input}'\"'\"'' lora=lite,attn "
+        "hydra.sweep.dir=/s first_job=2")

@@ -218,6 +218,13 @@ def test_good_command_lines_pass_the_check():
     check_overrides("evaluate", ["ckpt=/some/run", "data.split=test", "data.tasks=[forward_synthesis]"])
     check_overrides("generate", ["task=forward_synthesis", "ckpt=none"])
     check_overrides("audit", ["data=smolinstruct", "data.path=/data/SMolInstruct", "held_out=[test]", "workers=2"])
+    # A sweep of dicts, lists or quoted text: each value is checked as the value it is, not as a string.
+    check_overrides("train", ["data.max_samples_per_task={train:8},{train:16}", "data.tasks=[forward_synthesis],null",
+                              "model.prompt_template='Q: {input}','{input}'"])
+    with pytest.raises(UserError, match=r"^data.max_samples_per_task=\{'train': -1\} must give each split's"):
+        check_overrides("train", ["data.max_samples_per_task={train:8},{train:-1}"])
+    with pytest.raises(UserError, match=r"^unknown task 'forward_synthesiss' in data.tasks"):
+        check_overrides("train", ["data.tasks=[forward_synthesis],[forward_synthesiss]"])
     assert overrides_of(["-cn", "train", "--info", "a=1", "-m", "b=2"]) == ["a=1", "b=2"]
 
 
@@ -385,10 +392,16 @@ def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypa
     monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint",
                         lambda self, ckpt, path, storage_options=None: (written.append(Path(path).name),
                                                                          original(self, ckpt, path))[1])
-    train(cfg_factory("trainer.max_steps=2", "val_every_n_steps=2", "trainer.enable_progress_bar=false",
-                      "callbacks.generation_evaluator.samples_per_task=1", "generation.max_new_tokens_limit=2",
-                      "data.max_samples_per_task={validation:2}"))
+    result = train(cfg_factory("trainer.max_steps=2", "val_every_n_steps=2", "trainer.enable_progress_bar=false",
+                               "callbacks.generation_evaluator.samples_per_task=1", "generation.max_new_tokens_limit=2",
+                               "data.max_samples_per_task={validation:2}"))
     assert "last.ckpt" in written and any(name.startswith("step") for name in written)
+    # The run ended by max_steps in its first epoch: last.ckpt is saved at the end of that step, with the
+    # epoch still open, so a resume to a higher max_steps trains on through the rest of the epoch's data (saved
+    # once Lightning has ended fit, it would count the epoch as done and skip the rest).
+    ckpt = torch.load(Path(result["output_dir"]) / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 2
+    assert ckpt["loops"]["fit_loop"]["epoch_progress"]["current"]["completed"] == 0
 
 
 def test_an_adapter_save_stopped_between_its_renames_leaves_the_previous_one_readable(tmp_path, monkeypatch):
@@ -785,12 +798,18 @@ def test_a_fresh_start_in_a_folder_holding_a_run_is_refused_unless_asked(tmp_pat
     check_fresh_start(tmp_path / "started", None, False)
     # A sweep's folder holding a finished job; a run killed before its first checkpoint cannot be resumed.
     sweep = tmp_path / "sweep"
-    _finished_run(sweep / "1")
-    with pytest.raises(UserError, match=rf"^{sweep / '1'} already holds a run"):
+    _finished_run(sweep / "1_tiny_attn")
+    with pytest.raises(UserError, match=rf"^{sweep / '1_tiny_attn'} already holds a run"):
         check_fresh_start(sweep, None, False)
-    with pytest.raises(UserError, match=rf"^{sweep / '1'} already holds a run"):
+    with pytest.raises(UserError, match=rf"^{sweep / '1_tiny_attn'} already holds a run"):
         check_fresh_start(sweep, None, False, 1)
     check_fresh_start(sweep, None, False, 2)  # the jobs a stopped sweep had not started: numbered from 2 on
+    # A folder in a sweep's folder not named as a job (`<number>_...`) counts as its first job.
+    other = tmp_path / "other"
+    _finished_run(other / "notes")
+    with pytest.raises(UserError, match=rf"^{other / 'notes'} already holds a run"):
+        check_fresh_start(other, None, False, 0)
+    check_fresh_start(other, None, False, 1)
     (tmp_path / "early").mkdir()
     (tmp_path / "early" / "params.json").write_text("{}")
     with pytest.raises(UserError) as err:
@@ -801,6 +820,20 @@ def test_a_fresh_start_in_a_folder_holding_a_run_is_refused_unless_asked(tmp_pat
                                                                                       "overwrite": False}
     assert command_line_values(["overwrite=true", "ckpt_path=null"], defaults) == {"ckpt_path": None,
                                                                                      "overwrite": True}
+
+
+def test_a_multirun_into_a_sweep_folder_holding_its_first_job_is_refused_before_hydra_starts(tmp_path):
+    """The check runs in the command's first lines (rank 0 only), with `first_job` 0 unless given: job 0's
+    finished run is not replaced by a new sweep into its folder. (--cfg job: were the check passed, Hydra
+    would print the config and exit 0, running nothing.)"""
+    sweep = tmp_path / "sweep"
+    _finished_run(sweep / "0_tiny_lite")
+    before = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
+    proc = run_cli(["llasmol.train", "--multirun", f"hydra.sweep.dir={sweep}", "lora=lite,attn", "--cfg", "job"],
+                   tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert one_error_line(proc).startswith(f"error: {sweep / '0_tiny_lite'} already holds a run")
+    assert {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.slow

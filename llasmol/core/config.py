@@ -193,8 +193,9 @@ def _products(jobs: list[list[str]]) -> list[dict]:
     for options in values:
         count *= len(options)
     if count == len(jobs):  # a suffix of a product in the sweeper's order that is a whole product: it is one
-        overrides = [job_pair[0] + "=" + (options[0] if len(options) == 1 else ",".join(map(_quoted, options)))
-                     for job_pair, options in zip(pairs[0], values)]
+        # Each value is already as an override writes it (Hydra's sweep_string_iterator: a dict {a:1}, a
+        # quoted string 'x y'), so the values joined with commas are the sweep again.
+        overrides = [job_pair[0] + "=" + ",".join(options) for job_pair, options in zip(pairs[0], values)]
         return [{"overrides": overrides, "jobs": len(jobs)}]
     varying = next(i for i, options in enumerate(values) if len(options) > 1)
     head = [job for job in jobs if job[varying] == jobs[0][varying]]
@@ -219,10 +220,6 @@ def overrides_of(argv: list[str]) -> list[str]:
     return out
 
 
-def _quoted(value: str) -> str:
-    return value if re.fullmatch(r"[\w./:@-]*", value) else "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def check_overrides(config_name: str, overrides: list[str], check: Optional[Callable] = None) -> None:
     """A mistyped choice (model=mistrall) or setting (trainer.max_stepz=1) as one `UserError`, before Hydra
     starts: Hydra's own message is a dozen lines and exits with status 1, after a multirun's first jobs
@@ -244,7 +241,8 @@ def check_overrides(config_name: str, overrides: list[str], check: Optional[Call
                 values = list(override.sweep_string_iterator())
             except Exception:  # glob()/interval() sweeps: Hydra checks them itself
                 continue
-            trials += [plain + [f"{override.get_key_element()}={_quoted(v)}"] for v in values]
+            # each value as an override writes it ({a:1}, 'x y'): given as such, it is that one value
+            trials += [plain + [f"{override.get_key_element()}={v}"] for v in values]
     for trial in trials:
         try:
             cfg = compose_config(trial, config_name)
