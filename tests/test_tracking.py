@@ -234,3 +234,93 @@ def test_a_multirun_jobs_wandb_group_is_its_sweep_folders_name_and_a_single_run_
             assert cfg.logger.wandb.group == group
     finally:
         HydraConfig.instance().cfg = None
+
+
+class _RecordingRun:
+    """What `finish_wandb_runs` asks of a W&B run, recorded (the slow tests above run W&B itself)."""
+
+    def __init__(self, offline: bool) -> None:
+        self.id, self.offline, self.calls = "abc123", offline, []
+        self.sync_dir, self.url = "/runs/x/wandb/offline-run-1", "https://wandb.ai/me/llasmol/runs/abc123"
+
+    def mark_preempting(self) -> None:
+        self.calls.append("mark_preempting")
+
+    def finish(self, exit_code=None) -> None:
+        self.calls.append(("finish", exit_code))
+
+
+@pytest.mark.parametrize("stopped", [False, True])
+@pytest.mark.parametrize("offline", [True, False])
+def test_closing_a_wandb_run_marks_a_stopped_one_preempting_exits_0_and_says_where_it_is(stopped, offline, caplog,
+                                                                                         tmp_path):
+    from types import SimpleNamespace
+
+    from llasmol.finetune.tracking import WandbLogger, finish_wandb_runs
+
+    started, never_started = (WandbLogger(project="p", offline=True, save_dir=str(tmp_path)) for _ in range(2))
+    run = started._experiment = _RecordingRun(offline)
+    other = SimpleNamespace(log_metrics=None)  # a CSV or TensorBoard logger: not W&B's, left alone
+    caplog.set_level(logging.INFO, logger="llasmol.train")
+    finish_wandb_runs(SimpleNamespace(loggers=[other, never_started, started]), stopped=stopped)
+    assert run.calls == ["mark_preempting", ("finish", 0)] if stopped else [("finish", 0)]
+    assert never_started._experiment is None  # closing never starts a run
+    where = (f"files in {run.sync_dir} (upload: wandb sync {run.sync_dir})" if offline else run.url)
+    said = " (stopped: marked preempting, not failed)" if stopped else ""
+    assert [r.getMessage() for r in caplog.records] == [f"W&B run abc123{said}: {where}"]
+
+
+@pytest.mark.parametrize("env, settings, quiet", [({}, None, True), ({"WANDB_QUIET": "false"}, None, None),
+                                                  ({"WANDB_SILENT": "true"}, None, None),
+                                                  ({}, {"quiet": False}, False)])
+def test_wandb_is_quiet_unless_the_user_says_otherwise(env, settings, quiet, monkeypatch, tmp_path):
+    from llasmol.finetune.tracking import WandbLogger
+
+    for name in ("WANDB_QUIET", "WANDB_SILENT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    kwargs = {} if settings is None else {"settings": settings}
+    logger = WandbLogger(project="p", offline=True, save_dir=str(tmp_path), **kwargs)
+    assert (logger._wandb_init.get("settings") or {}).get("quiet") == quiet
+    assert "anonymous" not in logger._wandb_init
+
+
+@pytest.mark.parametrize("fn, step, epoch, expected", [
+    ("fit", 12, 2, 2),        # during fit: Lightning's own epoch
+    ("fit", 0, 0, 0),
+    ("validate", 12, 3, 2),   # after fit Lightning counts the epoch it left as done: the last step's is one lower
+    ("validate", 12, 0, 0),   # never below the first epoch
+    ("validate", 0, 1, 1),    # nothing trained yet: there is no earlier step to name
+])
+def test_the_epoch_of_a_row_is_the_epoch_of_its_latest_optimizer_step(fn, step, epoch, expected):
+    from types import SimpleNamespace
+
+    from llasmol.finetune.tracking import epoch_of_latest_step
+
+    trainer = SimpleNamespace(state=SimpleNamespace(fn=fn), global_step=step, current_epoch=epoch)
+    assert epoch_of_latest_step(trainer) == expected
+
+
+def test_every_loggers_rows_are_numbered_by_the_optimizer_steps_completed():
+    """Lightning hands a logger its own counter (one lower during fit); every logger gets the trainer's step
+    instead, and a row's epoch is that step's (a row without an epoch gets none)."""
+    from types import SimpleNamespace
+
+    from llasmol.finetune.tracking import number_rows_by_optimizer_step
+
+    rows = {"csv": [], "wandb": []}
+
+    def recorder(name):
+        return SimpleNamespace(log_metrics=lambda metrics, step=None: rows[name].append((step, metrics)))
+
+    trainer = SimpleNamespace(loggers=[recorder("csv"), recorder("wandb")], state=SimpleNamespace(fn="validate"),
+                              global_step=40, current_epoch=2)
+    number_rows_by_optimizer_step(trainer)
+    given = {"val/loss": 0.5, "epoch": 2}
+    for logger in trainer.loggers:
+        logger.log_metrics(given, step=39)
+    trainer.loggers[0].log_metrics({"train/loss": 1.0})
+    assert rows == {"csv": [(40, {"val/loss": 0.5, "epoch": 1}), (40, {"train/loss": 1.0})],
+                    "wandb": [(40, {"val/loss": 0.5, "epoch": 1})]}
+    assert given == {"val/loss": 0.5, "epoch": 2}  # the caller's dict is not changed
