@@ -6,6 +6,10 @@
     python scripts/mutation_score.py --ids <id> ...           # some again (the survivors, once tests are added)
     python scripts/mutation_score.py --ids <id> ... --tests tests/test_x.py   # ... against the tests named
     python scripts/mutation_score.py --report-only            # mutation.md again from mutation.json
+    python scripts/mutation_score.py --since <commit> --sample 80 --jobs 2 --map /tmp/map --out /tmp/new
+                                    # the newest code's lines only, two mutants at a time, the map kept
+    python scripts/mutation_score.py --seed 2 --exclude <earlier runs' mutation.json> ...
+                                    # a held-out sample: none of the mutants whose survivors were read
 
 Each mutant changes one operator, constant, condition or return value (see `OPERATORS`) in one module of
 `llasmol/`, in a copy of the checkout (the checkout itself is never touched), and runs the fast tests
@@ -26,18 +30,23 @@ the file stay as they are (tests read some of them), and it is checked to parse 
 
 The first recorded run (`--seed 0`, bench/results/mutation.md) covered only the scoring, data and
 file-writing modules, with a hand-made map of test files; its files are kept as they were.
-Run outside CI: it is slow (about a minute per mutant on 2 cores).
+The map kept by `--map` is brought up to date by measuring only the test files changed since it was made
+(a change in the package itself measures everything again). Run outside CI: it is slow (the map about 18
+minutes, then some 30 s per mutant on 2 cores).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import concurrent.futures
 import copy
 import functools
+import hashlib
 import json
 import math
 import os
+import queue
 import random
 import shutil
 import subprocess
@@ -366,48 +375,81 @@ def _env(copy_root: Path) -> dict[str, str]:
             "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-MAP_FILES = (".coverage", ".durations.json", ".pytest-log.txt")
+def tree_files(root: Path) -> dict[str, str]:
+    """What a coverage map depends on, file by file (a digest each): the package's modules (their line
+    numbers) and the tests' files (their test ids, and what they run)."""
+    found = [*(root / "llasmol").rglob("*.py"), *(root / "tests").rglob("*")]
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(found)
+            if p.is_file() and "__pycache__" not in p.parts}
 
 
-def build_map(copy_root: Path, saved: Path | None = None) -> dict:
-    """Run the fast suite once under coverage in `copy_root`: which tests execute each line of the package,
-    how long each test takes, and which fail unmutated (those are never used to judge a mutant). `saved`: a
-    folder that keeps the map's files; where it holds them already, they are read instead (the same tree)."""
+def _measure(copy_root: Path, tests: list[str]) -> dict:
+    """Run `tests` (all fast tests when empty) under coverage in `copy_root`, each test in its own context:
+    the lines each test executes, each test's duration, and the tests that fail unmutated."""
     start = time.time()
-    if saved is not None and all((saved / name).is_file() for name in MAP_FILES):
-        source = saved
-    else:
-        source = copy_root
-        rc = copy_root / ".mutation-coveragerc"
-        rc.write_text("[run]\nsource = llasmol\npatch = subprocess\nparallel = true\n"
-                      f"data_file = {copy_root / '.coverage'}\n")
-        env = {**_env(copy_root), "MUTATION_MAP_DURATIONS": str(copy_root / ".durations.json")}
-        with open(copy_root / ".pytest-log.txt", "w") as log:
-            subprocess.run([sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "-q", "-rf",
-                            "-p", "no:cacheprovider", "-p", "mutation_map_plugin", "-m", "not slow"],
-                           cwd=copy_root, env=env, stdout=log, stderr=subprocess.STDOUT)
-        subprocess.run([sys.executable, "-m", "coverage", "combine", f"--rcfile={rc}", "-q"], cwd=copy_root, env=env,
-                       check=True)
-        (copy_root / ".seconds").write_text(f"{time.time() - start:.0f}\n")
-        if saved is not None:
-            saved.mkdir(parents=True, exist_ok=True)
-            for name in (*MAP_FILES, ".seconds"):
-                shutil.copy2(copy_root / name, saved / name)
+    for old in copy_root.glob(".coverage*"):
+        old.unlink()
+    rc = copy_root / ".mutation-coveragerc"
+    rc.write_text("[run]\nsource = llasmol\npatch = subprocess\nparallel = true\n"
+                  f"data_file = {copy_root / '.coverage'}\n")
+    env = {**_env(copy_root), "MUTATION_MAP_DURATIONS": str(copy_root / ".durations.json")}
+    with open(copy_root / ".pytest-log.txt", "w") as log:
+        subprocess.run([sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "-q", "-rf",
+                        "-p", "no:cacheprovider", "-p", "mutation_map_plugin", "-m", "not slow", *tests],
+                       cwd=copy_root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    subprocess.run([sys.executable, "-m", "coverage", "combine", f"--rcfile={rc}", "-q"], cwd=copy_root, env=env,
+                   check=True)
     import coverage  # the mutation run's own requirement (the dev extra), not the package's
 
-    data = coverage.CoverageData(basename=str(source / ".coverage"))
+    data = coverage.CoverageData(basename=str(copy_root / ".coverage"))
     data.read()
-    lines: dict[str, dict[int, list[str]]] = {}
+    lines: dict[str, dict[str, list[str]]] = {}
     for measured in data.measured_files():
         if "/llasmol/" in measured:  # the copy's path, wherever the copy was
             module = measured[measured.rindex("/llasmol/") + 1:]
-            lines[module] = {n: sorted(c) for n, c in data.contexts_by_lineno(measured).items()}
-    log_lines = (source / ".pytest-log.txt").read_text().splitlines()
-    failed = sorted({line.split()[1] for line in log_lines if line.startswith("FAILED ")})
-    took = source / ".seconds"
-    return {"seconds": float(took.read_text()) if took.is_file() else time.time() - start,
-            "durations": json.loads((source / ".durations.json").read_text()),
-            "failed": failed, "lines": lines}
+            lines[module] = {str(n): sorted(c) for n, c in data.contexts_by_lineno(measured).items()}
+    log_lines = (copy_root / ".pytest-log.txt").read_text().splitlines()
+    return {"seconds": time.time() - start, "durations": json.loads((copy_root / ".durations.json").read_text()),
+            "failed": sorted({line.split()[1] for line in log_lines if line.startswith("FAILED ")}), "lines": lines}
+
+
+def build_map(copy_root: Path, saved: Path | None = None) -> dict:
+    """Which fast tests execute each line of the package, how long each test takes, and which fail unmutated
+    (those never judge a mutant): one coverage run of the fast suite in `copy_root`. `saved`: a folder that
+    keeps the map (map.json, with the digests of the files it was made from). Where it holds one of this same
+    tree it is read; where only test files were added, changed or removed since, just those are measured again
+    and the map is brought up to date; a change in the package or in the tests' shared files measures all."""
+    now = tree_files(copy_root)
+    old = json.loads((saved / "map.json").read_text()) if saved is not None and (saved / "map.json").is_file() \
+        else None
+    changed = sorted(f for f in set(now) | set(old["files"]) if now.get(f) != old["files"].get(f)) if old else None
+    if old is not None and not changed:
+        cov = old
+    elif old is not None and all(Path(f).name.startswith("test_") and f.count("/") == 1 for f in changed):
+        files = [f for f in changed if f in now]
+        print(f"coverage map: {len(changed)} test files changed since it was made; measuring {files}", flush=True)
+        part = _measure(copy_root, files) if files else {"seconds": 0.0, "durations": {}, "failed": [], "lines": {}}
+        mine = set(changed)
+        keep = [c for c in old["durations"] if c.split("::")[0] not in mine]
+        cov = {"seconds": old["seconds"], "extended": old.get("extended", 0) + part["seconds"],
+               "durations": {**{c: old["durations"][c] for c in keep}, **part["durations"]},
+               "failed": sorted({c for c in old["failed"] if c.split("::")[0] not in mine} | set(part["failed"])),
+               "lines": {}}
+        for module in set(old["lines"]) | set(part["lines"]):
+            merged = {n: [c for c in cs if c.split("::")[0] not in mine]
+                      for n, cs in old["lines"].get(module, {}).items()}
+            for n, cs in part["lines"].get(module, {}).items():
+                merged[n] = sorted(set(merged.get(n, [])) | set(cs))
+            cov["lines"][module] = merged
+    else:
+        if old is not None:
+            print(f"coverage map: made anew ({len(changed)} files changed, not only tests: {changed[:5]})", flush=True)
+        cov = _measure(copy_root, [])
+    cov["files"] = now
+    if saved is not None and cov is not old:
+        saved.mkdir(parents=True, exist_ok=True)
+        _write_json(saved / "map.json", cov)
+    return {**cov, "lines": {m: {int(n): cs for n, cs in by.items()} for m, by in cov["lines"].items()}}
 
 
 @functools.lru_cache(maxsize=None)  # asked once per mutant of a module's import-time lines
@@ -548,6 +590,31 @@ def _write_json(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+def changed_lines(since: str) -> dict[str, set[int]]:
+    """The package's lines added or changed since commit `since` (the working tree against it), by module."""
+    diff = subprocess.run(["git", "diff", "-U0", "--no-color", since, "--", "llasmol/"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout
+    out: dict[str, set[int]] = {}
+    module = None
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            module = line[6:] if line.startswith("+++ b/") else None
+        elif line.startswith("@@") and module:
+            new = line.split()[2].lstrip("+")  # "+start,count" (count 1 when left out)
+            start, _, count = new.partition(",")
+            out.setdefault(module, set()).update(range(int(start), int(start) + int(count or 1)))
+    return out
+
+
+def _seen_keys(files: list[Path]) -> set:
+    """Mutants of recorded runs, by id and by what they change (an id moves when lines are added above it)."""
+    keys: set = set()
+    for file in files:
+        for m in json.loads(file.read_text())["mutants"]:
+            keys |= {m["id"], (m["module"], m["operator"], m["before"], m["after"])}
+    return keys
+
+
 def _find_again(ids: list[str], everything: list[Candidate], recorded_file: Path) -> list[Candidate]:
     """The candidates of `ids`; an id whose module has changed since the recorded run is found by its
     module, operator and text (the same change in the same place, moved), and keeps its recorded id."""
@@ -586,6 +653,11 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite mutation.md from mutation.json (after judging survivors in EQUIVALENT)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "mutation-package")
+    parser.add_argument("--since", help="only mutants of lines added or changed since this commit (the newest code)")
+    parser.add_argument("--exclude", type=Path, nargs="+", default=[],
+                        help="mutation.json files of earlier runs whose mutants are not drawn again (a held-out "
+                        "sample: none whose survivors have been read)")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own copy")
     parser.add_argument("--map", type=Path, help="a folder keeping the coverage map's files: read where it holds "
                         "them (a map of this same tree), else written there")
     args = parser.parse_args()
@@ -600,6 +672,13 @@ def main() -> None:
         return
     modules = [m for m in package_modules() if m.startswith(args.modules)]
     everything = [c for module in modules for c in candidates(module)]
+    if args.since:
+        changed = changed_lines(args.since)
+        everything = [c for c in everything if c.mutant.line in changed.get(c.mutant.module, ())]
+    if args.exclude:
+        seen = _seen_keys(args.exclude)
+        everything = [c for c in everything if c.mutant.id not in seen and (
+            c.mutant.module, c.mutant.operator, c.mutant.before, c.mutant.after) not in seen]
     if args.list:
         for c in everything:
             print(f"{c.mutant.id}\t{c.mutant.before}  ->  {c.mutant.after}")
@@ -614,7 +693,9 @@ def main() -> None:
     else:
         chosen = random.Random(args.seed).sample(everything, min(args.sample, len(everything))) if args.sample \
             else everything
-        command = f"python scripts/mutation_score.py --sample {args.sample} --seed {args.seed}"
+        command = f"python scripts/mutation_score.py --sample {args.sample} --seed {args.seed}" + (
+            f" --since {args.since}" if args.since else "") + "".join(
+            f" --exclude {os.path.relpath(f, ROOT)}" for f in args.exclude)
     args.out.mkdir(parents=True, exist_ok=True)
 
     with tempfile.TemporaryDirectory(prefix="llasmol-mutants-") as tmp:
@@ -633,7 +714,9 @@ def main() -> None:
             cov = build_map(copy_root, args.map)
             print(f"coverage map: {cov['seconds'] / 60:.1f} min, {len(cov['durations'])} tests, "
                   f"{len(cov['failed'])} failing unmutated: {cov['failed']}", flush=True)
-        payload = {"command": command, "sample": args.sample, "seed": args.seed, "scope": f"`{args.modules}`",
+        scope = f"`{args.modules}`" + (f", lines changed since {args.since}" if args.since else "") + (
+            ", leaving out the mutants of earlier runs" if args.exclude else "")
+        payload = {"command": command, "sample": args.sample, "seed": args.seed, "scope": scope,
                    "total_mutants": len(everything),
                    "map": {"seconds": cov["seconds"], "failed": cov["failed"], "tests": len(cov["durations"])},
                    "mutants": []}
@@ -645,27 +728,43 @@ def main() -> None:
         elif args.ids and earlier.is_file():  # survivors run again in several goes: one file of their latest results
             payload["mutants"] = [m for m in json.loads(earlier.read_text())["mutants"] if m["id"] not in again]
             payload["command"] = "several runs of python scripts/mutation_score.py --ids ... (--tests ...)"
-        for i, candidate in enumerate(chosen, 1):
-            mutant = candidate.mutant
-            tests = tests_for(candidate, cov)
+        # Each job has its own copy of the checkout; results are recorded in the drawn order (a mutant only
+        # once those drawn before it are done), so a run stopped early is still a random sample.
+        copies = queue.Queue()
+        copies.put(copy_root)
+        for k in range(1, max(args.jobs, 1)):
+            extra = Path(tempfile.mkdtemp(prefix=f"job{k}-", dir=tmp))
+            _copy_checkout(extra)
+            copies.put(extra)
+
+        def run_one(candidate: Candidate) -> tuple[Mutant, int]:
+            mutant, tests = candidate.mutant, tests_for(candidate, cov)
             if not tests:
                 mutant.status = "survived (no fast test runs it)"
-            else:
-                path = copy_root / mutant.module
+                return mutant, 0
+            root = copies.get()
+            try:
+                path = root / mutant.module
                 original = path.read_text()
                 path.write_text(mutated_source(candidate))
                 limit = 60 + 5 * sum(cov["durations"].get(t, 0.0) for t in tests)
                 try:
-                    mutant.status, mutant.seconds, mutant.killed_by = _run_tests(copy_root, tests, limit)
+                    mutant.status, mutant.seconds, mutant.killed_by = _run_tests(root, tests, limit)
                 finally:
                     path.write_text(original)
-            if args.reselect:
-                payload["mutants"] = [asdict(mutant) if m["id"] == mutant.id else m for m in payload["mutants"]]
-            else:
-                payload["mutants"].append(asdict(mutant))
-            _write_json(args.out / "mutation.json", payload)
-            print(f"[{i}/{len(chosen)}] {mutant.status:9} {mutant.seconds:5.1f}s {len(tests):4} tests {mutant.id}  "
-                  f"{mutant.before!r} -> {mutant.after!r}", flush=True)
+            finally:
+                copies.put(root)
+            return mutant, len(tests)
+
+        with concurrent.futures.ThreadPoolExecutor(max(args.jobs, 1)) as pool:
+            for i, (mutant, n_tests) in enumerate(pool.map(run_one, chosen), 1):
+                if args.reselect:
+                    payload["mutants"] = [asdict(mutant) if m["id"] == mutant.id else m for m in payload["mutants"]]
+                else:
+                    payload["mutants"].append(asdict(mutant))
+                _write_json(args.out / "mutation.json", payload)
+                print(f"[{i}/{len(chosen)}] {mutant.status:9} {mutant.seconds:5.1f}s {n_tests:4} tests {mutant.id}  "
+                      f"{mutant.before!r} -> {mutant.after!r}", flush=True)
 
     (args.out / "mutation.md").write_text(_report(payload))
     print((args.out / "mutation.md").read_text())
