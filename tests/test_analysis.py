@@ -544,3 +544,29 @@ def test_report_compares_two_runs_and_a_run_with_itself_is_zero(real_sweep, caps
     with pytest.raises(SystemExit) as stop:
         report_main([str(a), str(real_sweep)])
     assert stop.value.code == 2 and "is not a run directory: two paths compare two runs" in capsys.readouterr().err
+
+
+def test_printed_metric_lines_show_each_tasks_headline_metric_unless_all_are_asked():
+    from llasmol.analysis.tables import metric_lines
+
+    results = {"forward_synthesis": {"exact_match": 0.5, "validity": 1.0, "num_samples": 2},
+               "property_prediction-esol": {"rmse": 1.25, "num_samples": 3},
+               "molecule_captioning": {"num_samples": 1}}  # its headline metric missing: the count alone
+    intervals = {"tasks": {"forward_synthesis": {"exact_match": [0.0, 1.0]}}}
+    assert metric_lines(results, intervals).splitlines() == [
+        "forward_synthesis         exact_match=0.5000 [0, 1]  num_samples=2",
+        "property_prediction-esol  rmse=1.2500  num_samples=3",
+        "molecule_captioning       num_samples=1"]
+    everything = metric_lines(results, intervals, all_metrics=True).splitlines()
+    assert everything[0] == "forward_synthesis         exact_match=0.5000 [0, 1]  validity=1  num_samples=2"
+    assert everything[1:] == metric_lines(results, intervals).splitlines()[1:]
+
+
+def test_the_reports_task_line_names_the_tasks_a_run_lacks_and_is_absent_for_all_14():
+    from llasmol.core.tasks import TASK_NAMES
+    from llasmol.report import coverage_note
+
+    assert coverage_note(TASK_NAMES) == ""
+    note = coverage_note([t for t in TASK_NAMES if t not in ("molecule_captioning", "property_prediction-hiv")])
+    assert note.startswith("\nTasks: 12 of the 14 SMolInstruct tasks; not in this run's data: molecule_captioning, "
+                           "property_prediction-hiv (")

@@ -439,3 +439,70 @@ def test_resuming_another_lora_variant_stops_in_one_line(tmp_path, cfg_factory):
     assert ckpt.is_file()
     with pytest.raises(UserError, match="adapters do not match this model .* model= and lora="):
         train(cfg_factory(*quick, "lora=lite", f"ckpt_path={ckpt}", f"paths.output_dir={tmp_path / 'lite'}"))
+
+
+@pytest.mark.filterwarnings("ignore:Experiment logs directory")  # Lightning's, for the fresh start's old file
+@pytest.mark.parametrize("keep_until", [None, 4])
+def test_a_run_resumed_in_place_keeps_its_csv_rows_up_to_the_checkpoints_step(tmp_path, keep_until):
+    """Rows are numbered by the optimizer steps completed: those up to the checkpoint's step (its loss, its
+    validation) stay, later ones are dropped, as they are redone; a fresh start begins a new file."""
+    from llasmol.finetune.tracking import KeepingCSVLogger
+
+    logger = KeepingCSVLogger(str(tmp_path), name="csv", version="")
+    logger.keep_until_step = keep_until
+    path = Path(logger.log_dir) / "metrics.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("epoch,step,train/loss,val/loss\n0,3,2.5,\n0,4,2.25,\n0,4,,2.0\n0,5,2.0,\n,,,\n")
+    logger.log_metrics({"train/loss": 1.5, "epoch": 0}, step=5)
+    logger.save()
+    rows = list(csv.DictReader(path.open()))
+    kept = [] if keep_until is None else [("3", "2.5", ""), ("4", "2.25", ""), ("4", "", "2.0")]
+    assert [(r["step"], r["train/loss"], r.get("val/loss", "")) for r in rows] == [*kept, ("5", "1.5", "")]
+    if keep_until is not None:
+        assert list(rows[0]) == ["epoch", "step", "train/loss", "val/loss"]  # the earlier columns, in order
+
+
+def _stopping_trainer(raised: BaseException, interrupted: bool):
+    from types import SimpleNamespace
+
+    calls = []
+
+    def fit(module, datamodule=None, ckpt_path=None, weights_only=None):
+        calls.append({"ckpt_path": ckpt_path, "weights_only": weights_only})
+        raise raised
+
+    return SimpleNamespace(fit=fit, interrupted=interrupted, loggers=[]), calls
+
+
+def _keyboard_exit() -> SystemExit:
+    """What Lightning raises for Ctrl-C: sys.exit(1) inside its KeyboardInterrupt handler."""
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise SystemExit(1)
+    except SystemExit as stop:
+        return stop
+
+
+@pytest.mark.parametrize("case", ["sigterm", "ctrl_c", "other_exit", "error"])
+def test_a_fit_stopped_on_purpose_exits_with_its_status_and_closes_wandb_as_stopped(case, monkeypatch):
+    """SIGTERM: exit status 143 (Lightning's own is a SystemExit without a code, i.e. success); Ctrl-C: 1. Both
+    close W&B as stopped; any other end of the fit passes through untouched, W&B left to the caller."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from llasmol.finetune import fit as fit_module
+
+    closed = []
+    monkeypatch.setattr(fit_module, "finish_wandb_runs", lambda trainer, stopped=False: closed.append(stopped))
+    raised = {"sigterm": SIGTERMException(), "ctrl_c": _keyboard_exit(), "other_exit": SystemExit(3),
+              "error": RuntimeError("out of memory")}[case]
+    # (an exit during a fit Lightning marks interrupted is Ctrl-C's only with the KeyboardInterrupt behind it)
+    trainer, calls = _stopping_trainer(raised, interrupted=case in ("ctrl_c", "other_exit"))
+    with pytest.raises(BaseException) as stop:
+        fit_module.fit(trainer, object(), object(), "/runs/x/checkpoints/last.ckpt")
+    assert calls == [{"ckpt_path": "/runs/x/checkpoints/last.ckpt", "weights_only": True}]
+    expected = {"sigterm": (SystemExit, 143), "ctrl_c": (SystemExit, 1), "other_exit": (SystemExit, 3),
+                "error": (RuntimeError, None)}[case]
+    assert type(stop.value) is expected[0] and getattr(stop.value, "code", None) == expected[1]
+    assert closed == ([True] if case in ("sigterm", "ctrl_c") else [])

@@ -62,6 +62,15 @@ def test_a_process_limited_to_one_core_gets_one_thread():
     assert out.split()[1:] == ["1", "1"]
 
 
+def test_without_affinity_masks_the_cores_are_the_machines(monkeypatch):
+    """macOS and Windows have no sched_getaffinity: the machine's count, or one where it is unknown."""
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert usable_cores() == 6
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert usable_cores() == 1
+
+
 def test_a_set_count_and_a_launchers_count():
     out, _ = run_child("cpu.threads=1")
     assert out.split()[1:] == ["1", "1"]

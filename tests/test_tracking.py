@@ -262,7 +262,8 @@ def test_closing_a_wandb_run_marks_a_stopped_one_preempting_exits_0_and_says_whe
     run = started._experiment = _RecordingRun(offline)
     other = SimpleNamespace(log_metrics=None)  # a CSV or TensorBoard logger: not W&B's, left alone
     caplog.set_level(logging.INFO, logger="llasmol.train")
-    finish_wandb_runs(SimpleNamespace(loggers=[other, never_started, started]), stopped=stopped)
+    trainer = SimpleNamespace(loggers=[other, never_started, started])
+    finish_wandb_runs(trainer, stopped=True) if stopped else finish_wandb_runs(trainer)  # a run's end says nothing
     assert run.calls == ["mark_preempting", ("finish", 0)] if stopped else [("finish", 0)]
     assert never_started._experiment is None  # closing never starts a run
     where = (f"files in {run.sync_dir} (upload: wandb sync {run.sync_dir})" if offline else run.url)

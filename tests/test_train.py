@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -163,9 +164,16 @@ def test_importing_the_command_loads_neither_torch_nor_lightning():
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr[-2000:] or proc.stdout
 
 
-def test_user_errors_raise_from_the_plain_function(cfg_factory):
+def test_user_errors_raise_from_the_plain_function(cfg_factory, tmp_path):
     with pytest.raises(UserError, match="micro_batch_size=3"):
         train(cfg_factory("data.micro_batch_size=3", *SHORT))
+    # A config composed in a notebook meets the same checks as the command line, before anything is written
+    # or any thread count is set.
+    for bad, said in (("optimizer.lr=-1", "optimizer.lr=-1 must be a number > 0"),
+                      ("cpu.threads=0", "cpu.threads=0 must be an integer >= 1")):
+        with pytest.raises(UserError, match=f"^{re.escape(said)}"):
+            train(cfg_factory(bad, *SHORT))
+    assert not any(tmp_path.rglob("*.json")) and not any(tmp_path.rglob("*.log"))
 
 
 @pytest.mark.slow
