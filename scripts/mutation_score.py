@@ -342,9 +342,10 @@ def candidates(module: str) -> list[Candidate]:
     return out
 
 
-def mutated_source(candidate: Candidate) -> str:
-    """The module's text with this one mutation, checked to parse to the mutated tree."""
-    source = (ROOT / candidate.mutant.module).read_text()
+def mutated_source(candidate: Candidate, root: Path) -> str:
+    """The module's text in the copy at `root` (the checkout as it was when the run began: it may have changed
+    since) with this one mutation, checked to parse to the mutated tree."""
+    source = (root / candidate.mutant.module).read_text()
     tree = ast.parse(source)
     node, operator, op_fn = list(_edits(tree))[candidate.edit]
     index = next(i for i, n in enumerate(ast.walk(tree)) if n is node)
@@ -453,19 +454,19 @@ def build_map(copy_root: Path, saved: Path | None = None) -> dict:
 
 
 @functools.lru_cache(maxsize=None)  # asked once per mutant of a module's import-time lines
-def _importers(module: str) -> frozenset[str]:
+def _importers(module: str, root: Path) -> frozenset[str]:
     """The test files (and their helpers' users) that import `module` by name."""
     name = module.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
     parent, _, leaf = name.rpartition(".")
     found = set()
-    for path in (ROOT / "tests").glob("*.py"):
+    for path in (root / "tests").glob("*.py"):
         text = path.read_text(encoding="utf-8")
         if f"import {name}" in text or f"from {name} import" in text or f"from {parent} import {leaf}" in text:
             found.add(f"tests/{path.name}")
     return frozenset(found)
 
 
-def tests_for(candidate: Candidate, cov: dict) -> list[str]:
+def tests_for(candidate: Candidate, cov: dict, root: Path) -> list[str]:
     """The fast tests that execute the mutated lines, fastest first; for a line run at import time, also
     every test that ran any line of the module (the import may have happened in another test)."""
     if cov["lines"] is None:  # --tests: the tests named
@@ -481,7 +482,7 @@ def tests_for(candidate: Candidate, cov: dict) -> list[str]:
         # the tests that ran any of its lines, and those of the test files that import it (a test that only
         # reads a table the module built at import runs none of its lines)
         tests |= {c for contexts in by_line.values() for c in contexts if c}
-        files = _importers(candidate.mutant.module)
+        files = _importers(candidate.mutant.module, root)
         tests |= {t for t in cov["durations"] if t.split("::")[0] in files}
     tests -= set(cov["failed"])
     return sorted(tests, key=lambda t: (cov["durations"].get(t, 0.0), t))
@@ -738,7 +739,7 @@ def main() -> None:
             copies.put(extra)
 
         def run_one(candidate: Candidate) -> tuple[Mutant, int]:
-            mutant, tests = candidate.mutant, tests_for(candidate, cov)
+            mutant, tests = candidate.mutant, tests_for(candidate, cov, copy_root)
             if not tests:
                 mutant.status = "survived (no fast test runs it)"
                 return mutant, 0
@@ -746,7 +747,7 @@ def main() -> None:
             try:
                 path = root / mutant.module
                 original = path.read_text()
-                path.write_text(mutated_source(candidate))
+                path.write_text(mutated_source(candidate, root))
                 limit = 60 + 5 * sum(cov["durations"].get(t, 0.0) for t in tests)
                 try:
                     mutant.status, mutant.seconds, mutant.killed_by = _run_tests(root, tests, limit)
