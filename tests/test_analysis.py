@@ -515,6 +515,11 @@ def test_charts_say_something_on_a_short_sweep():
     assert [t.get_text() for t in loss_panel.get_xticklabels()] == ["val/loss", "train/loss"]
     assert sorted(round(b.get_height(), 2) for c in loss_panel.containers for b in c) == [3.0, 3.1, 3.2, 3.4]
     assert fig.get_suptitle() == "sweep X"
+    # Each panel as wide as its bar groups need: 1.5 a group for loss (2), parameters (1) and time (1), 0.9 a
+    # task for the fractions with 3 at least; the figure 2 wider than the panels, at most 18.
+    widths = [ax.get_position().width for ax in fig.axes]
+    assert [round(w / widths[1], 2) for w in widths] == [2.0, 1.0, 1.0, 2.0]
+    assert tuple(fig.get_size_inches()) == (2.0 + 3.0 + 1.5 + 1.5 + 3.0, 5.0)
     data["property_prediction-esol/rmse"] = {"lite": 1.5, "full": None}
     assert len(plot_ablation(data).axes) == 5
     trends = Table(["step", "forward_synthesis/exact_match", "property_prediction-esol/rmse"],

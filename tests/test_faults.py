@@ -835,6 +835,10 @@ def test_a_multirun_into_a_sweep_folder_holding_its_first_job_is_refused_before_
     assert proc.returncode == 2, proc.stdout[-2000:]
     assert one_error_line(proc).startswith(f"error: {sweep / '0_tiny_lite'} already holds a run")
     assert {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == before
+    # The jobs after it (first_job=1, as a stopped sweep's continue command says) pass the check.
+    # (--cfg job cannot go with --multirun: the check reads the same line either way)
+    proc = run_cli(["llasmol.train", f"hydra.sweep.dir={sweep}", "lora=attn", "first_job=1", "--cfg", "job"], tmp_path)
+    assert proc.returncode == 0 and "first_job: 1" in proc.stdout, proc.stderr[-2000:]
 
 
 @pytest.mark.slow

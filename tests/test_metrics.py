@@ -591,6 +591,8 @@ def test_isotope_counts_default_to_one_and_labelled_atoms_differ_from_natural_on
     assert parse_formula("[13C]H4") == parse_formula("[13C]1H4") != parse_formula("CH4")
     assert parse_formula("[1H]2O") != parse_formula("H2O")  # an explicit mass is a label, not the natural mix
     assert parse_formula("[2H]2O") == parse_formula("D2O")
+    # inside a group, a labelled atom is multiplied with the group, as any atom is
+    assert parse_formula("C([13C]H3)2") == parse_formula("C[13C]2H6") != parse_formula("C[13C]H6")
 
 
 def test_the_atom_bound_admits_300_atoms_and_refuses_301():
