@@ -460,3 +460,20 @@ def test_a_broken_sample_names_the_line_it_is_on_in_the_file(tmp_path, monkeypat
         assert "sample 7 of" in str(err.value)
     else:
         assert f"({why}" in str(err.value) and f"at line {line})" in str(err.value), str(err.value)
+
+
+def test_a_split_closes_the_raw_files_it_opened_and_reopens_them_when_read_again(smol_root):
+    split = SMolInstructSplit(smol_root, "train", ["name_conversion-s2f", "property_prediction-sider"])
+    first = split[0]["raw_input"]
+    opened = list(split._handles.values())
+    assert opened and not any(fh.closed for fh in opened)
+    split.close()
+    assert all(fh.closed for fh in opened) and split._handles == {}
+    assert split[0]["raw_input"] == first  # read again: opened again
+    # In a forked DataLoader worker the handles it inherited are its parent's: the worker leaves them open.
+    inherited = list(split._handles.values())
+    split._pid = -1
+    split.close()
+    assert not any(fh.closed for fh in inherited) and split._handles == {}
+    for fh in inherited:
+        fh.close()

@@ -403,6 +403,14 @@ def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypa
     ckpt = torch.load(Path(result["output_dir"]) / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 2
     assert ckpt["loops"]["fit_loop"]["epoch_progress"]["current"]["completed"] == 0
+    # Each adapter's model card says how it was made; a validation's numbers only on the checkpoint saved after
+    # that validation (the best one), not on last.adapter, saved at the step's end before it.
+    checkpoints = Path(result["output_dir"]) / "checkpoints"
+    last_card = (checkpoints / "last.adapter" / "README.md").read_text()
+    assert "# tiny + LoRA `full` on SMolInstruct" in last_card and "optimizer step 2" in last_card
+    assert "Validation at this step" not in last_card
+    best_card = (next(checkpoints.glob("step2-*.adapter")) / "README.md").read_text()
+    assert "optimizer step 2" in best_card and "| val/loss |" in best_card
 
 
 def test_an_adapter_save_stopped_between_its_renames_leaves_the_previous_one_readable(tmp_path, monkeypatch):
