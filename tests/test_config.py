@@ -8,6 +8,7 @@ import pytest
 from conftest import compose_config
 
 from llasmol.core.config import CONFIG_DIR
+from llasmol.core.errors import UserError
 from llasmol.model.base import arch_facts
 
 # Every option of the groups, discovered: a new model or LoRA file is composed and checked with the rest.
@@ -364,3 +365,49 @@ def test_a_stopped_multirun_says_how_to_run_the_jobs_that_had_not_started(tmp_pa
                                   "/s") == (
         "python -m llasmol.train --multirun 'model.prompt_template='\"'\"'{input}'\"'\"'' lora=lite,attn "
         "hydra.sweep.dir=/s first_job=2")
+
+
+def _os_facing(monkeypatch, folder, writable=True, read_only=False, free_bytes=10 << 30):
+    """What the file system says of `folder` (a mount makes these for real: tests/test_faults.py, slow)."""
+    import os
+    import shutil
+    from types import SimpleNamespace
+
+    real_access, real_statvfs, real_usage = os.access, os.statvfs, shutil.disk_usage
+    mine = str(folder)
+    monkeypatch.setattr(os, "access", lambda p, mode: writable if str(p) == mine else real_access(p, mode))
+    monkeypatch.setattr(os, "statvfs", lambda p: SimpleNamespace(
+        f_flag=os.ST_RDONLY if read_only else 0, f_bavail=free_bytes // 4096, f_frsize=4096)
+        if str(p) == mine else real_statvfs(p))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: SimpleNamespace(free=1 << 40) if str(p) == mine
+                        else real_usage(p))
+
+
+@pytest.mark.parametrize("writable, read_only, free, said", [
+    (False, False, 10 << 30, "is not writable by this user, so the run folder"),
+    (False, True, 10 << 30, "is on a read-only file system, so the run folder"),
+    (True, False, 100 << 10, "no space left on device (0.00 GB free there)"),  # f_bavail below 256 KiB
+    (True, False, 256 << 10, None),
+])
+def test_a_run_folder_that_cannot_be_written_is_refused_naming_the_nearest_existing_folder(
+        tmp_path, monkeypatch, capsys, writable, read_only, free, said):
+    import sys
+
+    from llasmol.core.config import check_command_line, check_writable
+
+    _os_facing(monkeypatch, tmp_path, writable, read_only, free)
+    target = tmp_path / "runs" / "a"  # not made yet: its nearest existing folder is the one asked
+    if said is None:
+        check_writable(target)
+        return
+    with pytest.raises(UserError) as err:
+        check_writable(target)
+    assert said in str(err.value) and (str(tmp_path) in str(err.value))
+    # A command writing a run folder says so as one line, exit 2, before Hydra; one that writes none (generate
+    # prints its answers) is not stopped by where it was started.
+    monkeypatch.setattr(sys, "argv", ["llasmol.generate", f"hydra.run.dir={target}", "task=forward_synthesis",
+                                      "ckpt=none", "query=CCO"])
+    check_command_line("generate")
+    with pytest.raises(SystemExit) as stop:
+        check_command_line("generate", run_folder=True)
+    assert stop.value.code == 2 and said in capsys.readouterr().err
