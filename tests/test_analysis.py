@@ -575,3 +575,18 @@ def test_the_reports_task_line_names_the_tasks_a_run_lacks_and_is_absent_for_all
     note = coverage_note([t for t in TASK_NAMES if t not in ("molecule_captioning", "property_prediction-hiv")])
     assert note.startswith("\nTasks: 12 of the 14 SMolInstruct tasks; not in this run's data: molecule_captioning, "
                            "property_prediction-hiv (")
+
+
+@pytest.mark.parametrize("folder, model, lora", [("3_tiny_lite", "tiny", "lite"),
+                                                 ("12_mistral_v03_full", "mistral_v03", "full"),
+                                                 ("0_llama2_13b_large", "llama2_13b", "large"),
+                                                 ("my_run", None, None), ("3_tiny", None, None)])
+def test_a_job_folder_without_params_names_its_model_and_lora(tmp_path, folder, model, lora):
+    """A multirun job's folder is {job}_{model}_{lora}; a model's name may hold underscores, a LoRA's does not.
+    (A run stopped before it wrote params.json is read by its folder's name.)"""
+    from llasmol.analysis.runs import Run
+
+    run = Run(path=tmp_path / folder, params={}, validations=[])
+    assert (run.model, run.lora) == (model, lora)
+    named = Run(path=tmp_path / folder, params={"model": "m", "lora": "l"}, validations=[])
+    assert (named.model, named.lora) == ("m", "l")  # params.json, where there is one, says

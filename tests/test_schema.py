@@ -141,6 +141,8 @@ def test_every_field_of_the_schemas_is_a_setting_some_config_holds():
     ("train", "trainer.devices=[]", "trainer.devices=[] must list at least one device id"),
     ("train", 'trainer.devices="2"', None),
     ("train", 'trainer.devices="0,1"', None),
+    ("train", "trainer.devices=[0,2]", None),  # GPU ids: 0 is the first
+    ("train", "trainer.devices=[0,-1]", "trainer.devices=[0, -1] must list device ids >= 0"),
     ("train", "+trainer.limit_train_batches=0.25", None),
 ])
 def test_a_hostile_setting_is_one_line_naming_it(command, override, expected):

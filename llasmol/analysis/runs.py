@@ -108,13 +108,13 @@ class Run:
     def lora(self) -> Optional[str]:
         if self.baseline is not None:
             return None
-        return self.params.get("lora") or _name_part(self.path.name, -1)
+        return self.params.get("lora") or _name_part(self.path.name, "lora")
 
     @property
     def model(self) -> Optional[str]:
         if self.baseline is not None:
             return None
-        return self.params.get("model") or _name_part(self.path.name, -2)
+        return self.params.get("model") or _name_part(self.path.name, "model")
 
     @property
     def latest(self) -> Optional[Validation]:
@@ -186,11 +186,13 @@ class Run:
         return read_csv_log(self.path / layout.CSV_LOG)
 
 
-def _name_part(name: str, index: int) -> Optional[str]:
+def _name_part(name: str, part: str) -> Optional[str]:
+    """The model or LoRA variant of a multirun job's folder, `{job}_{model}_{lora}` (conf/hydra/default.yaml's
+    subdir), for a run without params.json. Model names may hold underscores (mistral_v03), LoRA names do not."""
     parts = name.split("_")
-    if len(parts) >= 3 and _VARIANT_NAME.match(name):
-        return parts[index]
-    return None
+    if len(parts) < 3 or not _VARIANT_NAME.match(name):
+        return None
+    return parts[-1] if part == "lora" else "_".join(parts[1:-1])
 
 
 def read_csv_log(path: PathLike) -> list[dict[str, Optional[float]]]:
