@@ -170,3 +170,70 @@ def test_a_base_that_is_not_listed_trains_from_its_folder(tmp_path, cfg_factory)
                                       "data.max_samples_per_task={test:2}", "generation.max_new_tokens_limit=4",
                                       "intervals.resamples=0"], "evaluate"))
     assert scored["metrics"]["forward_synthesis"]["num_samples"] == 2
+
+
+@pytest.fixture
+def probe_hub(monkeypatch):
+    """`hub_unreachable` asked afresh (it is asked once per process), with no offline flag or proxy set."""
+    from llasmol.core import offline
+
+    for name in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+    def ask(endpoint: str):
+        from huggingface_hub import constants
+
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+        offline.hub_unreachable.cache_clear()
+        try:
+            return offline.hub_unreachable()
+        finally:
+            offline.hub_unreachable.cache_clear()
+
+    return ask
+
+
+@pytest.mark.parametrize("flag, reason", [("1", "HF_HUB_OFFLINE is set"), ("TRUE", "HF_HUB_OFFLINE is set"),
+                                          ("0", "127.0.0.1 unreachable: Connection refused")])
+def test_the_hub_probe_answers_from_the_offline_flag_or_a_connection(probe_hub, monkeypatch, flag, reason):
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on: refused at once, on the loopback only
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("HF_HUB_OFFLINE", flag)
+    assert probe_hub(f"http://127.0.0.1:{port}") == reason
+
+
+def test_the_hub_probe_finds_a_listening_hub_and_leaves_a_proxy_to_decide(probe_hub, monkeypatch):
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        assert probe_hub(f"http://127.0.0.1:{server.getsockname()[1]}") is None
+    monkeypatch.setenv("https_proxy", "http://proxy.invalid:3128")
+    assert probe_hub("http://127.0.0.1:9") is None  # not probed: the proxy may reach what a direct line cannot
+
+
+def test_the_hub_probe_asks_the_endpoints_port_and_gives_up_after_its_timeout(probe_hub, monkeypatch):
+    import socket
+    import threading
+
+    from llasmol.core import offline
+
+    asked, hold = [], threading.Event()
+
+    def connect(address, timeout=None):
+        asked.append((address, timeout))
+        hold.wait(5)  # a name lookup that hangs (it has no timeout of its own)
+        raise OSError("no answer")
+
+    monkeypatch.setattr(socket, "create_connection", connect)
+    monkeypatch.setattr(offline, "_PROBE_SECONDS", 0.05)
+    try:
+        assert probe_hub("https://hub.example") == "hub.example did not answer within 0.05 s"
+        assert probe_hub("http://hub.example") == "hub.example did not answer within 0.05 s"
+        assert asked == [(("hub.example", 443), 0.05), (("hub.example", 80), 0.05)]
+    finally:
+        hold.set()
