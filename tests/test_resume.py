@@ -506,3 +506,66 @@ def test_a_fit_stopped_on_purpose_exits_with_its_status_and_closes_wandb_as_stop
                 "error": (RuntimeError, None)}[case]
     assert type(stop.value) is expected[0] and getattr(stop.value, "code", None) == expected[1]
     assert closed == ([True] if case in ("sigterm", "ctrl_c") else [])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_between_micro_batches_waits_for_the_optimizer_step_and_a_second_one_stops_at_once(
+        signum, monkeypatch):
+    """The stop rides on the optimizer step: a micro-batch after which the step count has not moved (gradient
+    accumulation under way) goes on; the first batch that completes a step raises, marked as a stop at a step
+    boundary, after logging that step's row. A second signal stops at once. Either way the handlers before the
+    run are back. (The slow tests interrupt real runs and compare the resumed one with an uninterrupted one.)"""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from llasmol.finetune import resume
+
+    logged = []
+    monkeypatch.setattr(resume, "log_step_row_now", lambda trainer, *args: logged.append(trainer.global_step))
+    before = {sig: signal.getsignal(sig) for sig in resume.StopAtStepBoundary.SIGNALS}
+    stopper, trainer = resume.StopAtStepBoundary(), SimpleNamespace(global_step=6, world_size=1)
+    expected = KeyboardInterrupt if signum == signal.SIGINT else SIGTERMException
+    stopper.on_train_start(trainer, None)
+    try:
+        assert signal.getsignal(signum) == stopper._handle
+        stopper.on_train_batch_start(trainer, None, None, 12)
+        signal.raise_signal(signum)  # while micro-batch 12 of step 7 runs
+        stopper.on_train_batch_end(trainer, None, None, None, 12)  # no optimizer step yet: training goes on
+        stopper.on_train_batch_start(trainer, None, None, 13)
+        trainer.global_step = 7  # micro-batch 13 completes step 7
+        with pytest.raises(expected) as stop:
+            stopper.on_train_batch_end(trainer, None, None, None, 13)
+        assert stop.value.at_step_boundary is True and logged == [7]
+        assert {sig: signal.getsignal(sig) for sig in before} == before
+        # A second signal before the step ends: at once, without a step-boundary checkpoint.
+        stopper = resume.StopAtStepBoundary()
+        stopper.on_train_start(trainer, None)
+        signal.raise_signal(signum)
+        with pytest.raises(expected) as stop:
+            signal.raise_signal(signum)
+        assert not getattr(stop.value, "at_step_boundary", False)
+        assert {sig: signal.getsignal(sig) for sig in before} == before
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def test_the_resume_command_repeats_the_runs_settings_but_its_folder_and_checkpoint(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from llasmol.core.config import CONFIG_DIR
+    from llasmol.finetune.resume import resume_command
+
+    run = tmp_path / "a run"
+    assert resume_command(run) == f"python -m llasmol.train 'hydra.run.dir={run}' ckpt_path=last"  # no Hydra
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="train"):
+            cfg = compose("train", overrides=["lora=attn", "ckpt_path=auto", "paths.output_dir=/x",
+                                              "data.max_samples_per_task={train:8}"], return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        assert resume_command(run) == (f"python -m llasmol.train lora=attn 'data.max_samples_per_task={{train:8}}' "
+                                       f"'hydra.run.dir={run}' ckpt_path=last")
+    finally:
+        HydraConfig.instance().cfg = None
