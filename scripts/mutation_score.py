@@ -546,7 +546,8 @@ def _report(recorded: dict, rerun: dict[str, dict] | None = None) -> str:
     cov = recorded.get("map", {})
     lines = [
         "# Mutation score", "",
-        f"`{recorded['command']}`: {len(results)} of {recorded['total_mutants']} mutants of "
+        f"`{recorded['command']}`" + (f" on the tree of commit {recorded['tree']}" if recorded.get("tree") else "")
+        + f": {len(results)} of {recorded['total_mutants']} mutants of "
         f"{recorded.get('scope', 'the target modules')}, drawn at random and run in the drawn order; each run "
         "against the fast tests that execute its line.", "",
         *([f"The coverage map: the fast suite under coverage took {cov['seconds'] / 60:.1f} min; "
@@ -583,6 +584,14 @@ def _report(recorded: dict, rerun: dict[str, dict] | None = None) -> str:
         change = f"`{m.before}` → `{m.after}`".replace("|", "\\|")
         lines.append(f"| `{m.id}` | {change} | {verdict} |")
     return "\n".join(lines) + "\n"
+
+
+def _tree_commit() -> str:
+    """The commit the run's copy was taken from, and whether the package or tests differed from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "llasmol", "tests"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return head + (" (with uncommitted changes)" if dirty else "")
 
 
 def _write_json(path: Path, payload: dict) -> None:
@@ -717,7 +726,7 @@ def main() -> None:
                   f"{len(cov['failed'])} failing unmutated: {cov['failed']}", flush=True)
         scope = f"`{args.modules}`" + (f", lines changed since {args.since}" if args.since else "") + (
             ", leaving out the mutants of earlier runs" if args.exclude else "")
-        payload = {"command": command, "sample": args.sample, "seed": args.seed, "scope": scope,
+        payload = {"command": command, "tree": _tree_commit(), "sample": args.sample, "seed": args.seed, "scope": scope,
                    "total_mutants": len(everything),
                    "map": {"seconds": cov["seconds"], "failed": cov["failed"], "tests": len(cov["durations"])},
                    "mutants": []}
