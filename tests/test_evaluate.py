@@ -850,3 +850,15 @@ def test_a_command_stopped_by_a_mistake_leaves_no_timestamped_run_folder(tmp_pat
     assert list((tmp_path / "outputs" / "evaluate").iterdir()) == []
     proc = run_cli(["llasmol.evaluate", f"predictions={missing}", f"hydra.run.dir={tmp_path / 'named'}"], tmp_path)
     assert proc.returncode == 2 and "does not exist" in (tmp_path / "named" / "evaluate.log").read_text()
+
+
+def test_a_run_config_of_up_to_a_million_bytes_is_read_and_one_byte_more_is_refused(tmp_path):
+    from llasmol.core.errors import UserError
+    from llasmol.inference.loading import read_run_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("x: " + "a" * (1_000_000 - 4) + "\n")
+    assert len(read_run_config(path).x) == 999_996
+    path.write_text("x: " + "a" * (1_000_001 - 4) + "\n")
+    with pytest.raises(UserError, match=r"is 1,000,001 bytes, far more than llasmol.train writes"):
+        read_run_config(path)

@@ -621,3 +621,12 @@ def test_molecules_without_an_inchi_are_keyed_by_canonical_smiles():
     assert parse_molecule("*CC").keys != parse_molecule("*CCC").keys
     assert sample_stats("forward_synthesis", ["<SMILES> CC* </SMILES>"], ["*CC"])["hit_top1"] == 1.0
     assert sample_stats("forward_synthesis", ["<SMILES> *CCC </SMILES>"], ["*CC"])["hit_top1"] == 0.0
+
+
+def test_a_number_answer_of_up_to_1000_characters_is_read_and_a_longer_one_is_no_number():
+    from llasmol.metrics.families import parse_number
+
+    assert parse_number("0" * 999 + "7") == 7.0
+    assert parse_number("0" * 1000 + "7") is None  # bounded before float() sees it
+    assert parse_number(" \u22122.5 ") == -2.5  # a typographic minus, spaces around
+    assert parse_number("1e400") is None and parse_number("nan") is None
