@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -527,6 +528,9 @@ def test_charts_say_something_on_a_short_sweep():
     assert len(plot_trends(trends, title="run Y").axes) == 1  # no RMSE yet: no empty panel
     trends.rows[1][2] = 1.2
     assert [ax.get_ylabel() for ax in plot_trends(trends).axes] == ["value (fraction)", "RMSE (lower is better)"]
+    rmse_line = plot_trends(trends).axes[1].lines[0]  # a validation without a value is a gap, not a point
+    assert list(rmse_line.get_xdata()) == [100, 200] and math.isnan(rmse_line.get_ydata()[0])
+    assert rmse_line.get_ydata()[1] == 1.2
     losses = {"train/loss": [(10, 4.2), (20, 3.9), (30, 3.5)], "val/loss": [(100, 3.6), (200, 3.3)]}
     fig = plot_trends(trends, losses=losses)
     assert [ax.get_ylabel() for ax in fig.axes][0] == "loss (nats/token)"

@@ -112,6 +112,18 @@ def test_weight_memory_of_a_7b_base_halves_and_quarters():
     assert sizes["8bit"]["quantized"] / linear == pytest.approx(0.5, abs=0.002)
     assert sizes["4bit"]["quantized"] / linear == pytest.approx(0.258, abs=0.002)  # 4 bits + 1/8 bit of absmax
     assert sizes["4bit"]["training"] > sizes["4bit"]["total"]  # embeddings and head in fp32 for training
+    # Double quantisation is bitsandbytes' default (and conf/quantization/4bit.yaml's): a setting without the key
+    # counts it; without it each block of 64 weights keeps its absmax in 32 bits instead of about 8.1, some 0.37
+    # bit a weight more.
+    from llasmol.model.base import torch_dtype
+    from llasmol.model.memory import weight_bytes
+    from llasmol.params import _meta_base
+
+    cfg = compose_config(["model=mistral", "quantization=4bit"], "params")
+    base, dtype = _meta_base(cfg), torch_dtype(cfg.model.dtype)
+    assert weight_bytes(base, dtype, {"bits": 4})["quantized"] == sizes["4bit"]["quantized"]
+    single = weight_bytes(base, dtype, {"bits": 4, "double_quant": False})["quantized"]
+    assert (single - sizes["4bit"]["quantized"]) / linear == pytest.approx((32 - 8.127) / 64 / 16, abs=0.001)
     # What `params` prints of them (README: 13.49 GiB bf16, 3.84 GiB 4-bit, 4.33 GiB when training).
     from llasmol.model.memory import describe
 
