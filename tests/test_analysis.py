@@ -528,6 +528,7 @@ def test_charts_say_something_on_a_short_sweep():
     assert len(plot_trends(trends, title="run Y").axes) == 1  # no RMSE yet: no empty panel
     trends.rows[1][2] = 1.2
     assert [ax.get_ylabel() for ax in plot_trends(trends).axes] == ["value (fraction)", "RMSE (lower is better)"]
+    assert tuple(plot_trends(trends).get_size_inches()) == (4.5 + 2 * 4.5, 4.0)  # 4.5 inches a panel, and a margin
     rmse_line = plot_trends(trends).axes[1].lines[0]  # a validation without a value is a gap, not a point
     assert list(rmse_line.get_xdata()) == [100, 200] and math.isnan(rmse_line.get_ydata()[0])
     assert rmse_line.get_ydata()[1] == 1.2

@@ -151,3 +151,22 @@ def test_the_committed_transcription_is_what_the_script_reads_from_the_paper():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.transcribe(EXCERPTS.read_text(encoding="utf-8")) == TABLES
+
+
+def test_each_systems_source_names_the_tables_its_numbers_come_from():
+    """`PaperSource.tables` (shown beside the paper's rows) against the independent transcription: the tables
+    in which each system's numbers are printed (a SoTA row's cells belong to the system named for its task)."""
+    from llasmol.analysis.paper import PAPER_SOURCES
+
+    found: dict[str, set[int]] = {}
+    for table, row, column, _ in printed_cells():
+        if left_out(table, row, column):
+            continue
+        for name, _, _, _ in targets(table, row, column):
+            found.setdefault(name, set()).add(int(table))
+    assert set(found) == set(PAPER_RESULTS)
+    # Table 2's S2F SoTA cell (RDKit's) is among the cells the text cuts off (GARBLED).
+    found["RDKit"].add(2)
+    wrong = {name: (PAPER_SOURCES[name].tables, sorted(tables)) for name, tables in found.items()
+             if tables != set(PAPER_SOURCES[name].tables)}
+    assert not wrong, wrong
