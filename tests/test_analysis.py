@@ -118,10 +118,12 @@ def test_runs_written_before_one_numbering_still_read(run_dir):
     """Validations an older version named val-epoch{E}-step{S} (S the same count) read as before, by step."""
     for folder in ("metrics", "predictions"):
         for file in list((run_dir / folder).iterdir()):
-            file.rename(file.with_name(file.name.replace("val-step", "val-step")))
+            file.rename(file.with_name(file.name.replace("val-step", "val-epoch0-step")))
+    assert sorted(p.name for p in (run_dir / "metrics").glob("val-epoch0-step*.json"))  # the old names, really
     run = analysis.load_run(run_dir)
-    assert [(v.name, v.step) for v in run.validations] == [("val-step2", 2), ("val-step10", 10)]
+    assert [(v.name, v.step) for v in run.validations] == [("val-epoch0-step2", 2), ("val-epoch0-step10", 10)]
     assert run.evaluations == {} and len(run.validation("step10").predictions()) == len(RECORDS)
+    assert run.validation("val-epoch0-step2").step == 2
 
 
 def test_metric_table_known_values(run_dir):
