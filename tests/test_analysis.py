@@ -408,9 +408,15 @@ def test_report_on_real_run(real_sweep, capsys):
     assert curves["train/loss"] and curves["train/loss"][-1][1] == run.train_loss
 
 
-def test_report_on_real_sweep(real_sweep, capsys):
+def test_report_on_real_sweep(real_sweep, capsys, monkeypatch):
+    titles = []
+    drawn = analysis.plot_ablation
+    monkeypatch.setattr(analysis, "plot_ablation", lambda data, path, title, **kw: (titles.append(title),
+                                                                                    drawn(data, path, title, **kw))[1])
     written = report_main([str(real_sweep)])
     capsys.readouterr()
+    # every variant validated: the chart says it shows their latest validations (a baseline's: "or test split")
+    assert titles == [f"{real_sweep.name}: variants at their latest validation, 95% intervals"]
     report = real_sweep / "report"
     assert {p.name for p in written} == {"comparison.md", "comparison.csv", "ablation.png", "pairs.md", "pairs.csv"}
     data = analysis.ablation_data(real_sweep)
@@ -597,3 +603,20 @@ def test_a_job_folder_without_params_names_its_model_and_lora(tmp_path, folder, 
     assert (run.model, run.lora) == (model, lora)
     named = Run(path=tmp_path / folder, params={"model": "m", "lora": "l"}, validations=[])
     assert (named.model, named.lora) == ("m", "l")  # params.json, where there is one, says
+
+
+def test_a_markdown_cell_longer_than_its_limit_is_cut_to_the_limit_with_an_ellipsis():
+    from llasmol.analysis.tables import Table
+
+    table = Table(["task", "answer"], [["fs", "C" * 100], ["rs", "C" * 80]])
+    cells = [line.split(" | ")[1].rstrip(" |") for line in table.to_markdown(max_chars=80).splitlines()[-2:]]
+    assert cells == ["C" * 79 + "…", "C" * 80]
+    assert "C" * 100 in table.to_markdown(max_chars=None)
+
+
+def test_a_multirun_folder_that_is_not_there_has_no_jobs(tmp_path):
+    from llasmol.analysis.runs import variant_dirs
+
+    assert variant_dirs(tmp_path / "missing") == []
+    (tmp_path / "file").write_text("")
+    assert variant_dirs(tmp_path / "file") == []

@@ -215,3 +215,10 @@ def test_workers_null_is_one_per_cpu_up_to_eight(copy, tmp_path, monkeypatch, cp
     """Each worker holds its own RDKit and key cache (about 120 MB), so one per CPU stops at 8."""
     monkeypatch.setattr(checks, "available_cpus", lambda: cpus)
     assert audit(copy, tmp_path / "out", "workers=null")["summary"]["workers"] == expected
+
+
+def test_a_reaction_whose_reactants_are_exactly_the_other_sides_is_found(copy, tmp_path):
+    """RS test's reactants (K and water) are all of FS train's, none more: still the same reaction."""
+    add_record(copy, "forward_synthesis", "train", f"{SALICYLIC}.O", SALICYLIC)
+    result = audit(copy, tmp_path / "out")
+    assert ("shared_reaction", "forward_synthesis/train", "retrosynthesis/test", 1, True) in findings(result)

@@ -64,3 +64,13 @@ def test_missing_title_is_no_answer_not_a_crash():
 def test_unknown_rule_set_names_the_choices():
     with pytest.raises(UserError, match="prompting.rules='gpt'.*llama, codellama, mistral, gal, mol"):
         extract_base_answer("gpt", "forward_synthesis", "CCO")
+
+
+def test_a_title_said_twice_is_read_after_its_first_occurrence_unless_the_rule_takes_the_last():
+    from llasmol.metrics.base_extraction import _after
+
+    text = "Product: CCO. Product: CCN"
+    assert _after(text, "Product:") == " CCO. Product: CCN"
+    assert _after(text, "Product:", last=True) == " CCN"
+    assert _after(text, "product:", fold=True) == " CCO. Product: CCN"
+    assert _after(text, "product:") is None  # case-sensitive unless folded

@@ -153,6 +153,8 @@ def test_a_mistyped_method_in_a_sweep_stops_before_the_first_method_runs(tmp_pat
     ("morgan.n_bits=100", "morgan.n_bits=100 must be an integer >= 8 and <= 1048576, a multiple of 8"),
     ("morgan.radius=-1", "morgan.radius=-1 must be an integer >= 0"),
     ("fingerprint.n_estimators=0", "fingerprint.n_estimators=0 must be an integer >= 1"),
+    ("fingerprint.n_estimators=100001", "fingerprint.n_estimators=100001 must be an integer >= 1 and <= 100000"),
+    ("morgan.radius=17", "morgan.radius=17 must be an integer >= 0 and <= 16"),
     ("fingerprint.max_features=half", "fingerprint.max_features='half' must be sqrt, log2, null"),
     ("fingerprint.max_features=1.5", "fingerprint.max_features=1.5 must be sqrt, log2, null"),
     ("nearest_neighbor.max_train_inputs=0", "nearest_neighbor.max_train_inputs=0 must be an integer >= 1"),
@@ -169,9 +171,12 @@ def test_a_bad_setting_of_a_method_is_named_before_any_data_is_read(tmp_path, ov
             check(cfg)
         assert str(err.value).startswith(expected), str(err.value)
     check_method(compose_config([f"paths.output_dir={tmp_path}", f"method={method}"], config_name="baseline"))
+    # the bounds themselves are allowed
+    check_method(compose_config([f"paths.output_dir={tmp_path}", "method=fingerprint", "fingerprint.n_estimators=100000",
+                                 "morgan.radius=16"], config_name="baseline"))
 
 
-def test_a_report_over_a_run_and_two_baselines_has_a_row_for_each(tmp_path, capsys):
+def test_a_report_over_a_run_and_two_baselines_has_a_row_for_each(tmp_path, capsys, monkeypatch):
     import csv
 
     from test_analysis import write_run
@@ -183,9 +188,15 @@ def test_a_report_over_a_run_and_two_baselines_has_a_row_for_each(tmp_path, caps
     rdkit = run_method(sweep / "1_rdkit", "method=rdkit")
     forest = run_method(sweep / "2_fingerprint", "method=fingerprint",
                         "data.tasks=[property_prediction-esol,property_prediction-bbbp]")
+    from llasmol import analysis
+
+    titles, drawn = [], analysis.plot_ablation
+    monkeypatch.setattr(analysis, "plot_ablation", lambda data, path, title, **kw: (titles.append(title),
+                                                                                    drawn(data, path, title, **kw))[1])
     written = report_main([str(sweep)])
     capsys.readouterr()
     assert {p.name for p in written} == {"comparison.md", "comparison.csv", "ablation.png", "pairs.md", "pairs.csv"}
+    assert titles == ["sweep: variants at their latest validation (or test split), 95% intervals"]  # baselines: test
     # Paired only where two rows scored the same samples: the two baselines share no task, the run validated.
     assert "No two runs share scored samples" in (sweep / "report" / "pairs.md").read_text()
     rows = {r["variant"]: r for r in csv.DictReader((sweep / "report" / "comparison.csv").open())}

@@ -862,3 +862,31 @@ def test_a_run_config_of_up_to_a_million_bytes_is_read_and_one_byte_more_is_refu
     path.write_text("x: " + "a" * (1_000_001 - 4) + "\n")
     with pytest.raises(UserError, match=r"is 1,000,001 bytes, far more than llasmol.train writes"):
         read_run_config(path)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_generation_stops_on_ctrl_c_or_sigterm_even_where_the_shell_ignored_them(signum):
+    """A background job starts with SIGINT ignored; inside the stoppable part both signals raise, and the
+    handlers before it are back after it."""
+    from llasmol.evaluate import _stoppable, _Terminated
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt if signum == signal.SIGINT else _Terminated):
+            with _stoppable():
+                signal.raise_signal(signum)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN and signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def test_beam_search_pads_with_the_pad_token_or_else_the_end_of_sequence_token():
+    from types import SimpleNamespace
+
+    from llasmol.inference.beam_search import BeamGenerator
+
+    assert BeamGenerator(None, SimpleNamespace(pad_token_id=0, eos_token_id=2), None).pad_id == 0  # 0 is a real id
+    assert BeamGenerator(None, SimpleNamespace(pad_token_id=None, eos_token_id=2), None).pad_id == 2

@@ -292,3 +292,21 @@ def test_train_log_names_the_first_validation_of_the_best_loss_as_best(caplog):
                     "validation at step 4: val/loss 3.2500 (best 3.2500 at step 4)",
                     "validation at step 6: val/loss 3.2500 (best 3.2500 at step 4)",
                     "validation at step 8: val/loss 3.7500 (best 3.2500 at step 4)"]
+
+
+def test_a_base_out_of_reach_names_why_the_hub_could_not_be_asked(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from llasmol.core import offline
+    from llasmol.model.base import _local_only
+
+    monkeypatch.setattr(offline, "cached_on_disk", lambda *args, **kwargs: False)
+    cfg = OmegaConf.create({"hf_id": "mistralai/Mistral-7B-v0.1", "path": None})
+    for reason in ("HF_HUB_OFFLINE is set", "huggingface.co unreachable: Network is unreachable"):
+        monkeypatch.setattr(offline, "hub_unreachable", lambda reason=reason: reason)
+        with pytest.raises(UserError) as err:
+            _local_only(cfg, "base weights")
+        assert str(err.value).startswith("base weights of mistralai/Mistral-7B-v0.1 are not available offline (not in "
+                                         f"the Hugging Face cache and no model.path; {reason}): run `hf download ")
+    monkeypatch.setattr(offline, "hub_unreachable", lambda: None)
+    assert _local_only(cfg, "base weights") is False  # the Hub may be asked
