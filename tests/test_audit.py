@@ -222,3 +222,17 @@ def test_a_reaction_whose_reactants_are_exactly_the_other_sides_is_found(copy, t
     add_record(copy, "forward_synthesis", "train", f"{SALICYLIC}.O", SALICYLIC)
     result = audit(copy, tmp_path / "out")
     assert ("shared_reaction", "forward_synthesis/train", "retrosynthesis/test", 1, True) in findings(result)
+
+
+def test_the_command_refuses_a_run_folder_it_cannot_make_before_hydra_starts(tmp_path):
+    """A run folder under a regular file cannot be made (even by root): one line, exit 2, nothing written."""
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("a file, not a folder\n")
+    proc = subprocess.run([sys.executable, "-m", "llasmol.audit", f"hydra.run.dir={blocker / 'run'}"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=HANG_TIMEOUT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {blocker} is not writable by this user, so the run folder {blocker / 'run'} cannot be written there: "
+        "give the run a writable folder with hydra.run.dir=<folder> (or run from a writable directory)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

@@ -477,3 +477,34 @@ def test_a_split_closes_the_raw_files_it_opened_and_reopens_them_when_read_again
     assert not any(fh.closed for fh in inherited) and split._handles == {}
     for fh in inherited:
         fh.close()
+
+
+@pytest.mark.parametrize("loader_first", [False, True])
+def test_the_training_data_position_restored_before_or_after_the_loader_is_built_continues_the_epoch(
+        tokenizer, smol_root, loader_first):
+    """Lightning restores the DataModule's state before it builds the train loader on a resume (the position
+    waits for the loader); restored into a DataModule whose loader exists, it applies at once."""
+    def batches(loader, n):
+        it = iter(loader)
+        return [next(it)["input_ids"].tolist() for _ in range(n)]
+
+    kw = dict(tasks=["name_conversion-s2f"], micro_batch_size=2, effective_batch_size=2)
+    first = make_dm(tokenizer, smol_root, **kw)
+    first.setup("fit")
+    loader = first.train_dataloader()
+    whole = batches(loader, 5)
+    loader = first.train_dataloader()
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = first.state_dict()
+    assert state and "train_position" in state
+    resumed = make_dm(tokenizer, smol_root, **kw)
+    resumed.setup("fit")
+    if loader_first:
+        restored = resumed.train_dataloader()
+        resumed.load_state_dict(state)
+    else:
+        resumed.load_state_dict(state)
+        restored = resumed.train_dataloader()
+    assert batches(restored, 2) == whole[3:5]
