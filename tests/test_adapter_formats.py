@@ -194,3 +194,18 @@ def test_a_merged_adapter_generates_as_the_separate_one(cfg, twins):
     assert compose_config([], "evaluate").merge_adapter is True and compose_config([], "generate").merge_adapter is True
     with pytest.raises(UserError, match="merge_adapter='maybe' must be true or false"):
         load_model(cfg.model, str(new), merge="maybe")
+
+
+def test_the_model_card_of_a_real_base_names_it_and_shows_how_to_load_it_with_peft():
+    from llasmol.model.adapters import adapter_card
+
+    facts = {"base": "mistralai/Mistral-7B-v0.1", "model": "mistral", "tiny": False,
+             "lora": {"name": "full", "r": 16, "alpha": 16, "dropout": 0.05, "targets": ["q_proj", "v_proj"]},
+             "params": {"trainable": 41_943_040, "total": 7_283_675_136, "percent": 0.58},
+             "data": "osunlp/SMolInstruct at revision v1.0.0", "tasks": ["forward_synthesis"], "recipe": "AdamW8bit"}
+    card = adapter_card(facts, {"val/loss": 0.5}, 800)
+    assert "base_model: mistralai/Mistral-7B-v0.1" in card and "datasets: [osunlp/SMolInstruct]" in card
+    assert "LoRA adapter for `mistralai/Mistral-7B-v0.1`" in card and "random weights" not in card
+    assert 'base = AutoModelForCausalLM.from_pretrained("mistralai/Mistral-7B-v0.1", torch_dtype="bfloat16")' in card
+    tiny = adapter_card({**facts, "tiny": True}, {}, 800)
+    assert "PeftModel" not in tiny and "base_model:" not in tiny and "random weights" in tiny

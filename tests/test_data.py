@@ -508,3 +508,14 @@ def test_the_training_data_position_restored_before_or_after_the_loader_is_built
         resumed.load_state_dict(state)
         restored = resumed.train_dataloader()
     assert batches(restored, 2) == whole[3:5]
+
+
+def test_each_process_of_a_launch_reads_its_own_share_of_the_data(tokenizer, smol_root):
+    from types import SimpleNamespace
+
+    dm = make_dm(tokenizer, smol_root, tasks=["name_conversion-s2f"], micro_batch_size=2, effective_batch_size=4)
+    dm.setup("fit")
+    alone = dm.train_dataloader().sampler
+    dm.trainer = SimpleNamespace(global_rank=1, world_size=2)  # what Lightning attaches under DDP
+    second = dm.train_dataloader().sampler
+    assert (second.rank, second.world_size) == (1, 2) and len(second) * 2 >= len(alone) >= len(second)

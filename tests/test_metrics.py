@@ -630,3 +630,11 @@ def test_a_number_answer_of_up_to_1000_characters_is_read_and_a_longer_one_is_no
     assert parse_number("0" * 1000 + "7") is None  # bounded before float() sees it
     assert parse_number(" \u22122.5 ") == -2.5  # a typographic minus, spaces around
     assert parse_number("1e400") is None and parse_number("nan") is None
+
+
+def test_a_formula_of_up_to_1000_characters_is_read_by_both_forms_and_a_longer_one_by_neither():
+    from llasmol.metrics.formula import parse_formula_official
+
+    for parse in (parse_formula, parse_formula_official):
+        at_bound, over = "CH4" * 333 + "O", "CH4" * 333 + "O2"  # 1000 and 1001 characters
+        assert parse(at_bound) is not None and parse(over) is None, parse

@@ -187,3 +187,8 @@ def test_bleu_applies_the_brevity_penalty_of_the_closest_reference():
     # of two references the closer length counts (2 is 3 away, 10 is 5): longer than it, no penalty
     both = textmod.bleu_stats(references, hypothesis)
     assert both["bleu_ref_len"] == 2 and textmod.bleu_from_stats(both, 2) == pytest.approx(1.0)
+
+
+def test_rouge_compares_words_as_written_without_stemming():
+    """The official scorer's RougeScorer(use_stemmer=False): "cats" and "cat" are two words."""
+    assert textmod.rouge(["the cats are running"], "the cat is run")["rouge1"] == pytest.approx(0.25)
