@@ -737,11 +737,15 @@ def _evaluate_into(folder: Path, run_dir: Path, extra=()) -> dict:
     return evaluate(compose_config([f"paths.output_dir={folder}", f"ckpt={run_dir}", *EVAL_SMALL, *extra], "evaluate"))
 
 
-def test_a_stopped_evaluation_continues_to_the_uninterrupted_result(run_dir, tmp_path, monkeypatch):
+def test_a_stopped_evaluation_continues_to_the_uninterrupted_result(run_dir, tmp_path, monkeypatch, caplog):
+    import logging
+
     from llasmol.evaluate import Stopped
     from llasmol.inference.partial import PartialPredictions
 
+    caplog.set_level(logging.INFO)
     _evaluate_into(tmp_path / "whole", run_dir)
+    assert not [r for r in caplog.records if "continuing the stopped evaluation" in r.getMessage()]
     append, calls = PartialPredictions.append, []
 
     def append_then_stop(self, records):  # Ctrl-C arriving after the third batch was kept
@@ -764,8 +768,11 @@ def test_a_stopped_evaluation_continues_to_the_uninterrupted_result(run_dir, tmp
     answered = []
     monkeypatch.setattr(PartialPredictions, "append", lambda self, records: (answered.extend(records),
                                                                              append(self, records)))
+    caplog.clear()
     _evaluate_into(tmp_path / "parts", run_dir)
     assert len(answered) == 33 - sum(calls)  # only what the stopped run had not answered
+    assert [r.getMessage() for r in caplog.records if "continuing" in r.getMessage()] == [
+        f"continuing the stopped evaluation in {partial}: {sum(calls)} of 33 samples answered"]
     for name in ("predictions/test.jsonl", "metrics/test.json", "metrics/test.intervals.json"):
         assert (tmp_path / "parts" / name).read_text() == (tmp_path / "whole" / name).read_text(), name
     assert not partial.exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -383,10 +384,11 @@ def test_checkpoints_are_written_through_a_rename_in_their_own_folder(tmp_path, 
     assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]  # no temporary left behind
 
 
-def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypatch):
+def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypatch, caplog):
     from llasmol.finetune.checkpointing import AtomicCheckpointIO
     from llasmol.train import train
 
+    caplog.set_level(logging.INFO)
     written = []
     original = AtomicCheckpointIO.save_checkpoint
     monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint",
@@ -397,6 +399,10 @@ def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypa
                                "data.max_samples_per_task={validation:2}"))
     # last.ckpt once (the resume checkpoint's, at the last step), the best checkpoint once (its validation).
     assert written.count("last.ckpt") == 1 and len([name for name in written if name.startswith("step")]) == 1, written
+    # What train.log says of the run's shape: the threads and how they wait, the batch arithmetic.
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("CPU: ") and "intra-op thread(s), OpenMP threads wait passive" in m for m in said), said
+    assert any(m.startswith("effective batch ") and m.endswith("× 1 process(es)") for m in said), said
     # The run ended by max_steps in its first epoch: last.ckpt is saved at the end of that step, with the
     # epoch still open, so a resume to a higher max_steps trains on through the rest of the epoch's data (saved
     # once Lightning has ended fit, it would count the epoch as done and skip the rest).
