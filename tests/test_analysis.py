@@ -620,3 +620,23 @@ def test_a_multirun_folder_that_is_not_there_has_no_jobs(tmp_path):
     assert variant_dirs(tmp_path / "missing") == []
     (tmp_path / "file").write_text("")
     assert variant_dirs(tmp_path / "file") == []
+
+
+def test_the_ablation_chart_draws_each_bars_interval_and_none_for_a_missing_value():
+    from llasmol.analysis.plots import plot_ablation
+
+    data = {"val/loss": {"lite": 3.0, "full": 2.0}, "forward_synthesis/exact_match": {"lite": 0.25, "full": None}}
+    intervals = {"val/loss": {"lite": [2.5, 3.25], "full": [1.75, 2.5]},
+                 "forward_synthesis/exact_match": {"lite": [0.1, 0.5], "full": [0.0, 0.2]}}
+    fig = plot_ablation(data, intervals=intervals)
+    spans = {}
+    for ax in fig.axes:
+        for bars in ax.containers:
+            if getattr(bars, "errorbar", None) is not None:
+                segments = bars.errorbar.lines[2][0].get_segments()
+                spans[(ax.get_ylabel().split(" (")[0], bars.get_label())] = [
+                    (round(float(s[0][1]), 3), round(float(s[1][1]), 3)) for s in segments if len(s)]
+    assert spans[("loss, nats/token", "lite")] == [(2.5, 3.25)]
+    assert spans[("loss, nats/token", "full")] == [(1.75, 2.5)]
+    assert spans[("headline metric", "lite")] == [(0.1, 0.5)]
+    assert spans[("headline metric", "full")] == []  # no value, no interval drawn

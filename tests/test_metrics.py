@@ -638,3 +638,14 @@ def test_a_formula_of_up_to_1000_characters_is_read_by_both_forms_and_a_longer_o
     for parse in (parse_formula, parse_formula_official):
         at_bound, over = "CH4" * 333 + "O", "CH4" * 333 + "O2"  # 1000 and 1001 characters
         assert parse(at_bound) is not None and parse(over) is None, parse
+
+
+def test_the_ring_bound_admits_40_ring_closures_and_refuses_41():
+    """Closures are bonds - atoms + 1 a molecule: 40 cyclopropanes in a chain have 40 (and 120 atoms)."""
+    from llasmol.metrics.molecules import MAX_RING_CLOSURES, too_complex
+
+    assert MAX_RING_CLOSURES == 40
+    rings = lambda n: "C1CC1" * n  # noqa: E731
+    assert not too_complex(rings(40)) and too_complex(rings(41))
+    assert not too_complex(".".join([rings(20), rings(20)]))  # counted per molecule, summed
+    assert too_complex(".".join([rings(20), rings(21)]))
