@@ -29,7 +29,10 @@ A mutant is written into its module as a change of the mutated node's own text, 
 the file stay as they are (tests read some of them), and it is checked to parse to the mutated syntax tree.
 
 The first recorded run (`--seed 0`, bench/results/mutation.md) covered only the scoring, data and
-file-writing modules, with a hand-made map of test files; its files are kept as they were.
+file-writing modules, with a hand-made map of test files; its files are kept as they were. The whole-package
+runs: `--seed 1` (bench/results/mutation-package/), then `--seed 2` (bench/results/mutation-package-seed2/)
+drawn with the mutants of every earlier run left out, and a sample of the newest code's lines
+(bench/results/mutation-newest-code/).
 The map kept by `--map` is brought up to date by measuring only the test files changed since it was made
 (a change in the package itself measures everything again). Run outside CI: it is slow (the map about 18
 minutes, then some 30 s per mutant on 2 cores).
