@@ -330,6 +330,16 @@ def test_a_stopped_multirun_says_how_to_run_the_jobs_that_had_not_started(tmp_pa
         f"lora=ffn,full 'data.max_samples_per_task={{train:8}}' hydra.sweep.dir={sweep} first_job=2"]
     summary._said_if_stopped()
     assert capsys.readouterr().err == ""  # said once
+    # Stopped between two jobs (job 0 done, job 1 not started): nothing to continue, the rest to run.
+    summary = SweepSummary()
+    summary.on_multirun_start(config())
+    summary.on_job_start(config(0))
+    summary.on_job_end(config(0))
+    summary._said_if_stopped()
+    assert capsys.readouterr().err.splitlines() == [
+        "multirun stopped after job 0",
+        "  the jobs that had not started run into the same folder with: python -m llasmol.train --multirun "
+        f"lora=attn,ffn,full 'data.max_samples_per_task={{train:8}}' hydra.sweep.dir={sweep} first_job=1"]
     # A baseline keeps nothing of a stopped job: it runs again with the rest.
     summary = SweepSummary()
     summary.on_multirun_start(config(task="baseline"))

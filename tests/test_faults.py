@@ -394,11 +394,12 @@ def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypa
     monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint",
                         lambda self, ckpt, path, storage_options=None: (written.append(Path(path).name),
                                                                          original(self, ckpt, path))[1])
-    result = train(cfg_factory("trainer.max_steps=2", "val_every_n_steps=2", "trainer.enable_progress_bar=false",
+    result = train(cfg_factory("trainer.max_steps=3", "val_every_n_steps=3", "trainer.enable_progress_bar=false",
+                               "checkpoint_every_n_steps=2",
                                "callbacks.generation_evaluator.samples_per_task=1", "generation.max_new_tokens_limit=2",
                                "data.max_samples_per_task={validation:2}"))
-    # last.ckpt once (the resume checkpoint's, at the last step), the best checkpoint once (its validation).
-    assert written.count("last.ckpt") == 1 and len([name for name in written if name.startswith("step")]) == 1, written
+    # last.ckpt every checkpoint_every_n_steps (2) and at the last step (3), the best checkpoint once (its validation).
+    assert written.count("last.ckpt") == 2 and len([name for name in written if name.startswith("step")]) == 1, written
     # What train.log says of the run's shape: the threads and how they wait, the batch arithmetic.
     said = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("CPU: ") and "intra-op thread(s), OpenMP threads wait passive" in m for m in said), said
@@ -407,16 +408,16 @@ def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypa
     # epoch still open, so a resume to a higher max_steps trains on through the rest of the epoch's data (saved
     # once Lightning has ended fit, it would count the epoch as done and skip the rest).
     ckpt = torch.load(Path(result["output_dir"]) / "checkpoints" / "last.ckpt", weights_only=True)
-    assert ckpt["global_step"] == 2
+    assert ckpt["global_step"] == 3
     assert ckpt["loops"]["fit_loop"]["epoch_progress"]["current"]["completed"] == 0
     # Each adapter's model card says how it was made; a validation's numbers only on the checkpoint saved after
     # that validation (the best one), not on last.adapter, saved at the step's end before it.
     checkpoints = Path(result["output_dir"]) / "checkpoints"
     last_card = (checkpoints / "last.adapter" / "README.md").read_text()
-    assert "# tiny + LoRA `full` on SMolInstruct" in last_card and "optimizer step 2" in last_card
+    assert "# tiny + LoRA `full` on SMolInstruct" in last_card and "optimizer step 3" in last_card
     assert "Validation at this step" not in last_card
-    best_card = (next(checkpoints.glob("step2-*.adapter")) / "README.md").read_text()
-    assert "optimizer step 2" in best_card and "| val/loss |" in best_card
+    best_card = (next(checkpoints.glob("step3-*.adapter")) / "README.md").read_text()
+    assert "optimizer step 3" in best_card and "| val/loss |" in best_card
 
 
 def test_an_adapter_save_stopped_between_its_renames_leaves_the_previous_one_readable(tmp_path, monkeypatch):

@@ -142,6 +142,7 @@ def test_every_field_of_the_schemas_is_a_setting_some_config_holds():
     ("train", 'trainer.devices="2"', None),
     ("train", 'trainer.devices="0,1"', None),
     ("train", "trainer.devices=[0,2]", None),  # GPU ids: 0 is the first
+    ("train", 'trainer.devices="gpu"', "trainer.devices='gpu' must be auto, a count or ids"),
     ("train", "trainer.devices=[0,-1]", "trainer.devices=[0, -1] must list device ids >= 0"),
     ("train", "+trainer.limit_train_batches=0.25", None),
 ])

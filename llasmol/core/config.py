@@ -145,7 +145,8 @@ class SweepSummary(Callback):
             lines.append(f"the jobs that had not {'started' if done == sweep['started'] else 'finished'} run into "
                          f"the same folder with: {rest}")
         if lines:
-            print(f"multirun stopped in job {sweep['first_job'] + max(sweep['started'], 0)}",
+            where = "after" if job and sweep["job_ended"] else "in"  # between two jobs: after the one that ended
+            print(f"multirun stopped {where} job {sweep['first_job'] + max(sweep['started'], 0)}",
                   *(f"  {line}" for line in lines), sep="\n", file=sys.stderr, flush=True)
 
 
