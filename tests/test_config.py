@@ -309,9 +309,9 @@ def test_a_stopped_multirun_says_how_to_run_the_jobs_that_had_not_started(tmp_pa
     basic = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
     given = ["lora=lite,attn,ffn,full", "data.max_samples_per_task={train:8}"]
 
-    def config(num=None, task="train", launcher=basic):
+    def config(num=None, task="train", launcher=basic, first_job=0):
         lora = None if num is None else ["lite", "attn", "ffn", "full"][num]
-        return OmegaConf.create({"task_name": task, "first_job": 0, "hydra": {
+        return OmegaConf.create({"task_name": task, "first_job": first_job, "hydra": {
             "launcher": {"_target_": launcher}, "sweep": {"dir": str(sweep)}, "job": {"num": num},
             "runtime": {"output_dir": str(sweep / f"{num}_tiny_{lora}")},
             "overrides": {"task": given if num is None else [f"lora={lora}", given[1]]}}})
@@ -330,6 +330,13 @@ def test_a_stopped_multirun_says_how_to_run_the_jobs_that_had_not_started(tmp_pa
         f"lora=ffn,full 'data.max_samples_per_task={{train:8}}' hydra.sweep.dir={sweep} first_job=2"]
     summary._said_if_stopped()
     assert capsys.readouterr().err == ""  # said once
+    # A continued sweep (first_job=2) numbers its jobs on: stopped in its first, that is job 2.
+    summary = SweepSummary()
+    summary.on_multirun_start(config(first_job=2))
+    summary.on_job_start(config(0))
+    summary._said_if_stopped()
+    said = capsys.readouterr().err.splitlines()
+    assert said[0] == "multirun stopped in job 2" and said[-1].endswith(f"hydra.sweep.dir={sweep} first_job=3")
     # Stopped between two jobs (job 0 done, job 1 not started): nothing to continue, the rest to run.
     summary = SweepSummary()
     summary.on_multirun_start(config())

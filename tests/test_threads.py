@@ -80,11 +80,29 @@ def test_a_set_count_and_a_launchers_count():
 
 
 @pytest.mark.parametrize("override,named", [("cpu.threads=0", "cpu.threads=0"), ("cpu.threads=-2", "cpu.threads=-2"),
+                                            ("cpu.threads=1025", "cpu.threads=1025 must be an integer >= 1 and <= 1024"),
                                             ("cpu.wait_policy=spin", "cpu.wait_policy='spin'")])
 @pytest.mark.parametrize("command", ["train", "evaluate", "generate"])
 def test_a_bad_cpu_setting_is_one_line(command, override, named):
     with pytest.raises(UserError, match=named.replace(".", r"\.")):
         check_config(compose_config([override], command))
+    check_config(compose_config(["cpu.threads=1024"], command))  # the bound itself is allowed
+
+
+def test_generate_applies_the_thread_count_before_it_answers():
+    import torch
+
+    from llasmol.generate import generate
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        cfg = compose_config(["cpu.threads=1", "ckpt=none", "generation.max_new_tokens_limit=2",
+                              "task=forward_synthesis"], "generate")
+        assert len(generate(cfg, "<SMILES> CCO </SMILES>")) >= 1
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("env", [{}, {"RANK": "1"}, {"LOCAL_RANK": "2", "SLURM_PROCID": "5"}, {"SLURM_PROCID": "3"},
