@@ -182,6 +182,11 @@ NOT_KILLED: dict[str, str] = {
     "llasmol/analysis/plots.py:252:11:compare:1":
         "the legend under a molecule pair of the worst-examples grid is drawn into the PNG; no test reads the "
         "picture's text",
+    # The newest-code sample (--since 3f15bf1 --seed 4, bench/results/mutation-newest-code/).
+    "llasmol/generate.py:54:4:statement:1":
+        "generate's known-noise filters: warning filters are process-wide, so in the test process an earlier "
+        "command has set them already; the noise they hide (a transformers deprecation on PEFT models) shows "
+        "only in a fresh process generating with an adapter (the slow CLI test, which does not read stderr for it)",
 }
 
 _SWAP_COMPARE = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,

@@ -117,3 +117,23 @@ def test_the_rank_read_before_lightning_loads_is_lightnings(monkeypatch, env):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert process_rank() == (_get_rank() or 0)
+
+
+def test_a_wait_policy_asked_after_torch_loaded_is_said_not_applied(monkeypatch, caplog):
+    """In a notebook (torch loaded already) only the thread count can still change; the log says so."""
+    import logging
+
+    import torch
+
+    from llasmol.core.threads import use_cpu_threads
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    caplog.set_level(logging.DEBUG, logger="llasmol.core.threads")
+    try:
+        assert use_cpu_threads({"threads": 1, "wait_policy": "active"}) == 1
+    finally:
+        torch.set_num_threads(before)
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"  # not changed: OpenMP read it already
+    assert [r.getMessage() for r in caplog.records] == [
+        "cpu.wait_policy=active not applied: torch was loaded before the command started"]
