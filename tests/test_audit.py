@@ -236,3 +236,11 @@ def test_the_command_refuses_a_run_folder_it_cannot_make_before_hydra_starts(tmp
         f"error: {blocker} is a file, so the run folder {blocker / 'run'} cannot be made there: give the run a folder "
         "with hydra.run.dir=<folder>"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_a_reaction_in_train_rs_whose_reactants_are_exactly_test_fs_ones_is_found(copy, tmp_path):
+    """The other direction: RS train has FS test's reaction backwards, its reactants all of FS test's."""
+    add_record(copy, "forward_synthesis", "test", "CCO.CC(=O)O", "CCOC(C)=O")
+    add_record(copy, "retrosynthesis", "train", "O=C(OCC)C", "OCC.OC(C)=O")  # the same molecules, spelled otherwise
+    result = audit(copy, tmp_path / "out")
+    assert ("shared_reaction", "retrosynthesis/train", "forward_synthesis/test", 1, True) in findings(result)
