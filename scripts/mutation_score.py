@@ -142,6 +142,10 @@ EQUIVALENT: dict[str, str] = {
     "llasmol/leakage/checks.py:255:45:constant:1":
         "cancel_futures when the audit's pool shuts down: after a clean scan nothing is queued; after an error "
         "the queued chunks finish before the error shows (time only)",
+    "llasmol/leakage/checks.py:152:27:compare:1":
+        "a shared reaction whose reactants equal the other sample's exactly: a field's key is a function of its "
+        "parts, so equal parts mean equal keys and the lookup of the line above finds the same pair "
+        "(tests/test_audit.py, both directions)",
     "llasmol/train.py:47:40:constant:1":
         "seed_everything(workers=...) seeds each DataLoader worker's RNGs: nothing random runs in a worker "
         "(the sampler shuffles with its own seeded generator in the main process; data.num_workers is 0 by default)",
