@@ -158,7 +158,7 @@ MOVED: dict[str, str] = {
     # The whole-package run's survivors in modules changed since (the same text elsewhere in the module too).
     "llasmol/core/schema.py:277:37:constant:1": "llasmol/core/schema.py:281:37:constant:1",
     "llasmol/core/schema.py:516:43:compare:1": "llasmol/core/schema.py:523:43:compare:1",
-    "llasmol/core/config.py:214:60:constant:1": "llasmol/core/config.py:325:60:constant:1",
+    "llasmol/core/config.py:214:60:constant:1": "llasmol/core/config.py:327:60:constant:1",
 }
 
 # Survivors still not killed that are not equivalent either, with why no test kills them.
@@ -167,10 +167,6 @@ NOT_KILLED: dict[str, str] = {
         "the index dtype switches to int64 at 3**31 instead of 2**31 samples: wrong only for splits of over "
         "2.1 billion samples (SMolInstruct has 3.3 million); a test would need an 8 GiB index",
     # The whole-package run (--seed 1).
-    "llasmol/core/config.py:214:60:constant:1":
-        "check_command_line's run_folder default: generate (the one caller relying on it) would then refuse "
-        "a read-only or full working directory it never writes to; the fast suite has neither (the slow "
-        "tests make them with a mount)",
     "llasmol/finetune/resume.py:186:27:binop:1":
         "the W&B id file is written only by runs with a W&B logger, which start W&B (seconds): the slow "
         "W&B resume tests (tests/test_tracking.py) fail on it, no fast test does",
@@ -673,6 +669,10 @@ def _find_again(ids: list[str], everything: list[Candidate], recorded_file: Path
     chosen = []
     for mutant_id in ids:
         found = by_id.get(MOVED.get(mutant_id, mutant_id))
+        if found is not None and mutant_id in recorded and (found.mutant.operator, found.mutant.before,
+                                                            found.mutant.after) != (
+                recorded[mutant_id]["operator"], recorded[mutant_id]["before"], recorded[mutant_id]["after"]):
+            found = None  # the id now names another change (lines moved): find the recorded one by its text
         if found is None and mutant_id in recorded:
             r = recorded[mutant_id]
             same = [c for c in everything if (c.mutant.module, c.mutant.operator, c.mutant.before, c.mutant.after)
