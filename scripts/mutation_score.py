@@ -623,7 +623,8 @@ def _report(recorded: dict, rerun: dict[str, dict] | None = None) -> str:
 
 def _tree_commit() -> str:
     """The commit the run's copy was taken from, and whether the package or tests differed from it."""
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "llasmol", "tests"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
     return head + (" (with uncommitted changes)" if dirty else "")

@@ -233,8 +233,8 @@ def test_the_command_refuses_a_run_folder_it_cannot_make_before_hydra_starts(tmp
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [
-        f"error: {blocker} is a file, so the run folder {blocker / 'run'} cannot be made there: give the run a folder "
-        "with hydra.run.dir=<folder>"]
+        f"error: {blocker} is not a folder, so the run folder {blocker / 'run'} cannot be made there: give the run a "
+        "folder with hydra.run.dir=<folder>"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 

@@ -308,7 +308,7 @@ def check_writable(folder: Path) -> None:
     while not existing.exists() and existing.parent != existing:
         existing = existing.parent
     if not existing.is_dir():  # hydra.run.dir=notes.txt/run: no folder can be made under a file
-        raise UserError(f"{existing} is a file, so the run folder {folder} cannot be made there: give the run a "
+        raise UserError(f"{existing} is not a folder, so the run folder {folder} cannot be made there: give the run a "
                         "folder with hydra.run.dir=<folder>")
     if not os.access(existing, os.W_OK | os.X_OK):
         read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
