@@ -34,7 +34,7 @@ runs: `--seed 1` (bench/results/mutation-package/), then `--seed 2` (bench/resul
 drawn with the mutants of every earlier run left out, and a sample of the newest code's lines
 (bench/results/mutation-newest-code/).
 The map kept by `--map` is brought up to date by measuring only the test files changed since it was made
-(a change in the package itself measures everything again). Run outside CI: it is slow (the map about 18
+(a change in the package itself measures everything again). Run outside CI: it is slow (the map 10-18
 minutes, then some 30 s per mutant on 2 cores).
 """
 
