@@ -143,6 +143,11 @@ def test_every_field_of_the_schemas_is_a_setting_some_config_holds():
     ("train", 'trainer.devices="0,1"', None),
     ("train", "trainer.devices=[0,2]", None),  # GPU ids: 0 is the first
     ("train", 'trainer.devices="gpu"', "trainer.devices='gpu' must be auto, a count or ids"),
+    # The two size bounds every length and count shares: 2^20 tokens, 2^30 steps or samples (each allowed itself).
+    ("train", "data.max_length=1048577", "data.max_length=1048577 must be an integer >= 16 and <= 1048576"),
+    ("train", "data.max_length=1048576", None),
+    ("train", "trainer.max_steps=1073741825", "trainer.max_steps=1073741825 must be an integer >= 1 and <= 1073741824"),
+    ("train", "trainer.max_steps=1073741824", None),
     ("train", "trainer.devices=[0,-1]", "trainer.devices=[0, -1] must list device ids >= 0"),
     ("train", "+trainer.limit_train_batches=0.25", None),
 ])
