@@ -31,8 +31,8 @@ the file stay as they are (tests read some of them), and it is checked to parse 
 The first recorded run (`--seed 0`, bench/results/mutation.md) covered only the scoring, data and
 file-writing modules, with a hand-made map of test files; its files are kept as they were. The whole-package
 runs: `--seed 1` (bench/results/mutation-package/), then `--seed 2` (bench/results/mutation-package-seed2/)
-drawn with the mutants of every earlier run left out, and a sample of the newest code's lines
-(bench/results/mutation-newest-code/).
+and `--seed 5` (bench/results/mutation-package-seed5/), each drawn with the mutants of every earlier run left
+out, and a sample of the newest code's lines (bench/results/mutation-newest-code/).
 The map kept by `--map` is brought up to date by measuring only the test files changed since it was made
 (a change in the package itself measures everything again). Run outside CI: it is slow (the map 10-18
 minutes, then some 30 s per mutant on 2 cores).
@@ -146,6 +146,9 @@ EQUIVALENT: dict[str, str] = {
         "a shared reaction whose reactants equal the other sample's exactly: a field's key is a function of its "
         "parts, so equal parts mean equal keys and the lookup of the line above finds the same pair "
         "(tests/test_audit.py, both directions)",
+    # The second held-out run (--seed 5, bench/results/mutation-package-seed5/, on the tree of cd021ff).
+    "llasmol/metrics/text.py:193:60:constant:1":
+        "rmtree of a stale WordNet folder that exists (the rename just failed on it): there is no error to ignore",
     "llasmol/train.py:47:40:constant:1":
         "seed_everything(workers=...) seeds each DataLoader worker's RNGs: nothing random runs in a worker "
         "(the sampler shuffles with its own seeded generator in the main process; data.num_workers is 0 by default)",
@@ -182,6 +185,57 @@ NOT_KILLED: dict[str, str] = {
     "llasmol/analysis/plots.py:252:11:compare:1":
         "the legend under a molecule pair of the worst-examples grid is drawn into the PNG; no test reads the "
         "picture's text",
+    # The second held-out run (--seed 5): read, no test written yet; why no fast test fails.
+    "llasmol/finetune/checkpointing.py:88:12:statement:1":
+        "a replaced best checkpoint's adapter folder stays: no fast run validates twice with a better second loss",
+    "llasmol/finetune/lightning_private.py:112:8:statement:1":
+        "as checkpointing.py:88: the hook that removes a replaced checkpoint's adapter",
+    "llasmol/leakage/audit_report.py:118:4:statement:1":
+        "the audit's closing 'passed: no leakage' / 'failed: N finding(s)' line: the tests read the counts and "
+        "the exit status, not this line",
+    "llasmol/analysis/plots.py:251:23:condition:1":
+        "as plots.py:252 (seed 2): the text under a molecule pair, drawn into the PNG only",
+    "llasmol/analysis/plots.py:206:66:constant:1": "the size of the error bars' caps, a drawing detail",
+    "llasmol/analysis/plots.py:145:8:statement:1":
+        "the 'no validation' note on an empty trends chart: no test draws a run without any validation",
+    "llasmol/finetune/module.py:120:63:constant:1":
+        "the example key in the one-line error of a checkpoint of another LoRA variant: only the slow resume "
+        "test resumes another variant",
+    "llasmol/finetune/checkpointing.py:106:71:constant:1":
+        "an exception without the step-boundary mark would save interrupted.ckpt: only a signal stopping a real "
+        "fit gets there (slow tests)",
+    "llasmol/finetune/fit.py:49:4:statement:1":
+        "the log line of the last step's extra validation: the fast runs end on a validation step",
+    "llasmol/analysis/compare.py:37:19:boolop:1":
+        "(task, metric) columns repeated when several runs share a task: no fast test compares runs through "
+        "this table with a task of no headline metric set aside",
+    "llasmol/core/config.py:272:4:return:1":
+        "the first line of a Hydra error of no known kind: every fast test's mistake is of a known kind",
+    "llasmol/baseline.py:57:8:statement:1":
+        "baseline's check that output= is no FIFO or device: no fast baseline test writes to output=",
+    "llasmol/data/sampler.py:68:84:constant:1":
+        "int32 indices up to 2^32 samples instead of 2^31: wrong only for splits of over 2.1 billion samples; a "
+        "test would need an 8 GiB index",
+    "llasmol/data/sampler.py:44:28:constant:1":
+        "the length-grouping window (64 micro-batches): no test pins the batches of data.group_by_length",
+    "llasmol/finetune/build.py:116:51:constant:1":
+        "the hyperparameters logged unresolved (${...}): no fast test reads hparams.yaml or W&B's config",
+    "llasmol/finetune/build.py:124:60:constant:1":
+        "the model card's optimizer named by its full path: the card tests read other lines",
+    "llasmol/leakage/checks.py:162:23:constant:1":
+        "a file of exactly two lines is not searched for duplicates: the fixtures' files are longer",
+    "llasmol/leakage/checks.py:177:8:condition:1":
+        "the audit's worker pool, started only for files over 4 MiB: the fast worker test's files are smaller",
+    "llasmol/classical/morgan.py:78:24:constant:1":
+        "the nearest-neighbour search's empty start: the first table chunk replaces it; no test looks for a "
+        "neighbour index the first chunk cannot give",
+    "llasmol/finetune/validation.py:86:11:boolop:1":
+        "the guard of the best-val/loss log line: only a sanity check, another rank or a validation without a "
+        "loss reaches the other branches, none in the fast suite",
+    "llasmol/analysis/pairs.py:30:7:boolop:1":
+        "pairing a run that has no validation: the pair tables' tests pair runs that have one",
+    "llasmol/evaluate.py:257:4:statement:1":
+        "evaluate's last stdout line ('metrics written to ...'): the tests read the files it names",
     # The newest-code sample (--since 3f15bf1 --seed 4, bench/results/mutation-newest-code/).
     "llasmol/generate.py:54:4:statement:1":
         "generate's known-noise filters: warning filters are process-wide, so in the test process an earlier "
