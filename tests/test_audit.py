@@ -58,6 +58,7 @@ def test_a_clean_copy_passes_and_its_report_is_written(copy, tmp_path):
         "paper": 420}
     assert json.loads((tmp_path / "out" / "audit.json").read_text()) == result
     assert "  sample counts differ from the paper's Table 1 in 33 of 33 task splits" in summary_lines(result)
+    assert summary_lines(result)[-1] == "passed: no leakage"
     markdown = (tmp_path / "out" / "audit.md").read_text()
     assert "bundled data" not in markdown and "**Passed**" in markdown and "| retrosynthesis | 24 / 941,735 | 8 / 2,092 | 8 / 4,156 |" in markdown
 
@@ -111,8 +112,21 @@ def test_a_duplicate_within_a_split_fails_unless_allowed(copy, tmp_path):
     assert findings(result) == [("duplicate", "name_conversion-s2f/train", "name_conversion-s2f/train", 1, True)]
     (original, repeat), = result["findings"][0]["examples"]
     assert (original["line"], repeat["line"]) == (3, line)
+    assert summary_lines(result)[-1] == "failed: 1 finding(s)"
     relaxed = audit(copy, tmp_path / "relaxed", "fail_on_duplicates=false")
     assert relaxed["summary"]["passed"] and relaxed["summary"]["duplicates"] == 1
+
+
+def test_a_file_of_two_equal_lines_holds_one_duplicate():
+    from array import array
+
+    scan = checks._Audit(None, examples=5)
+    side = ("name_conversion-s2f", "train")
+    scan.duplicates(side, array("Q", [7, 7]), array("Q", [1, 2]))
+    finding = scan.findings[("duplicate", side, side)]
+    assert (finding.count, finding.examples) == (1, [(1, 2)])
+    scan.duplicates(("forward_synthesis", "train"), array("Q", [7]), array("Q", [1]))  # one line: nothing to find
+    assert len(scan.findings) == 1
 
 
 def test_train_validation_overlap_fails_only_when_validation_is_held_out(copy, tmp_path):

@@ -415,6 +415,7 @@ def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypa
     checkpoints = Path(result["output_dir"]) / "checkpoints"
     last_card = (checkpoints / "last.adapter" / "README.md").read_text()
     assert "# tiny + LoRA `full` on SMolInstruct" in last_card and "optimizer step 3" in last_card
+    assert "- recipe: AdamW lr 0.003, cosine schedule" in last_card  # the demo recipe's optimizer, by its class name
     assert "Validation at this step" not in last_card
     best_card = (next(checkpoints.glob("step3-*.adapter")) / "README.md").read_text()
     assert "optimizer step 3" in best_card and "| val/loss |" in best_card
