@@ -190,9 +190,6 @@ NOT_KILLED: dict[str, str] = {
         "a replaced best checkpoint's adapter folder stays: no fast run validates twice with a better second loss",
     "llasmol/finetune/lightning_private.py:112:8:statement:1":
         "as checkpointing.py:88: the hook that removes a replaced checkpoint's adapter",
-    "llasmol/leakage/audit_report.py:118:4:statement:1":
-        "the audit's closing 'passed: no leakage' / 'failed: N finding(s)' line: the tests read the counts and "
-        "the exit status, not this line",
     "llasmol/analysis/plots.py:251:23:condition:1":
         "as plots.py:252 (seed 2): the text under a molecule pair, drawn into the PNG only",
     "llasmol/analysis/plots.py:206:66:constant:1": "the size of the error bars' caps, a drawing detail",
@@ -220,10 +217,6 @@ NOT_KILLED: dict[str, str] = {
         "the length-grouping window (64 micro-batches): no test pins the batches of data.group_by_length",
     "llasmol/finetune/build.py:116:51:constant:1":
         "the hyperparameters logged unresolved (${...}): no fast test reads hparams.yaml or W&B's config",
-    "llasmol/finetune/build.py:124:60:constant:1":
-        "the model card's optimizer named by its full path: the card tests read other lines",
-    "llasmol/leakage/checks.py:162:23:constant:1":
-        "a file of exactly two lines is not searched for duplicates: the fixtures' files are longer",
     "llasmol/leakage/checks.py:177:8:condition:1":
         "the audit's worker pool, started only for files over 4 MiB: the fast worker test's files are smaller",
     "llasmol/classical/morgan.py:78:24:constant:1":
