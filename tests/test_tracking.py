@@ -263,8 +263,11 @@ def test_closing_a_wandb_run_marks_a_stopped_one_preempting_exits_0_and_says_whe
     other = SimpleNamespace(log_metrics=None)  # a CSV or TensorBoard logger: not W&B's, left alone
     caplog.set_level(logging.INFO, logger="llasmol.train")
     trainer = SimpleNamespace(loggers=[other, never_started, started])
-    finish_wandb_runs(trainer, stopped=True) if stopped else finish_wandb_runs(trainer)  # a run's end says nothing
-    assert run.calls == ["mark_preempting", ("finish", 0)] if stopped else [("finish", 0)]
+    if stopped:
+        finish_wandb_runs(trainer, stopped=True)
+    else:
+        finish_wandb_runs(trainer)  # a run that ended by itself: the default
+    assert run.calls == (["mark_preempting", ("finish", 0)] if stopped else [("finish", 0)])
     assert never_started._experiment is None  # closing never starts a run
     where = (f"files in {run.sync_dir} (upload: wandb sync {run.sync_dir})" if offline else run.url)
     said = " (stopped: marked preempting, not failed)" if stopped else ""
