@@ -640,3 +640,14 @@ def test_the_ablation_chart_draws_each_bars_interval_and_none_for_a_missing_valu
     assert spans[("loss, nats/token", "full")] == [(1.75, 2.5)]
     assert spans[("headline metric", "lite")] == [(0.1, 0.5)]
     assert spans[("headline metric", "full")] == []  # no value, no interval drawn
+
+
+def test_the_comparison_has_one_column_per_task_and_metric_whatever_the_runs_share(sweep_dir):
+    from llasmol.analysis.compare import comparison_columns
+
+    runs = analysis.load_sweep(sweep_dir)
+    assert len(runs) >= 2
+    columns = comparison_columns(runs)
+    assert len(columns) == len(set(columns)) > 0  # each pair once, though every run has the task
+    assert comparison_columns(runs, {"forward_synthesis": ["validity", "exact_match"]})[:2] == [
+        ("forward_synthesis", "validity"), ("forward_synthesis", "exact_match")]

@@ -129,6 +129,7 @@ def test_evaluate_command_scores_a_hand_written_file(tmp_path):
     # Each task's headline metric and sample count, not every metric (all_metrics=true shows them).
     fs = next(line for line in proc.stdout.splitlines() if line.startswith("forward_synthesis"))
     assert fs.split() == ["forward_synthesis", "exact_match=0.5000", "[0,", "1]", "num_samples=2"], fs
+    assert proc.stdout.splitlines()[-1] == f"metrics written to {tmp_path / 'preds.metrics.json'}"  # where to look
 
 
 def test_numeric_golds_and_skipped_lines_in_a_predictions_file(tmp_path):

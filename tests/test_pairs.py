@@ -117,3 +117,9 @@ def test_the_interval_table_names_the_level_its_file_was_computed_at(two_runs, t
     assert interval_table(val).title == "90% bootstrap intervals at val-step4"
     report_main([str(run.path)])
     assert "90% bootstrap intervals at val-step4" in (run.path / "report" / "intervals.md").read_text()
+
+
+def test_a_run_without_a_validation_or_a_test_split_is_compared_on_nothing(tmp_path):
+    from llasmol.analysis.runs import Run
+
+    assert basis(Run(path=tmp_path / "0_tiny_lite", params={}, validations=[])) == ("-", [])
