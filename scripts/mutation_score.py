@@ -203,9 +203,6 @@ NOT_KILLED: dict[str, str] = {
         "fit gets there (slow tests)",
     "llasmol/finetune/fit.py:49:4:statement:1":
         "the log line of the last step's extra validation: the fast runs end on a validation step",
-    "llasmol/analysis/compare.py:37:19:boolop:1":
-        "(task, metric) columns repeated when several runs share a task: no fast test compares runs through "
-        "this table with a task of no headline metric set aside",
     "llasmol/core/config.py:272:4:return:1":
         "the first line of a Hydra error of no known kind: every fast test's mistake is of a known kind",
     "llasmol/baseline.py:57:8:statement:1":
@@ -225,10 +222,6 @@ NOT_KILLED: dict[str, str] = {
     "llasmol/finetune/validation.py:86:11:boolop:1":
         "the guard of the best-val/loss log line: only a sanity check, another rank or a validation without a "
         "loss reaches the other branches, none in the fast suite",
-    "llasmol/analysis/pairs.py:30:7:boolop:1":
-        "pairing a run that has no validation: the pair tables' tests pair runs that have one",
-    "llasmol/evaluate.py:257:4:statement:1":
-        "evaluate's last stdout line ('metrics written to ...'): the tests read the files it names",
     # The newest-code sample (--since 3f15bf1 --seed 4, bench/results/mutation-newest-code/).
     "llasmol/generate.py:54:4:statement:1":
         "generate's known-noise filters: warning filters are process-wide, so in the test process an earlier "
