@@ -227,7 +227,7 @@ def test_the_command_exits_1_on_leakage_and_2_on_bad_input(copy, tmp_path):
 @pytest.mark.parametrize("cpus,expected", [(64, 8), (3, 3)])
 def test_workers_null_is_one_per_cpu_up_to_eight(copy, tmp_path, monkeypatch, cpus, expected):
     """Each worker holds its own RDKit and key cache (about 120 MB), so one per CPU stops at 8."""
-    monkeypatch.setattr(checks, "available_cpus", lambda: cpus)
+    monkeypatch.setattr(checks, "usable_cores", lambda: cpus)
     assert audit(copy, tmp_path / "out", "workers=null")["summary"]["workers"] == expected
 
 

@@ -56,7 +56,6 @@ def use_cpu_threads(cpu: Optional[Mapping[str, Any]]) -> int:
                   cpu["wait_policy"])
     import torch  # here, after the wait policy: this import is what starts OpenMP
 
-
     n = thread_count(cpu["threads"])
     torch.set_num_threads(n)
     return n

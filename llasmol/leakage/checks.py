@@ -34,8 +34,9 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
-from llasmol.leakage.sample_keys import SMILES, TEXT, Field, available_cpus, keyed_records, kind_of_tag, pair_key
+from llasmol.leakage.sample_keys import SMILES, TEXT, Field, keyed_records, kind_of_tag, pair_key
 from llasmol.core.errors import UserError
+from llasmol.core.threads import usable_cores
 from llasmol.core.tasks import REACTION, TASKS, get_task
 from llasmol.data.smolinstruct import raw_split, read_core_tags, read_raw_records
 from llasmol.data.source import SMolInstructSource
@@ -228,7 +229,7 @@ def audit(source: SMolInstructSource, held_out: Iterable[str] = ("validation", "
     molecules' keys of large files (None: one per available CPU, at most 8); 1 keeps everything in this process.
     """
     # Each worker holds its own RDKit and key cache (about 120 MB): the default stops at 8.
-    workers = min(available_cpus(), 8) if workers is None else int(workers)
+    workers = min(usable_cores(), 8) if workers is None else int(workers)
     if workers < 1:
         raise UserError(f"workers={workers}: give at least 1 (or null for one per CPU)")
     held_out = list(held_out)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 from collections import deque
 from concurrent.futures import Executor
 from typing import Any, Iterable, Iterator, NamedTuple, Optional
@@ -90,13 +89,6 @@ def field(value: Any, kind: str) -> Field:
 def pair_key(a: Field, b: Field) -> int:
     """One key for an (input, output) pair: a sample's identity when looking for duplicates."""
     return digest(f"pair:{a.key}:{b.key}")
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 _CHUNK = 500  # records a worker keys at a time
