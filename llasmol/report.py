@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 from llasmol import analysis
 from llasmol.analysis import pairs, trivial
 from llasmol.core.errors import UserError, report_user_errors
-from llasmol.core.files import WRITE_ELSEWHERE, raise_if_unwritable, write_text
+from llasmol.core.files import WRITE_ELSEWHERE, nearest_existing, raise_if_unwritable, write_text
 from llasmol.core.tasks import TASK_NAMES, get_task
 
 
@@ -39,8 +39,8 @@ def _write(path: Path, text: str, written: list[Path]) -> None:
 def _out_folder(out: Path) -> Path:
     """The report's folder, made; `--out` naming a file (or a pipe) is one line, not a traceback."""
     # The first part of the path that exists must be a folder: --out <file>/sub cannot be made either.
-    existing = next((p for p in (out, *out.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
+    existing = nearest_existing(out)
+    if not existing.is_dir():
         raise UserError(f"--out {out} is not a folder: {existing} is a file; give the folder the report's files go "
                         "into (it is made if missing), e.g. --out " + str(existing.parent / "report"))
     try:

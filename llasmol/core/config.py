@@ -22,6 +22,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from llasmol.core.errors import UserError, report_user_errors
+from llasmol.core.files import nearest_existing
 from llasmol.core.schema import check_config
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -304,9 +305,7 @@ def check_writable(folder: Path) -> None:
     """A `UserError` when `folder` (or, while it does not exist yet, the nearest folder above it) cannot
     be written: a read-only file system, a folder the user may not write to, or a full disk or quota."""
 
-    existing = Path(os.path.abspath(folder))
-    while not existing.exists() and existing.parent != existing:
-        existing = existing.parent
+    existing = nearest_existing(folder)
     if not existing.is_dir():  # hydra.run.dir=notes.txt/run: no folder can be made under a file
         raise UserError(f"{existing} is not a folder, so the run folder {folder} cannot be made there: give the run a "
                         "folder with hydra.run.dir=<folder>")

@@ -36,6 +36,15 @@ _FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exce
 
 # How the command that is writing lets its user write elsewhere: a run folder's commands take hydra.run.dir,
 # `report` takes --out (it sets this while it writes).
+def nearest_existing(path: Path) -> Path:
+    """`path` itself or, while it does not exist yet, the nearest folder above it that does (what decides
+    whether it can be made)."""
+    existing = Path(os.path.abspath(path))
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    return existing
+
+
 WRITE_ELSEWHERE = contextvars.ContextVar("write_elsewhere", default="write the run elsewhere with hydra.run.dir=...")
 
 
