@@ -54,3 +54,18 @@ def cfg_factory(tmp_path):
         return compose_config([f"paths.output_dir={tmp_path}", *logger, *overrides])
 
     return make
+
+
+@pytest.fixture
+def ablation_titles(monkeypatch) -> list[str]:
+    """The titles `report` gives its ablation charts, in order (each chart is still drawn)."""
+    from llasmol import analysis
+
+    titles, drawn = [], analysis.plot_ablation
+
+    def recording(data, path, title, **kwargs):
+        titles.append(title)
+        return drawn(data, path, title, **kwargs)
+
+    monkeypatch.setattr(analysis, "plot_ablation", recording)
+    return titles

@@ -408,15 +408,11 @@ def test_report_on_real_run(real_sweep, capsys):
     assert curves["train/loss"] and curves["train/loss"][-1][1] == run.train_loss
 
 
-def test_report_on_real_sweep(real_sweep, capsys, monkeypatch):
-    titles = []
-    drawn = analysis.plot_ablation
-    monkeypatch.setattr(analysis, "plot_ablation", lambda data, path, title, **kw: (titles.append(title),
-                                                                                    drawn(data, path, title, **kw))[1])
+def test_report_on_real_sweep(real_sweep, capsys, ablation_titles):
     written = report_main([str(real_sweep)])
     capsys.readouterr()
     # every variant validated: the chart says it shows their latest validations (a baseline's: "or test split")
-    assert titles == [f"{real_sweep.name}: variants at their latest validation, 95% intervals"]
+    assert ablation_titles == [f"{real_sweep.name}: variants at their latest validation, 95% intervals"]
     report = real_sweep / "report"
     assert {p.name for p in written} == {"comparison.md", "comparison.csv", "ablation.png", "pairs.md", "pairs.csv"}
     data = analysis.ablation_data(real_sweep)

@@ -176,7 +176,7 @@ def test_a_bad_setting_of_a_method_is_named_before_any_data_is_read(tmp_path, ov
                                  "morgan.radius=16"], config_name="baseline"))
 
 
-def test_a_report_over_a_run_and_two_baselines_has_a_row_for_each(tmp_path, capsys, monkeypatch):
+def test_a_report_over_a_run_and_two_baselines_has_a_row_for_each(tmp_path, capsys, ablation_titles):
     import csv
 
     from test_analysis import write_run
@@ -188,15 +188,10 @@ def test_a_report_over_a_run_and_two_baselines_has_a_row_for_each(tmp_path, caps
     rdkit = run_method(sweep / "1_rdkit", "method=rdkit")
     forest = run_method(sweep / "2_fingerprint", "method=fingerprint",
                         "data.tasks=[property_prediction-esol,property_prediction-bbbp]")
-    from llasmol import analysis
-
-    titles, drawn = [], analysis.plot_ablation
-    monkeypatch.setattr(analysis, "plot_ablation", lambda data, path, title, **kw: (titles.append(title),
-                                                                                    drawn(data, path, title, **kw))[1])
     written = report_main([str(sweep)])
     capsys.readouterr()
     assert {p.name for p in written} == {"comparison.md", "comparison.csv", "ablation.png", "pairs.md", "pairs.csv"}
-    assert titles == ["sweep: variants at their latest validation (or test split), 95% intervals"]  # baselines: test
+    assert ablation_titles == ["sweep: variants at their latest validation (or test split), 95% intervals"]  # baselines: test
     # Paired only where two rows scored the same samples: the two baselines share no task, the run validated.
     assert "No two runs share scored samples" in (sweep / "report" / "pairs.md").read_text()
     rows = {r["variant"]: r for r in csv.DictReader((sweep / "report" / "comparison.csv").open())}
