@@ -128,6 +128,14 @@ def test_a_method_asked_for_a_task_it_cannot_answer_says_so(tmp_path):
         run_method(tmp_path)
 
 
+def test_an_output_that_is_a_folder_is_refused_before_the_method_reads_any_data(tmp_path):
+    # output= names the metrics file; a folder there would be swapped for a JSON file at the very end.
+    (tmp_path / "metrics_here").mkdir()
+    with pytest.raises(UserError, match=r"output=.*metrics_here is a folder, not a regular file"):
+        run_method(tmp_path / "run", "method=rdkit", f"output={tmp_path / 'metrics_here'}", "data.path=/nonexistent")
+    assert (tmp_path / "metrics_here").is_dir() and not (tmp_path / "run").exists()
+
+
 def test_unknown_method_is_one_line_listing_the_methods(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     proc = subprocess.run([sys.executable, "-m", "llasmol.baseline", "method=nearest", f"hydra.run.dir={tmp_path}"],
@@ -322,7 +330,10 @@ def test_tanimoto_search_equals_rdkits_bulk_similarity():
         assert values.tolist() == pytest.approx(expected[::-1][:4], abs=1e-6)
         assert [DataStructs.TanimotoSimilarity(generator.GetFingerprint(Chem.MolFromSmiles(q)), fps[j])
                 for j in found] == pytest.approx(values.tolist(), abs=1e-6)
+        assert len(set(found.tolist())) == 4  # each row once
     assert sims[-1].tolist() == [0.0] * 4  # an unreadable SMILES is similar to nothing
+    # ... and still gets k distinct rows of the table (no placeholder row 0 from the running top-k's start)
+    assert len(set(rows[-1].tolist())) == 4 and set(rows[-1].tolist()) <= set(range(len(table)))
 
 
 def test_fingerprints_from_worker_processes_equal_the_serial_ones(monkeypatch):
