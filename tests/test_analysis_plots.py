@@ -53,6 +53,7 @@ def test_a_png_image_shows_inline_reprs_as_one_line_and_saves_into_new_folders(t
     target = tmp_path / "new" / "folder" / "a.png"
     assert image.save(target) == target
     assert target.read_bytes() == bytes(image)
+    assert image.save(tmp_path / "b.png").read_bytes() == bytes(image)  # into a folder that is there already
 
 
 def test_charts_are_drawn_by_agg_and_written_as_100_dpi_pngs_into_new_folders(tmp_path):
@@ -61,6 +62,8 @@ def test_charts_are_drawn_by_agg_and_written_as_100_dpi_pngs_into_new_folders(tm
     fig = plot_topk(curves, path=target)
     assert isinstance(fig, Figure) and isinstance(fig.canvas, FigureCanvasAgg)
     assert png_size(target.read_bytes()) == (650, 400)  # 6.5 x 4 inches at 100 dpi
+    plot_topk(curves, path=tmp_path / "topk.png")  # into a folder that is there already
+    assert (tmp_path / "topk.png").read_bytes().startswith(PNG_MAGIC)
     assert png_size(png(fig)) == (650, 400)
     assert png_size(png(fig, dpi=50)) == (325, 200)
     assert isinstance(png(fig), PNGImage)
