@@ -4,6 +4,7 @@ the bundled sample pass, bad input is one line, and the exit status gates."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from llasmol.core.errors import UserError
 from llasmol.core.tasks import PAPER_TOTALS
 from llasmol.core.tasks import TASKS as TASK_TABLE
 from llasmol.data.smiles import canonical_kekule
+from llasmol.data.source import SMolInstructSource
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_TASKS = tuple(TASKS) + tuple(RELATED_TASKS)  # 11 tasks: every split group is there
@@ -61,6 +63,11 @@ def test_a_clean_copy_passes_and_its_report_is_written(copy, tmp_path):
     assert summary_lines(result)[-1] == "passed: no leakage"
     markdown = (tmp_path / "out" / "audit.md").read_text()
     assert "bundled data" not in markdown and "**Passed**" in markdown and "| retrosynthesis | 24 / 941,735 | 8 / 2,092 | 8 / 4,156 |" in markdown
+    assert ("## Findings\n\nNone.\n\n## Invalid SMILES\n\n"
+            "None: every SMILES input and gold parses within the scorer's bounds.\n\n") in markdown
+    assert "malformed" not in markdown and "Counts are held-out samples" not in markdown
+    assert summary_lines(result)[1:7] == ["  identical_input  0", "  shared_reaction  0", "  shared_molecule  0",
+                                          "  shared_name      0", "  duplicate        0", "  invalid SMILES   0"]
 
 
 def test_a_reaction_in_train_fs_and_test_rs_is_found(copy, tmp_path):
@@ -258,3 +265,154 @@ def test_a_reaction_in_train_rs_whose_reactants_are_exactly_test_fs_ones_is_foun
     add_record(copy, "retrosynthesis", "train", "O=C(OCC)C", "OCC.OC(C)=O")  # the same molecules, spelled otherwise
     result = audit(copy, tmp_path / "out")
     assert ("shared_reaction", "retrosynthesis/train", "forward_synthesis/test", 1, True) in findings(result)
+
+
+# -- what the user reads: the console summary and audit.md, every finding kind at once --------------------
+
+
+class _Clock:
+    """`time` for llasmol.leakage.checks: the audit starts at 1000.0 s and every later reading is 1001.5 s, so
+    the audit takes 1.5 s and each file 0.0 s, whatever the machine's load."""
+
+    def __init__(self) -> None:
+        self.readings = 0
+
+    def perf_counter(self) -> float:
+        self.readings += 1
+        return 1000.0 if self.readings == 1 else 1001.5
+
+
+def test_the_summary_and_report_say_each_finding_with_its_examples(copy, tmp_path, monkeypatch, caplog):
+    """One copy with a leak of every shape `_between` writes (one task across splits, two tasks, one split), a
+    non-failing overlap (train/validation with held_out=[test]) and two findings of one check."""
+    reaction = add_record(copy, "forward_synthesis", "train", f"{SALICYLIC}.O.CCO", SALICYLIC)
+    add_record(copy, "property_prediction-bbbp", "train", SALICYLIC, "Yes")
+    dev = next(k for k, _ in enumerate(MOLECULES) if split_of(k) == "dev")
+    add_record(copy, "property_prediction-esol", "train", MOLECULES[dev], "-1.00")
+    # s2f's third training line is benzene (molecule 2), Kekulé in the archive: repeated word for word.
+    repeat = add_record(copy, "name_conversion-s2f", "train", "C1=CC=CC=C1", "C6H6")
+    monkeypatch.setattr(checks, "time", _Clock())
+    with caplog.at_level("DEBUG", logger="llasmol.leakage.checks"):
+        result = audit(copy, tmp_path / "out", "held_out=[test]")
+    assert findings(result) == [
+        ("identical_input", "property_prediction-bbbp/train", "property_prediction-bbbp/test", 1, True),
+        ("identical_input", "property_prediction-esol/train", "property_prediction-esol/validation", 1, False),
+        ("shared_reaction", "forward_synthesis/train", "retrosynthesis/test", 1, True),
+        ("duplicate", "name_conversion-s2f/train", "name_conversion-s2f/train", 1, True),
+    ]
+    summary = result["summary"]
+    # Leaked samples: the failing cross-split findings only (not the validation overlap, not the duplicate).
+    assert (summary["leaked_samples"], summary["duplicates"], summary["failing_findings"]) == (2, 1, 3)
+    assert (summary["records"], summary["seconds"], summary["passed"]) == (40 * 11 + 4, 1.5, False)
+    assert summary_lines(result) == [
+        f"audited {copy}: 11 tasks, 444 raw records in 1.5 s",
+        "  identical_input  2",
+        "  shared_reaction  1",
+        "  shared_molecule  0",
+        "  shared_name      0",
+        "  duplicate        1",
+        "  invalid SMILES   0",
+        "  sample counts differ from the paper's Table 1 in 33 of 33 task splits",
+        "LEAK identical_input: property_prediction-bbbp: train ↔ test: 1",
+        "LEAK shared_reaction: forward_synthesis / train ↔ retrosynthesis / test: 1",
+        "LEAK duplicate: name_conversion-s2f / train: 1",
+        "failed: 3 finding(s)",
+    ]
+    markdown = (tmp_path / "out" / "audit.md").read_text()
+    assert (f"**Failed**: 3 finding(s) break the split rules. 444 raw records of 11 tasks, splits train (`raw/train`), "
+            "validation (`raw/dev`), test (`raw/test`), read in 1.5 s. Held out (an overlap with these fails): test."
+            ) in markdown
+    assert "\n".join([
+        "| check | between | count | fails | what |",
+        "|---|---|---|---|---|",
+        "| identical_input | property_prediction-bbbp: train ↔ test | 1 | yes | the same input in two splits of a task |",
+        "| identical_input | property_prediction-esol: train ↔ validation | 1 | no | the same input in two splits of a task |",
+        "| shared_reaction | forward_synthesis / train ↔ retrosynthesis / test | 1 | yes | one reaction in two splits of FS and RS |",
+        "| duplicate | name_conversion-s2f / train | 1 | yes | the same input and output twice in one split |",
+    ]) in markdown
+    assert ("- shared_reaction, forward_synthesis / train ↔ retrosynthesis / test:\n"
+            f"  - `raw/train/forward_synthesis.jsonl:{reaction}` {SALICYLIC}.O.CCO → {SALICYLIC}\n"
+            "    `raw/test/retrosynthesis.jsonl:1` O=C(O)C1=CC=CC=C1O → O=C(O)C1=CC=CC=C1O.O\n") in markdown
+    assert ("- duplicate, name_conversion-s2f / train:\n"
+            "  - `raw/train/name_conversion-s2f.jsonl:3` C1=CC=CC=C1 → C6H6\n"
+            f"    `raw/train/name_conversion-s2f.jsonl:{repeat}` C1=CC=CC=C1 → C6H6\n"
+            "\n## Invalid SMILES\n\nNone: every SMILES input and gold parses within the scorer's bounds.\n\n"
+            "## Samples against the paper's Table 1\n") in markdown
+    assert "malformed" not in markdown  # no line was skipped: no sentence about skipped lines
+    # Each file's progress line: at DEBUG for a file read in under 5 s (here 0.0 s).
+    progress = [r for r in caplog.records if r.getMessage().startswith("audit: raw/")]
+    assert len(progress) == 33 and {r.levelno for r in progress} == {logging.DEBUG}
+    assert "audit: raw/test/retrosynthesis.jsonl: 8 records in 0.0 s" in [r.getMessage() for r in progress]
+
+
+
+def test_examples_stop_at_the_number_asked_and_long_values_are_cut_at_160_characters(copy, tmp_path):
+    """Two or more of each kind of thing shown by example, with `examples=1`, the default (3) and 0."""
+    test_molecules = [k for k, _ in enumerate(MOLECULES) if split_of(k) == "test"][:4]
+    leaks = [add_record(copy, "property_prediction-bbbp", "train", MOLECULES[k], "Yes") for k in test_molecules]
+    unreadable = [add_record(copy, "name_conversion-s2f", "train", smiles, "C3H6") for smiles in ("C1CC", "C1CCC")]
+    # SIDER's first training record (molecule 0) twice more, its targets in the other order: the same sample.
+    first = json.loads((copy / "raw" / "train" / "property_prediction-sider.jsonl").read_text().splitlines()[0])
+    assert list(first["output"]) == ["Hepatobiliary disorders", "Eye disorders"]
+    repeats = [add_record(copy, "property_prediction-sider", "train", "CCO",
+                          {"Eye disorders": "Yes", "Hepatobiliary disorders": "No"}) for _ in range(2)]
+    at_limit, past_limit = "C1" + "C" * 158, "C1" + "C" * 159  # 160 and 161 characters, both unclosed rings
+    add_record(copy, "retrosynthesis", "dev", at_limit, "CCO")
+    add_record(copy, "forward_synthesis", "dev", "CCO.O", past_limit)
+    esol = copy / "raw" / "test" / "property_prediction-esol.jsonl"
+    esol.write_text(esol.read_text() + "[1, 2]\n{not json\n")  # lines 9 and 10
+
+    one = audit(copy, tmp_path / "one", "examples=1", "data.skip_bad_lines=true")
+    by_check = {f["check"]: f for f in one["findings"]}
+    assert sorted(by_check) == ["duplicate", "identical_input"]
+    leak = by_check["identical_input"]
+    assert (leak["count"], [[x["line"], y["line"]] for x, y in leak["examples"]]) == (4, [[leaks[0], 1]])
+    dup = by_check["duplicate"]
+    assert (dup["count"], [[x["line"], y["line"]] for x, y in dup["examples"]]) == (2, [[1, repeats[0]]])
+    # A raw output that is not a string (SIDER's targets) is shown as text.
+    assert [x["output"] for x in dup["examples"][0]] == [
+        "{'Hepatobiliary disorders': 'No', 'Eye disorders': 'Yes'}",
+        "{'Eye disorders': 'Yes', 'Hepatobiliary disorders': 'No'}"]
+    invalid = {(e["task"], e["split"], e["field"]): e for e in one["invalid_smiles"]}
+    assert invalid[("name_conversion-s2f", "train", "input")]["count"] == 2
+    assert [x["line"] for x in invalid[("name_conversion-s2f", "train", "input")]["examples"]] == unreadable[:1]
+    assert invalid[("retrosynthesis", "validation", "input")]["examples"][0]["input"] == at_limit  # 160: whole
+    cut = invalid[("forward_synthesis", "validation", "gold")]["examples"][0]["output"]
+    assert cut == "C1" + "C" * 157 + "…" and len(cut) == 160  # 161: its first 159 characters and an ellipsis
+    assert one["skipped_lines"]["count"] == 2 and [s["line"] for s in one["skipped_lines"]["examples"]] == [9]
+    assert ("\n2 malformed raw line(s) skipped (data.skip_bad_lines), e.g. `raw/test/property_prediction-esol.jsonl:9` "
+            "(is not a JSON object with input and output (it is list)).\n") in (tmp_path / "one" / "audit.md").read_text()
+
+    # The defaults of `audit`: 3 examples, both held-out splits, duplicates fail, one process.
+    default = checks.audit(SMolInstructSource(path=str(copy), skip_bad_lines=True))
+    by_check = {f["check"]: f for f in default["findings"]}
+    assert [[x["line"], y["line"]] for x, y in by_check["identical_input"]["examples"]] == [
+        [leaks[0], 1], [leaks[1], 2], [leaks[2], 3]]
+    assert len(by_check["duplicate"]["examples"]) == 2 and by_check["duplicate"]["fails"] is True
+    assert [s["line"] for s in default["skipped_lines"]["examples"]] == [9, 10]
+    assert default["held_out"] == ["validation", "test"] and default["summary"]["workers"] == 1
+    with pytest.raises(UserError, match=r"^workers=0: give at least 1 \(or null for one per CPU\)$"):
+        checks.audit(SMolInstructSource(path=str(copy)), workers=0)
+
+    # No examples at all: the report says so where it would show the first one.
+    audit(copy, tmp_path / "none", "examples=0", "data.skip_bad_lines=true")
+    markdown = (tmp_path / "none" / "audit.md").read_text()
+    assert "| name_conversion-s2f | train | input | invalid | 2 | (line not found) |" in markdown
+
+
+def test_overlaps_within_one_split_or_one_task_are_not_leaks_and_validation_can_be_held_out_alone(copy, tmp_path):
+    # FS training holds the reverse of an FS test reaction: one task, so not a shared reaction.
+    add_record(copy, "forward_synthesis", "train", SALICYLIC, f"{SALICYLIC}.O")
+    # A reaction whose SMILES do not parse on one side is counted as invalid, never matched.
+    add_record(copy, "retrosynthesis", "test", "CCCCCCCCO", "CC(=O)O.[H]C(")
+    add_record(copy, "forward_synthesis", "train", "CC(=O)O.[H]C(", "CCCCCCCCO")
+    # Molecule K's input twice in the test split (another answer, so no duplicate): one split, no leak.
+    add_record(copy, "property_prediction-bbbp", "test", SALICYLIC, "Yes")
+    # The only leak: a validation input in the test split, failing because validation is held out.
+    dev = next(k for k, _ in enumerate(MOLECULES) if split_of(k) == "dev")
+    add_record(copy, "property_prediction-esol", "test", MOLECULES[dev], "-2.00")
+    result = audit(copy, tmp_path / "out", "held_out=[validation]")
+    assert findings(result) == [
+        ("identical_input", "property_prediction-esol/validation", "property_prediction-esol/test", 1, True)]
+    assert {(e["task"], e["split"], e["field"], e["problem"]) for e in result["invalid_smiles"]} == {
+        ("retrosynthesis", "test", "gold", "invalid"), ("forward_synthesis", "train", "input", "invalid")}
