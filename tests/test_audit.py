@@ -8,7 +8,9 @@ import logging
 import os
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import HANG_TIMEOUT, compose_config
@@ -16,6 +18,7 @@ from smolinstruct_fixture import MOLECULES, RELATED_TASKS, TASKS, add_record, na
 
 from llasmol.leakage import checks, sample_keys, summary_lines
 from llasmol.audit import exit_status, run_audit
+from llasmol.audit import main as command
 from llasmol.core.config import check_overrides
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import PAPER_TOTALS
@@ -416,3 +419,147 @@ def test_overlaps_within_one_split_or_one_task_are_not_leaks_and_validation_can_
         ("identical_input", "property_prediction-esol/validation", "property_prediction-esol/test", 1, True)]
     assert {(e["task"], e["split"], e["field"], e["problem"]) for e in result["invalid_smiles"]} == {
         ("retrosynthesis", "test", "gold", "invalid"), ("forward_synthesis", "train", "input", "invalid")}
+
+
+@pytest.fixture
+def esol_copy(tmp_path) -> Path:
+    """A copy of one task (ESOL: 24 train, 8 validation, 8 test records)."""
+    return write_smolinstruct(tmp_path / "esol", tasks=("property_prediction-esol",))
+
+
+def _pad_to(path: Path, size: int, smiles: str) -> None:
+    """Append one record to `path`, padded with an extra field so that the file is exactly `size` bytes."""
+    text = path.read_text()
+    bare = len((text + json.dumps({"input": smiles, "output": "-1.00", "pad": ""}) + "\n").encode())
+    path.write_text(text + json.dumps({"input": smiles, "output": "-1.00", "pad": "x" * (size - bare)}) + "\n")
+    assert path.stat().st_size == size
+
+
+def test_worker_processes_key_only_files_over_4_mib_and_are_started_once_and_shut_down(esol_copy, tmp_path,
+                                                                                        monkeypatch):
+    """Starting the workers costs more than it saves on small files: only a file over 4 MiB (4,194,304 bytes)
+    goes to them, only with workers > 1; one pool serves every such file and is shut down at the end."""
+    raw = esol_copy / "raw"
+    _pad_to(raw / "dev" / "property_prediction-esol.jsonl", 4 << 20, "CCCCCCCCCO")  # exactly 4 MiB: in-process
+    _pad_to(raw / "test" / "property_prediction-esol.jsonl", (4 << 20) + 1, "CCCCCCCCCCO")
+    _pad_to(raw / "train" / "property_prediction-esol.jsonl", (4 << 20) + 1, "CCCCCCCCCCCO")
+    pools = []
+
+    def keyed_in_process(records, kinds, pool, workers):  # records which pool each file got; keys here
+        pools.append(pool)
+        return sample_keys.keyed_records(records, kinds, None, workers)
+
+    monkeypatch.setattr(checks, "keyed_records", keyed_in_process)
+    result = audit(esol_copy, tmp_path / "two", "workers=2")  # validation, test, then train
+    assert result["summary"]["passed"] and result["summary"]["records"] == 43
+    assert pools[0] is None and isinstance(pools[1], ProcessPoolExecutor) and pools[2] is pools[1]
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pools[1].submit(int)
+    pools.clear()
+    audit(esol_copy, tmp_path / "one", "workers=1")
+    assert pools == [None, None, None]
+
+
+def test_a_file_slower_than_5_s_says_its_progress_at_info(esol_copy, monkeypatch, caplog):
+    readings = iter([100.0, 105.0, 100.0, 105.5])  # (start, end) of each file: 5.0 s, then 5.5 s
+    monkeypatch.setattr(checks, "time", SimpleNamespace(perf_counter=lambda: next(readings)))
+    run = checks._Audit(SMolInstructSource(path=str(esol_copy)), examples=3)
+    with caplog.at_level("DEBUG", logger="llasmol.leakage.checks"):
+        run.scan("property_prediction-esol", "test", (sample_keys.SMILES, sample_keys.TEXT))
+        run.scan("property_prediction-esol", "validation", (sample_keys.SMILES, sample_keys.TEXT))
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.DEBUG, "audit: raw/test/property_prediction-esol.jsonl: 8 records in 5.0 s"),
+        (logging.INFO, "audit: raw/dev/property_prediction-esol.jsonl: 8 records in 5.5 s")]
+    assert run.records == {("property_prediction-esol", "test"): 8, ("property_prediction-esol", "validation"): 8}
+
+
+def test_two_splits_read_from_one_raw_folder_are_refused(tmp_path):
+    with pytest.raises(UserError, match=r"^data.splits maps validation and another split to raw/test: an audit "
+                                        r"compares different splits"):
+        audit(None, tmp_path / "out", "data.splits.validation=test")
+
+
+def test_a_raw_file_outside_the_copy_is_named_by_its_full_path(tmp_path):
+    run = checks._Audit(SMolInstructSource(path=str(tmp_path / "copy")), examples=3)
+    assert run._rel(tmp_path / "copy" / "raw" / "test" / "x.jsonl") == "raw/test/x.jsonl"
+    assert run._rel(tmp_path / "elsewhere" / "x.jsonl") == str(tmp_path / "elsewhere" / "x.jsonl")
+
+
+def test_the_command_prints_the_summary_and_exits_1_on_leakage_0_without(esol_copy, tmp_path, capsys):
+    """The command's body in this process (Hydra hands a composed config straight through)."""
+    cfg = lambda run: compose_config([f"data.path={esol_copy}", f"paths.output_dir={tmp_path / run}",  # noqa: E731
+                                      "workers=1"], config_name="audit")
+    command(cfg("clean"))  # passed: returns, no exit
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-2:] == ["passed: no leakage", f"report written to {tmp_path / 'clean' / 'audit.md'} (and audit.json)"]
+    add_record(esol_copy, "property_prediction-esol", "train", "CCO", "-0.75")  # training line 1 again
+    with pytest.raises(SystemExit) as stopped:
+        command(cfg("leak"))
+    assert stopped.value.code == 1
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[0].startswith(f"audited {esol_copy}: 1 tasks, 41 raw records in ")
+    assert printed[-3:] == ["LEAK duplicate: property_prediction-esol / train: 1", "failed: 1 finding(s)",
+                            f"report written to {tmp_path / 'leak' / 'audit.md'} (and audit.json)"]
+
+
+# -- sample keys: what counts as the same field, and how worker processes are fed ------------------------------
+
+
+def test_a_smiles_field_is_its_set_of_molecules_and_an_unreadable_one_its_spelling():
+    smiles, field = sample_keys.smiles_field, sample_keys.field
+    # Fragment order, white space around parts, repeated fragments and spelling do not matter; the set does.
+    assert smiles("OCC.O").key == smiles(" O . C(O)C ").key == smiles("CCO.O.O").key != smiles("CCO").key
+    assert smiles("OCC.O").parts == smiles("CCO").parts | smiles("O").parts and len(smiles("OCC.O").parts) == 2
+    assert smiles("OCC.O").problem is None
+    # A part RDKit cannot read, an empty part, or one past the scorer's bounds: keyed by the spelling.
+    for text, problem in (("C1CC", "invalid"), ("CCO..O", "invalid"), ("C" * 301, "too_complex")):
+        got = smiles(text)
+        assert (got.key, got.parts, got.problem) == (sample_keys.text_field(text).key, None, problem)
+    assert smiles("C1CC").key != smiles("C1CCC").key
+    # Other text by its words (white space collapsed, case kept); a dict (SIDER's targets) in any key order.
+    assert field("a  b\tc ", sample_keys.TEXT).key == field("a b c", sample_keys.TEXT).key
+    assert field("A b c", sample_keys.TEXT).key != field("a b c", sample_keys.TEXT).key
+    assert field({"x": "Yes", "y": "No"}, sample_keys.TEXT).key == field({"y": "No", "x": "Yes"}, sample_keys.TEXT).key
+    assert field({"x": "Yes", "y": "No"}, sample_keys.TEXT).key != field({"x": "No", "y": "Yes"}, sample_keys.TEXT).key
+    # The kind decides: as SMILES two spellings of ethanol are one, as text two.
+    assert field("OCC", sample_keys.SMILES).key == field("CCO", sample_keys.SMILES).key
+    assert field("OCC", sample_keys.TEXT).key != field("CCO", sample_keys.TEXT).key
+    assert [sample_keys.kind_of_tag(t) for t in ("<SMILES>", "<IUPAC>", "<MOLFORMULA>", "", None)] == [
+        "smiles", "name", "text", "text", "text"]
+    # A sample is its (input, output) in that order.
+    a, b = field("CCO", sample_keys.SMILES), field("ethanol", sample_keys.TEXT)
+    assert sample_keys.pair_key(a, b) == sample_keys.pair_key(a, b) != sample_keys.pair_key(b, a)
+
+
+def test_workers_get_chunks_of_500_records_and_at_most_two_chunks_per_worker_wait():
+    """A stand-in pool that runs each chunk at once and records the order of submissions, results taken and
+    records handed on: 2,501 records, 2 workers."""
+    events: list = []
+
+    class Done:
+        def __init__(self, value):
+            self.value = value
+
+        def result(self):
+            events.append("result")
+            return self.value
+
+    class Pool:
+        def submit(self, fn, values, kinds):
+            events.append(("submit", len(values)))
+            return Done(fn(values, kinds))
+
+    records = [(n, {"input": "CCO" if n % 2 else "OCC", "output": f"answer {n}"}) for n in range(1, 2502)]
+    kinds = (sample_keys.SMILES, sample_keys.TEXT)
+    keyed = []
+    for item in sample_keys.keyed_records(iter(records), kinds, Pool(), workers=2):
+        events.append("record")
+        keyed.append(item)
+    # Four chunks waiting (two per worker): the oldest is handed on before the next is submitted; the last,
+    # short chunk is submitted when the file ends, then the rest are handed on, oldest first.
+    chunk = ["result"] + ["record"] * 500
+    assert events == ([("submit", 500)] * 4 + chunk + [("submit", 500)] + chunk + [("submit", 1)]
+                      + chunk * 3 + ["result", "record"])
+    # The same keys, in file order, as keyed in this process.
+    assert keyed == list(sample_keys.keyed_records(iter(records), kinds, None, workers=2))
+    assert [line for line, _, _ in keyed] == list(range(1, 2502)) and keyed[0][1].key == keyed[1][1].key
