@@ -502,6 +502,19 @@ def test_the_command_prints_the_summary_and_exits_1_on_leakage_0_without(esol_co
                             f"report written to {tmp_path / 'leak' / 'audit.md'} (and audit.json)"]
 
 
+
+def test_python_m_llasmol_audit_runs_the_audit_and_exits_1_on_leakage(esol_copy, tmp_path):
+    """`python -m llasmol.audit` past its command-line check (one small task: about a second)."""
+    add_record(esol_copy, "property_prediction-esol", "train", "CCO", "-0.75")  # training line 1 again
+    proc = subprocess.run([sys.executable, "-m", "llasmol.audit", f"data.path={esol_copy}",
+                           f"hydra.run.dir={tmp_path / 'run'}", "workers=1"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=HANG_TIMEOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-3:] == [
+        "LEAK duplicate: property_prediction-esol / train: 1", "failed: 1 finding(s)",
+        f"report written to {tmp_path / 'run' / 'audit.md'} (and audit.json)"]
+    assert json.loads((tmp_path / "run" / "audit.json").read_text())["summary"]["duplicates"] == 1
+
 # -- sample keys: what counts as the same field, and how worker processes are fed ------------------------------
 
 
