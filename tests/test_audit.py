@@ -544,6 +544,11 @@ def test_a_smiles_field_is_its_set_of_molecules_and_an_unreadable_one_its_spelli
     assert sample_keys.pair_key(a, b) == sample_keys.pair_key(a, b) != sample_keys.pair_key(b, a)
 
 
+def test_a_semicolon_in_a_smiles_field_separates_molecules_as_the_scorer_reads_it():
+    """A raw SMILES field with ';' (the scorer reads it as '.') stopped the whole audit with a ValueError."""
+    assert sample_keys.smiles_field("CCO;O") == sample_keys.smiles_field("CCO.O")
+    assert sample_keys.smiles_field("[Na+];[Cl-]").problem is None
+
 def test_workers_get_chunks_of_500_records_and_at_most_two_chunks_per_worker_wait():
     """A stand-in pool that runs each chunk at once and records the order of submissions, results taken and
     records handed on: 2,501 records, 2 workers."""
