@@ -383,8 +383,9 @@ def test_examples_stop_at_the_number_asked_and_long_values_are_cut_at_160_charac
     cut = invalid[("forward_synthesis", "validation", "gold")]["examples"][0]["output"]
     assert cut == "C1" + "C" * 157 + "…" and len(cut) == 160  # 161: its first 159 characters and an ellipsis
     assert one["skipped_lines"]["count"] == 2 and [s["line"] for s in one["skipped_lines"]["examples"]] == [9]
-    assert ("\n2 malformed raw line(s) skipped (data.skip_bad_lines), e.g. `raw/test/property_prediction-esol.jsonl:9` "
-            "(is not a JSON object with input and output (it is list)).\n") in (tmp_path / "one" / "audit.md").read_text()
+    skipped = ("\n2 malformed raw line(s) skipped (data.skip_bad_lines), e.g. `raw/test/property_prediction-esol.jsonl:9` "
+               "(is not a JSON object with input and output (it is list)).\n")
+    assert skipped in (tmp_path / "one" / "audit.md").read_text()
 
     # The defaults of `audit`: 3 examples, both held-out splits, duplicates fail, one process.
     default = checks.audit(SMolInstructSource(path=str(copy), skip_bad_lines=True))
@@ -491,7 +492,8 @@ def test_the_command_prints_the_summary_and_exits_1_on_leakage_0_without(esol_co
                                       "workers=1"], config_name="audit")
     command(cfg("clean"))  # passed: returns, no exit
     printed = capsys.readouterr().out.strip().splitlines()
-    assert printed[-2:] == ["passed: no leakage", f"report written to {tmp_path / 'clean' / 'audit.md'} (and audit.json)"]
+    assert printed[-2:] == ["passed: no leakage",
+                            f"report written to {tmp_path / 'clean' / 'audit.md'} (and audit.json)"]
     add_record(esol_copy, "property_prediction-esol", "train", "CCO", "-0.75")  # training line 1 again
     with pytest.raises(SystemExit) as stopped:
         command(cfg("leak"))
