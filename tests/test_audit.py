@@ -4,10 +4,13 @@ the bundled sample pass, bad input is one line, and the exit status gates."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import HANG_TIMEOUT, compose_config
@@ -15,11 +18,13 @@ from smolinstruct_fixture import MOLECULES, RELATED_TASKS, TASKS, add_record, na
 
 from llasmol.leakage import checks, sample_keys, summary_lines
 from llasmol.audit import exit_status, run_audit
+from llasmol.audit import main as command
 from llasmol.core.config import check_overrides
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import PAPER_TOTALS
 from llasmol.core.tasks import TASKS as TASK_TABLE
 from llasmol.data.smiles import canonical_kekule
+from llasmol.data.source import SMolInstructSource
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_TASKS = tuple(TASKS) + tuple(RELATED_TASKS)  # 11 tasks: every split group is there
@@ -61,6 +66,11 @@ def test_a_clean_copy_passes_and_its_report_is_written(copy, tmp_path):
     assert summary_lines(result)[-1] == "passed: no leakage"
     markdown = (tmp_path / "out" / "audit.md").read_text()
     assert "bundled data" not in markdown and "**Passed**" in markdown and "| retrosynthesis | 24 / 941,735 | 8 / 2,092 | 8 / 4,156 |" in markdown
+    assert ("## Findings\n\nNone.\n\n## Invalid SMILES\n\n"
+            "None: every SMILES input and gold parses within the scorer's bounds.\n\n") in markdown
+    assert "malformed" not in markdown and "Counts are held-out samples" not in markdown
+    assert summary_lines(result)[1:7] == ["  identical_input  0", "  shared_reaction  0", "  shared_molecule  0",
+                                          "  shared_name      0", "  duplicate        0", "  invalid SMILES   0"]
 
 
 def test_a_reaction_in_train_fs_and_test_rs_is_found(copy, tmp_path):
@@ -258,3 +268,318 @@ def test_a_reaction_in_train_rs_whose_reactants_are_exactly_test_fs_ones_is_foun
     add_record(copy, "retrosynthesis", "train", "O=C(OCC)C", "OCC.OC(C)=O")  # the same molecules, spelled otherwise
     result = audit(copy, tmp_path / "out")
     assert ("shared_reaction", "retrosynthesis/train", "forward_synthesis/test", 1, True) in findings(result)
+
+
+# -- what the user reads: the console summary and audit.md, every finding kind at once --------------------
+
+
+class _Clock:
+    """`time` for llasmol.leakage.checks: the audit starts at 1000.0 s and every later reading is 1001.5 s, so
+    the audit takes 1.5 s and each file 0.0 s, whatever the machine's load."""
+
+    def __init__(self) -> None:
+        self.readings = 0
+
+    def perf_counter(self) -> float:
+        self.readings += 1
+        return 1000.0 if self.readings == 1 else 1001.5
+
+
+def test_the_summary_and_report_say_each_finding_with_its_examples(copy, tmp_path, monkeypatch, caplog):
+    """One copy with a leak of every shape `_between` writes (one task across splits, two tasks, one split), a
+    non-failing overlap (train/validation with held_out=[test]) and two findings of one check."""
+    reaction = add_record(copy, "forward_synthesis", "train", f"{SALICYLIC}.O.CCO", SALICYLIC)
+    add_record(copy, "property_prediction-bbbp", "train", SALICYLIC, "Yes")
+    dev = next(k for k, _ in enumerate(MOLECULES) if split_of(k) == "dev")
+    add_record(copy, "property_prediction-esol", "train", MOLECULES[dev], "-1.00")
+    # s2f's third training line is benzene (molecule 2), Kekulé in the archive: repeated word for word.
+    repeat = add_record(copy, "name_conversion-s2f", "train", "C1=CC=CC=C1", "C6H6")
+    monkeypatch.setattr(checks, "time", _Clock())
+    with caplog.at_level("DEBUG", logger="llasmol.leakage.checks"):
+        result = audit(copy, tmp_path / "out", "held_out=[test]")
+    assert findings(result) == [
+        ("identical_input", "property_prediction-bbbp/train", "property_prediction-bbbp/test", 1, True),
+        ("identical_input", "property_prediction-esol/train", "property_prediction-esol/validation", 1, False),
+        ("shared_reaction", "forward_synthesis/train", "retrosynthesis/test", 1, True),
+        ("duplicate", "name_conversion-s2f/train", "name_conversion-s2f/train", 1, True),
+    ]
+    summary = result["summary"]
+    # Leaked samples: the failing cross-split findings only (not the validation overlap, not the duplicate).
+    assert (summary["leaked_samples"], summary["duplicates"], summary["failing_findings"]) == (2, 1, 3)
+    assert (summary["records"], summary["seconds"], summary["passed"]) == (40 * 11 + 4, 1.5, False)
+    assert summary_lines(result) == [
+        f"audited {copy}: 11 tasks, 444 raw records in 1.5 s",
+        "  identical_input  2",
+        "  shared_reaction  1",
+        "  shared_molecule  0",
+        "  shared_name      0",
+        "  duplicate        1",
+        "  invalid SMILES   0",
+        "  sample counts differ from the paper's Table 1 in 33 of 33 task splits",
+        "LEAK identical_input: property_prediction-bbbp: train ↔ test: 1",
+        "LEAK shared_reaction: forward_synthesis / train ↔ retrosynthesis / test: 1",
+        "LEAK duplicate: name_conversion-s2f / train: 1",
+        "failed: 3 finding(s)",
+    ]
+    markdown = (tmp_path / "out" / "audit.md").read_text()
+    assert (f"**Failed**: 3 finding(s) break the split rules. 444 raw records of 11 tasks, splits train (`raw/train`), "
+            "validation (`raw/dev`), test (`raw/test`), read in 1.5 s. Held out (an overlap with these fails): test."
+            ) in markdown
+    assert "\n".join([
+        "| check | between | count | fails | what |",
+        "|---|---|---|---|---|",
+        "| identical_input | property_prediction-bbbp: train ↔ test | 1 | yes | the same input in two splits of a task |",
+        "| identical_input | property_prediction-esol: train ↔ validation | 1 | no | the same input in two splits of a task |",
+        "| shared_reaction | forward_synthesis / train ↔ retrosynthesis / test | 1 | yes | one reaction in two splits of FS and RS |",
+        "| duplicate | name_conversion-s2f / train | 1 | yes | the same input and output twice in one split |",
+    ]) in markdown
+    assert ("- shared_reaction, forward_synthesis / train ↔ retrosynthesis / test:\n"
+            f"  - `raw/train/forward_synthesis.jsonl:{reaction}` {SALICYLIC}.O.CCO → {SALICYLIC}\n"
+            "    `raw/test/retrosynthesis.jsonl:1` O=C(O)C1=CC=CC=C1O → O=C(O)C1=CC=CC=C1O.O\n") in markdown
+    assert ("- duplicate, name_conversion-s2f / train:\n"
+            "  - `raw/train/name_conversion-s2f.jsonl:3` C1=CC=CC=C1 → C6H6\n"
+            f"    `raw/train/name_conversion-s2f.jsonl:{repeat}` C1=CC=CC=C1 → C6H6\n"
+            "\n## Invalid SMILES\n\nNone: every SMILES input and gold parses within the scorer's bounds.\n\n"
+            "## Samples against the paper's Table 1\n") in markdown
+    assert "malformed" not in markdown  # no line was skipped: no sentence about skipped lines
+    # Each file's progress line: at DEBUG for a file read in under 5 s (here 0.0 s).
+    progress = [r for r in caplog.records if r.getMessage().startswith("audit: raw/")]
+    assert len(progress) == 33 and {r.levelno for r in progress} == {logging.DEBUG}
+    assert "audit: raw/test/retrosynthesis.jsonl: 8 records in 0.0 s" in [r.getMessage() for r in progress]
+
+
+
+def test_examples_stop_at_the_number_asked_and_long_values_are_cut_at_160_characters(copy, tmp_path):
+    """Two or more of each kind of thing shown by example, with `examples=1`, the default (3) and 0."""
+    test_molecules = [k for k, _ in enumerate(MOLECULES) if split_of(k) == "test"][:4]
+    leaks = [add_record(copy, "property_prediction-bbbp", "train", MOLECULES[k], "Yes") for k in test_molecules]
+    unreadable = [add_record(copy, "name_conversion-s2f", "train", smiles, "C3H6") for smiles in ("C1CC", "C1CCC")]
+    # SIDER's first training record (molecule 0) twice more, its targets in the other order: the same sample.
+    first = json.loads((copy / "raw" / "train" / "property_prediction-sider.jsonl").read_text().splitlines()[0])
+    assert list(first["output"]) == ["Hepatobiliary disorders", "Eye disorders"]
+    repeats = [add_record(copy, "property_prediction-sider", "train", "CCO",
+                          {"Eye disorders": "Yes", "Hepatobiliary disorders": "No"}) for _ in range(2)]
+    at_limit, past_limit = "C1" + "C" * 158, "C1" + "C" * 159  # 160 and 161 characters, both unclosed rings
+    add_record(copy, "retrosynthesis", "dev", at_limit, "CCO")
+    add_record(copy, "forward_synthesis", "dev", "CCO.O", past_limit)
+    esol = copy / "raw" / "test" / "property_prediction-esol.jsonl"
+    esol.write_text(esol.read_text() + "[1, 2]\n{not json\n")  # lines 9 and 10
+
+    one = audit(copy, tmp_path / "one", "examples=1", "data.skip_bad_lines=true")
+    by_check = {f["check"]: f for f in one["findings"]}
+    assert sorted(by_check) == ["duplicate", "identical_input"]
+    leak = by_check["identical_input"]
+    assert (leak["count"], [[x["line"], y["line"]] for x, y in leak["examples"]]) == (4, [[leaks[0], 1]])
+    dup = by_check["duplicate"]
+    assert (dup["count"], [[x["line"], y["line"]] for x, y in dup["examples"]]) == (2, [[1, repeats[0]]])
+    # A raw output that is not a string (SIDER's targets) is shown as text.
+    assert [x["output"] for x in dup["examples"][0]] == [
+        "{'Hepatobiliary disorders': 'No', 'Eye disorders': 'Yes'}",
+        "{'Eye disorders': 'Yes', 'Hepatobiliary disorders': 'No'}"]
+    invalid = {(e["task"], e["split"], e["field"]): e for e in one["invalid_smiles"]}
+    assert invalid[("name_conversion-s2f", "train", "input")]["count"] == 2
+    assert [x["line"] for x in invalid[("name_conversion-s2f", "train", "input")]["examples"]] == unreadable[:1]
+    assert invalid[("retrosynthesis", "validation", "input")]["examples"][0]["input"] == at_limit  # 160: whole
+    cut = invalid[("forward_synthesis", "validation", "gold")]["examples"][0]["output"]
+    assert cut == "C1" + "C" * 157 + "…" and len(cut) == 160  # 161: its first 159 characters and an ellipsis
+    assert one["skipped_lines"]["count"] == 2 and [s["line"] for s in one["skipped_lines"]["examples"]] == [9]
+    skipped = ("\n2 malformed raw line(s) skipped (data.skip_bad_lines), e.g. `raw/test/property_prediction-esol.jsonl:9` "
+               "(is not a JSON object with input and output (it is list)).\n")
+    assert skipped in (tmp_path / "one" / "audit.md").read_text()
+
+    # The defaults of `audit`: 3 examples, both held-out splits, duplicates fail, one process.
+    default = checks.audit(SMolInstructSource(path=str(copy), skip_bad_lines=True))
+    by_check = {f["check"]: f for f in default["findings"]}
+    assert [[x["line"], y["line"]] for x, y in by_check["identical_input"]["examples"]] == [
+        [leaks[0], 1], [leaks[1], 2], [leaks[2], 3]]
+    assert len(by_check["duplicate"]["examples"]) == 2 and by_check["duplicate"]["fails"] is True
+    assert [s["line"] for s in default["skipped_lines"]["examples"]] == [9, 10]
+    assert default["held_out"] == ["validation", "test"] and default["summary"]["workers"] == 1
+    with pytest.raises(UserError, match=r"^workers=0: give at least 1 \(or null for one per CPU\)$"):
+        checks.audit(SMolInstructSource(path=str(copy)), workers=0)
+
+    # No examples at all: the report says so where it would show the first one.
+    audit(copy, tmp_path / "none", "examples=0", "data.skip_bad_lines=true")
+    markdown = (tmp_path / "none" / "audit.md").read_text()
+    assert "| name_conversion-s2f | train | input | invalid | 2 | (line not found) |" in markdown
+
+
+def test_overlaps_within_one_split_or_one_task_are_not_leaks_and_validation_can_be_held_out_alone(copy, tmp_path):
+    # FS training holds the reverse of an FS test reaction: one task, so not a shared reaction.
+    add_record(copy, "forward_synthesis", "train", SALICYLIC, f"{SALICYLIC}.O")
+    # A reaction whose SMILES do not parse on one side is counted as invalid, never matched.
+    add_record(copy, "retrosynthesis", "test", "CCCCCCCCO", "CC(=O)O.[H]C(")
+    add_record(copy, "forward_synthesis", "train", "CC(=O)O.[H]C(", "CCCCCCCCO")
+    # Molecule K's input twice in the test split (another answer, so no duplicate): one split, no leak.
+    add_record(copy, "property_prediction-bbbp", "test", SALICYLIC, "Yes")
+    # The only leak: a validation input in the test split, failing because validation is held out.
+    dev = next(k for k, _ in enumerate(MOLECULES) if split_of(k) == "dev")
+    add_record(copy, "property_prediction-esol", "test", MOLECULES[dev], "-2.00")
+    result = audit(copy, tmp_path / "out", "held_out=[validation]")
+    assert findings(result) == [
+        ("identical_input", "property_prediction-esol/validation", "property_prediction-esol/test", 1, True)]
+    assert {(e["task"], e["split"], e["field"], e["problem"]) for e in result["invalid_smiles"]} == {
+        ("retrosynthesis", "test", "gold", "invalid"), ("forward_synthesis", "train", "input", "invalid")}
+
+
+@pytest.fixture
+def esol_copy(tmp_path) -> Path:
+    """A copy of one task (ESOL: 24 train, 8 validation, 8 test records)."""
+    return write_smolinstruct(tmp_path / "esol", tasks=("property_prediction-esol",))
+
+
+def _pad_to(path: Path, size: int, smiles: str) -> None:
+    """Append one record to `path`, padded with an extra field so that the file is exactly `size` bytes."""
+    text = path.read_text()
+    bare = len((text + json.dumps({"input": smiles, "output": "-1.00", "pad": ""}) + "\n").encode())
+    path.write_text(text + json.dumps({"input": smiles, "output": "-1.00", "pad": "x" * (size - bare)}) + "\n")
+    assert path.stat().st_size == size
+
+
+def test_worker_processes_key_only_files_over_4_mib_and_are_started_once_and_shut_down(esol_copy, tmp_path,
+                                                                                        monkeypatch):
+    """Starting the workers costs more than it saves on small files: only a file over 4 MiB (4,194,304 bytes)
+    goes to them, only with workers > 1; one pool serves every such file and is shut down at the end."""
+    raw = esol_copy / "raw"
+    _pad_to(raw / "dev" / "property_prediction-esol.jsonl", 4 << 20, "CCCCCCCCCO")  # exactly 4 MiB: in-process
+    _pad_to(raw / "test" / "property_prediction-esol.jsonl", (4 << 20) + 1, "CCCCCCCCCCO")
+    _pad_to(raw / "train" / "property_prediction-esol.jsonl", (4 << 20) + 1, "CCCCCCCCCCCO")
+    pools = []
+
+    def keyed_in_process(records, kinds, pool, workers):  # records which pool each file got; keys here
+        pools.append(pool)
+        return sample_keys.keyed_records(records, kinds, None, workers)
+
+    monkeypatch.setattr(checks, "keyed_records", keyed_in_process)
+    result = audit(esol_copy, tmp_path / "two", "workers=2")  # validation, test, then train
+    assert result["summary"]["passed"] and result["summary"]["records"] == 43
+    assert pools[0] is None and isinstance(pools[1], ProcessPoolExecutor) and pools[2] is pools[1]
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pools[1].submit(int)
+    pools.clear()
+    audit(esol_copy, tmp_path / "one", "workers=1")
+    assert pools == [None, None, None]
+
+
+def test_a_file_slower_than_5_s_says_its_progress_at_info(esol_copy, monkeypatch, caplog):
+    readings = iter([100.0, 105.0, 100.0, 105.5])  # (start, end) of each file: 5.0 s, then 5.5 s
+    monkeypatch.setattr(checks, "time", SimpleNamespace(perf_counter=lambda: next(readings)))
+    run = checks._Audit(SMolInstructSource(path=str(esol_copy)), examples=3)
+    with caplog.at_level("DEBUG", logger="llasmol.leakage.checks"):
+        run.scan("property_prediction-esol", "test", (sample_keys.SMILES, sample_keys.TEXT))
+        run.scan("property_prediction-esol", "validation", (sample_keys.SMILES, sample_keys.TEXT))
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.DEBUG, "audit: raw/test/property_prediction-esol.jsonl: 8 records in 5.0 s"),
+        (logging.INFO, "audit: raw/dev/property_prediction-esol.jsonl: 8 records in 5.5 s")]
+    assert run.records == {("property_prediction-esol", "test"): 8, ("property_prediction-esol", "validation"): 8}
+
+
+def test_two_splits_read_from_one_raw_folder_are_refused(tmp_path):
+    with pytest.raises(UserError, match=r"^data.splits maps validation and another split to raw/test: an audit "
+                                        r"compares different splits"):
+        audit(None, tmp_path / "out", "data.splits.validation=test")
+
+
+def test_a_raw_file_outside_the_copy_is_named_by_its_full_path(tmp_path):
+    run = checks._Audit(SMolInstructSource(path=str(tmp_path / "copy")), examples=3)
+    assert run._rel(tmp_path / "copy" / "raw" / "test" / "x.jsonl") == "raw/test/x.jsonl"
+    assert run._rel(tmp_path / "elsewhere" / "x.jsonl") == str(tmp_path / "elsewhere" / "x.jsonl")
+
+
+def test_the_command_prints_the_summary_and_exits_1_on_leakage_0_without(esol_copy, tmp_path, capsys):
+    """The command's body in this process (Hydra hands a composed config straight through)."""
+    cfg = lambda run: compose_config([f"data.path={esol_copy}", f"paths.output_dir={tmp_path / run}",  # noqa: E731
+                                      "workers=1"], config_name="audit")
+    command(cfg("clean"))  # passed: returns, no exit
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-2:] == ["passed: no leakage",
+                            f"report written to {tmp_path / 'clean' / 'audit.md'} (and audit.json)"]
+    add_record(esol_copy, "property_prediction-esol", "train", "CCO", "-0.75")  # training line 1 again
+    with pytest.raises(SystemExit) as stopped:
+        command(cfg("leak"))
+    assert stopped.value.code == 1
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[0].startswith(f"audited {esol_copy}: 1 tasks, 41 raw records in ")
+    assert printed[-3:] == ["LEAK duplicate: property_prediction-esol / train: 1", "failed: 1 finding(s)",
+                            f"report written to {tmp_path / 'leak' / 'audit.md'} (and audit.json)"]
+
+
+
+def test_python_m_llasmol_audit_runs_the_audit_and_exits_1_on_leakage(esol_copy, tmp_path):
+    """`python -m llasmol.audit` past its command-line check (one small task: about a second)."""
+    add_record(esol_copy, "property_prediction-esol", "train", "CCO", "-0.75")  # training line 1 again
+    proc = subprocess.run([sys.executable, "-m", "llasmol.audit", f"data.path={esol_copy}",
+                           f"hydra.run.dir={tmp_path / 'run'}", "workers=1"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=HANG_TIMEOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-3:] == [
+        "LEAK duplicate: property_prediction-esol / train: 1", "failed: 1 finding(s)",
+        f"report written to {tmp_path / 'run' / 'audit.md'} (and audit.json)"]
+    assert json.loads((tmp_path / "run" / "audit.json").read_text())["summary"]["duplicates"] == 1
+
+# -- sample keys: what counts as the same field, and how worker processes are fed ------------------------------
+
+
+def test_a_smiles_field_is_its_set_of_molecules_and_an_unreadable_one_its_spelling():
+    smiles, field = sample_keys.smiles_field, sample_keys.field
+    # Fragment order, white space around parts, repeated fragments and spelling do not matter; the set does.
+    assert smiles("OCC.O").key == smiles(" O . C(O)C ").key == smiles("CCO.O.O").key != smiles("CCO").key
+    assert smiles("OCC.O").parts == smiles("CCO").parts | smiles("O").parts and len(smiles("OCC.O").parts) == 2
+    assert smiles("OCC.O").problem is None
+    # A part RDKit cannot read, an empty part, or one past the scorer's bounds: keyed by the spelling.
+    for text, problem in (("C1CC", "invalid"), ("CCO..O", "invalid"), ("C" * 301, "too_complex")):
+        got = smiles(text)
+        assert (got.key, got.parts, got.problem) == (sample_keys.text_field(text).key, None, problem)
+    assert smiles("C1CC").key != smiles("C1CCC").key
+    # Other text by its words (white space collapsed, case kept); a dict (SIDER's targets) in any key order.
+    assert field("a  b\tc ", sample_keys.TEXT).key == field("a b c", sample_keys.TEXT).key
+    assert field("A b c", sample_keys.TEXT).key != field("a b c", sample_keys.TEXT).key
+    assert field({"x": "Yes", "y": "No"}, sample_keys.TEXT).key == field({"y": "No", "x": "Yes"}, sample_keys.TEXT).key
+    assert field({"x": "Yes", "y": "No"}, sample_keys.TEXT).key != field({"x": "No", "y": "Yes"}, sample_keys.TEXT).key
+    # The kind decides: as SMILES two spellings of ethanol are one, as text two.
+    assert field("OCC", sample_keys.SMILES).key == field("CCO", sample_keys.SMILES).key
+    assert field("OCC", sample_keys.TEXT).key != field("CCO", sample_keys.TEXT).key
+    assert [sample_keys.kind_of_tag(t) for t in ("<SMILES>", "<IUPAC>", "<MOLFORMULA>", "", None)] == [
+        "smiles", "name", "text", "text", "text"]
+    # A sample is its (input, output) in that order.
+    a, b = field("CCO", sample_keys.SMILES), field("ethanol", sample_keys.TEXT)
+    assert sample_keys.pair_key(a, b) == sample_keys.pair_key(a, b) != sample_keys.pair_key(b, a)
+
+
+def test_a_semicolon_in_a_smiles_field_separates_molecules_as_the_scorer_reads_it():
+    """A raw SMILES field with ';' (the scorer reads it as '.') stopped the whole audit with a ValueError."""
+    assert sample_keys.smiles_field("CCO;O") == sample_keys.smiles_field("CCO.O")
+    assert sample_keys.smiles_field("[Na+];[Cl-]").problem is None
+
+def test_workers_get_chunks_of_500_records_and_at_most_two_chunks_per_worker_wait():
+    """A stand-in pool that runs each chunk at once and records the order of submissions, results taken and
+    records handed on: 2,501 records, 2 workers."""
+    events: list = []
+
+    class Done:
+        def __init__(self, value):
+            self.value = value
+
+        def result(self):
+            events.append("result")
+            return self.value
+
+    class Pool:
+        def submit(self, fn, values, kinds):
+            events.append(("submit", len(values)))
+            return Done(fn(values, kinds))
+
+    records = [(n, {"input": "CCO" if n % 2 else "OCC", "output": f"answer {n}"}) for n in range(1, 2502)]
+    kinds = (sample_keys.SMILES, sample_keys.TEXT)
+    keyed = []
+    for item in sample_keys.keyed_records(iter(records), kinds, Pool(), workers=2):
+        events.append("record")
+        keyed.append(item)
+    # Four chunks waiting (two per worker): the oldest is handed on before the next is submitted; the last,
+    # short chunk is submitted when the file ends, then the rest are handed on, oldest first.
+    chunk = ["result"] + ["record"] * 500
+    assert events == ([("submit", 500)] * 4 + chunk + [("submit", 500)] + chunk + [("submit", 1)]
+                      + chunk * 3 + ["result", "record"])
+    # The same keys, in file order, as keyed in this process.
+    assert keyed == list(sample_keys.keyed_records(iter(records), kinds, None, workers=2))
+    assert [line for line, _, _ in keyed] == list(range(1, 2502)) and keyed[0][1].key == keyed[1][1].key

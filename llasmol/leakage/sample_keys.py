@@ -69,7 +69,9 @@ def text_field(text: str) -> Field:
 def smiles_field(text: str) -> Field:
     """The molecules of a SMILES field; a field with any unreadable part is keyed by its spelling."""
     keys = []
-    for part in text.strip().split("."):
+    # ';' separates molecules as '.' does, as the scorer reads it (`parse_molecule`); a part holding one
+    # would be two molecules where one key is expected.
+    for part in text.strip().replace(";", ".").split("."):
         key, problem = _part(part.strip()) if part.strip() else (None, "invalid")
         if key is None:
             return text_field(text)._replace(problem=problem)
