@@ -379,3 +379,47 @@ def test_the_forest_says_how_many_training_labels_it_left_out_and_only_then(capl
     with caplog.at_level("WARNING"):
         method.fit("property_prediction-bbbp", clean)
     assert not caplog.records
+
+
+@pytest.mark.parametrize("method_name", ["fingerprint", "nearest_neighbor"])
+def test_a_side_effect_never_seen_in_training_is_unanswered_and_said_once(caplog, method_name):
+    """SIDER has one model or index per side effect: a test target with no training sample gets no answer
+    (scored as no answer), and the log says which target and how many samples."""
+    from llasmol.baseline import make_method
+    from llasmol.classical.common import Examples
+
+    method = make_method(compose_config([f"method={method_name}", "fingerprint.n_estimators=2"], "baseline"))
+    train, test = Examples(), Examples()
+    for smiles, answer in [("CCO", "Yes"), ("CCN", "No"), ("CCCl", "Yes"), ("c1ccccc1", "No")]:
+        train.add(smiles, answer, "Eye disorders")
+    for smiles, target in [("CCO", "Eye disorders"), ("CCN", "Renal disorders"), ("CCC", "Renal disorders")]:
+        test.add(smiles, "", target)
+    method.fit("property_prediction-sider", train)
+    with caplog.at_level("WARNING"):
+        answers = method.predict("property_prediction-sider", test, 1)
+    assert answers[1:] == [[], []] and answers[0] in (["Yes"], ["No"])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{method_name}: no training sample of property_prediction-sider with target 'Renal disorders': 2 samples "
+        "unanswered" if method_name == "nearest_neighbor" else
+        "fingerprint: no training label of property_prediction-sider for target 'Renal disorders': 2 samples "
+        "unanswered"]
+    assert method_name != "nearest_neighbor" or answers[0] == ["Yes"]  # CCO itself was seen in training
+
+
+def test_opsin_says_how_many_names_it_cannot_parse(caplog):
+    from llasmol.baseline import make_method
+    from llasmol.classical.common import Examples
+
+    method = make_method(compose_config(["method=opsin"], "baseline"))
+    test = Examples()
+    for name in ["ethanol", "not a chemical name at all", "benzene"]:
+        test.add(name, "", None)
+    with caplog.at_level("INFO", logger="llasmol.classical.opsin_names"):
+        answers = method.predict("name_conversion-i2f", test, 1)
+    assert answers == [["C2H6O"], [], ["C6H6"]]
+    assert [r.getMessage() for r in caplog.records] == [
+        "opsin: name_conversion-i2f: OPSIN cannot parse 1 of 3 names (no answer)"]
+    caplog.clear()
+    with caplog.at_level("INFO", logger="llasmol.classical.opsin_names"):
+        method.predict("name_conversion-i2f", Examples(["ethanol"], [""], [None]), 1)
+    assert caplog.records == []  # every name parsed: nothing to say
