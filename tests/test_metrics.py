@@ -576,6 +576,29 @@ def test_each_family_judges_a_top1_answer_as_the_failure_tables_count_it():
     assert judged("property_prediction-esol", "<NUMBER> -1.0 </NUMBER>", "-1.5") == "scored"
     assert judged("property_prediction-esol", "<NUMBER> about two </NUMBER>", "-1.5") == "invalid"
 
+    def scored(task, prediction, gold):
+        return FAMILIES[get_task(task).family].judge(sample_stats(task, [prediction], [gold]))
+
+    # ... with the per-sample score the worst-examples tables sort by
+    assert scored(fs, "<SMILES> CCO </SMILES>", "OCC") == ("correct", 1.0)  # FTS of the molecule with itself
+    assert scored(fs, "<SMILES> C1CC </SMILES>", "OCC") == ("invalid", None)
+    outcome, fts = scored(fs, "<SMILES> CCN </SMILES>", "OCC")
+    assert outcome == "wrong" and 0.0 < fts < 1.0
+    assert scored("name_conversion-s2f", "<MOLFORMULA> C2H6O </MOLFORMULA>", "C2H6O") == ("correct", None)
+    assert scored("name_conversion-s2f", "<MOLFORMULA> 2x </MOLFORMULA>", "C2H6O") == ("invalid", None)
+    assert scored("name_conversion-s2i", "<IUPAC> ethanol </IUPAC>", "ethanol") == ("correct", None)
+    assert scored("name_conversion-s2i", "<IUPAC> methanol </IUPAC>", "ethanol") == ("wrong", None)
+    assert scored("property_prediction-esol", "<NUMBER> -1.0 </NUMBER>", "-1.5") == ("scored", pytest.approx(0.5))
+    # A gold that is no number: the answer may be fine, there is no error to give it
+    assert scored("property_prediction-esol", "<NUMBER> -1.0 </NUMBER>", "n/a") == ("scored", None)
+    assert scored("property_prediction-bbbp", "<BOOLEAN> Yes </BOOLEAN>", "Yes") == ("correct", None)
+    caption = scored("molecule_captioning", "<CAPTION> The molecule is an alcohol. </CAPTION>",
+                     "The molecule is an alcohol.")
+    stats = sample_stats("molecule_captioning", ["<CAPTION> The molecule is an alcohol. </CAPTION>"],
+                         ["The molecule is an alcohol."])
+    assert caption == ("scored", FAMILIES["caption"].metrics(stats)["meteor"]) and caption[1] > 0.5  # its METEOR
+    assert scored("molecule_captioning", "<CAPTION> zzz </CAPTION>", "The molecule is an alcohol.") == ("scored", 0.0)
+
 
 def test_tables_list_every_score_before_every_count():
     from llasmol.metrics.families import COUNTS, FAMILIES, METRIC_ORDER
