@@ -92,6 +92,30 @@ def test_more_shots_than_training_samples_is_one_error():
         draw_examples(train, 0, "forward_synthesis", 100000, 13)
 
 
+def test_a_task_missing_from_the_training_split_has_no_examples_to_draw():
+    class OneTask:  # a training split holding forward synthesis only
+        def counts(self):
+            return {"forward_synthesis": 2}
+
+        def __getitem__(self, i):
+            return {"raw_input": f"in{i}", "raw_output": f"out{i}", "target": None}
+
+    assert len(draw_examples(OneTask(), 0, "forward_synthesis", 2, 13)) == 2
+    with pytest.raises(UserError, match="1-shot prompts need 1 training samples of retrosynthesis; the training "
+                                        "split has 0: lower prompting.shots"):
+        draw_examples(OneTask(), 0, "retrosynthesis", 1, 13)
+
+
+@pytest.mark.parametrize("style, form", [("galactica", galactica_query), ("molinst", molinst_query)])
+def test_zero_shot_styles_ask_each_sample_in_their_own_form(style, form):
+    test = _bundled("test")
+    indices = [0, len(test) - 1]
+    queries = build_queries(Protocol(style, 0, "gal" if style == "galactica" else "mol", 0), test, indices)
+    assert queries == {i: form(test[i]["task"], Example(str(test[i]["raw_input"]), str(test[i]["raw_output"]),
+                                                       test[i].get("target"))) for i in indices}
+    assert queries[0] != queries[indices[1]]
+
+
 # A response of each task's kind, after Galactica's query (which ends with the title its rule reads).
 GAL_RESPONSES = {"forward_synthesis": "CCO[END_I_SMILES]", "retrosynthesis": "CC.O[END_I_SMILES]",
                  "molecule_captioning": "A small alcohol.\nMore.", "molecule_generation": "CCO[END_I_SMILES]",
