@@ -541,3 +541,20 @@ def test_once_hydra_runs_the_run_folder_is_resolved_and_checked():
         HydraConfig.instance().cfg = None
     assert values["paths"]["output_dir"] == "/runs/a" and "hydra" not in values
     assert values["callbacks"]["model_checkpoint"]["dirpath"] == "/runs/a/checkpoints"
+
+
+def test_a_new_setting_of_several_types_is_bounded_only_as_a_number():
+    """For a schema a later setting may need (a name or a count, a name or a mapping): bounds compare numbers only,
+    only a mapping of groups is checked group by group, and an optional one as well."""
+
+    @dataclasses.dataclass
+    class Later:
+        size: typing.Union[int, str] = schema.setting(1, 10)
+        table: typing.Union[str, typing.Dict[str, int]] = schema.setting()
+        beams: typing.Optional[typing.Dict[str, schema.BeamSchema]] = schema.setting()
+
+    assert refusal({"size": "auto", "table": {"a": 1}}, Later) is None
+    assert refusal({"size": 5, "table": "plain"}, Later) is None
+    assert refusal({"size": 11}, Later) == "size=11 must be an integer or a string >= 1 and <= 10"
+    assert refusal({"beams": None}, Later) is None
+    assert refusal({"beams": {"x": {"num_beams": 0}}}, Later) == "beams.x.num_beams=0 must be an integer >= 1 and <= 256"
