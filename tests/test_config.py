@@ -626,3 +626,16 @@ def test_continuing_a_stopped_job_repeats_its_settings_as_typed(tmp_path, capsys
         "ckpt_path=last"]
     assert remaining_jobs_command("train", ["optimizer.lr=1e-4", "lora=lite,attn"], 0, "/s") == (
         "python -m llasmol.train --multirun optimizer.lr=1e-4 lora=attn hydra.sweep.dir=/s first_job=1")
+
+
+@pytest.mark.parametrize("argument", ["lora", "model.prompt_template=Q: {input}", "data.tasks=[forward_synthesis",
+                                      "a b=1", "x=y)"])
+def test_an_argument_hydra_cannot_parse_is_named_whatever_hydras_parser_says(argument):
+    """Hydra's parse error names the argument only for some mistakes ("mismatched input '{' expecting <EOF>" for
+    an unquoted value with a space); the line says which argument, and how to quote it, for each."""
+    from llasmol.core.config import check_overrides
+
+    with pytest.raises(UserError) as err:
+        check_overrides("train", ["seed=1", argument])
+    assert str(err.value) == (f"cannot read the argument '{argument}': settings are key=value (quote values with "
+                              "spaces or commas: key='a b')")
