@@ -428,3 +428,214 @@ def test_a_run_folder_that_cannot_be_written_is_refused_naming_the_nearest_exist
     with pytest.raises(SystemExit) as stop:
         check_command_line("generate", run_folder=True)
     assert stop.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_the_resolvers_the_configs_use(monkeypatch):
+    """What `${llasmol_...:}` gives each config that names it (the configs: conf/**/*.yaml)."""
+    import sys
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    import llasmol
+
+    cfg = OmegaConf.create({
+        "asset": "${llasmol_asset:data/bundled}", "offline": "${llasmol_wandb_offline:}",
+        "job": "${llasmol_job_number:3,4}", "cpu": "${llasmol_precision:cpu}", "gpu": "${llasmol_precision:gpu}",
+        "kbit_cpu": "${llasmol_kbit_optimizer:cpu}", "kbit_gpu": "${llasmol_kbit_optimizer:gpu}",
+        "interactive": "${llasmol_interactive:}"})
+    bundled = Path(llasmol.__file__).parent / "data" / "bundled"
+    assert cfg.asset == str(bundled) and bundled.is_dir()
+    assert cfg.job == 7  # job 3 of a sweep continued from job 4
+    assert (cfg.cpu, cfg.gpu) == ("32-true", "bf16-mixed")
+    assert (cfg.kbit_cpu, cfg.kbit_gpu) == ("bitsandbytes.optim.AdamW8bit", "bitsandbytes.optim.PagedAdamW8bit")
+    for mode, offline in ((None, True), ("offline", True), ("disabled", True), ("online", False)):
+        if mode is None:
+            monkeypatch.delenv("WANDB_MODE", raising=False)
+        else:
+            monkeypatch.setenv("WANDB_MODE", mode)
+        assert cfg.offline is offline, mode
+    # Progress bars only on a terminal.
+    monkeypatch.setattr(sys, "stdout", type("Tty", (), {"isatty": lambda self: True})())
+    assert cfg.interactive is True
+    monkeypatch.setattr(sys, "stdout", type("Pipe", (), {"isatty": lambda self: False})())
+    assert cfg.interactive is False
+
+
+def test_compose_config_works_where_hydra_was_left_initialized():
+    """A notebook's bare `initialize_config_dir(...)` (not in a `with`) leaves Hydra initialized."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3")
+    try:
+        assert GlobalHydra.instance().is_initialized()
+        assert compose_config(["seed=5"], "generate").seed == 5
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def test_the_overrides_of_a_command_line_leave_out_hydras_options_and_their_values():
+    from llasmol.core.config import overrides_of
+
+    assert overrides_of(["--multirun", "lora=lite,attn", "--cfg", "job", "-p", "trainer", "seed=1"]) == [
+        "lora=lite,attn", "seed=1"]
+    assert overrides_of(["a=1", "--config-name", "evaluate", "-cd", "/conf", "b=2"]) == ["a=1", "b=2"]
+    assert overrides_of(["x=1", "-c"]) == ["x=1"]  # an option last: nothing after it to take
+    # --info takes a value only optionally: a key=value after it is a setting.
+    assert overrides_of(["--info", "config", "a=1"]) == ["a=1"]
+    assert overrides_of(["--info", "a=1"]) == ["a=1"]
+    assert overrides_of(["~logger.wandb", "+b=2"]) == ["~logger.wandb", "+b=2"]  # a deletion has no "="
+
+
+def test_the_run_folder_a_command_line_names():
+    from pathlib import Path
+
+    from llasmol.core.config import named_run_dir
+
+    assert named_run_dir(["a=1", "--multirun"]) is None
+    assert named_run_dir(["hydra.run.dir=/a", "x=1", "hydra.run.dir=/c"]) == Path("/c")  # the last one wins
+    assert named_run_dir(["+hydra.sweep.dir=/s=1"]) == Path("/s=1")
+
+
+def test_command_line_values_are_the_given_ones_else_the_defaults():
+    from llasmol.core.config import command_line_values
+
+    defaults = {"seed": 13, "first_job": 0, "lr": 5, "x": 9}
+    values = command_line_values(["--multirun", "seed=1,2", "+first_job=3", "other=1", "lr=6", "lr=7"], defaults)
+    assert values["first_job"] == 3 and values["lr"] == 7 and values["x"] == 9 and "other" not in values
+    assert list(values["seed"].list) == [1, 2]  # a sweep counts as given
+    assert defaults == {"seed": 13, "first_job": 0, "lr": 5, "x": 9}
+    assert command_line_values(["lora"], defaults) == defaults  # a line that cannot be read: check_overrides says why
+
+
+def test_check_overrides_says_a_bad_argument_choice_key_or_value_in_one_line():
+    from llasmol.core.config import check_overrides
+
+    said = []
+    for overrides in (["lora"], ["model=mistrall"], ["trainer.max_stepz=1"], ["generation.batch_size=0"]):
+        with pytest.raises(UserError) as err:
+            check_overrides("generate" if overrides[0].startswith("gen") else "train", overrides)
+        said.append(str(err.value))
+    assert said == [
+        "cannot read the argument 'lora': settings are key=value (quote values with spaces or commas: key='a b')",
+        f"model=mistrall is not a choice of model: pick one of {', '.join(MODELS)}",
+        "trainer.max_stepz is not a setting of llasmol.train: check the spelling (python -m llasmol.train --cfg job "
+        "lists them), or add a new key with +trainer.max_stepz=...",
+        "generation.batch_size=0 must be an integer >= 1 and <= 65536"]
+
+
+def test_check_overrides_composes_each_value_of_a_sweep_and_gives_the_commands_check_each_config():
+    from hydra.errors import HydraException
+
+    from llasmol.core.config import check_overrides
+
+    seen = []
+    check_overrides("generate", ["seed=1,2", "query=CCO"], check=lambda cfg: seen.append((cfg.seed, cfg.query)))
+    assert seen == [(13, "CCO"), (1, "CCO"), (2, "CCO")]  # the plain settings, then each swept value with them
+
+    def hydra_says(cfg):
+        raise HydraException("  first line of Hydra's message\nthe rest of it")
+
+    with pytest.raises(UserError) as err:
+        check_overrides("generate", [], check=hydra_says)
+    assert str(err.value) == "first line of Hydra's message"
+
+
+def test_a_run_folder_under_a_file_is_refused(tmp_path):
+    from llasmol.core.config import check_writable
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("x")
+    with pytest.raises(UserError) as err:
+        check_writable(notes / "run")
+    assert str(err.value) == (f"{notes} is not a folder, so the run folder {notes / 'run'} cannot be made there: give "
+                              "the run a folder with hydra.run.dir=<folder>")
+    check_writable(tmp_path / "new" / "run")  # a folder that does not exist yet, under a writable one
+
+
+def test_a_bad_setting_on_the_command_line_is_one_error_line_and_exit_2(monkeypatch, capsys):
+    import sys
+
+    from llasmol.core.config import check_command_line
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.setattr(sys, "argv", ["llasmol.generate", "generation.batch_size=0"])
+    with pytest.raises(SystemExit) as stop:
+        check_command_line("generate")
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines() == ["error: generation.batch_size=0 must be an integer >= 1 and <= 65536"]
+
+
+def _multirun(sweep, overrides, num=None, task="train", first_job=0, job_overrides=None):
+    """The config Hydra hands a SweepSummary hook: the multirun's (num None) or job `num`'s."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"task_name": task, "first_job": first_job, "hydra": {
+        "launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"},
+        "sweep": {"dir": str(sweep)}, "job": {"num": num}, "runtime": {"output_dir": str(sweep / f"job{num}")},
+        "overrides": {"task": overrides if num is None else job_overrides}}})
+
+
+def test_a_multirun_that_ends_says_where_its_folder_is(tmp_path, capsys, monkeypatch):
+    from llasmol.core import config as config_module
+    from llasmol.core.config import SweepSummary
+
+    registered = []
+    monkeypatch.setattr(config_module.atexit, "register", registered.append)
+    sweep = (tmp_path / "sweep").resolve()
+    for task, said in (("train", True), ("baseline", True), ("evaluate", False)):
+        summary = SweepSummary()
+        summary.on_multirun_start(_multirun(sweep, ["seed=1,2"], task=task))
+        # A stop is said as the process exits (Hydra calls no end hook then): registered for train and baseline.
+        assert registered[-1:] == ([summary._said_if_stopped] if said else [])
+        registered.clear()
+        summary.on_multirun_end(_multirun(sweep, ["seed=1,2"], task=task))
+        assert capsys.readouterr().out == (
+            f"sweep folder: {sweep}\n  compare its variants: python -m llasmol.report {sweep}\n" if said else "")
+
+
+def test_a_multirun_stopped_before_its_first_job_says_to_run_them_all(tmp_path, capsys):
+    from llasmol.core.config import SweepSummary
+
+    sweep = (tmp_path / "sweep").resolve()
+    summary = SweepSummary()
+    summary.on_multirun_start(_multirun(sweep, ["lora=lite,attn"]))
+    summary._said_if_stopped()
+    assert capsys.readouterr().err.splitlines() == [
+        "multirun stopped in job 0",
+        "  the jobs that had not started run into the same folder with: python -m llasmol.train --multirun "
+        f"lora=lite,attn hydra.sweep.dir={sweep} first_job=0"]
+
+
+def test_continuing_a_stopped_job_repeats_its_settings_as_typed(tmp_path, capsys):
+    """Hydra's job overrides say `0.0001` for a typed `1e-4`: the command said is the one the user typed, without
+    the sweep's own `first_job`; the stopped job was the last, so nothing else is left to run."""
+    from llasmol.core.config import SweepSummary, remaining_jobs_command
+
+    sweep = (tmp_path / "sweep").resolve()
+    given = ["lora=lite,attn", "optimizer.lr=1e-4", "first_job=3"]
+    summary = SweepSummary()
+    summary.on_multirun_start(_multirun(sweep, given, first_job=3))
+    summary.on_job_start(_multirun(sweep, given, 1, first_job=3,
+                                   job_overrides=["lora=attn", "optimizer.lr=0.0001", "first_job=3"]))
+    summary._said_if_stopped()
+    assert capsys.readouterr().err.splitlines() == [
+        "multirun stopped in job 4",
+        f"  continue it with: python -m llasmol.train lora=attn optimizer.lr=1e-4 hydra.run.dir={sweep / 'job1'} "
+        "ckpt_path=last"]
+    assert remaining_jobs_command("train", ["optimizer.lr=1e-4", "lora=lite,attn"], 0, "/s") == (
+        "python -m llasmol.train --multirun optimizer.lr=1e-4 lora=attn hydra.sweep.dir=/s first_job=1")
+
+
+@pytest.mark.parametrize("argument", ["lora", "model.prompt_template=Q: {input}", "data.tasks=[forward_synthesis",
+                                      "a b=1", "x=y)"])
+def test_an_argument_hydra_cannot_parse_is_named_whatever_hydras_parser_says(argument):
+    """Hydra's parse error names the argument only for some mistakes ("mismatched input '{' expecting <EOF>" for
+    an unquoted value with a space); the line says which argument, and how to quote it, for each."""
+    from llasmol.core.config import check_overrides
+
+    with pytest.raises(UserError) as err:
+        check_overrides("train", ["seed=1", argument])
+    assert str(err.value) == (f"cannot read the argument '{argument}': settings are key=value (quote values with "
+                              "spaces or commas: key='a b')")

@@ -206,3 +206,355 @@ def test_the_command_line_is_checked_before_hydra_writes_the_run_folder(tmp_path
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {setting}=${{oc.env:LLASMOL_TEST_UNSET}} cannot be resolved")
     assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------- each bound, both sides, checked directly
+# `check_group` on plain values (no composition: microseconds each). The messages are written out as a user reads
+# them; a bound written as `setting(1, 65536)` is tested at 0, 1, 65536 and 65537.
+
+
+def refusal(values: dict, group: type, prefix: str = "") -> str | None:
+    """The one line `check_group` says of `values`, None when it passes."""
+    try:
+        schema.check_group(values, group, prefix)
+    except UserError as err:
+        return str(err)
+    return None
+
+
+S = schema
+BOUNDS = [
+    # (group, field, allowed, refused, what a refused value "must be")
+    (S.ModelSchema, "init_seed", [0, 7], [-1], "an integer >= 0"),
+    (S.LoraSchema, "r", [1, 16, 65536], [0, 65537], "an integer >= 1 and <= 65536 (the paper's LoRA rank is 16)"),
+    (S.LoraSchema, "alpha", [1e-9, 0.5, 16, 1e6], [0, -1, 1000001], "a number > 0 and <= 1000000"),
+    (S.LoraSchema, "dropout", [0, 0.05, 0.999], [-0.01, 1, 1.0], "a number >= 0 and < 1"),
+    (S.QuantizationSchema, "bits", [None, 4, 8], [0, 5, 9, 16], "one of 4, 8 or null (or null for an unquantised base)"),
+    (S.QuantizationSchema, "quant_type", ["nf4", "fp4"], ["int4"], "one of nf4, fp4"),
+    (S.DataSchema, "max_length", [16, 512, 1048576], [15, 1048577],
+     "an integer >= 16 and <= 1048576 (the paper's is 512 tokens; shorter than a prompt trains on nothing)"),
+    (S.DataSchema, "micro_batch_size", [1, 65536], [0, 65537], "an integer >= 1 and <= 65536"),
+    (S.DataSchema, "effective_batch_size", [1, 16777216], [0, 16777217], "an integer >= 1 and <= 16777216"),
+    (S.DataSchema, "eval_batch_size", [None, 1, 65536], [0, 65537],
+     "an integer >= 1 and <= 65536 or null (null: the micro-batch)"),
+    (S.DataSchema, "num_workers", [0, 256], [-1, 257], "an integer >= 0 and <= 256"),
+    (S.DataSchema, "seed", [0], [-1], "an integer >= 0"),
+    (S.DataSchema, "representation", ["smiles", "selfies"], ["inchi"], "one of smiles, selfies"),
+    (S.DataSchema, "split", ["train", "validation", "test"], ["dev"], "one of train, validation, test"),
+    (S.BeamSchema, "num_beams", [1, 256], [0, 257], "an integer >= 1 and <= 256"),
+    (S.BeamSchema, "num_return_sequences", [1, 256], [0, 257], "an integer >= 1 and <= 256"),
+    (S.BeamSchema, "max_new_tokens", [1, 1048576], [0, 1048577], "an integer >= 1 and <= 1048576"),
+    (S.GenerationSchema, "max_prompt_tokens", [1, 1048576], [0, 1048577], "an integer >= 1 and <= 1048576"),
+    (S.GenerationSchema, "max_new_tokens_limit", [None, 1, 1048576], [0, 1048577],
+     "an integer >= 1 and <= 1048576 or null"),
+    (S.GenerationSchema, "batch_size", [1, 65536], [0, 65537], "an integer >= 1 and <= 65536"),
+    (S.IntervalsSchema, "resamples", [0, 100000], [-1, 100001],
+     "an integer >= 0 and <= 100000 (0 turns intervals off; 1000 is the default)"),
+    (S.IntervalsSchema, "seed", [0], [-1], "an integer >= 0"),
+    (S.IntervalsSchema, "level", [1e-6, 0.95, 0.999999], [0, 1, 0.0, 1.0, float("nan")],
+     "a number > 0 and < 1 (0.95 for 95% intervals)"),
+    (S.PromptingSchema, "shots", [0, 64], [-1, 65], "an integer >= 0 and <= 64"),
+    (S.PromptingSchema, "seed", [0], [-1], "an integer >= 0"),
+    (S.OptimizerSchema, "lr", [1e-9, 1e-4, 3], [0, -1e-4, float("inf"), float("nan")],
+     "a number > 0 (the paper's is 1e-4)"),
+    (S.OptimizerSchema, "weight_decay", [0, 0.01], [-0.01], "a number >= 0"),
+    (S.SchedulerSchema, "num_warmup_steps", [0, 1073741824], [-1, 1073741825], "an integer >= 0 and <= 1073741824"),
+    (S.TrainerSchema, "accelerator", ["auto", "cpu", "gpu", "cuda", "mps", "tpu"], ["gpux"],
+     "one of auto, cpu, gpu, cuda, mps, tpu"),
+    (S.TrainerSchema, "num_nodes", [1, 65536], [0, 65537], "an integer >= 1 and <= 65536"),
+    # Lightning's names, ints and strings (16 and "16" said once).
+    (S.TrainerSchema, "precision", [64, 32, 16, "64", "16", "bf16", "bf16-mixed", "32-true"], [8, 65, "fp8"],
+     "one of transformer-engine, transformer-engine-float16, 16-true, 16-mixed, bf16-true, bf16-mixed, 32-true, "
+     "64-true, 64, 32, 16, bf16"),
+    (S.TrainerSchema, "max_steps", [-1, 1, 1073741824], [0, -2, 1073741825],
+     "an integer >= 1 and <= 1073741824 or -1 (-1 trains for trainer.max_epochs)"),
+    (S.TrainerSchema, "max_epochs", [None, -1, 1, 1073741824], [0, -2, 1073741825],
+     "an integer >= 1 and <= 1073741824 or -1 or null"),
+    (S.TrainerSchema, "gradient_clip_val", [None, 1e-9, 0.5], [0, -1], "a number > 0 or null"),
+    (S.TrainerSchema, "accumulate_grad_batches", [1, 65536], [0, 65537], "an integer >= 1 and <= 65536"),
+    (S.TrainerSchema, "log_every_n_steps", [1, 50], [0], "an integer >= 1"),
+    (S.TrainerSchema, "deterministic", [True, False, "warn"], ["yes", 1], "one of True, False, warn"),
+    (S.GenerationEvaluatorSchema, "samples_per_task", [None, 0, 1073741824], [-1, 1073741825],
+     "an integer >= 0 and <= 1073741824 or null (null: every validation sample)"),
+    (S.GenerationEvaluatorSchema, "seed", [0], [-1], "an integer >= 0"),
+    (S.BestCheckpointSchema, "save_top_k", [-1, 0, 1073741824], [-2, 1073741825],
+     "an integer >= -1 and <= 1073741824 (-1 keeps every validated adapter)"),
+    (S.ResumeCheckpointSchema, "save_top_k", [-1, 0], [-2], "an integer >= -1 and <= 1073741824"),
+    (S.ResumeCheckpointSchema, "every_n_train_steps", [1, 1073741824], [0, 1073741825],
+     "an integer >= 1 and <= 1073741824"),
+    (S.MorganSchema, "radius", [0, 2, 16], [-1, 17], "an integer >= 0 and <= 16 (ECFP4 is radius 2)"),
+    # 8 bits to a byte: 8 is the smallest, 2^20 the largest, 2^20 + 8 past it.
+    (S.MorganSchema, "n_bits", [8, 2048, 1048576], [0, 12, 2047, 1048584],
+     "an integer >= 8 and <= 1048576, a multiple of 8 (the default is 2048)"),
+    (S.FingerprintSchema, "n_estimators", [1, 100000], [0, 100001], "an integer >= 1 and <= 100000"),
+    (S.FingerprintSchema, "min_samples_leaf", [1], [0], "an integer >= 1"),
+    (S.NearestNeighborSchema, "max_train_inputs", [None, 1], [0],
+     "an integer >= 1 or null (null indexes every training input)"),
+    (S.NearestNeighborSchema, "table_rows", [1, 16777216], [0, 16777217], "an integer >= 1 and <= 16777216"),
+    (S.CpuSchema, "threads", [None, 1, 1024], [0, 1025],
+     "an integer >= 1 and <= 1024 or null (null: one per core this process may use)"),
+    (S.CpuSchema, "wait_policy", ["passive", "active", "inherit"], ["spin"],
+     "one of passive, active, inherit (passive: a waiting thread sleeps; inherit: OMP_WAIT_POLICY as it is)"),
+    (S.CommandSchema, "seed", [0], [-1], "an integer >= 0"),
+    (S.CommandSchema, "first_job", [0, 1073741824], [-1, 1073741825], "an integer >= 0 and <= 1073741824"),
+    (S.TrainSchema, "val_every_n_steps", [1, 1073741824], [0, 1073741825], "an integer >= 1 and <= 1073741824"),
+    (S.TrainSchema, "checkpoint_every_n_steps", [1, 1073741824], [0, 1073741825],
+     "an integer >= 1 and <= 1073741824"),
+    (S.EvaluateSchema, "progress_every_s", [0, 0.5, 30], [-1, -0.5],
+     "a number >= 0 (seconds between progress lines in the log; 0: after every batch)"),
+    (S.EvaluateSchema, "pool_golds", ["file", "split"], ["both"], "one of file, split (file: the samples of the "
+     "predictions file; split: every sample of data.split, as the official scorer reads them)"),
+    (S.BaselineSchema, "n_jobs", [1, 1024], [0, 1025], "an integer >= 1 and <= 1024"),
+    (S.AuditSchema, "examples", [0, 1073741824], [-1, 1073741825], "an integer >= 0 and <= 1073741824"),
+    (S.AuditSchema, "workers", [None, 1, 1024], [0, 1025], "an integer >= 1 and <= 1024 or null (null: one per CPU, "
+     "at most 8)"),
+]
+
+
+@pytest.mark.parametrize("group,name,allowed,refused,must", BOUNDS, ids=[f"{b[0].__name__}.{b[1]}" for b in BOUNDS])
+def test_each_bound_allows_its_edge_and_refuses_one_past_it(group, name, allowed, refused, must):
+    for value in allowed:
+        assert refusal({name: value}, group) is None, (name, value)
+    for value in refused:
+        assert refusal({name: value}, group, "g.") == f"g.{name}={value!r} must be {must}", (name, value)
+
+
+def test_a_value_of_the_wrong_type_names_the_type_it_must_be():
+    # Strict: a boolean is no integer nor number, an integer is a number, a string no list, a mapping's values typed.
+    assert refusal({"micro_batch_size": True}, S.DataSchema) == "micro_batch_size=True must be an integer >= 1 and <= 65536"
+    assert refusal({"micro_batch_size": 2.5}, S.DataSchema) == "micro_batch_size=2.5 must be an integer >= 1 and <= 65536"
+    assert refusal({"lr": True}, S.OptimizerSchema) == "lr=True must be a number > 0 (the paper's is 1e-4)"
+    assert refusal({"lr": "1e-4"}, S.OptimizerSchema) == "lr='1e-4' must be a number > 0 (the paper's is 1e-4)"
+    assert refusal({"lr": 1}, S.OptimizerSchema) is None
+    for value in ("maybe", 1, None):
+        assert refusal({"lenient_formulas": value}, S.ScoringSchema) == f"lenient_formulas={value!r} must be true or false"
+    assert refusal({"lenient_formulas": False}, S.ScoringSchema) is None
+    assert refusal({"name": 3}, S.ModelSchema) == "name=3 must be a string"
+    assert refusal({"hf_id": 3}, S.ModelSchema) == "hf_id=3 must be a string or null"
+    assert refusal({"hf_id": None, "name": "tiny", "arch": "llama"}, S.ModelSchema) is None
+    assert refusal({"targets": "q"}, S.LoraSchema) == "targets='q' must be a list of strings ([a,b])"
+    assert refusal({"targets": ["q", 1]}, S.LoraSchema) == "targets=['q', 1] must be a list of strings ([a,b])"
+    assert refusal({"targets": ["q", "v"]}, S.LoraSchema) is None and refusal({"targets": []}, S.LoraSchema) is None
+    assert refusal({"splits": "train"}, S.DataSchema) == "splits='train' must be a mapping"
+    assert refusal({"splits": {"train": 1}}, S.DataSchema) == "splits={'train': 1} must be a mapping"
+    assert refusal({"splits": {1: "train"}}, S.DataSchema) == "splits={1: 'train'} must be a mapping"
+    assert refusal({"splits": {"train": "train", "validation": "dev"}}, S.DataSchema) is None
+    assert refusal({"lora": "large"}, S.TrainSchema) == "lora='large' must be a group of settings"
+    # A setting of several types names each, and says null only where null is allowed.
+    assert refusal({"devices": 1.5}, S.TrainerSchema) == (
+        "devices=1.5 must be an integer or a string or a list of integers ([a,b])")
+    assert refusal({"max_features": True}, S.FingerprintSchema) == (
+        "max_features=True must be a string or an integer or a number or null")
+    # A long list is shown cut at 80 characters, in one line.
+    long = list(range(40))
+    said = refusal({"held_out": long}, S.AuditSchema)
+    assert said == f"held_out={str(long)[:80]} must be a list of strings ([a,b])" and len(str(long)) > 80
+
+
+def test_a_value_left_for_hydras_run_or_a_setting_left_out_is_not_checked():
+    assert refusal({"r": schema._UNRESOLVED}, S.LoraSchema) is None
+    assert refusal({"r": schema._UNRESOLVED, "alpha": 0}, S.LoraSchema) == "alpha=0 must be a number > 0 and <= 1000000"
+    assert refusal({}, S.TrainSchema) is None  # a key its schema has and the config lacks is not checked
+    assert refusal({"not_a_field": -5}, S.LoraSchema) is None  # nor a key only the config has
+
+
+def test_groups_inside_groups_are_checked_with_their_full_key():
+    assert refusal({"lora": {"r": 0}}, S.TrainSchema) == (
+        "lora.r=0 must be an integer >= 1 and <= 65536 (the paper's LoRA rank is 16)")
+    assert refusal({"lora": {"r": 8}, "data": {"max_samples_per_task": {"test": 5}}}, S.TrainSchema) is None
+    tasks = {"retrosynthesis": {"num_beams": 0}}
+    assert refusal({"generation": {"tasks": tasks}}, S.EvaluateSchema) == (
+        "generation.tasks.retrosynthesis.num_beams=0 must be an integer >= 1 and <= 256")
+    assert refusal({"generation": {"tasks": {"forward_synthesis": {"num_beams": 5, "num_return_sequences": 5}}}},
+                   S.EvaluateSchema) is None
+    assert refusal({"callbacks": {"generation_evaluator": {"intervals": {"level": 1.0}}}}, S.TrainSchema) == (
+        "callbacks.generation_evaluator.intervals.level=1.0 must be a number > 0 and < 1 (0.95 for 95% intervals)")
+
+
+@pytest.mark.parametrize("value,said", [
+    (1, None), (2, None), (-1, None), ("2", None), ("-1", None), (" 3 ", None), ("auto", None), ("0,1", None),
+    ("0,1,", None), ([0], None), ([0, 2], None),
+    (0, "devices=0 must be a count of devices >= 1 (or -1: all of them)"),
+    (-2, "devices=-2 must be a count of devices >= 1 (or -1: all of them)"),
+    ("0", "devices='0' must be a count of devices >= 1 (or -1: all of them)"),
+    ("gpu", "devices='gpu' must be auto, a count or ids"),
+    ("auto,0", "devices='auto,0' must be auto, a count or ids"),
+    ([], "devices=[] must list at least one device id"),
+    ([0, -1], "devices=[0, -1] must list device ids >= 0"),
+])
+def test_trainer_devices_takes_what_lightning_takes(value, said):
+    assert refusal({"devices": value}, S.TrainerSchema) == said
+
+
+def test_limit_batches_take_a_count_or_a_fraction_and_training_needs_at_least_one_batch():
+    train = "must be a count >= 1 or a fraction of the epoch in (0, 1]: 0 trains nothing and would save an untrained adapter"
+    for value in (1, 7, 0.25, 1.0):
+        assert refusal({"limit_train_batches": value}, S.TrainerSchema) is None, value
+    for value in (0, -1, 0.0, 1.5):
+        assert refusal({"limit_train_batches": value}, S.TrainerSchema) == f"limit_train_batches={value!r} {train}"
+    for value in (0, 3, 0.0, 0.5, 1.0):  # validation may be off
+        assert refusal({"limit_val_batches": value}, S.TrainerSchema) is None, value
+    for value in (-1, -0.5, 1.5):
+        assert refusal({"limit_val_batches": value}, S.TrainerSchema) == (
+            f"limit_val_batches={value!r} must be a count >= 0 or a fraction in [0, 1]")
+
+
+def test_max_features_takes_sklearns_names_a_count_or_a_fraction():
+    for value in (None, "sqrt", "log2", 1, 5, 0.5, 1.0):
+        assert refusal({"max_features": value}, S.FingerprintSchema) is None, value
+    for value in (0, 0.0, 1.5, "auto"):
+        assert refusal({"max_features": value}, S.FingerprintSchema) == (
+            f"max_features={value!r} must be sqrt, log2, null (every bit), a count >= 1 or a fraction in (0, 1]")
+
+
+def test_text_ngrams_is_a_pair_low_to_high():
+    for pair in ([3, 5], [1, 1], [2, 2]):
+        assert refusal({"text_ngrams": pair}, S.NearestNeighborSchema) is None, pair
+    for pair in ([0, 2], [3, 2], [1, 2, 3], [4]):
+        assert refusal({"text_ngrams": pair}, S.NearestNeighborSchema) == (
+            f"text_ngrams={pair} must be two integers [low, high] with 1 <= low <= high, e.g. [3,5]")
+
+
+def test_samples_per_task_caps_are_whole_numbers_from_one():
+    for caps in (None, {"test": 1}, {"validation": 8, "test": 50}):
+        assert refusal({"max_samples_per_task": caps}, S.DataSchema) is None, caps
+    for caps, bad in (({"test": 0}, "test=0"), ({"train": 5, "test": -1}, "test=-1")):
+        assert refusal({"max_samples_per_task": caps}, S.DataSchema, "data.") == (
+            f"data.max_samples_per_task={caps} must give each split's samples per task as a whole number >= 1, not {bad}")
+    assert refusal({"max_samples_per_task": {"test": True}}, S.DataSchema) == (
+        "max_samples_per_task={'test': True} must be a mapping or null")
+
+
+def test_task_names_are_checked_where_they_are_given():
+    assert refusal({"tasks": None}, S.DataSchema) is None
+    assert refusal({"tasks": ["forward_synthesis", "retrosynthesis"]}, S.DataSchema) is None
+    assert refusal({"tasks": ["nope"]}, S.DataSchema).startswith("unknown task 'nope' in data.tasks")
+    assert refusal({"tasks": {"nope": {"num_beams": 2}}}, S.GenerationSchema).startswith(
+        "unknown task 'nope' in generation.tasks")
+    assert refusal({"task": "nope"}, S.GenerateSchema).startswith("unknown task 'nope' in task= (or leave task out")
+    for values in ({"task": None}, {"task": "forward_synthesis"}, {}):
+        assert refusal(values, S.GenerateSchema) is None, values
+
+
+def test_beam_search_returns_at_most_one_sequence_per_beam():
+    why = "beam search returns at most one sequence per beam"
+    for default in ({"num_beams": 4}, {"num_beams": 5, "num_return_sequences": 5}, {"num_beams": 5, "num_return_sequences": 1}):
+        assert refusal({"default": default}, S.GenerationSchema) is None, default
+    assert refusal({"default": {"num_beams": 4, "num_return_sequences": 5}}, S.GenerationSchema) == (
+        f"generation.default.num_return_sequences=5 exceeds its num_beams=4: {why}")
+    tasks = {"forward_synthesis": {"num_beams": 8, "num_return_sequences": 5},
+             "retrosynthesis": {"num_beams": 2, "num_return_sequences": 3}}
+    assert refusal({"default": {"num_beams": 4, "num_return_sequences": 1}, "tasks": tasks}, S.GenerationSchema) == (
+        f"generation.tasks.retrosynthesis.num_return_sequences=3 exceeds its num_beams=2: {why}")
+
+
+def test_model_hf_without_its_folder_is_named():
+    assert refusal({"arch": None}, S.ModelSchema) == (
+        "model.path is not set: model=hf reads the base from a local folder, model.path=<folder with its config.json, "
+        "tokenizer files and *.safetensors> (a listed model names model.arch, a bundled architecture)")
+    assert refusal({"arch": "llama"}, S.ModelSchema) is None and refusal({"name": "tiny"}, S.ModelSchema) is None
+
+
+def test_a_lora_variant_that_names_its_base_refuses_another():
+    large = {"name": "large", "base": "llama2_13b"}
+    assert refusal({"lora": large, "model": {"name": "mistral"}}, S.TrainSchema) == (
+        "lora=large means model=llama2_13b, but model=mistral was given: drop model=mistral (lora=large chooses "
+        "llama2_13b itself), or use lora=full with model=mistral")
+    for values in ({"lora": large, "model": {"name": "llama2_13b"}}, {"lora": {"name": "full", "base": None},
+                   "model": {"name": "mistral"}}, {"lora": large}, {"model": {"name": "mistral"}}):
+        assert refusal(values, S.TrainSchema) is None, values
+
+
+def test_bounds_describe_themselves_and_allow_exactly_what_they_say():
+    B = schema.Bounds
+    assert B(choices=(16, "16", 32)).describe() == "one of 16, 32"
+    assert B(low=1, high=10).describe() == ">= 1 and <= 10"
+    assert B(low=0, low_open=True, high=1, high_open=True).describe() == "> 0 and < 1"
+    assert B(low=0.5).describe() == ">= 0.5" and B(high=1e6).describe() == "<= 1000000"
+    assert B(low=1e-4).describe() == ">= 0.0001"
+    assert B(low=8, multiple_of=8).describe() == ">= 8, a multiple of 8"
+    assert B(low=1, also=(-1,)).describe() == ">= 1 or -1" and B().describe() == ""
+    # Inclusive unless said open; `also` outside the range; non-finite numbers never.
+    assert B(low=1).allows(1) and not B(low=1).allows(0) and B(low=1).allows(2)
+    assert B(high=1).allows(1) and not B(high=1).allows(2) and B(high=1).allows(0)
+    assert not B(low=0, low_open=True).allows(0) and B(low=0, low_open=True).allows(0.5)
+    assert not B(high=1, high_open=True).allows(1) and B(high=1, high_open=True).allows(0.5)
+    assert B(low=1, also=(-1,)).allows(-1) and not B(low=1, also=(-1,)).allows(-2)
+    assert B(choices=(4, 8)).allows(8) and not B(choices=(4, 8)).allows(5)
+    assert B().allows(3) and B().allows(1.5) and not B().allows(float("nan")) and not B().allows(float("-inf"))
+    assert B(multiple_of=8).allows(16) and not B(multiple_of=8).allows(12) and B().allows(12)
+    with pytest.raises(dataclasses.FrozenInstanceError):  # one Bounds serves every use of its field
+        B().low = 3
+
+
+def test_fits_is_strict_and_any_takes_anything():
+    assert schema._fits(object(), typing.Any) and schema._fits(None, typing.Optional[int])
+    assert not schema._fits("x", typing.Optional[int]) and schema._fits(3, typing.Optional[int])
+
+
+def test_check_config_resolves_drops_hydras_node_and_returns_the_values():
+    cfg = OmegaConf.create({"task_name": "audit", "examples": "${n}", "n": 3, "held_out": ["test"],
+                            "hydra": {"run": {"dir": "/x"}}})
+    assert check_config(cfg) == {"task_name": "audit", "examples": 3, "n": 3, "held_out": ["test"]}
+    with pytest.raises(UserError, match=r"^examples=-1 must be an integer >= 0 and <= 1073741824$"):
+        check_config(OmegaConf.create({"task_name": "audit", "examples": -1}))
+    with pytest.raises(UserError) as err:
+        check_config(OmegaConf.create({"task_name": "nope"}))
+    assert str(err.value) == ("task_name='nope' names no llasmol command: one of train, params, evaluate, generate, "
+                              "baseline, audit")
+
+
+def test_resolved_names_the_setting_that_cannot_resolve():
+    assert resolved(OmegaConf.create({"a": [1, "${b}", {"c": "${b}"}], "b": 2})) == {"a": [1, 2, {"c": 2}], "b": 2}
+    with pytest.raises(UserError) as err:
+        resolved(OmegaConf.create({"g": {"a": "???"}}))
+    assert str(err.value) == "g.a is not set (???): give it a value, g.a=<value>"
+    # A setting that refers to a `???`: the `???` one is named, not the one referring to it.
+    with pytest.raises(UserError) as err:
+        resolved(OmegaConf.create({"x": "${m.name}", "m": {"name": "???"}}))
+    assert str(err.value) == "m.name is not set (???): give it a value, m.name=<value>"
+    # OmegaConf's reason is its first line, cut at 160 characters.
+    name = "LLASMOL_TEST_UNSET_" + "X" * 200
+    os.environ.pop(name, None)
+    raw = "${oc.env:" + name + "}"
+    with pytest.raises(UserError) as err:
+        resolved(OmegaConf.create({"a": raw}))
+    reason = f"KeyError raised while resolving interpolation: \"Environment variable '{name}' not found\""[:160]
+    assert str(err.value) == f"a={raw} cannot be resolved ({reason}): give a a value, or fix the interpolation"
+
+
+def test_once_hydra_runs_the_run_folder_is_resolved_and_checked():
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from llasmol.core.config import CONFIG_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["hydra.run.dir=/runs/a"], return_hydra_config=True)
+    cfg.hydra.runtime.output_dir = "/runs/a"  # what Hydra sets as its run starts
+    try:
+        HydraConfig.instance().set_config(cfg)
+        values = check_config(cfg)
+    finally:
+        HydraConfig.instance().cfg = None
+    assert values["paths"]["output_dir"] == "/runs/a" and "hydra" not in values
+    assert values["callbacks"]["model_checkpoint"]["dirpath"] == "/runs/a/checkpoints"
+
+
+def test_a_new_setting_of_several_types_is_bounded_only_as_a_number():
+    """For a schema a later setting may need (a name or a count, a name or a mapping): bounds compare numbers only,
+    only a mapping of groups is checked group by group, and an optional one as well."""
+
+    @dataclasses.dataclass
+    class Later:
+        size: typing.Union[int, str] = schema.setting(1, 10)
+        table: typing.Union[str, typing.Dict[str, int]] = schema.setting()
+        beams: typing.Optional[typing.Dict[str, schema.BeamSchema]] = schema.setting()
+
+    assert refusal({"size": "auto", "table": {"a": 1}}, Later) is None
+    assert refusal({"size": 5, "table": "plain"}, Later) is None
+    assert refusal({"size": 11}, Later) == "size=11 must be an integer or a string >= 1 and <= 10"
+    assert refusal({"beams": None}, Later) is None
+    assert refusal({"beams": {"x": {"num_beams": 0}}}, Later) == "beams.x.num_beams=0 must be an integer >= 1 and <= 256"

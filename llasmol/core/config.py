@@ -231,10 +231,9 @@ def check_overrides(config_name: str, overrides: list[str], check: Optional[Call
     each composed config to name a bad value of a plain setting (a baseline's method=rdkt)."""
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
-    except OverrideParseException as err:
-        bad = str(err).split("\n", 1)[0].removeprefix("Error parsing override ")
-        raise UserError(f"cannot read the argument {bad}: settings are key=value (quote values with spaces "
-                        "or commas: key='a b')") from None
+    except OverrideParseException as err:  # its first line names the argument only for some mistakes: name it here
+        raise UserError(f"cannot read the argument '{err.override}': settings are key=value (quote values with "
+                        "spaces or commas: key='a b')") from None
     plain = [o.input_line for o in parsed if not o.is_sweep_override()]
     trials = [plain]
     for override in parsed:
