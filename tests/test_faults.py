@@ -716,7 +716,9 @@ def test_temporaries_of_dead_writers_are_removed_and_those_of_live_ones_kept(tmp
     (tmp_path / "checkpoints" / f".last.ckpt.{dead_pid}.q1w2e3r4.tmp").write_bytes(b"y" * 5)
     (tmp_path / "predictions").mkdir()
     (tmp_path / "predictions" / f".val.jsonl.{live_pid}.q1w2e3r4.tmp").write_text("live")
-    kept = ["notes.txt", ".hidden", f".last.ckpt.{dead_pid}.tmp", "last.ckpt"]
+    # A number no process can have (os.kill overflows) is not known dead: its file stays.
+    kept = ["notes.txt", ".hidden", f".last.ckpt.{dead_pid}.tmp", "last.ckpt",
+            ".last.ckpt.99999999999999999999.q1w2e3r4.tmp"]
     for name in kept:
         (tmp_path / "checkpoints" / name).write_text("mine")
     write_json(tmp_path / "metrics.json", {"a": 1})  # a finished write leaves no temporary
