@@ -672,3 +672,123 @@ def test_the_ring_bound_admits_40_ring_closures_and_refuses_41():
     assert not too_complex(rings(40)) and too_complex(rings(41))
     assert not too_complex(".".join([rings(20), rings(20)]))  # counted per molecule, summed
     assert too_complex(".".join([rings(20), rings(21)]))
+
+
+# --------------------------------------------------------------------------- bounds and branches the tables rely on
+
+
+def test_top1_is_reported_even_when_no_sample_has_a_prediction():
+    """top1_exact_match is always a column (k=1 needs no sample with a prediction); top3 and up only when a
+    sample had that many (App. A.4)."""
+    metrics = score("retrosynthesis", [([], ["CCO"]), (["no answer here"], ["CCO"])])
+    assert metrics["top1_exact_match"] == 0.0 and metrics["exact_match"] == 0.0
+    assert not any(k in metrics for k in ("top3_exact_match", "top5_exact_match", "top10_exact_match"))
+
+
+def test_a_right_answer_at_rank_two_counts_for_top3_only():
+    # The second prediction is judged by its own molecule, not by the top-1 answer's.
+    preds = [smiles("CCC"), smiles("OCC"), smiles("N")]
+    metrics = score("retrosynthesis", [(preds, ["CCO"])])
+    assert metrics["top1_exact_match"] == 0.0 and metrics["top3_exact_match"] == 1.0
+    # a sample with exactly 3 predictions reports top3 (len >= k), not top5
+    assert "top5_exact_match" not in metrics
+
+
+def test_a_valid_answer_against_golds_that_do_not_parse_has_similarity_zero():
+    """App. A.4: a gold that does not parse counts as 0 in the FTS mean; the answer is still valid."""
+    metrics = score("forward_synthesis", [([smiles("CCO")], ["((("])])
+    assert metrics["num_valid"] == 1 and metrics["validity"] == 1.0 and metrics["exact_match"] == 0.0
+    assert metrics["fts"] == 0.0 and metrics["fts_maccs"] == 0.0 and metrics["fts_rdk"] == 0.0
+
+
+def test_a_too_complex_answer_is_counted_once_and_only_when_unparsed():
+    big = smiles("C" * 301)
+    metrics = score("forward_synthesis", [([big], ["CCO"]), ([smiles("CCO")], ["CCO"]), (["none"], ["CCO"])])
+    assert metrics["num_too_complex"] == 1.0 and metrics["num_valid"] == 1.0
+    assert metrics["validity"] == pytest.approx(1 / 2)  # too complex counts as not valid, of 2 answered
+
+
+def test_mcc_with_a_denominator_of_one_is_computed_not_zeroed():
+    # tp=1, tn=1, fp=fn=0: sqrt(1*1*1*1) = 1, MCC = (1*1 - 0) / 1 = 1
+    task = "property_prediction-bbbp"
+    metrics = score(task, [([tagged(task, "Yes")], ["Yes"]), ([tagged(task, "No")], ["No"])])
+    assert (metrics["tp"], metrics["tn"], metrics["fp"], metrics["fn"]) == (1, 1, 0, 0)
+    assert metrics["mcc"] == 1.0 and metrics["f1"] == 1.0 and metrics["accuracy"] == 1.0
+
+
+def test_a_yes_no_answer_to_a_sample_without_a_yes_no_gold_is_wrong_and_not_invalid():
+    task = "property_prediction-bbbp"
+    metrics = score(task, [([tagged(task, "Yes")], ["unknown"])])
+    assert metrics["accuracy"] == 0.0 and metrics["num_invalid"] == 0.0
+    assert (metrics["tp"], metrics["fp"], metrics["tn"], metrics["fn"]) == (0, 0, 0, 0)
+
+
+def test_boolean_answers_accept_case_spaces_and_one_trailing_period_only():
+    from llasmol.metrics.families import parse_boolean
+
+    assert parse_boolean(" YES ") == "Yes" and parse_boolean("no.") == "No" and parse_boolean("No .") == "No"
+    assert parse_boolean("yes..") is None and parse_boolean("y") is None and parse_boolean(None) is None
+    assert parse_boolean("Yes") == "Yes"  # no period: nothing cut
+
+
+def test_iupac_parts_drop_empty_parts_and_an_empty_name_is_no_name():
+    from llasmol.metrics.families import iupac_parts
+
+    assert iupac_parts(" b ; a ;") == frozenset({"a", "b"})
+    assert iupac_parts(" ; ") is None and iupac_parts(None) is None
+
+
+def test_bleu2_and_bleu4_are_the_orders_their_names_say():
+    """A 4-word answer sharing its first 3 words with a 4-word gold: unigram precision 3/4, bigram 2/3,
+    trigram 1/2, 4-gram 0. BLEU-2 = sqrt(3/4 * 2/3) (no brevity penalty: equal lengths); BLEU-4 is 0
+    (the paper's corpus BLEU has no smoothing)."""
+    task = "molecule_captioning"
+    metrics = score(task, [(["alpha beta gamma delta"], ["alpha beta gamma epsilon"])])
+    assert metrics["bleu2"] == pytest.approx(math.sqrt(3 / 4 * 2 / 3))
+    assert metrics["bleu4"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_use_scoring_defaults_to_the_official_formula_syntax_and_takes_a_lenient_setting():
+    from llasmol.metrics.families import FAMILIES, use_scoring
+
+    try:
+        use_scoring({"lenient_formulas": True})
+        assert FAMILIES["formula"].lenient is True
+        use_scoring({})  # not said: official
+        assert FAMILIES["formula"].lenient is False
+        use_scoring({"lenient_formulas": True})
+        use_scoring(None)
+        assert FAMILIES["formula"].lenient is False
+    finally:
+        use_scoring(None)
+
+
+def test_sample_stats_counts_a_skipped_sample_only_when_told():
+    from llasmol.metrics.scoring import is_skipped, judge
+
+    plain = sample_stats("forward_synthesis", [smiles("CCO")], ["CCO"])
+    assert plain["num_skipped"] == 0.0 and plain["num_samples"] == 1.0 and plain["num_no_answer"] == 0.0
+    skipped = sample_stats("forward_synthesis", None, ["CCO"], skipped=True)
+    assert skipped["num_skipped"] == 1.0 and skipped["num_no_answer"] == 1.0 and skipped["num_samples"] == 1.0
+    assert is_skipped({"skipped": True, "predictions": ["x"]}) and is_skipped({"predictions": None})
+    assert not is_skipped({"skipped": False, "predictions": []})
+    # judge: skipped first, then no answer, then the family's own word
+    assert judge("forward_synthesis", [smiles("CCO")], ["CCO"]) == ("correct", 1.0)
+    assert judge("forward_synthesis", [smiles("CCO")], ["CCO"], skipped=True) == ("skipped", None)
+    assert judge("forward_synthesis", ["nothing"], ["CCO"]) == ("no_answer", None)
+
+
+def test_a_task_sample_without_rows_has_no_units():
+    import numpy as np
+
+    from llasmol.metrics.scoring import STATS as ALL_STATS, TaskSample
+
+    empty = TaskSample("forward_synthesis", np.zeros((0, len(ALL_STATS["forward_synthesis"]))), np.zeros(0, dtype=np.int64))
+    assert empty.n_units == 0
+    three = TaskSample("forward_synthesis", np.zeros((3, len(ALL_STATS["forward_synthesis"]))), np.array([0, 1, 1]))
+    assert three.n_units == 2
+
+
+def test_a_closing_tag_just_before_the_opening_one_is_not_a_pair():
+    assert extract_answer("forward_synthesis", "</SMILES><SMILES> CCO </SMILES>") == "CCO"
+    assert extract_answer("forward_synthesis", "<SMILES></SMILES>") is None

@@ -209,3 +209,81 @@ def test_a_pooled_interval_moves_in_steps_of_one_input():
     records = [r for r in pooled_records() if r["raw_input"] != "molecule 1"][:80]  # 1 right input of 4
     lo, hi = bootstrap_intervals(per_sample_statistics(records), RESAMPLES)[S2F]["exact_match"]
     assert [lo, hi] == binomial_interval(4, 1, 0.95) == [0.0, 0.75]  # as 80 samples: about [0.16, 0.34]
+
+
+# --------------------------------------------------------------------------- defaults, counts and unindexed files
+
+
+def _resample_counts(monkeypatch) -> list[int]:
+    """How many resampled values each interval is taken over (one list per metric and task)."""
+    from llasmol.metrics import intervals as module
+
+    counts, percentiles = [], module._percentiles
+
+    def counting(values, level):
+        counts.append(len(values))
+        return percentiles(values, level)
+
+    monkeypatch.setattr(module, "_percentiles", counting)
+    return counts
+
+
+def esol_records(shift: float) -> list[dict]:
+    rng = np.random.default_rng(0)
+    return [{"task": ESOL, "index": i, "input": f"q{i}", "gold": f"{g:.3f}",
+             "predictions": [f"<NUMBER> {g + e + shift:.3f} </NUMBER>"]}
+            for i, (g, e) in enumerate(zip(rng.normal(size=40), rng.normal(size=40)))]
+
+
+ESOL = "property_prediction-esol"
+
+
+def test_the_defaults_are_1000_resamples_seed_0_and_95_percent(monkeypatch):
+    a, b = esol_records(0.0), esol_records(0.5)
+    samples = per_sample_statistics(a)
+    counts = _resample_counts(monkeypatch)
+    default = bootstrap_intervals(samples)
+    assert counts and set(counts) == {1000}  # 7 chunks of 128 and one of 104, not one resample more or less
+    assert default == bootstrap_intervals(samples, 1000, 0, 0.95)
+    assert default != bootstrap_intervals(samples, 1000, 1, 0.95)
+    assert default != bootstrap_intervals(samples, 1000, 0, 0.9)
+    counts.clear()
+    assert bootstrap_intervals(samples, resamples=130)[ESOL]["rmse"] is not None
+    assert set(counts) == {130}  # a chunk of 128 and one of 2
+    counts.clear()
+    paired = paired_difference(a, b, {ESOL: "rmse"})[ESOL]
+    assert counts == [1000]
+    assert paired == paired_difference(a, b, {ESOL: "rmse"}, 1000, 0, 0.95)[ESOL]
+    assert paired["interval"] != paired_difference(a, b, {ESOL: "rmse"}, 1000, 1, 0.95)[ESOL]["interval"]
+    assert paired["interval"] != paired_difference(a, b, {ESOL: "rmse"}, 1000, 0, 0.9)[ESOL]["interval"]
+    counts.clear()
+    paired_difference(a, b, {ESOL: "rmse"}, 130)
+    assert counts == [130]
+
+
+def test_an_interval_report_needs_resamples_and_samples():
+    from llasmol.metrics.intervals import interval_report, wants_intervals
+
+    settings = {"resamples": 50, "seed": 0, "level": 0.9}
+    samples = per_sample_statistics(boolean_records([True, False, True]))
+    assert not wants_intervals(None) and not wants_intervals({"resamples": 0}) and wants_intervals(settings)
+    assert interval_report(samples, None) is None
+    assert interval_report(samples, {**settings, "resamples": 0}) is None
+    assert interval_report({}, settings) is None  # nothing scored: no file
+    report = interval_report(samples, settings)
+    assert {k: report[k] for k in ("level", "resamples", "seed")} == {"level": 0.9, "resamples": 50, "seed": 0}
+    assert set(report["tasks"]) == {BBBP}
+
+
+def test_files_without_indices_pair_samples_by_input_and_order():
+    """Another system's output has no split indices: the n-th sample with an input in A is the n-th with that
+    input in B; an input B lacks, or a repeat B has fewer of, is left out."""
+    def unindexed(pairs):
+        return [{"task": BBBP, "input": x, "gold": "Yes", "predictions": [f"<BOOLEAN> {answer} </BOOLEAN>"]}
+                for x, answer in pairs]
+
+    a = unindexed([("q", "Yes"), ("q", "Yes"), ("r", "Yes"), ("s", "No")])
+    b = unindexed([("q", "No"), ("r", "Yes"), ("t", "No")])
+    result = paired_difference(a, b, {BBBP: "accuracy"}, 50)[BBBP]
+    assert result["samples"] == 2  # (q, 1st) and r
+    assert result["a"] == 1.0 and result["b"] == 0.5 and result["difference"] == 0.5
