@@ -237,3 +237,59 @@ def test_the_hub_probe_asks_the_endpoints_port_and_gives_up_after_its_timeout(pr
         assert asked == [(("hub.example", 443), 0.05), (("hub.example", 80), 0.05)]
     finally:
         hold.set()
+
+
+def test_the_hub_probe_waits_3_s_for_the_default_endpoint_and_names_the_refusal(probe_hub, monkeypatch):
+    """An endpoint without a host or port is huggingface.co's on port 80 (443 for https); a refusal is named by
+    its strerror, an error without one by its type."""
+    import socket
+
+    asked, errors = [], [OSError(111, "Connection refused"), OSError("no strerror"), OSError(111, "Connection refused")]
+
+    def connect(address, timeout=None):
+        asked.append((address, timeout))
+        raise errors.pop(0)
+
+    monkeypatch.setattr(socket, "create_connection", connect)
+    assert probe_hub("https://hub.example") == "hub.example unreachable: Connection refused"
+    assert probe_hub("https://hub.example:8443") == "hub.example unreachable: OSError"
+    assert probe_hub("") == "huggingface.co unreachable: Connection refused"
+    assert asked == [(("hub.example", 443), 3.0), (("hub.example", 8443), 3.0), (("huggingface.co", 80), 3.0)]
+    for flag in ("yes", " On ", "true"):
+        monkeypatch.setenv("HF_HUB_OFFLINE", flag)
+        assert probe_hub("https://hub.example") == "HF_HUB_OFFLINE is set"
+    assert len(asked) == 3  # the flag answers without a connection
+
+
+def test_the_hub_probe_waits_a_second_past_the_connection_timeout(probe_hub, monkeypatch):
+    """A refusal that takes longer than the connection timeout itself (name lookup) is still heard: the probe
+    waits the timeout plus one second."""
+    import socket
+    import time
+
+    from llasmol.core import offline
+
+    def slow_refusal(address, timeout=None):
+        time.sleep(0.3)
+        raise OSError(111, "Connection refused")
+
+    monkeypatch.setattr(socket, "create_connection", slow_refusal)
+    monkeypatch.setattr(offline, "_PROBE_SECONDS", 0.05)
+    assert probe_hub("https://hub.example") == "hub.example unreachable: Connection refused"
+
+
+def test_cached_on_disk_reads_the_hub_cache_only(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from llasmol.core.offline import cached_on_disk
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    snapshot = tmp_path / "models--someone--tiny" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--someone--tiny" / "refs").mkdir()
+    (tmp_path / "models--someone--tiny" / "refs" / "main").write_text("abc123")
+    assert cached_on_disk("someone/tiny") is True
+    assert cached_on_disk("someone/tiny", "tokenizer.json") is False
+    assert cached_on_disk("someone/other") is False
+    assert cached_on_disk("not a // valid id") is False  # no repository of that name can be cached

@@ -792,3 +792,34 @@ def test_a_task_sample_without_rows_has_no_units():
 def test_a_closing_tag_just_before_the_opening_one_is_not_a_pair():
     assert extract_answer("forward_synthesis", "</SMILES><SMILES> CCO </SMILES>") == "CCO"
     assert extract_answer("forward_synthesis", "<SMILES></SMILES>") is None
+
+
+def test_generation_tasks_pool_golds_by_input_and_property_tasks_do_not():
+    """LLM4Chem's TASKS_WITH_READING_GOLD_FROM_DATASET: the 8 generation tasks pool the golds of samples that
+    share a core input (one resampling unit per input); the 6 property tasks score each sample alone."""
+    from llasmol.metrics.scoring import per_sample_statistics
+
+    generation = {"forward_synthesis", "retrosynthesis", "molecule_captioning", "molecule_generation",
+                  "name_conversion-i2f", "name_conversion-i2s", "name_conversion-s2f", "name_conversion-s2i"}
+    records = [{"task": t, "input": f"prompt {j}", "raw_input": "same molecule", "gold": "x", "predictions": None,
+                "skipped": True} for t in TASK_NAMES for j in range(2)]
+    units = {t: s.n_units for t, s in per_sample_statistics(records).items()}
+    assert units == {t: 1 if t in generation else 2 for t in TASK_NAMES}
+
+
+def test_the_task_table_is_read_only_and_check_tasks_refuses_empty_repeated_or_unknown_lists():
+    import dataclasses
+
+    from llasmol.core.tasks import check_tasks
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        get_task("forward_synthesis").pooled = False
+    assert check_tasks(("retrosynthesis", "forward_synthesis")) == ["retrosynthesis", "forward_synthesis"]
+    with pytest.raises(UserError, match=r"^data.tasks is empty: name at least one of forward_synthesis, "):
+        check_tasks([])
+    with pytest.raises(UserError, match=r"^data.tasks lists a task twice: \['retrosynthesis', 'retrosynthesis'\]"):
+        check_tasks(["retrosynthesis", "retrosynthesis"])
+    with pytest.raises(UserError, match=r"^unknown task 'nope' in here: choose from forward_synthesis, "):
+        check_tasks(["retrosynthesis", "nope"], "here")
+    assert get_task("property_prediction-esol").input_tag == "SMILES"
+    assert get_task("molecule_generation").input_tag is None

@@ -137,3 +137,40 @@ def test_a_wait_policy_asked_after_torch_loaded_is_said_not_applied(monkeypatch,
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"  # not changed: OpenMP read it already
     assert [r.getMessage() for r in caplog.records] == [
         "cpu.wait_policy=active not applied: torch was loaded before the command started"]
+
+
+def test_a_launchers_count_must_be_a_positive_integer():
+    # "0" is no count (the cores decide); "1" is one thread, as a launcher giving each process one core means
+    assert thread_count(None, {"OMP_NUM_THREADS": "0"}) == usable_cores()
+    assert thread_count(None, {"OMP_NUM_THREADS": "1"}) == 1
+    assert thread_count(None, {}) == usable_cores()
+    assert thread_count("3", {}) == 3
+
+
+def test_the_wait_policy_env_names_openmps_values():
+    from llasmol.core.threads import wait_policy_env
+
+    assert wait_policy_env("passive") == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert wait_policy_env("active") == {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert wait_policy_env("inherit") == {}
+
+
+def test_with_torch_loaded_a_policy_already_in_place_or_inherited_says_nothing(monkeypatch, caplog):
+    """Only a policy that differs from the environment's is worth a line; no cpu group at all (a notebook
+    calling a command's function) is a thread per usable core with the policy inherited."""
+    import torch
+
+    from llasmol.core.threads import use_cpu_threads
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        with caplog.at_level("DEBUG", logger="llasmol.core.threads"):
+            assert use_cpu_threads({"threads": 1, "wait_policy": "passive"}) == 1  # already so
+            assert torch.get_num_threads() == 1
+            assert use_cpu_threads({"threads": 1, "wait_policy": "inherit"}) == 1
+            assert use_cpu_threads(None) == usable_cores() == torch.get_num_threads()
+        assert caplog.records == [] and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    finally:
+        torch.set_num_threads(before)
