@@ -141,3 +141,91 @@ def test_tiny_random_base_is_rebuilt_identically():
     assert first.keys() == second.keys()
     for key in first:
         torch.testing.assert_close(first[key], second[key])
+
+
+# Module names of each family's block as transformers names them, and the roles they play.
+SCHEME_NAMES = {
+    "bloom": (["self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"],
+              {"q": "self_attention.query_key_value", "k": "self_attention.query_key_value",
+               "v": "self_attention.query_key_value", "o": "self_attention.dense", "gate": None,
+               "up": "mlp.dense_h_to_4h", "down": "mlp.dense_4h_to_h"}),
+    "gpt_neox": (["attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"],
+                 {"q": "attention.query_key_value", "k": "attention.query_key_value",
+                  "v": "attention.query_key_value", "o": "attention.dense", "gate": None,
+                  "up": "mlp.dense_h_to_4h", "down": "mlp.dense_4h_to_h"}),
+    "mpt": (["attn.Wqkv", "attn.out_proj", "ffn.up_proj", "ffn.down_proj"],
+            {"q": "attn.Wqkv", "k": "attn.Wqkv", "v": "attn.Wqkv", "o": "attn.out_proj", "gate": None,
+             "up": "ffn.up_proj", "down": "ffn.down_proj"}),
+    "gptj": (["attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.out_proj", "mlp.fc_in", "mlp.fc_out"],
+             {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj", "gate": None, "up": "fc_in",
+              "down": "fc_out"}),
+    "phi": (["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.dense", "mlp.fc1", "mlp.fc2"],
+            {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "self_attn.dense", "gate": None, "up": "fc1",
+             "down": "fc2"}),
+    "starcoder2": (["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.c_fc",
+                    "mlp.c_proj"],
+                   {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": None, "up": "mlp.c_fc",
+                    "down": "mlp.c_proj"}),
+}
+
+
+@pytest.mark.parametrize("family", list(SCHEME_NAMES))
+def test_each_known_naming_scheme_gives_its_role_map(family):
+    from llasmol.model.roles import infer_role_map
+
+    names, expected = SCHEME_NAMES[family]
+    assert infer_role_map(names, family) == expected
+
+
+def test_names_that_fit_two_schemes_are_refused_naming_both():
+    from llasmol.core.errors import UserError
+    from llasmol.model.roles import infer_role_map
+
+    names = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "self_attn.out_proj",
+             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "fc1", "fc2"]
+    with pytest.raises(UserError, match=r"^model.lora_targets is null and its module names fit several naming "
+                                        r"schemes \(Llama, Mistral, Qwen, Gemma, OLMo, Cohere, StableLM; OPT, "
+                                        r"Galactica\): the linear layers of m are self_attn.q_proj, "):
+        infer_role_map(names, "m")
+    with pytest.raises(UserError, match=r"no known naming scheme fits its module names: the linear layers of m "
+                                        r"are none; name the roles"):
+        infer_role_map([], "m")
+
+
+def test_linear_layer_names_are_a_blocks_own_without_the_head():
+    from llasmol.model.roles import linear_layer_names
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.act, self.o_proj = torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 2)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Block(), Block()])
+            self.lm_head = torch.nn.Linear(2, 3)
+            self.out = torch.nn.Module()
+            self.out.lm_head = torch.nn.Linear(2, 3)
+            self.score = torch.nn.Linear(2, 1)
+
+    assert linear_layer_names(Model()) == ["q_proj", "o_proj", "score"]
+    assert linear_layer_names(Model(), head="score") == ["q_proj", "o_proj", "lm_head", "out.lm_head"]
+
+
+def test_count_parameters_counts_adapters_in_the_total_to_four_decimals():
+    from llasmol.model.lora import count_parameters
+
+    layer = torch.nn.Linear(2, 1)  # 2 weights, 1 bias
+    layer.bias.requires_grad_(False)
+    assert count_parameters(layer) == {"trainable": 2, "total": 3, "percent": 66.6667}
+
+
+def test_an_adapter_names_its_base_the_folder_then_the_hub_id():
+    from omegaconf import OmegaConf
+
+    from llasmol.model.lora import TINY_BASE, base_name
+
+    assert base_name(OmegaConf.create({"random_init": True, "path": "/x", "hf_id": "a/b"})) == TINY_BASE
+    assert base_name(OmegaConf.create({"random_init": False, "path": "/models/b", "hf_id": "a/b"})) == "/models/b"
+    assert base_name(OmegaConf.create({"path": None, "hf_id": "a/b"})) == "a/b"

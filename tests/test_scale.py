@@ -213,3 +213,33 @@ def test_norm_clipping_under_fsdp_goes_through_the_sharded_root(monkeypatch):
         assert norm() == pytest.approx(1.0, rel=1e-5)
     finally:
         dist.destroy_process_group()
+
+
+def _plain_mistral():
+    from transformers import AutoModelForCausalLM
+
+    from llasmol.model.base import arch_config
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(arch_config("mistral-7b", hidden_size=32, intermediate_size=64,
+                                                        num_hidden_layers=2, num_attention_heads=4,
+                                                        num_key_value_heads=2, vocab_size=64))
+
+
+def test_checkpointing_a_model_without_adapters_is_non_reentrant_and_turns_the_cache_off():
+    base = _plain_mistral()
+    assert base.config.use_cache is True
+    enable_gradient_checkpointing(base)  # no PEFT wrapper: the model is its own base
+    assert base.model.gradient_checkpointing and base.config.use_cache is False
+    replay = base.model.layers[0]._gradient_checkpointing_func
+    assert replay.keywords == {"use_reentrant": False}  # frozen embeddings need no gradient, dropout replays
+
+
+def test_compile_blocks_compiles_each_block_and_only_the_blocks():
+    base = _plain_mistral()
+    assert compile_blocks(base, backend="eager") == 2
+    compiled = {name for name, m in base.named_modules() if m._compiled_call_impl is not None}
+    assert compiled == {"model.layers.0", "model.layers.1"}
+    assert decoder_layer_types(base) == (type(base.model.layers[0]),)
+    with pytest.raises(ValueError, match="no transformer block classes found in Linear"):
+        decoder_layer_types(torch.nn.Linear(2, 2))
