@@ -93,7 +93,18 @@ def extra_root(tmp_path_factory) -> Path:
 
 
 def test_rdkit_formulas_match_every_s2f_gold_and_read_as_a_run(tmp_path):
-    metrics = run_method(tmp_path, "method=rdkit")
+    import time
+
+    import torch
+
+    threads, started = torch.get_num_threads(), time.perf_counter()
+    try:
+        torch.set_num_threads(1)
+        metrics = run_method(tmp_path, "method=rdkit")
+        assert torch.get_num_threads() == 2  # n_jobs (default 2) bounds the scoring's threads too
+    finally:
+        torch.set_num_threads(threads)
+    wall = time.perf_counter() - started
     assert list(metrics) == ["name_conversion-s2f"]  # every other task of the sample is skipped
     s2f = metrics["name_conversion-s2f"]
     assert s2f["num_samples"] == 30 and s2f["exact_match"] == 1.0 and s2f["num_invalid"] == 0
@@ -112,6 +123,12 @@ def test_rdkit_formulas_match_every_s2f_gold_and_read_as_a_run(tmp_path):
     info = json.loads((tmp_path / "baseline.json").read_text())
     assert info["method"] == "rdkit" and info["tasks"] == ["name_conversion-s2f"] and len(info["skipped"]) == 10
     assert info["seconds"]["total"] > 0 and info["peak_rss_mib"] > 0
+    # Seconds to the millisecond, each phase within the command's own time; memory to a tenth of a MiB.
+    seconds = info["seconds"]
+    assert set(seconds) == {"answer", "score", "total"} and all(round(v, 3) == v for v in seconds.values())
+    assert 0 <= seconds["answer"] <= seconds["total"] <= wall and 0 <= seconds["score"] <= seconds["total"]
+    assert round(info["peak_rss_mib"], 1) == info["peak_rss_mib"] and info["peak_rss_mib"] > 50
+    assert info["n_jobs"] == 2 and info["seed"] == 13 and info["split"] == "test"  # conf/shared.yaml's seed
     # The report and the comparison read the folder as the run `baseline:rdkit`.
     written = {p.name for p in report_run(tmp_path)}
     assert {"test.md", "metrics.md", "failures.md", "worst.md", "topk.png"} <= written
@@ -423,3 +440,142 @@ def test_opsin_says_how_many_names_it_cannot_parse(caplog):
     with caplog.at_level("INFO", logger="llasmol.classical.opsin_names"):
         method.predict("name_conversion-i2f", Examples(["ethanol"], [""], [None]), 1)
     assert caplog.records == []  # every name parsed: nothing to say
+
+
+# --------------------------------------------------------------------------- the methods' own rules, in-process
+
+
+def _method(name: str, *overrides: str):
+    from llasmol.baseline import make_method
+
+    return make_method(compose_config([f"method={name}", "fingerprint.n_estimators=2", "n_jobs=1", *overrides],
+                                      "baseline"))
+
+
+def _examples(pairs, target=None):
+    from llasmol.classical.common import Examples
+
+    examples = Examples()
+    for core_in, answer in pairs:
+        examples.add(core_in, answer, target)
+    return examples
+
+
+def test_nearest_neighbor_gives_the_inputs_own_answers_first_each_answer_once():
+    """Training samples sharing an input are one entry with all their answers (each once); the query's own
+    input comes first, then the next nearest entry's answers."""
+    method = _method("nearest_neighbor")
+    train = _examples([("CCO", "A"), ("CCO", "A"), ("CCO", "B"), ("CCCO", "C"), ("c1ccccc1", "D")])
+    method.fit("forward_synthesis", train)
+    assert method._indexes["forward_synthesis"][None].answers == [["A", "B"], ["C"], ["D"]]
+    assert method.predict("forward_synthesis", _examples([("CCO", ""), ("CCCCO", "")]), 3) == [
+        ["A", "B", "C"], ["C", "A", "B"]]
+    assert method.predict("forward_synthesis", _examples([("CCO", "")]), 1) == [["A"]]
+    # IUPAC names go through TF-IDF n-grams: the same name first, then the closest one
+    method.fit("name_conversion-i2s", _examples([("ethanol", "CCO"), ("propanol", "CCCO"), ("benzene", "c1ccccc1")]))
+    assert method.predict("name_conversion-i2s", _examples([("propanol", "")]), 2) == [["CCCO", "CCO"]]
+    # Once a task has answered its index is dropped: asked again, it has nothing
+    method.forget("name_conversion-i2s")
+    assert "name_conversion-i2s" not in method._indexes
+    assert not any(key[0] == "name_conversion-i2s" for key in method._vectorizers)
+    assert method.predict("forward_synthesis", _examples([("CCO", "")]), 1) == [["A"]]  # the other task is kept
+    assert method.predict("name_conversion-i2s", _examples([("propanol", "")]), 1) == [[]]
+
+
+def test_nearest_neighbor_keeps_a_seeded_subset_of_distinct_inputs_above_the_cap(caplog):
+    inputs = ["C" * n for n in range(1, 13)]  # 12 distinct inputs
+    train = _examples([(x, x) for x in inputs])
+    capped = _method("nearest_neighbor", "nearest_neighbor.max_train_inputs=10")
+    with caplog.at_level("INFO", logger="llasmol.classical.nearest"):
+        capped.fit("forward_synthesis", train)
+    kept = capped._indexes["forward_synthesis"][None].inputs
+    assert len(kept) == len(set(kept)) == 10 and kept == [x for x in inputs if x in kept]  # drawn without replacement
+    assert "nearest_neighbor: forward_synthesis indexes 10 distinct training inputs" in caplog.messages
+    at_cap = _method("nearest_neighbor", "nearest_neighbor.max_train_inputs=12")
+    at_cap.fit("forward_synthesis", train)
+    assert at_cap._indexes["forward_synthesis"][None].inputs == inputs  # exactly at the cap: all, in order
+
+
+def test_each_side_effect_forest_has_its_own_seed_and_a_forgotten_task_is_unanswered(caplog):
+    method = _method("fingerprint")
+    pairs = [("CCO", "Yes"), ("CCN", "No"), ("CCCl", "Yes"), ("c1ccccc1", "No")]
+    train = _examples(pairs, "Eye disorders")
+    for core_in, answer in pairs:
+        train.add(core_in, answer, "Renal disorders")
+    method.fit("property_prediction-sider", train)
+    forests = method._models["property_prediction-sider"]
+    assert forests["Eye disorders"].random_state != forests["Renal disorders"].random_state
+    method.forget("property_prediction-sider")
+    with caplog.at_level("WARNING"):
+        assert method.predict("property_prediction-sider", _examples([("CCO", "")], "Eye disorders"), 1) == [[]]
+    assert len(caplog.records) == 1
+
+
+def test_a_baseline_defaults_to_seed_0_one_job_and_no_settings():
+    from llasmol.classical.common import Baseline
+    from llasmol.core.tasks import TASK_NAMES
+
+    class Everything(Baseline):
+        def why_not(self, task):
+            return None if task.family == "smiles" else "not a molecule"
+
+    plain = Everything()
+    assert (plain.seed, plain.n_jobs, plain.settings, plain.needs_training) == (0, 1, {}, False)
+    assert Everything({"a": 1}, n_jobs=0).n_jobs == 1 and Everything({"a": 1}).settings == {"a": 1}
+    assert plain.answerable() == [t for t in TASK_NAMES if get_task(t).family == "smiles"]
+    examples = _examples([("a", "1"), ("b", "2")])
+    examples.add("c", "3", "T")
+    assert len(examples) == 3 and examples.answers == ["1", "2", "3"] and examples.targets == [None, None, "T"]
+    assert examples.groups() == {None: [0, 1], "T": [2]}
+
+
+def test_choose_tasks_skips_or_refuses_what_a_method_cannot_answer(caplog):
+    from llasmol.classical.runner import choose_tasks
+
+    source = SMolInstructSource.from_config(compose_config(["paths.output_dir=/x"], config_name="baseline").data)
+    rdkit = _method("rdkit")
+    with caplog.at_level("INFO", logger="llasmol.classical.runner"):
+        answered, skipped = choose_tasks(rdkit, source, named=False)
+    assert answered == ["name_conversion-s2f"] and len(skipped) == 10
+    assert len(caplog.records) == len(set(skipped.values()))  # one line per reason
+    with pytest.raises(UserError, match=r"^method=rdkit cannot answer forward_synthesis \("):
+        choose_tasks(rdkit, source, named=True)
+    only_fs = SMolInstructSource.from_config(compose_config(["paths.output_dir=/x", "data.tasks=[forward_synthesis]"],
+                                                            config_name="baseline").data)
+    with pytest.raises(UserError, match=r"^method=rdkit answers none of the tasks in .*: it answers name_conversion-s2f"):
+        choose_tasks(rdkit, only_fs, named=False)
+
+
+def test_method_answers_advance_by_each_tasks_samples_and_time_only_what_they_do():
+    from llasmol.classical.runner import MethodAnswers
+    from llasmol.inference.pipeline import Samples
+
+    cfg = compose_config(["paths.output_dir=/x", "data.tasks=[name_conversion-s2f]"], config_name="baseline")
+    source = SMolInstructSource.from_config(cfg.data)
+    samples = Samples.of(source, "test", per_task=4)
+    answerer = MethodAnswers(_method("rdkit"), ["name_conversion-s2f"], None, cfg.generation)
+    steps = []
+    records = answerer.answer(samples, advance=steps.append)
+    assert steps == [4] and len(records) == 4 and set(answerer.seconds) == {"answer"}
+    assert 0 <= answerer.seconds["answer"] < 60
+    assert all(r["predictions"][0].startswith("<MOLFORMULA> ") for r in records)
+    trained = MethodAnswers(_method("nearest_neighbor"), ["name_conversion-s2f"], source.split("train"), cfg.generation)
+    trained.answer(samples)
+    assert set(trained.seconds) == {"train", "answer"} and all(0 <= v < 60 for v in trained.seconds.values())
+    assert trained.train_sizes == {"name_conversion-s2f": 300}
+    source.close()
+
+
+def test_the_peak_memory_is_linuxs_high_water_mark_in_mib():
+    from llasmol.classical.runner import _peak_rss_mib
+
+    def high_water_kib() -> int:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("no /proc")
+    before = high_water_kib()
+    got = _peak_rss_mib()
+    after = high_water_kib()
+    assert before / 1024 - 0.01 <= got <= after / 1024 + 0.01
