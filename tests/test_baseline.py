@@ -502,7 +502,10 @@ def test_each_side_effect_forest_has_its_own_seed_and_a_forgotten_task_is_unansw
     train = _examples(pairs, "Eye disorders")
     for core_in, answer in pairs:
         train.add(core_in, answer, "Renal disorders")
-    method.fit("property_prediction-sider", train)
+    with caplog.at_level("INFO", logger="llasmol.classical.forest"):
+        method.fit("property_prediction-sider", train)
+    assert caplog.messages == ["fingerprint: property_prediction-sider: 2 forest(s) on 8 training samples"]
+    caplog.clear()
     forests = method._models["property_prediction-sider"]
     assert forests["Eye disorders"].random_state != forests["Renal disorders"].random_state
     method.forget("property_prediction-sider")
@@ -546,7 +549,7 @@ def test_choose_tasks_skips_or_refuses_what_a_method_cannot_answer(caplog):
         choose_tasks(rdkit, only_fs, named=False)
 
 
-def test_method_answers_advance_by_each_tasks_samples_and_time_only_what_they_do():
+def test_method_answers_advance_by_each_tasks_samples_and_time_only_what_they_do(caplog):
     from llasmol.classical.runner import MethodAnswers
     from llasmol.inference.pipeline import Samples
 
@@ -555,7 +558,9 @@ def test_method_answers_advance_by_each_tasks_samples_and_time_only_what_they_do
     samples = Samples.of(source, "test", per_task=4)
     answerer = MethodAnswers(_method("rdkit"), ["name_conversion-s2f"], None, cfg.generation)
     steps = []
-    records = answerer.answer(samples, advance=steps.append)
+    with caplog.at_level("INFO", logger="llasmol.classical.runner"):
+        records = answerer.answer(samples, advance=steps.append)
+    assert caplog.messages == ["method=rdkit answered 4 samples of name_conversion-s2f"]
     assert steps == [4] and len(records) == 4 and set(answerer.seconds) == {"answer"}
     assert 0 <= answerer.seconds["answer"] < 60
     assert all(r["predictions"][0].startswith("<MOLFORMULA> ") for r in records)
@@ -579,3 +584,13 @@ def test_the_peak_memory_is_linuxs_high_water_mark_in_mib():
     got = _peak_rss_mib()
     after = high_water_kib()
     assert before / 1024 - 0.01 <= got <= after / 1024 + 0.01
+
+
+def test_a_baseline_over_selfies_data_is_refused(tmp_path):
+    from llasmol.classical.runner import run_baseline
+
+    cfg = compose_config(["paths.output_dir=/x", "data.representation=selfies"], config_name="baseline")
+    source = SMolInstructSource.from_config(cfg.data)
+    with pytest.raises(UserError, match=r"^baselines read and write SMILES: data.representation=selfies is not "):
+        run_baseline(_method("rdkit"), source, "test", cfg.generation, tmp_path)
+    assert list(tmp_path.iterdir()) == []
