@@ -680,9 +680,12 @@ def test_the_ring_bound_admits_40_ring_closures_and_refuses_41():
 def test_top1_is_reported_even_when_no_sample_has_a_prediction():
     """top1_exact_match is always a column (k=1 needs no sample with a prediction); top3 and up only when a
     sample had that many (App. A.4)."""
-    metrics = score("retrosynthesis", [([], ["CCO"]), (["no answer here"], ["CCO"])])
-    assert metrics["top1_exact_match"] == 0.0 and metrics["exact_match"] == 0.0
-    assert not any(k in metrics for k in ("top3_exact_match", "top5_exact_match", "top10_exact_match"))
+    for samples in ([([], ["CCO"]), ([], ["CCC"])],  # every prompt skipped: not one prediction
+                    [([], ["CCO"]), (["no answer here"], ["CCO"])]):
+        metrics = score("retrosynthesis", samples)
+        assert metrics["top1_exact_match"] == 0.0 and metrics["exact_match"] == 0.0
+        assert not any(k in metrics for k in ("top3_exact_match", "top5_exact_match", "top10_exact_match"))
+    assert finalize("retrosynthesis", {})["top1_exact_match"] == 0.0  # nothing scored at all: still a column
 
 
 def test_a_right_answer_at_rank_two_counts_for_top3_only():
