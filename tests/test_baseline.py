@@ -594,3 +594,17 @@ def test_a_baseline_over_selfies_data_is_refused(tmp_path):
     with pytest.raises(UserError, match=r"^baselines read and write SMILES: data.representation=selfies is not "):
         run_baseline(_method("rdkit"), source, "test", cfg.generation, tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_peak_memory_is_converted_from_kib_on_linux_and_from_bytes_on_macos(monkeypatch):
+    """getrusage's ru_maxrss is in KiB on Linux and in bytes on macOS; baseline.json says MiB on both."""
+    import resource
+    from types import SimpleNamespace
+
+    from llasmol.classical import runner
+
+    monkeypatch.setattr(resource, "getrusage", lambda who: SimpleNamespace(ru_maxrss=3 * 2**20))
+    monkeypatch.setattr(runner.sys, "platform", "darwin")
+    assert runner._peak_rss_mib() == 3.0
+    monkeypatch.setattr(runner.sys, "platform", "linux")
+    assert runner._peak_rss_mib() == 3 * 1024.0
