@@ -255,3 +255,59 @@ def test_the_paper_optimizer_lowers_the_loss_and_resumes_exactly_from_its_8bit_s
     assert [loss for _, loss in combined] == pytest.approx([loss for _, loss in losses(tmp_path / "reference")],
                                                            rel=1e-6)
     assert resumed["metrics"]["val/loss"] == pytest.approx(reference["metrics"]["val/loss"], rel=1e-6)
+
+
+def test_quantised_layer_bytes_are_bitsandbytes_layout_counted_by_hand():
+    """The byte counts of the module docstring, worked by hand for a 7B-sized 4096×4096 projection and for a
+    3×5 layer whose 15 weights fill neither a byte pair nor a block (every count rounds up)."""
+    from llasmol.model.memory import quantized_linear_bytes
+
+    n = 4096 * 4096
+    assert quantized_linear_bytes(4096, 4096, 8) == n + 4 * 4096  # int8 codes + one fp32 scale a row
+    # 4-bit, double-quantised: n/2 packed codes; 262144 blocks of 64 with an 8-bit absmax each, 1024 fp32 scales
+    # (one per 256 blocks), the 256-entry fp32 absmax code book and the 16-entry fp32 NF4 code book.
+    assert quantized_linear_bytes(4096, 4096, 4) == 8_388_608 + 262_144 + 4 * 1024 + 1024 + 64
+    assert quantized_linear_bytes(4096, 4096, 4, double_quant=False) == 8_388_608 + 4 * 262_144 + 64
+    assert quantized_linear_bytes(3, 5, 8) == 15 + 12
+    assert quantized_linear_bytes(3, 5, 4) == 8 + (1 + 4 + 1024) + 64
+    assert quantized_linear_bytes(3, 5, 4, double_quant=False) == 8 + 4 + 64
+
+
+def test_weight_bytes_of_a_small_stack_are_counted_by_hand():
+    """Two linear layers and an output head: the head and every bias stay in the base's dtype; training casts
+    them to fp32. A setting without `double_quant` double-quantises (bitsandbytes' default)."""
+    from llasmol.model.memory import describe, quantized_linear_bytes
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(64, 128)  # 8192 weights + 128 biases
+            self.b = torch.nn.Linear(128, 64, bias=False)  # 8192 weights
+            self.head = torch.nn.Linear(64, 10, bias=False)  # 640 weights, never quantised
+
+        def get_output_embeddings(self):
+            return self.head
+
+    with torch.device("meta"):
+        model = Tiny()
+    plain = weight_bytes(model, torch.bfloat16)
+    assert plain == {"quantized": 0, "other": 2 * (8192 + 128 + 8192 + 640),
+                     "total": 2 * (8192 + 128 + 8192 + 640), "training": 2 * (8192 + 128 + 8192 + 640)}
+    assert weight_bytes(model, torch.bfloat16, {"bits": None}) == plain
+    layer = 4096 + (128 + 4 + 1024) + 64  # 8192 weights: 128 blocks, one nested scale
+    assert quantized_linear_bytes(128, 64, 4) == quantized_linear_bytes(64, 128, 4) == layer
+    four = weight_bytes(model, torch.bfloat16, {"bits": 4})
+    assert four == {"quantized": 2 * layer, "other": 2 * (128 + 640), "total": 2 * layer + 2 * (128 + 640),
+                    "training": 2 * layer + 4 * (128 + 640)}
+    single = weight_bytes(model, torch.bfloat16, {"bits": 4, "double_quant": False})["quantized"]
+    assert single == 2 * (4096 + 4 * 128 + 64)
+    assert weight_bytes(model, torch.float16, {"bits": 8})["quantized"] == (8192 + 4 * 128) + (8192 + 4 * 64)
+    # `describe` says double-quantised when the setting leaves the key out, as the counts assume.
+    gib = 1024 ** 3
+    sizes = {"quantized": gib, "other": gib // 2, "total": 3 * gib // 2, "training": 2 * gib}
+    assert describe(sizes, "bfloat16", {"bits": 4}) == (
+        "weights: 1.50 GiB (4-bit nf4, double-quantised: 1.00 GiB in the quantised layers, 0.50 GiB of embeddings, "
+        "norms and head in bfloat16); 2.00 GiB when training (the unquantised parts cast to fp32)")
+    assert describe(sizes, "float16", {"bits": 4, "quant_type": "fp4", "double_quant": False}).startswith(
+        "weights: 1.50 GiB (4-bit fp4: 1.00 GiB")
+    assert describe(sizes, "float16", None) == "weights: 1.50 GiB in float16"
