@@ -725,3 +725,46 @@ def test_official_formula_rejects(text):
     from llasmol.metrics.formula import parse_formula_official
 
     assert parse_formula_official(text) is None
+
+
+def test_molecule_parsing_edges_and_whole_molecule_fingerprints():
+    """A one-atom molecule is valid, ';' reads as '.', and a dotted answer's fingerprints are those of the
+    whole dotted molecule (not of its first part)."""
+    from rdkit import Chem, DataStructs
+
+    from llasmol.metrics.molecules import molecule_keys, parse_gold_molecule, tanimoto
+
+    assert parse_molecule("C") is not None and parse_molecule("[Na+]") is not None
+    assert parse_molecule("CCO;O") == parse_molecule("O.CCO") != parse_molecule("CCO")
+    for bad in (None, "", "CC O", "CCO.", "C1CC", 7):
+        assert parse_molecule(bad) is None and molecule_keys(bad) is None, bad
+    assert molecule_keys("OCC") == parse_molecule("CCO").keys == frozenset({"InChI=1S/C2H6O/c1-2-3/h3H,2H2,1H3"})
+    assert parse_molecule("CCO").fingerprints is None
+    whole = Chem.MolFromSmiles("CCO.c1ccccc1")
+    fps = parse_gold_molecule("CCO.c1ccccc1").fingerprints
+    assert set(fps) == {"morgan", "maccs", "rdk"}
+    assert fps["rdk"] == Chem.RDKFingerprint(whole) != Chem.RDKFingerprint(Chem.MolFromSmiles("CCO"))
+    assert fps["maccs"] == parse_molecule("c1ccccc1.CCO", fingerprints=True).fingerprints["maccs"]
+    assert DataStructs.TanimotoSimilarity(fps["morgan"], parse_gold_molecule("CCO").fingerprints["morgan"]) < 1
+    one = parse_gold_molecule("CCO").fingerprints
+    assert tanimoto(one["morgan"], one["morgan"]) == 1.0
+    assert 0.0 < tanimoto(one["morgan"], fps["morgan"]) < 1.0
+
+
+def test_tanimoto_is_clamped_and_zero_when_rdkit_cannot_say(monkeypatch):
+    from llasmol.metrics import molecules
+
+    assert molecules.tanimoto(None, "not a fingerprint") == 0.0
+    for rdkit_says, expected in ((float("nan"), 0.0), (1.5, 1.0), (-0.25, 0.0), (0.5, 0.5)):
+        monkeypatch.setattr(molecules.DataStructs, "TanimotoSimilarity", lambda a, b, v=rdkit_says: v)
+        assert molecules.tanimoto(1, 2) == expected
+
+
+def test_reading_a_bad_smiles_writes_nothing_to_stderr(capfd):
+    """RDKit's parse errors are silenced (a scoring run reads thousands of bad answers)."""
+    import llasmol.metrics.molecules  # noqa: F401  (importing it silences RDKit)
+    from rdkit import Chem
+
+    capfd.readouterr()
+    assert Chem.MolFromSmiles("C1CC(") is None
+    assert capfd.readouterr().err == ""
