@@ -74,3 +74,17 @@ def test_a_title_said_twice_is_read_after_its_first_occurrence_unless_the_rule_t
     assert _after(text, "Product:", last=True) == " CCN"
     assert _after(text, "product:", fold=True) == " CCO. Product: CCN"
     assert _after(text, "product:") is None  # case-sensitive unless folded
+
+
+@pytest.mark.parametrize("text,expected", [
+    # A leading SMILES run is the answer when it is the whole text or longer than 10 characters (the official
+    # rule's bound): 10 carbons before other words are not, 11 are.
+    ("CCCCCCCCCC with text", None),
+    ("CCCCCCCCCCC with text", "CCCCCCCCCCC"),
+    ("CCCCCCCCCC", "CCCCCCCCCC"),
+    # A per-product title without a "product 2:" after it gives no answer.
+    ("Here are the predicted reactants for each product: CCO.CN", None),
+    ("Here are the predicted reactants for each product: product 1: CCO product 2: **CN.O**", "CN.O"),
+])
+def test_llama_retrosynthesis_reads_a_leading_run_longer_than_ten_characters(text, expected):
+    assert extract_base_answer("llama", "retrosynthesis", text) == expected
