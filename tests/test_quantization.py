@@ -311,3 +311,36 @@ def test_weight_bytes_of_a_small_stack_are_counted_by_hand():
     assert describe(sizes, "float16", {"bits": 4, "quant_type": "fp4", "double_quant": False}).startswith(
         "weights: 1.50 GiB (4-bit fp4: 1.00 GiB")
     assert describe(sizes, "float16", None) == "weights: 1.50 GiB in float16"
+
+
+def test_quantising_the_tiny_base_shows_no_progress_bars_and_leaves_the_setting_as_it_was(capfd):
+    """The random base goes through a temporary folder (a few kB): transformers' bars for that are hidden,
+    then put back as they were; checkpointing stays the `gradient_checkpointing` switch's business."""
+    from transformers.utils import logging as hf_logging
+
+    cfg, tok = _tiny("quantization=4bit")
+    try:
+        for before in (True, False):
+            (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
+            capfd.readouterr()
+            model = load_base_model(cfg.model, tok, cfg.quantization)
+            err = capfd.readouterr().err
+            assert "Loading weights" not in err and "Writing model shards" not in err, err[-500:]
+            assert hf_logging.is_progress_bar_enabled() is before
+            assert model.is_activation_checkpointing is False
+    finally:
+        hf_logging.enable_progress_bar()
+
+
+def test_4bit_settings_default_to_double_quantised_nf4_in_bfloat16():
+    """A quantization setting that names only its bits: bitsandbytes' and QLoRA's defaults."""
+    four = quantization_config({"bits": 4})
+    assert four.load_in_4bit is True and four.load_in_8bit is False
+    assert four.bnb_4bit_quant_type == "nf4" and four.bnb_4bit_use_double_quant is True
+    assert four.bnb_4bit_compute_dtype == torch.bfloat16
+    eight = quantization_config({"bits": 8})
+    assert eight.load_in_8bit is True and eight.load_in_4bit is False
+    assert quantization_config(None) is None and quantization_config({"bits": None}) is None
+    for bits in (True, 5, 9, 16):
+        with pytest.raises(UserError, match=f"quantization.bits={bits!r} is not supported"):
+            quantization_config({"bits": bits})
