@@ -141,3 +141,20 @@ def test_the_random_base_seed_defaults_to_zero():
     assert torch.equal(load_base_model(unseeded, tok).model.layers[0].mlp.up_proj.weight, seeded)
     cfg.init_seed = 1
     assert not torch.equal(load_base_model(cfg, tok).model.layers[0].mlp.up_proj.weight, seeded)
+
+
+def test_packing_is_refused_for_a_base_outside_the_llama_and_mistral_families_saying_why():
+    from omegaconf import OmegaConf
+
+    from llasmol.core.errors import UserError
+    from llasmol.model.base import check_packing
+
+    for arch, name, why in (("galactica-6.7b", "galactica", "opt, whose positions come from the attention mask"),
+                            ("gemma2-9b", "gemma2", "gemma2, whose packed attention is not yet checked against "
+                                                    "padded batches")):
+        with pytest.raises(UserError) as err:
+            check_packing(OmegaConf.create({"arch": arch, "name": name}))
+        assert str(err.value) == (f"data.packing=true needs a Llama- or Mistral-family base; model={name} is {why}: "
+                                  "set data.packing=false")
+    for arch in ("tiny-mistral", "llama2-7b"):
+        check_packing(OmegaConf.create({"arch": arch, "name": arch}))

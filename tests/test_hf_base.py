@@ -294,6 +294,10 @@ def test_a_base_is_loaded_from_its_folder_with_its_own_weights_and_a_pad_token(t
         special.write_text(json.dumps({k: v for k, v in json.loads(special.read_text()).items() if k != "pad_token"}))
     cfg = OmegaConf.create({"name": "someone/base", "hf_id": "someone/base", "path": str(folder), "arch": str(folder),
                             "dtype": "float32", "random_init": False, "tokenizer_legacy": None})
+    cfg.tokenizer_legacy = "maybe"
+    with pytest.raises(UserError, match=r"^model.tokenizer_legacy='maybe' must be true, false or null$"):
+        load_tokenizer(cfg)
+    cfg.tokenizer_legacy = None
     tok = load_tokenizer(cfg)
     assert tok.pad_token == tok.unk_token == "<unk>"
     model = load_base_model(cfg, tok)
