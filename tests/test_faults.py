@@ -908,7 +908,7 @@ def test_a_lock_held_by_an_unnamed_holder_is_refused_in_one_line_without_leaking
             check_run_lock(run)
     finally:
         os.close(fd)
-        monkeypatch.delenv("TZ")
+        monkeypatch.undo()  # TZ as it was, and the process's time zone read again
         time.tzset()
     check_run_lock(run)  # released: free again
     check_run_lock(None)  # nothing to check
