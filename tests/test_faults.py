@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -986,3 +987,74 @@ def test_a_mistake_removes_the_run_folder_only_when_it_holds_nothing_but_hydras_
         HydraConfig.instance().cfg = None
     assert empty.exists() == named  # a folder the user named keeps its log
     assert kept.exists() and tmp_path.exists()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_lock_held_by_an_unnamed_holder_is_refused_in_one_line_without_leaking(tmp_path, monkeypatch):
+    """flock locks belong to an open file, so a second open in this process conflicts like another process
+    would. A lock file that does not say who holds it still gives the one-line refusal; the refusals close what
+    they opened."""
+    import fcntl
+
+    from llasmol.core.run_lock import check_run_lock, hold_run_lock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").write_text("not json")
+    fd = os.open(run / ".lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        before = _open_fds()
+        for attempt in (hold_run_lock, check_run_lock):
+            with pytest.raises(UserError) as err:
+                attempt(run)
+            assert str(err.value) == (f"{run} is in use by another llasmol.train (another process): wait for it to "
+                                      "end, or give this run its own hydra.run.dir")
+        assert _open_fds() == before
+        # The holder named in the file, its start time in local time.
+        monkeypatch.setenv("TZ", "UTC")
+        time.tzset()
+        (run / ".lock").write_text(json.dumps({"pid": 7, "host": "node3", "started": 86400 + 3661}))
+        with pytest.raises(UserError, match=re.escape("(pid 7 on node3, started 1970-01-02 01:01:01): wait")):
+            check_run_lock(run)
+    finally:
+        os.close(fd)
+        monkeypatch.undo()  # TZ as it was, and the process's time zone read again
+        time.tzset()
+    check_run_lock(run)  # released: free again
+    check_run_lock(None)  # nothing to check
+    check_run_lock(tmp_path / "new")  # no lock file: nothing opened
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_taken_lock_names_this_process_in_a_file_readable_by_all(tmp_path):
+    """A longer text left in the lock file by an earlier holder is replaced whole; the file is created
+    rw-rw-rw- less the umask, like any file the package writes."""
+    from llasmol.core.run_lock import hold_run_lock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").write_text(json.dumps({"pid": 1, "host": "x" * 500, "started": 0}))
+    hold_run_lock(run)
+    info = json.loads((run / ".lock").read_text())
+    assert info["pid"] == os.getpid() and info["host"] == socket.gethostname()
+    assert abs(info["started"] - time.time()) < 600
+    fresh = tmp_path / "fresh" / "deeper"
+    hold_run_lock(fresh)  # the folder is made
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (fresh / ".lock").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_fresh_start_counts_every_job_folder_by_default_or_for_a_sweep_of_first_jobs(tmp_path):
+    from llasmol.core.run_lock import check_fresh_start
+
+    sweep = tmp_path / "sweep"
+    _finished_run(sweep / "0_tiny_attn")
+    for args in ((), (0,), ("1,2",)):  # the default and a sweep over first_job (not one number) start from job 0
+        with pytest.raises(UserError, match=rf"^{sweep / '0_tiny_attn'} already holds a run"):
+            check_fresh_start(sweep, None, False, *args)
+    check_fresh_start(sweep, None, False, 1)
