@@ -872,3 +872,153 @@ def test_train_into_a_finished_run_stops_before_hydra_writes_there(tmp_path):
     proc = run_cli(["llasmol.train", f"hydra.run.dir={run}", "overwrite=true", "--cfg", "job"], tmp_path)
     assert proc.returncode == 0 and "overwrite: true" in proc.stdout, proc.stderr[-2000:]
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_an_adapter_stepped_aside_is_dropped_when_its_place_is_taken_or_it_is_incomplete(tmp_path):
+    """Only a whole adapter (its adapter_config.json there) whose place is empty comes back; any other
+    `.X.adapter.old` is a leftover and goes, without a note."""
+    from llasmol.finetune.checkpointing import tidy_run_dir
+
+    checkpoints = tmp_path / "checkpoints"
+    for name in ("last", "best"):
+        (checkpoints / f".{name}.adapter.old").mkdir(parents=True)
+    (checkpoints / ".last.adapter.old" / "adapter_config.json").write_text("{}")
+    (checkpoints / "last.adapter").mkdir()  # the replacement made it in
+    (checkpoints / "last.adapter" / "adapter_config.json").write_text('{"new": 1}')
+    assert tidy_run_dir(tmp_path) == []  # best's has no adapter_config.json: not an adapter to bring back
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["last.adapter"]
+    assert (checkpoints / "last.adapter" / "adapter_config.json").read_text() == '{"new": 1}'
+    assert tidy_run_dir(tmp_path / "elsewhere") == []  # no checkpoints folder: nothing to put in order
+
+
+def test_a_stop_at_a_step_boundary_saves_interrupted_ckpt_and_says_how_to_continue(tmp_path, monkeypatch, caplog):
+    """Ctrl-C or SIGTERM raised by `StopAtStepBoundary` (marked `at_step_boundary`) saves interrupted.ckpt on the
+    resume checkpoint only; any other exception, or a stop elsewhere, saves nothing (last.ckpt resumes)."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from llasmol.finetune.checkpointing import AdapterModelCheckpoint
+
+    def stop(kind, at_boundary=True):
+        exc = kind()
+        if at_boundary is not None:
+            exc.at_step_boundary = at_boundary
+        return exc
+
+    def saves(callback, exception, rank_zero=True):
+        saved = []
+        monkeypatch.setattr(callback, "save_now", lambda trainer, path: saved.append(path))
+        trainer = SimpleNamespace(is_global_zero=rank_zero, global_step=5, default_root_dir=str(tmp_path))
+        callback.on_exception(trainer, None, exception)
+        return saved
+
+    resume = AdapterModelCheckpoint(dirpath=str(tmp_path / "checkpoints"), resume=True)
+    interrupted = str(tmp_path / "checkpoints" / "interrupted.ckpt")
+    with caplog.at_level("WARNING", logger="llasmol.finetune.checkpointing"):
+        assert saves(resume, stop(KeyboardInterrupt)) == [interrupted]
+    assert caplog.messages == [f"interrupted at step 5, saved {interrupted}; continue with:\n  "
+                               f"python -m llasmol.train hydra.run.dir={tmp_path} ckpt_path=last"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="llasmol.finetune.checkpointing"):
+        assert saves(resume, stop(SIGTERMException)) == [interrupted]
+        assert saves(resume, stop(KeyboardInterrupt), rank_zero=False) == [interrupted]  # every rank saves
+    assert len(caplog.messages) == 1  # rank 0 alone says so
+    assert saves(resume, stop(KeyboardInterrupt, at_boundary=False)) == []  # the second Ctrl-C: at once
+    assert saves(resume, stop(KeyboardInterrupt, at_boundary=None)) == []  # Lightning's own handling
+    assert saves(resume, stop(ValueError)) == []  # a failure is no stop on purpose
+    assert AdapterModelCheckpoint().resume is False  # the best-checkpoint instance by default
+    assert saves(AdapterModelCheckpoint(dirpath=str(tmp_path)), stop(KeyboardInterrupt)) == []
+    assert saves(AdapterModelCheckpoint(resume=True), stop(KeyboardInterrupt)) == []  # no folder to save into
+
+
+def test_the_resume_checkpoint_saves_the_step_reaching_max_steps_and_the_end_of_training(monkeypatch):
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from llasmol.finetune.checkpointing import AdapterModelCheckpoint
+
+    monkeypatch.setattr(ModelCheckpoint, "on_train_batch_end", lambda self, *args: None)
+    monkeypatch.setattr(ModelCheckpoint, "on_train_end", lambda self, *args: None)
+
+    def saved_at_batch_end(resume, max_steps, step):
+        callback = AdapterModelCheckpoint(resume=resume)
+        saved = []
+        monkeypatch.setattr(callback, "save_last_unless_saved", lambda trainer: saved.append(trainer.global_step))
+        callback.on_train_batch_end(SimpleNamespace(max_steps=max_steps, global_step=step), None, None, None, 0)
+        return saved == [step]
+
+    assert saved_at_batch_end(True, 3, 3) and saved_at_batch_end(True, 3, 4) and saved_at_batch_end(True, 1, 1)
+    assert not saved_at_batch_end(True, 3, 2)  # before max_steps: the periodic saves only
+    assert not saved_at_batch_end(True, -1, 5) and not saved_at_batch_end(True, 0, 5)  # no step limit
+    assert not saved_at_batch_end(False, 3, 3)  # the best-checkpoint instance never writes last.ckpt
+    for resume in (True, False):
+        callback = AdapterModelCheckpoint(resume=resume)
+        saved = []
+        monkeypatch.setattr(callback, "save_last_unless_saved", lambda trainer: saved.append(trainer))
+        callback.on_train_end("trainer", None)
+        assert saved == (["trainer"] if resume else [])
+
+
+def test_an_adapter_is_committed_with_its_checkpoint_dropped_without_it_and_removed_with_it(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from llasmol.finetune import checkpointing
+    from llasmol.finetune.checkpointing import AdapterModelCheckpoint
+
+    committed = []
+    monkeypatch.setattr(checkpointing, "commit_adapter", lambda staged, target: committed.append((staged, target)))
+    callback = AdapterModelCheckpoint(dirpath=str(tmp_path))
+    staged = {}
+    for name in ("a", "b"):
+        staged[name] = tmp_path / f".{name}.adapter.staged"
+        staged[name].mkdir()
+        callback._staged[str(tmp_path / f"{name}.ckpt")] = staged[name]
+    callback.after_save(None, str(tmp_path / "a.ckpt"), saved=True)
+    assert committed == [(staged["a"], tmp_path / "a.adapter")]
+    callback.after_save(None, str(tmp_path / "b.ckpt"), saved=False)  # the .ckpt write failed
+    assert not staged["b"].exists() and len(committed) == 1
+    callback.after_save(None, str(tmp_path / "c.ckpt"), saved=True)  # nothing staged (not rank 0): nothing to do
+    assert len(committed) == 1 and callback._staged == {}
+
+    (tmp_path / "old.adapter").mkdir()
+    callback.after_remove(SimpleNamespace(is_global_zero=False), str(tmp_path / "old.ckpt"))
+    assert (tmp_path / "old.adapter").is_dir()  # rank 0 alone removes
+    callback.after_remove(SimpleNamespace(is_global_zero=True), str(tmp_path / "old.ckpt"))
+    assert not (tmp_path / "old.adapter").exists()
+
+
+def test_an_adapters_card_holds_a_validation_only_at_the_step_it_was_made(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from llasmol.finetune import checkpointing
+    from llasmol.finetune.checkpointing import AdapterModelCheckpoint
+
+    cards, staged = [], []
+    monkeypatch.setattr(checkpointing, "module_state_dict", lambda trainer: {"model.w": 1, "model.frozen": 2})
+    monkeypatch.setattr(checkpointing, "adapter_card", lambda facts, metrics, step: cards.append((facts, metrics, step))
+                        or "CARD")
+    monkeypatch.setattr(checkpointing, "stage_adapter",
+                        lambda model, target, state, card, step: staged.append((model, target, state, card, step))
+                        or tmp_path / "staged")
+    module = SimpleNamespace(model="peft", last_validated_step=4,
+                             adapter_state_dict=lambda state: {k[len("model."):]: v for k, v in state.items()
+                                                               if k == "model.w"})
+
+    def save(step, rank_zero=True, facts=None):
+        callback = AdapterModelCheckpoint(dirpath=str(tmp_path))
+        callback.card_facts = facts
+        trainer = SimpleNamespace(lightning_module=module, is_global_zero=rank_zero, global_step=step,
+                                  callback_metrics={"val/loss": torch.tensor(0.5), "train/loss": torch.tensor(1.0)})
+        callback.before_save(trainer, str(tmp_path / "x.ckpt"))
+        return callback._staged
+
+    assert save(4, facts={"base": "b"}) == {str(tmp_path / "x.ckpt"): tmp_path / "staged"}
+    assert cards == [({"base": "b"}, {"val/loss": 0.5}, 4)]  # val/ numbers only, as floats
+    assert staged == [("peft", tmp_path / "x.adapter", {"w": 1}, "CARD", 4)]
+    save(5, facts={"base": "b"})  # saved at step 5's end, before any validation of step 5
+    assert cards[-1] == ({"base": "b"}, {}, 5)
+    save(6)  # no facts (not trained by `train`): no card
+    assert staged[-1][3] is None and len(cards) == 2
+    assert save(4, rank_zero=False, facts={"base": "b"}) == {} and len(staged) == 3  # rank 0 alone writes
