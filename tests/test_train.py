@@ -621,3 +621,115 @@ def test_the_command_prints_its_run_directory_once(monkeypatch, capsys):
         monkeypatch.setattr(command, "process_rank", lambda rank=rank: rank)
         inner(None)
         assert capsys.readouterr().out == printed
+
+
+def test_a_validations_log_line_names_each_tasks_headline_and_only_rank_0_says_it(caplog, tmp_path):
+    from llasmol.finetune.validation import GenerationEvaluator
+    from llasmol.finetune.tracking import WandbLogger
+
+    evaluator = GenerationEvaluator({})
+    assert evaluator.samples_per_task == 20  # the default subset: 20 samples per task
+    wandb = WandbLogger(project="p", offline=True, save_dir=str(tmp_path))
+    wandb._experiment = SimpleNamespace(summary={})
+
+    def end(loss, step, **trainer):
+        metrics = {} if loss is None else {"val/loss": torch.tensor(loss)}
+        evaluator.on_validation_end(SimpleNamespace(**{"callback_metrics": metrics, "sanity_checking": False,
+                                                       "is_global_zero": True, "loggers": [wandb],
+                                                       "global_step": step, **trainer}), None)
+
+    evaluator._last_results = {"name_conversion-s2f": {"exact_match": 0.5, "num_samples": 4.0},
+                               "property_prediction-esol": {"rmse": float("nan")},  # nothing valid to score
+                               "forward_synthesis": {"exact_match": 0.25}}
+    with caplog.at_level("INFO", logger="llasmol.train"):
+        end(1.0, 0, sanity_checking=True)  # Lightning's sanity check is no validation of the run
+        end(1.0, 2, is_global_zero=False)
+        end(None, 2)  # no loss (no validation batches): nothing to say
+        assert caplog.messages == [] and evaluator._best is None and wandb.experiment.summary == {}
+        end(2.0, 4)
+        evaluator._last_results = None
+        end(2.5, 6)
+    assert caplog.messages == [
+        "validation at step 4: val/loss 2.0000 (best 2.0000 at step 4); name_conversion-s2f exact_match 0.500, "
+        "forward_synthesis exact_match 0.250",
+        "validation at step 6: val/loss 2.5000 (best 2.0000 at step 4)"]
+    assert wandb.experiment.summary == {"val/loss_best": 2.0}
+
+
+def test_a_validation_generates_on_its_ranks_share_logs_every_number_and_writes_in_the_run_folder(tmp_path, monkeypatch):
+    """`GenerationEvaluator` with its collaborators recorded (the real ones run in the fast real-run tests)."""
+    from contextlib import contextmanager
+
+    from llasmol.finetune import validation
+    from llasmol.finetune.validation import GenerationEvaluator
+    from llasmol.finetune.tracking import WandbLogger
+
+    calls = []
+    share = SimpleNamespace(indices=[1, 3], split=SimpleNamespace(tasks=["name_conversion-s2f"]))
+    monkeypatch.setattr(validation.Samples, "of", lambda *args: calls.append(("samples", *args))
+                        or SimpleNamespace(share=lambda rank, world: calls.append(("share", rank, world)) or share))
+    monkeypatch.setattr(validation, "BeamGenerator", lambda *args: calls.append(("generator", *args)) or "generator")
+
+    @contextmanager
+    def progress(description, total, live):
+        calls.append(("progress", description, total, live))
+        yield "advance"
+
+    monkeypatch.setattr(validation, "generation_progress", progress)
+    records = [{"index": i, "task": "name_conversion-s2f", "input": "CCO", "gold": ["C2H6O"],
+                "predictions": ["<MOLFORMULA> C2H6O </MOLFORMULA>"], "answers": ["C2H6O"]} for i in (3, 1)]
+    monkeypatch.setattr(validation, "ModelAnswers", lambda generator, generation: SimpleNamespace(
+        answer=lambda s, advance: calls.append(("answer", generator, s, advance)) or records))
+    monkeypatch.setattr(validation, "gather_to_all", lambda mine: mine)
+    monkeypatch.setattr(validation.RunFiles, "named", lambda out, name: (out, name))
+    monkeypatch.setattr(validation, "reduced_metrics", lambda mine, tasks, device: ("reduced", tasks, device))
+    outcome = SimpleNamespace(metrics={"name_conversion-s2f": {"exact_match": 0.5, "num_samples": 2, "note": "x"}},
+                              intervals={"tasks": {"name_conversion-s2f": {"exact_match": (0.25, 0.75), "num_samples": None}}})
+
+    class Evaluation:
+        def __init__(self, files, intervals, write):
+            calls.append(("evaluation", files, intervals, write))
+
+        def write_predictions(self, everything):
+            calls.append(("write", [r["index"] for r in everything]))
+
+        def score(self, everything, reduced):
+            calls.append(("score", reduced))
+            return outcome
+
+    monkeypatch.setattr(validation, "Evaluation", Evaluation)
+    wandb = WandbLogger(project="p", offline=True, save_dir=str(tmp_path))
+    wandb._experiment = SimpleNamespace(summary={})
+    tables = []
+    wandb.log_table = lambda **kwargs: tables.append(kwargs)
+    logged = []
+    module = SimpleNamespace(model="model", device="cpu", log=lambda key, value, **kw: logged.append((key, value, kw)))
+    trainer = SimpleNamespace(sanity_checking=False, datamodule=SimpleNamespace(source="source", tokenizer="tok",
+                                                                                 formatter="fmt"),
+                              global_rank=1, world_size=2, default_root_dir=str(tmp_path / "default"),
+                              is_global_zero=True, global_step=8, loggers=[wandb])
+    generation = {"max_prompt_tokens": 64, "batch_size": 3}
+    evaluator = GenerationEvaluator(generation, samples_per_task=2, seed=9, output_dir=str(tmp_path / "out"),
+                                    intervals={"n": 10})
+    evaluator.on_validation_epoch_end(SimpleNamespace(**{**vars(trainer), "sanity_checking": True}), module)
+    assert calls == [] and logged == []  # Lightning's sanity check is not a validation of the run
+    evaluator.on_validation_epoch_end(trainer, module)
+    assert calls == [("samples", "source", "validation", 2, 9), ("share", 1, 2),
+                     ("generator", "model", "tok", "fmt", 64, 3), ("progress", "Generation", 2, None),
+                     ("answer", "generator", share, "advance"),
+                     ("evaluation", (tmp_path / "out", "val-step8"), {"n": 10}, True), ("write", [1, 3]),
+                     ("score", ("reduced", ["name_conversion-s2f"], "cpu"))]
+    assert logged == [("val/name_conversion-s2f/exact_match", 0.5, {"sync_dist": True}),
+                      ("val/name_conversion-s2f/num_samples", 2.0, {"sync_dist": True}),
+                      ("val/name_conversion-s2f/exact_match_lo", 0.25, {"sync_dist": True}),
+                      ("val/name_conversion-s2f/exact_match_hi", 0.75, {"sync_dist": True})]
+    assert [t["step"] for t in tables] == [8] and wandb.experiment.summary == {"val/name_conversion-s2f/exact_match_best": 0.5}
+    assert evaluator._last_results is outcome.metrics
+    # The next validation: the same subset (drawn once), written by rank 0 alone, in the trainer's folder by default.
+    calls.clear()
+    evaluator.output_dir = None
+    outcome.intervals = None
+    evaluator.on_validation_epoch_end(SimpleNamespace(**{**vars(trainer), "is_global_zero": False}), module)
+    assert calls[0] == ("share", 1, 2)
+    assert ("evaluation", (tmp_path / "default", "val-step8"), {"n": 10}, False) in calls
+    assert len(tables) == 1 and len(logged) == 6  # no intervals this time; no W&B rows from rank 1
