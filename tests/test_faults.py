@@ -1022,3 +1022,38 @@ def test_an_adapters_card_holds_a_validation_only_at_the_step_it_was_made(tmp_pa
     save(6)  # no facts (not trained by `train`): no card
     assert staged[-1][3] is None and len(cards) == 2
     assert save(4, rank_zero=False, facts={"base": "b"}) == {} and len(staged) == 3  # rank 0 alone writes
+
+
+def test_only_rank_0_locks_and_tidies_the_run_folder(tmp_path, monkeypatch):
+    """Every DDP process makes sure the folder exists; the lock and the tidying are rank 0's, once."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from llasmol.finetune import preflight
+
+    done = []
+    monkeypatch.setattr(preflight, "hold_run_lock", lambda out: done.append(("lock", out)))
+    monkeypatch.setattr(preflight, "tidy_run_dir", lambda out: done.append(("tidy", out)) or [])
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    assert preflight.claim_run_dir(str(tmp_path / "a" / "run")) == tmp_path / "a" / "run"
+    assert (tmp_path / "a" / "run").is_dir() and done == []
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
+    preflight.claim_run_dir(tmp_path / "a" / "run")
+    assert done == [("lock", tmp_path / "a" / "run"), ("tidy", tmp_path / "a" / "run")]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer=fsdp", "trainer=fsdp shards the model over GPUs"),
+    ("optimizer._target_=bitsandbytes.optim.PagedAdamW8bit", "pages its state through CUDA memory"),
+    ("+logger.w={_target_:llasmol.finetune.tracking.WandbLogger,log_model:true,offline:true}", "needs an online run"),
+    ("model=galactica data.packing=true", "data.packing=true needs a Llama- or Mistral-family base"),
+    ("+quantization.bits=5", "quantization.bits=5 is not supported"),
+])
+def test_the_preflight_check_names_what_this_machine_cannot_run(override, message, monkeypatch):
+    from llasmol.core.config import compose_config
+    from llasmol.finetune.preflight import check_run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = compose_config(["paths.output_dir=/x", "logger=csv", *override.split()])
+    with pytest.raises(UserError, match=re.escape(message)):
+        check_run(cfg)
+    check_run(compose_config(["paths.output_dir=/x", "logger=csv"]))  # the default run: fine
