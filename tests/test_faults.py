@@ -402,6 +402,8 @@ def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypa
     assert written.count("last.ckpt") == 2 and len([name for name in written if name.startswith("step")]) == 1, written
     # What train.log says of the run's shape: the threads and how they wait, the batch arithmetic.
     said = [r.getMessage() for r in caplog.records]
+    # Seeded as the config says, dataloader workers included, without Lightning's own "Seed set to" line.
+    assert os.environ.get("PL_SEED_WORKERS") == "1" and not any(m.startswith("Seed set to") for m in said), said
     assert any(m.startswith("CPU: ") and "intra-op thread(s), OpenMP threads wait passive" in m for m in said), said
     assert any(m.startswith("effective batch ") and m.endswith("× 1 process(es)") for m in said), said
     # The run ended by max_steps in its first epoch: last.ckpt is saved at the end of that step, with the
@@ -987,6 +989,9 @@ def test_an_adapter_is_committed_with_its_checkpoint_dropped_without_it_and_remo
     assert (tmp_path / "old.adapter").is_dir()  # rank 0 alone removes
     callback.after_remove(SimpleNamespace(is_global_zero=True), str(tmp_path / "old.ckpt"))
     assert not (tmp_path / "old.adapter").exists()
+    callback.after_remove(SimpleNamespace(is_global_zero=True), str(tmp_path / "old.ckpt"))  # no adapter: no error
+    callback._staged[str(tmp_path / "d.ckpt")] = tmp_path / "gone"
+    callback.after_save(None, str(tmp_path / "d.ckpt"), saved=False)  # nothing left to drop: no error either
 
 
 def test_an_adapters_card_holds_a_validation_only_at_the_step_it_was_made(tmp_path, monkeypatch):

@@ -192,6 +192,9 @@ def test_the_resume_plan_meets_the_trainer_in_one_seam(tmp_path):
     assert (run / "checkpoints" / "interrupted.ckpt").is_file()  # other ranks leave the files to rank 0
     plan.on_fit_end(trainer, None)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
+    torch.save(_TRAINING_STATE, run / "checkpoints" / "interrupted.ckpt")  # one without its adapter goes too
+    plan.on_fit_end(trainer, None)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
 
     fresh = Resume.plan(str(run), tmp_path / "elsewhere", "tiny", "full")  # resumed from another directory
     other_cfg = OmegaConf.create({"wandb": {"_target_": "llasmol.finetune.tracking.WandbLogger"}})

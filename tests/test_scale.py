@@ -305,3 +305,33 @@ def test_no_optimizer_config_is_no_paged_optimizer():
 
     check_optimizer(None, {"accelerator": "cpu"})
     check_optimizer({}, {"accelerator": "cpu"})
+
+
+def test_adapters_are_gathered_whole_under_zero_3_and_taken_from_the_strategy_otherwise(monkeypatch):
+    import sys
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from llasmol.finetune.distributed import module_state_dict
+
+    gathered = []
+
+    @contextmanager
+    def gathered_parameters(params):  # DeepSpeed's: the partitioned tensors whole inside the block
+        gathered.append(len(params))
+        yield
+
+    monkeypatch.setitem(sys.modules, "deepspeed", SimpleNamespace(zero=SimpleNamespace(GatheredParameters=gathered_parameters)))
+    module = torch.nn.Module()
+    module.model = torch.nn.Module()
+    module.model._checkpoint_wrapped_module = torch.nn.Linear(2, 2)  # a wrapper's prefix, not in checkpoint names
+    module.frozen = torch.nn.Linear(2, 2)
+    module.frozen.requires_grad_(False)
+    zero3 = SimpleNamespace(strategy=SimpleNamespace(zero_stage_3=True), lightning_module=module)
+    state = module_state_dict(zero3)
+    assert gathered == [2] and sorted(state) == ["model.bias", "model.weight"]
+    weight = module.model._checkpoint_wrapped_module.weight
+    assert torch.equal(state["model.weight"], weight) and state["model.weight"].data_ptr() != weight.data_ptr()
+    for strategy in (SimpleNamespace(lightning_module_state_dict=lambda: "whole"),  # DDP, FSDP: the strategy's own
+                     SimpleNamespace(zero_stage_3=False, lightning_module_state_dict=lambda: "whole")):
+        assert module_state_dict(SimpleNamespace(strategy=strategy, lightning_module=module)) == "whole"

@@ -444,6 +444,10 @@ def test_checkpoints_keep_the_adapters_only_and_refuse_another_variants():
     module.on_save_checkpoint(checkpoint)
     assert checkpoint == {"state_dict": {"model.lora.weight": 1, "model.lora.bias": 2}, "global_step": 3}
     module.on_load_checkpoint(checkpoint)  # its own adapters: fine
+    # Lightning loads a checkpoint's state dict with strict=module.strict_loading: the frozen base is not in it.
+    module.load_state_dict({"model.lora.weight": torch.zeros(2, 2), "model.lora.bias": torch.zeros(2)},
+                           strict=module.strict_loading)
+    assert not module.model.lora.weight.detach().any()
     module.on_load_checkpoint({"loops": {}})  # DeepSpeed restores weights itself
     with pytest.raises(UserError) as missing:
         module.on_load_checkpoint({"state_dict": {"model.lora.weight": 1}})
@@ -733,3 +737,13 @@ def test_a_validation_generates_on_its_ranks_share_logs_every_number_and_writes_
     assert calls[0] == ("share", 1, 2)
     assert ("evaluation", (tmp_path / "default", "val-step8"), {"n": 10}, False) in calls
     assert len(tables) == 1 and len(logged) == 6  # no intervals this time; no W&B rows from rank 1
+
+
+def test_the_module_gets_the_configs_optimizer_and_a_schedule_only_when_one_is_set(cfg_factory):
+    from llasmol.finetune.build import build_module
+
+    model = _TinyPeft()
+    module = build_module(cfg_factory(), model)
+    assert module.model is model and module.optimizer_factory.keywords["lr"] == 0.003
+    assert module.scheduler_factory.keywords["num_warmup_steps"] == 20
+    assert build_module(cfg_factory("scheduler=null"), model).scheduler_factory is None
