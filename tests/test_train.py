@@ -747,3 +747,56 @@ def test_the_module_gets_the_configs_optimizer_and_a_schedule_only_when_one_is_s
     assert module.model is model and module.optimizer_factory.keywords["lr"] == 0.003
     assert module.scheduler_factory.keywords["num_warmup_steps"] == 20
     assert build_module(cfg_factory("scheduler=null"), model).scheduler_factory is None
+
+
+class _RecordingDataModule:
+    """Stands in for `SMolInstructDataModule` as `cfg.data`'s target: records `setup`."""
+
+    def __init__(self, tokenizer, path=None) -> None:
+        self.tokenizer, self.path, self.stages = tokenizer, path, []
+
+    def setup(self, stage):
+        self.stages.append(stage)
+
+
+@pytest.mark.parametrize("path, stages", [("/data/smol", ["fit"]), (None, [])])
+def test_a_local_copy_is_indexed_before_anything_else_starts(path, stages):
+    from omegaconf import OmegaConf
+
+    from llasmol.finetune.build import build_datamodule
+
+    cfg = OmegaConf.create({"data": {"_target_": f"{__name__}._RecordingDataModule", "path": path}})
+    datamodule = build_datamodule(cfg, "tokenizer")
+    assert isinstance(datamodule, _RecordingDataModule) and datamodule.tokenizer == "tokenizer"
+    assert datamodule.stages == stages  # the Hub's copy is read when Lightning sets the data up
+
+
+@pytest.mark.parametrize("switches, checkpointed, compiled", [
+    ({}, False, None),
+    ({"gradient_checkpointing": True, "compile": {"enabled": False, "backend": "eager"}}, True, None),
+    ({"compile": {"enabled": True, "backend": "inductor", "mode": "max-autotune"}}, False, ("inductor", "max-autotune")),
+])
+def test_the_model_trains_with_its_switches_and_its_counts_are_named(switches, checkpointed, compiled, monkeypatch,
+                                                                      caplog):
+    from omegaconf import OmegaConf
+
+    from llasmol.finetune import build
+
+    model = _TinyPeft().eval()  # from_pretrained hands back eval mode
+    done = []
+    monkeypatch.setattr(build, "load_base_model", lambda model_cfg, tokenizer, quant: ("base", tokenizer, quant))
+    monkeypatch.setattr(build, "apply_lora", lambda base, model_cfg, lora_cfg: done.append(("lora", base)) or model)
+    monkeypatch.setattr(build, "enable_gradient_checkpointing", lambda m: done.append(("checkpointing", m)))
+    monkeypatch.setattr(build, "compile_blocks", lambda m, backend, mode: done.append(("compile", backend, mode)) or 2)
+    cfg = OmegaConf.create({"model": {"name": "tiny"}, "lora": {"name": "full"}, **switches})
+    with caplog.at_level("INFO", logger="llasmol.train"):
+        built, params = build.build_model(cfg, "tok")
+    assert built is model and model.training and model.lora.training  # dropout draws, activations recompute
+    assert done[0] == ("lora", ("base", "tok", None))
+    assert (("checkpointing", model) in done) == checkpointed
+    assert [d[1:] for d in done if d[0] == "compile"] == ([compiled] if compiled else [])
+    assert params == {"model": "tiny", "lora": "full", "trainable": 6, "total": 12, "percent": 50.0}
+    said = [r.getMessage() for r in caplog.records if r.name == "llasmol.train"]
+    assert said[-1] == "tiny + LoRA full: 6 trainable of 12 parameters (50.00%)"
+    if compiled:
+        assert said[0] == "torch.compile (inductor): 2 transformer blocks, compiled at their first batch"
