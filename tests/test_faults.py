@@ -891,6 +891,18 @@ def test_an_adapter_stepped_aside_is_dropped_when_its_place_is_taken_or_it_is_in
     assert sorted(p.name for p in checkpoints.iterdir()) == ["last.adapter"]
     assert (checkpoints / "last.adapter" / "adapter_config.json").read_text() == '{"new": 1}'
     assert tidy_run_dir(tmp_path / "elsewhere") == []  # no checkpoints folder: nothing to put in order
+    # Pairs it cannot compare are not named: an adapter of an earlier version (no step recorded), a checkpoint
+    # that is a folder (FSDP, DeepSpeed), a damaged one (named where it is used).
+    from llasmol.core.files import write_torch
+
+    write_torch(checkpoints / "early.ckpt", {"global_step": 3})
+    (checkpoints / "early.adapter").mkdir()
+    for name in ("sharded", "damaged"):
+        (checkpoints / f"{name}.adapter").mkdir()
+        (checkpoints / f"{name}.adapter" / "trainer_state.json").write_text('{"global_step": 2}')
+    (checkpoints / "sharded.ckpt").mkdir()
+    (checkpoints / "damaged.ckpt").write_bytes(b"not a checkpoint")
+    assert tidy_run_dir(tmp_path) == []
 
 
 def test_a_stop_at_a_step_boundary_saves_interrupted_ckpt_and_says_how_to_continue(tmp_path, monkeypatch, caplog):
