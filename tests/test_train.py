@@ -594,7 +594,7 @@ def test_a_run_records_its_counts_cards_and_hyperparameters(cfg_factory, tmp_pat
     assert adapter.card_facts["recipe"].endswith("(micro-batch 4 x accumulation 3), 512 tokens, no gradient clipping, seed 5")
     assert other.card_facts is None
     [logged] = hyper
-    assert logged["seed"] == 5 and logged["paths"]["output_dir"] == str(tmp_path)  # resolved
+    assert logged["seed"] == 5 and logged["trainer"]["default_root_dir"] == str(tmp_path)  # interpolations resolved
     assert logged["params"] == {"model": "tiny", "trainable": 5} and logged["accumulate_grad_batches"] == 3
 
 
