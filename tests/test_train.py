@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -315,9 +316,6 @@ def test_a_base_out_of_reach_names_why_the_hub_could_not_be_asked(monkeypatch):
 # ---------------------------------------------------------------------------------------------------------------
 # The steps of `train` called directly with tiny stand-ins: the real fits above are slow, and the fast ones reach
 # few of these branches.
-
-from types import SimpleNamespace  # noqa: E402
-
 
 class _TinyPeft(torch.nn.Module):
     """Stands in for a PEFT model: a trainable adapter beside a frozen base weight; records its forward's arguments."""
