@@ -898,3 +898,237 @@ def test_beam_search_pads_with_the_pad_token_or_else_the_end_of_sequence_token()
 
     assert BeamGenerator(None, SimpleNamespace(pad_token_id=0, eos_token_id=2), None).pad_id == 0  # 0 is a real id
     assert BeamGenerator(None, SimpleNamespace(pad_token_id=None, eos_token_id=2), None).pad_id == 2
+
+
+# --------------------------------------------------------------------------- the commands' own lines, and loading
+
+
+def test_the_continue_command_repeats_the_command_and_pins_its_own_folder(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from llasmol.evaluate import _continue_command
+
+    cfg = OmegaConf.create({"paths": {"output_dir": str(tmp_path / "dated")}})
+    monkeypatch.setattr(sys, "argv", ["/x/llasmol/evaluate.py", "ckpt=run", "data.split=test"])
+    # Its answers went to this command's own dated folder: the next run must find that folder again.
+    assert _continue_command(tmp_path / "dated", cfg) == (
+        f"python -m llasmol.evaluate ckpt=run data.split=test hydra.run.dir={tmp_path / 'dated'}")
+    # Kept with the run (another folder), or the folder already given: the command as it was.
+    assert _continue_command(tmp_path / "run", cfg) == "python -m llasmol.evaluate ckpt=run data.split=test"
+    for given in ("hydra.run.dir=here", "+hydra.run.dir=here"):
+        monkeypatch.setattr(sys, "argv", ["evaluate.py", "ckpt=a b", given])
+        assert _continue_command(tmp_path / "dated", cfg) == f"python -m llasmol.evaluate 'ckpt=a b' {given}"
+
+
+def test_the_evaluate_command_prints_the_metrics_their_intervals_and_the_file(monkeypatch, capsys, caplog):
+    from omegaconf import OmegaConf
+
+    import llasmol.evaluate as command
+    from llasmol.analysis.tables import metric_lines
+
+    metrics = {"forward_synthesis": {"exact_match": 0.5, "validity": 1.0, "num_samples": 2}}
+    intervals = {"level": 0.9, "tasks": {"forward_synthesis": {"exact_match": [0.0, 1.0]}}}
+    result = {"metrics": metrics, "intervals": intervals, "output": "/x/m.json"}
+    monkeypatch.setattr(command, "evaluate", lambda cfg: result)
+    command.main.__wrapped__(OmegaConf.create({"all_metrics": False}))
+    assert capsys.readouterr().out.splitlines() == [
+        *metric_lines(metrics, intervals).splitlines(),
+        "[lo, hi]: 90% bootstrap intervals (tasks with pooled golds resample inputs), written beside the metrics",
+        "metrics written to /x/m.json"]
+    result["intervals"] = None  # intervals.resamples=0: no intervals, no line about them
+    command.main.__wrapped__(OmegaConf.create({"all_metrics": True}))
+    assert capsys.readouterr().out.splitlines() == [*metric_lines(metrics, None, True).splitlines(),
+                                                    "metrics written to /x/m.json"]
+
+    def stopped(cfg):
+        raise command.Stopped("stopped (SIGTERM) with 3 of 9 samples answered", 143)
+
+    monkeypatch.setattr(command, "evaluate", stopped)
+    with caplog.at_level("WARNING", logger="llasmol.evaluate"), pytest.raises(SystemExit) as stop:
+        command.main.__wrapped__(OmegaConf.create({}))
+    assert stop.value.code == 143 and caplog.messages[-1] == "stopped (SIGTERM) with 3 of 9 samples answered"
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "evaluate", interrupted)
+    with caplog.at_level("WARNING", logger="llasmol.evaluate"), pytest.raises(SystemExit) as stop:
+        command.main.__wrapped__(OmegaConf.create({}))
+    assert stop.value.code == 1 and caplog.messages[-1] == "stopped (Ctrl-C) before the first answer: nothing was kept"
+    assert str(command.Stopped("why", 1)) == "why"
+
+
+def test_the_generate_command_prints_each_response_ranked_and_the_answer(monkeypatch, capsys):
+    from omegaconf import OmegaConf
+
+    import llasmol.generate as command
+
+    responses = ["The product is <SMILES> CCO </SMILES> .", "<SMILES> C </SMILES>"]
+    monkeypatch.setattr(command, "generate", lambda cfg, query: responses)
+    command.main.__wrapped__(OmegaConf.create({"task": None}))
+    assert capsys.readouterr().out.splitlines() == [
+        "[1] The product is <SMILES> CCO </SMILES> .", "[2] <SMILES> C </SMILES>", "answer: CCO",
+        "(no task=: the default beams (4, one answer) and the first tagged answer; task=<name> gives that task's "
+        "beams, top-k answers and the scorer's answer extraction)"]
+    command.main.__wrapped__(OmegaConf.create({"task": "forward_synthesis"}))
+    assert capsys.readouterr().out.splitlines()[2:] == ["answer: CCO"]  # a task: no note
+    responses.clear()
+    command.main.__wrapped__(OmegaConf.create({"task": "forward_synthesis"}))
+    assert capsys.readouterr().out.splitlines() == ["answer: None"]
+
+
+def test_options_and_their_values_are_never_the_question():
+    from llasmol.generate import _split_query
+
+    settings = frozenset({"ckpt", "task", "hydra"})
+    cases = {
+        ("--cfg", "job", "What is CCO?"): (["--cfg", "job"], "What is CCO?"),
+        ("-cn", "generate", "ckpt=x", "Q?"): (["-cn", "generate", "ckpt=x"], "Q?"),
+        ("--info", "Q?"): (["--info"], "Q?"),
+        ("~task=x", "hydra/launcher=basic", "Q?"): (["~task=x", "hydra/launcher=basic"], "Q?"),
+        ("task@x=y", "a=b"): (["task@x=y"], "a=b"),
+    }
+    for args, (rest, question) in cases.items():
+        assert _split_query(["generate", *args], settings) == (["generate", *rest], question), args
+
+
+def _fake_adapter(folder: Path, config, weights: str | None = "adapter_model.safetensors") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    if weights:
+        (folder / weights).write_bytes(b"")
+    return folder
+
+
+def test_an_adapters_base_is_checked_against_the_model_before_anything_loads(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from llasmol.inference.loading import _check_adapter_base
+    from llasmol.model.lora import TINY_BASE
+
+    llama = OmegaConf.create({"name": "llama2", "hf_id": "meta-llama/Llama-2-7b-hf"})
+    tiny = OmegaConf.create({"name": "tiny", "hf_id": None, "random_init": True})
+    lora = {"peft_type": "LORA", "r": 8}
+
+    def check(base, model=llama, weights="adapter_model.safetensors"):
+        config = {**lora, "base_model_name_or_path": base} if base is not ... else lora
+        return _check_adapter_base(_fake_adapter(tmp_path / "a", config, weights), model)
+
+    a = tmp_path / "a"
+    with pytest.raises(UserError) as err:
+        check("mistralai/Mistral-7B-v0.1")
+    assert str(err.value) == (f"adapter {a} was trained on mistralai/Mistral-7B-v0.1, but model=llama2 is "
+                              "meta-llama/Llama-2-7b-hf: pass model=mistral")
+    with pytest.raises(UserError) as err:
+        check("mistralai/Mistral-7B-v0.1", OmegaConf.create({"name": "tiny", "hf_id": None}))
+    assert str(err.value).endswith("but model=tiny is the embedded tiny model: pass model=mistral")
+    with pytest.raises(UserError) as err:
+        check("someone/unknown-7b")
+    assert str(err.value).endswith("pass model.hf_id=someone/unknown-7b with a model config of its architecture")
+    with pytest.raises(UserError) as err:
+        check(TINY_BASE)
+    assert str(err.value) == (f"adapter {a} was trained on the embedded tiny model, but model=llama2 is "
+                              "meta-llama/Llama-2-7b-hf: pass model=tiny")
+    with pytest.raises(UserError, match=f"^{re.escape(str(a))} has adapter_config.json but no "
+                                        "adapter_model.safetensors: copy the weights too$"):
+        (a / "adapter_model.safetensors").unlink()
+        check("meta-llama/Llama-2-7b-hf", weights=None)
+    with pytest.raises(UserError, match="adapter_config.json is not a PEFT adapter config"):
+        _check_adapter_base(_fake_adapter(tmp_path / "list", ["LORA"]), llama)
+    # Nothing to compare against, or the same base: accepted (an old adapter's .bin weights too).
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "weights" / "m").mkdir(parents=True)
+    for base, model in [("meta-llama/Llama-2-7b-hf", llama), (TINY_BASE, tiny), (None, llama), ("", llama), (..., llama),
+                        ("/abs/mistral", llama), ("./mistral", llama), ("weights/m", llama),
+                        ("mistralai/Mistral-7B-v0.1", OmegaConf.create({**llama, "path": "/models/x"}))]:
+        assert check(base, model, weights="adapter_model.bin") is None, base
+
+
+def test_a_run_directory_gives_its_best_adapter_else_its_last(tmp_path, caplog):
+    from llasmol.inference.loading import _best_adapter
+
+    run = tmp_path / "run"
+    with pytest.raises(UserError, match=f"^run directory {re.escape(str(run))} has no adapter checkpoint yet "
+                                        rf"\(looked for {re.escape(str(run))}/checkpoints/last.adapter\)$"):
+        _best_adapter(run)
+    last = _fake_adapter(run / "checkpoints" / "last.adapter", {"peft_type": "LORA"})
+    with caplog.at_level("INFO", logger="llasmol.inference.loading"):
+        assert _best_adapter(run) == last
+    assert caplog.messages[-1] == f"adapter: {last} (the last: the run names no best one; pass ckpt=<adapter folder> for another)"
+    (run / "result.json").write_text(json.dumps({"best_checkpoint": None}))
+    with caplog.at_level("INFO", logger="llasmol.inference.loading"):
+        assert _best_adapter(run) == last
+    assert "(the last: the run names no best one;" in caplog.messages[-1]
+    # The best checkpoint is found by its name: the run directory may have moved since.
+    best = _fake_adapter(run / "checkpoints" / "epoch0-step4.adapter", {"peft_type": "LORA"})
+    (run / "result.json").write_text(json.dumps({"best_checkpoint": "/elsewhere/checkpoints/epoch0-step4.ckpt"}))
+    with caplog.at_level("INFO", logger="llasmol.inference.loading"):
+        assert _best_adapter(run) == best
+    assert caplog.messages[-1] == f"adapter: {best} (the best by val/loss; pass ckpt=<adapter folder> for another)"
+
+
+def test_the_checkpoint_setting_names_the_base_an_adapter_folder_or_a_hub_id(tmp_path, caplog):
+    from llasmol.inference.loading import resolve_checkpoint
+
+    cfg = compose_config(["paths.output_dir=/tmp/unused", "model=tiny"], "evaluate")
+    for none in (None, "none", "None"):
+        with caplog.at_level("INFO", logger="llasmol.inference.loading"):
+            model, adapter, data = resolve_checkpoint(none, cfg)
+        assert (model, adapter, data) == (cfg.model, None, None)
+        assert caplog.messages[-1] == "no adapter: the bare base tiny (ckpt=none)"
+    from llasmol.model.lora import TINY_BASE
+
+    folder = _fake_adapter(tmp_path / "adapter", {"peft_type": "LORA", "base_model_name_or_path": TINY_BASE})
+    assert resolve_checkpoint(str(folder), cfg) == (cfg.model, str(folder), None)
+    assert resolve_checkpoint("someone/lora", cfg) == (cfg.model, "someone/lora", None)
+
+
+def test_the_device_setting(monkeypatch):
+    import torch
+
+    from llasmol.inference.loading import pick_device
+
+    assert pick_device("cpu") == torch.device("cpu") and pick_device("cuda:1") == torch.device("cuda", 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pick_device("auto") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pick_device("auto") == torch.device("cuda")
+    with pytest.raises(UserError, match="^device=gpu0 is not a device: use auto, cpu, cuda or cuda:<n>$"):
+        pick_device("gpu0")
+
+
+def test_a_hub_adapter_is_fetched_config_and_weights_only_then_checked(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    import llasmol.core.offline
+    from omegaconf import OmegaConf
+
+    from llasmol.inference.loading import _fetch_adapter
+
+    llama = OmegaConf.create({"name": "llama2", "hf_id": "meta-llama/Llama-2-7b-hf"})
+    folder = _fake_adapter(tmp_path / "snap", {"peft_type": "LORA", "base_model_name_or_path": llama.hf_id})
+    calls = []
+
+    def download(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    monkeypatch.setattr(llasmol.core.offline, "hub_unreachable", lambda: None)
+    assert _fetch_adapter("someone/lora", llama) == folder
+    assert calls == [("someone/lora", {"allow_patterns": ["adapter_config.json", "adapter_model.safetensors",
+                                                          "adapter_model.bin"], "local_files_only": False})]
+    # Offline, but in the cache: read from there.
+    monkeypatch.setattr(llasmol.core.offline, "hub_unreachable", lambda: "HF_HUB_OFFLINE is set")
+    monkeypatch.setattr(llasmol.core.offline, "cached_on_disk", lambda repo, name: True)
+    assert _fetch_adapter("someone/lora", llama) == folder and calls[-1][1]["local_files_only"] is True
+    # What was fetched is checked as a local folder is.
+    with pytest.raises(UserError, match="was trained on meta-llama/Llama-2-7b-hf, but model=mistral"):
+        _fetch_adapter("someone/lora", OmegaConf.create({"name": "mistral", "hf_id": "mistralai/Mistral-7B-v0.1"}))
+
+    def fail(repo_id, **kwargs):
+        raise RuntimeError("gated")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fail)
+    with pytest.raises(UserError, match=r"^cannot fetch adapter someone/lora from the Hugging Face Hub \(RuntimeError\)"):
+        _fetch_adapter("someone/lora", llama)
