@@ -945,3 +945,19 @@ def test_a_report_that_cannot_be_written_is_one_line_naming_the_file(run_dir, tm
     with pytest.raises(SystemExit):
         report_main([str(run_dir)])
     assert capsys.readouterr().err.startswith(f"error: cannot write {run_dir / 'report'}: read-only file system;")
+
+
+def test_worst_example_pictures_are_listed_only_where_drawn(tmp_path, capsys):
+    """A SMILES task whose golds no toolkit can draw gets no picture, and the report does not claim one."""
+    recs = [{"task": "forward_synthesis", "index": 0, "input": "q0", "gold": ["CCO"], "predictions": [smiles("CC")]},
+            {"task": "retrosynthesis", "index": 1, "input": "q1", "gold": ["C1CC("], "predictions": [smiles("CC")]},
+            {"task": "name_conversion-s2f", "index": 2, "input": "f0", "gold": ["C2H6O"],
+             "predictions": ["<MOLFORMULA> CH4 </MOLFORMULA>"]}]
+    run = tmp_path / "run"
+    write_json(run / "params.json", {"model": "tiny", "lora": "lite"})
+    write_json(run / "metrics" / "val-step1.json", score_records(recs))
+    write_jsonl(run / "predictions" / "val-step1.jsonl", recs)
+    written = report_main([str(run)])
+    capsys.readouterr()
+    assert sorted(p.name for p in written if p.name.startswith("worst_")) == ["worst_forward_synthesis.png"]
+    assert sorted(p.name for p in (run / "report").glob("worst_*")) == ["worst_forward_synthesis.png"]

@@ -764,6 +764,13 @@ def test_a_stopped_evaluation_continues_to_the_uninterrupted_result(run_dir, tmp
     assert f"with {sum(calls)} of 33 samples answered" in str(stop.value)
     lines = partial.read_text().splitlines()
     assert len(lines) == 1 + sum(calls) and not (tmp_path / "parts" / "predictions" / "test.jsonl").exists()
+    # The first line names what the answers depend on: the run's best adapter, no base protocol, bits unset.
+    header = json.loads(lines[0])["settings"]
+    adapter = Path(header["adapter"])
+    assert adapter.parent == run_dir / "checkpoints" and adapter.name.endswith(".adapter")
+    assert (header["ckpt"], header["model"], header["split"], header["samples"]) == (str(run_dir), "tiny", "test", 33)
+    assert (header["prompting"], header["quantization"], header["merge_adapter"]) == (None, {"bits": None}, True)
+    assert isinstance(header["generation"], dict) and header["generation"]["max_new_tokens_limit"] > 0
     with partial.open("a") as fh:  # a kill in the middle of a line leaves it torn
         fh.write('{"task": "forward_synth')
     answered = []
@@ -1132,3 +1139,84 @@ def test_a_hub_adapter_is_fetched_config_and_weights_only_then_checked(tmp_path,
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fail)
     with pytest.raises(UserError, match=r"^cannot fetch adapter someone/lora from the Hugging Face Hub \(RuntimeError\)"):
         _fetch_adapter("someone/lora", llama)
+
+
+def test_generation_outside_the_main_thread_leaves_the_signals_alone():
+    """Signal handlers can be set from the main thread only: elsewhere (a notebook's worker) nothing is set."""
+    import threading
+
+    from llasmol.evaluate import _stoppable
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    errors = []
+
+    def work():
+        try:
+            with _stoppable():
+                pass
+        except Exception as err:  # noqa: BLE001  (reported below)
+            errors.append(err)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert errors == [] and {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_a_yaml_error_in_a_run_config_is_cut_to_160_characters(tmp_path):
+    from llasmol.inference.loading import read_run_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("model:\n  name: tiny\n  name: " + "x" * 300 + "\n")  # a duplicate key, quoted at length
+    with pytest.raises(UserError) as err:
+        read_run_config(path)
+    why = str(err.value).split(" is not the YAML llasmol.train writes (", 1)[1]
+    why = why.rsplit("): evaluate only run directories written by llasmol.train", 1)[0]
+    assert len(why) == 160 and why.startswith("while constructing a mapping") and why.endswith("name: xxxxx")
+
+
+def test_generate_asks_the_canonical_question_with_the_task_on_the_chosen_device(monkeypatch):
+    """generate's own steps, with the model, its prompt and its beams stood in for (their tests are elsewhere)."""
+    import llasmol.generate as command
+    import llasmol.inference.beam_search as beam_search
+    import llasmol.inference.pipeline as pipeline
+    from llasmol.inference.loading import pick_device
+
+    moved, asked, answer = [], [], [["<SMILES> CCO </SMILES>"]]
+
+    class Model:
+        def to(self, device):
+            moved.append(device)
+            return self
+
+    class Answers:
+        def __init__(self, generator, generation):
+            self.generator = generator
+
+        def ask(self, query, task):
+            asked.append((query, task, self.generator))
+            return answer[0]
+
+    monkeypatch.setattr(command, "resolve_checkpoint", lambda ckpt, cfg: (cfg.model, None, None))
+    monkeypatch.setattr(command, "load_model", lambda *args, **kwargs: (Model(), "tokenizer"))
+    monkeypatch.setattr(command, "PromptFormatter", lambda tokenizer, template: ("formatter", tokenizer, template))
+    monkeypatch.setattr(beam_search, "BeamGenerator", lambda *args: args[1:])
+    monkeypatch.setattr(pipeline, "ModelAnswers", Answers)
+    cfg = compose_config(["model=tiny", "task=forward_synthesis", "device=cpu"], "generate")
+    assert command.generate(cfg, "Is <SMILES> c1ccccc1O </SMILES> toxic?") == ["<SMILES> CCO </SMILES>"]
+    formatter = ("formatter", "tokenizer", cfg.model.prompt_template)
+    assert asked == [("Is <SMILES> OC1=CC=CC=C1 </SMILES> toxic?", "forward_synthesis",
+                      ("tokenizer", formatter, cfg.generation.max_prompt_tokens, 1))]  # one question: a batch of 1
+    assert moved == [pick_device("cpu")]
+    cfg.task, cfg.query = None, "What is <SMILES> C </SMILES>?"
+    command.generate(cfg)  # the question from the configuration; no task: ""
+    assert asked[-1][:2] == ("What is <SMILES> C </SMILES>?", "")
+    answer[0] = None  # the prompt did not fit
+    with pytest.raises(UserError, match=rf"^the query is longer than generation.max_prompt_tokens="
+                                        rf"{cfg.generation.max_prompt_tokens} tokens$"):
+        command.generate(cfg)
+    cfg.query = ""
+    with pytest.raises(UserError, match="^no query: run python -m llasmol.generate"):
+        command.generate(cfg)
+    with pytest.raises(UserError, match="^the question holds bytes that are not UTF-8 text"):
+        command.generate(cfg, "bad \udcff bytes")
