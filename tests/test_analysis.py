@@ -758,6 +758,15 @@ def test_a_baseline_or_outside_systems_folder_reads_its_split_and_its_label(tmp_
     assert (plain.system, plain.baseline, plain.label) == (None, None, "gpt")
 
 
+def test_validations_are_in_step_order_whatever_order_the_folder_lists_them(tmp_path):
+    steps = [7, 300, 3, 12, 1, 9, 40, 5, 11, 2, 100, 8]
+    for step in steps:
+        write_json(tmp_path / "run" / "metrics" / f"val-step{step}.json", {"forward_synthesis": {"exact_match": step}})
+    run = analysis.load_run(tmp_path / "run")
+    assert [v.step for v in run.validations] == sorted(steps)
+    assert run.latest.metrics == {"forward_synthesis": {"exact_match": 300.0}}
+
+
 def test_a_metrics_file_that_is_not_an_object_is_one_line(tmp_path):
     write_json(tmp_path / "run" / "metrics" / "val-step3.json", [1, 2])
     with pytest.raises(UserError, match=r"val-step3.json is not a \{task: \{metric: value\}\} object"):
@@ -961,3 +970,15 @@ def test_worst_example_pictures_are_listed_only_where_drawn(tmp_path, capsys):
     capsys.readouterr()
     assert sorted(p.name for p in written if p.name.startswith("worst_")) == ["worst_forward_synthesis.png"]
     assert sorted(p.name for p in (run / "report").glob("worst_*")) == ["worst_forward_synthesis.png"]
+
+
+def test_a_run_with_nothing_scored_yet_says_so_once(tmp_path, capsys):
+    from llasmol.analysis.runs import NO_VALIDATION
+
+    fresh = tmp_path / "fresh"
+    write_json(fresh / "params.json", {"model": "tiny", "lora": "full"})
+    with pytest.raises(SystemExit) as stop:
+        report_main([str(fresh)])
+    assert stop.value.code == 2 and capsys.readouterr().err.strip() == (
+        f"error: {fresh} {NO_VALIDATION} (nor an evaluated split: metrics/<split>.json)")
+    assert not (fresh / "report").exists()
