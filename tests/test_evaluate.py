@@ -1220,3 +1220,8 @@ def test_generate_asks_the_canonical_question_with_the_task_on_the_chosen_device
         command.generate(cfg)
     with pytest.raises(UserError, match="^the question holds bytes that are not UTF-8 text"):
         command.generate(cfg, "bad \udcff bytes")
+    cfg.task = "forward_synth"  # the configuration is checked before anything is asked
+    with pytest.raises(UserError, match="^unknown task 'forward_synth' in task="):
+        command.generate(cfg, "Q?")
+    assert len(asked) == 3
+
