@@ -1225,3 +1225,30 @@ def test_generate_asks_the_canonical_question_with_the_task_on_the_chosen_device
         command.generate(cfg, "Q?")
     assert len(asked) == 3
 
+
+def test_a_run_directorys_model_section_is_read_as_data(tmp_path):
+    from omegaconf import OmegaConf
+
+    from llasmol.inference.loading import _run_model
+
+    cfg = compose_config(["paths.output_dir=/tmp/unused", "model=tiny"], "evaluate")
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    where = f"{tmp_path}/.hydra/config.yaml"
+
+    def read(section):
+        return _run_model(tmp_path, OmegaConf.create({"model": section} if section is not None else {}), cfg)
+
+    assert OmegaConf.to_container(read(model)) == model
+    for section in (None, {}, "tiny"):  # no section, an empty one, not a mapping: one line, not a traceback
+        with pytest.raises(UserError, match=f"^{re.escape(where)} has no model section"):
+            read(section)
+    with pytest.raises(UserError, match=f"^{re.escape(where)} has model.foo='x', which llasmol.train does not write"):
+        read({**model, "foo": "x"})
+    with pytest.raises(UserError, match=f"^{re.escape(where)} has a model.tokenizer llasmol.train does not write$"):
+        read({**model, "tokenizer": "/somewhere/else"})
+    with pytest.raises(UserError, match=f"^{re.escape(where)} has model.name"):
+        read({**model, "name": ["tiny"]})  # of the wrong type for the model schema
+    with pytest.raises(UserError, match="sets model.trust_remote_code=true: remote code runs only when asked for"):
+        read({**model, "trust_remote_code": True})
+    cfg.model.trust_remote_code = True  # asked for on this command line
+    assert read({**model, "trust_remote_code": True}).trust_remote_code is True
