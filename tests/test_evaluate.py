@@ -1252,3 +1252,46 @@ def test_a_run_directorys_model_section_is_read_as_data(tmp_path):
         read({**model, "trust_remote_code": True})
     cfg.model.trust_remote_code = True  # asked for on this command line
     assert read({**model, "trust_remote_code": True}).trust_remote_code is True
+
+
+def test_the_adapter_is_merged_only_when_asked_and_never_into_a_quantised_base(tmp_path, monkeypatch, caplog):
+    """load_model's choices, with the base and PEFT stood in for (the real merge: tests/test_adapter_formats.py)."""
+    from omegaconf import OmegaConf
+
+    import llasmol.inference.loading as loading
+    import llasmol.model.base as base
+
+    class Model:
+        def __init__(self, kind):
+            self.kind, self.mode = kind, "train"
+
+        def merge_and_unload(self):
+            return Model(self.kind + "+merged")
+
+        def eval(self):
+            self.mode = "eval"
+            return self
+
+    loaded = []
+    monkeypatch.setattr(base, "load_tokenizer", lambda cfg: "tokenizer")
+    monkeypatch.setattr(base, "load_base_model", lambda cfg, tokenizer, quant: Model("base"))
+    monkeypatch.setattr(loading, "load_adapter", lambda model, folder: loaded.append(folder) or Model("adapted"))
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    model_cfg = OmegaConf.create({"name": "tiny"})
+
+    def kind(*args, **kwargs):
+        model, tokenizer = loading.load_model(model_cfg, *args, **kwargs)
+        assert tokenizer == "tokenizer" and model.mode == "eval"
+        return model.kind
+
+    assert kind(None) == "base" and loaded == []
+    assert kind(str(folder)) == "adapted" and loaded == [folder]  # separate unless asked
+    assert kind(str(folder), None, merge=True) == "adapted+merged"
+    assert kind(str(folder), OmegaConf.create({"bits": None}), merge=True) == "adapted+merged"
+    with caplog.at_level("INFO", logger="llasmol.inference.loading"):
+        assert kind(str(folder), OmegaConf.create({"bits": 4}), merge=True) == "adapted"
+    assert caplog.messages[-1] == "adapter kept separate on the 4-bit base (merging would re-round its weights)"
+    assert kind(str(folder), OmegaConf.create({"bits": 4})) == "adapted"
+    with pytest.raises(UserError, match="^merge_adapter='yes' must be true or false"):
+        kind(str(folder), merge="yes")
