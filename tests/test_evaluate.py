@@ -1252,6 +1252,9 @@ def test_a_run_directorys_model_section_is_read_as_data(tmp_path):
         read({**model, "trust_remote_code": True})
     cfg.model.trust_remote_code = True  # asked for on this command line
     assert read({**model, "trust_remote_code": True}).trust_remote_code is True
+    # Read as written: nothing in it (a resolver, an environment variable) is evaluated while it is checked.
+    written = read({**model, "hf_id": "${oc.env:LLASMOL_TEST_NOT_SET}"})
+    assert OmegaConf.to_container(written, resolve=False)["hf_id"] == "${oc.env:LLASMOL_TEST_NOT_SET}"
 
 
 def test_the_adapter_is_merged_only_when_asked_and_never_into_a_quantised_base(tmp_path, monkeypatch, caplog):
