@@ -1076,6 +1076,7 @@ def test_a_run_directory_gives_its_best_adapter_else_its_last(tmp_path, caplog):
 
 def test_the_checkpoint_setting_names_the_base_an_adapter_folder_or_a_hub_id(tmp_path, caplog):
     from llasmol.inference.loading import resolve_checkpoint
+    from llasmol.model.lora import TINY_BASE
 
     cfg = compose_config(["paths.output_dir=/tmp/unused", "model=tiny"], "evaluate")
     for none in (None, "none", "None"):
@@ -1083,8 +1084,6 @@ def test_the_checkpoint_setting_names_the_base_an_adapter_folder_or_a_hub_id(tmp
             model, adapter, data = resolve_checkpoint(none, cfg)
         assert (model, adapter, data) == (cfg.model, None, None)
         assert caplog.messages[-1] == "no adapter: the bare base tiny (ckpt=none)"
-    from llasmol.model.lora import TINY_BASE
-
     folder = _fake_adapter(tmp_path / "adapter", {"peft_type": "LORA", "base_model_name_or_path": TINY_BASE})
     assert resolve_checkpoint(str(folder), cfg) == (cfg.model, str(folder), None)
     assert resolve_checkpoint("someone/lora", cfg) == (cfg.model, "someone/lora", None)
@@ -1106,10 +1105,9 @@ def test_the_device_setting(monkeypatch):
 
 def test_a_hub_adapter_is_fetched_config_and_weights_only_then_checked(tmp_path, monkeypatch):
     import huggingface_hub
-
-    import llasmol.core.offline
     from omegaconf import OmegaConf
 
+    import llasmol.core.offline
     from llasmol.inference.loading import _fetch_adapter
 
     llama = OmegaConf.create({"name": "llama2", "hf_id": "meta-llama/Llama-2-7b-hf"})
