@@ -235,3 +235,7 @@ def test_split_golds_come_first_then_the_files_own_and_only_for_pooled_tasks(tmp
                {"task": "property_prediction-bbbp", "input": "not in the split", "gold": ["Yes"], "predictions": []}]
     out = _with_split_golds(records, cfg)
     assert [r["gold"] for r in out] == [[first["output"], other, "CCCCCCCC"], ["Yes"]]
+    # The default data (the bundled excerpt, named by an interpolation) is found as the command finds it.
+    default = compose_config([f"paths.output_dir={tmp_path}", "pool_golds=split"], "evaluate")
+    record = {"task": "forward_synthesis", "input": first["input"], "gold": ["CCCCCCCC"], "predictions": []}
+    assert _with_split_golds([record], default)[0]["gold"] == [first["output"], "CCCCCCCC"]
