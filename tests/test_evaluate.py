@@ -1296,3 +1296,23 @@ def test_the_adapter_is_merged_only_when_asked_and_never_into_a_quantised_base(t
     assert kind(str(folder), OmegaConf.create({"bits": 4})) == "adapted"
     with pytest.raises(UserError, match="^merge_adapter='yes' must be true or false"):
         kind(str(folder), merge="yes")
+
+
+def test_the_commands_silence_the_known_library_noise_and_nothing_else(tmp_path):
+    """Both commands filter the libraries' known warnings first thing (before any check can stop them)."""
+    import warnings
+
+    from llasmol.generate import generate
+
+    noise = "MatMul8bitLt: inputs will be cast from torch.float32 to float16 during quantization"
+    nothing = compose_config([f"paths.output_dir={tmp_path}"], "evaluate")
+    no_query = compose_config(["model=tiny"], "generate")
+    for command, cfg, why in [(evaluate, nothing, "nothing to evaluate"), (generate, no_query, "no query")]:
+        with warnings.catch_warnings():
+            warnings.resetwarnings()  # whatever an earlier test left
+            with pytest.raises(UserError, match=f"^{why}"):
+                command(cfg)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.warn(noise)
+                warnings.warn("another warning")
+        assert [str(w.message) for w in caught] == ["another warning"], command
