@@ -188,6 +188,7 @@ def test_a_merged_adapter_generates_as_the_separate_one(cfg, twins):
     merged, tok = load_model(cfg.model, str(new), merge=True)
     assert not any("lora_" in name for name, _ in merged.named_parameters())
     separate, _ = load_model(cfg.model, str(new))
+    assert any("lora_" in name for name, _ in separate.named_parameters())  # unless asked, the adapter stays apart
     ids = tok(PROMPT, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert torch.allclose(merged(input_ids=ids).logits, separate(input_ids=ids).logits, atol=1e-5)
