@@ -519,3 +519,83 @@ def test_each_process_of_a_launch_reads_its_own_share_of_the_data(tokenizer, smo
     dm.trainer = SimpleNamespace(global_rank=1, world_size=2)  # what Lightning attaches under DDP
     second = dm.train_dataloader().sampler
     assert (second.rank, second.world_size) == (1, 2) and len(second) * 2 >= len(alone) >= len(second)
+
+
+# -- the sampler's arithmetic, by hand ----------------------------------------------------------------
+
+
+def test_even_shares_drop_the_remainder_and_uneven_shares_cover_every_sample():
+    import numpy as np
+
+    even = [ShardedShuffleSampler(11, seed=3, rank=r, world_size=2) for r in range(2)]  # even=True by default
+    assert [len(s) for s in even] == [5, 5] and [len(list(s)) for s in even] == [5, 5]
+    flat = list(even[0]) + list(even[1])
+    assert len(set(flat)) == 10  # one sample of the 11 waits for another epoch
+    uneven = [ShardedShuffleSampler(11, seed=3, rank=r, world_size=2, even=False) for r in range(2)]
+    assert [len(s) for s in uneven] == [6, 5] and [len(list(s)) for s in uneven] == [6, 5]
+    assert sorted(list(uneven[0]) + list(uneven[1])) == list(range(11))
+    three = [ShardedShuffleSampler(11, seed=3, rank=r, world_size=3, shuffle=False, even=False) for r in range(3)]
+    assert [list(s) for s in three] == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8]]
+    assert [len(ShardedShuffleSampler(11, rank=r, world_size=3)) for r in range(3)] == [3, 3, 3]
+    # The order array is int32 while it fits (half the memory of int64).
+    assert ShardedShuffleSampler(100, rank=0, world_size=1)._order().dtype == np.int32
+
+
+@pytest.mark.parametrize("rank,world", [(2, 2), (-1, 2), (1, 1)])
+def test_a_rank_outside_its_world_is_refused(rank, world):
+    with pytest.raises(ValueError, match=f"rank {rank} outside world of size {world}"):
+        ShardedShuffleSampler(10, rank=rank, world_size=world)
+
+
+def test_rank_and_world_come_from_the_process_group_when_one_is_running(monkeypatch):
+    from llasmol.data import sampler as sampler_mod
+
+    monkeypatch.setattr(sampler_mod.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(sampler_mod.dist, "get_rank", lambda: 2)
+    monkeypatch.setattr(sampler_mod.dist, "get_world_size", lambda: 3)
+    sampler = ShardedShuffleSampler(9, shuffle=False)
+    assert (sampler.rank, sampler.world_size) == (2, 3) and list(sampler) == [2, 5, 8]
+
+
+def test_a_resumed_epoch_skips_its_done_part_once():
+    sampler = ShardedShuffleSampler(20, seed=4, rank=0, world_size=1)
+    whole = list(sampler)
+    sampler.start = 6
+    assert list(sampler) == whole[6:] and len(sampler) == 20  # the length is the whole epoch's
+    assert list(sampler) == whole  # the next pass starts at the beginning
+
+
+def test_length_groups_are_whole_batches_of_neighbouring_lengths_with_a_short_batch_last():
+    import numpy as np
+
+    lengths = np.array([5, 80, 12, 33, 71, 2, 64, 18, 47, 90, 26])  # all different
+    plain = list(ShardedShuffleSampler(11, seed=7, rank=0, world_size=1))
+    grouped = list(ShardedShuffleSampler(11, seed=7, rank=0, world_size=1, lengths=lengths, batch_size=4))
+    by_length = sorted(range(11), key=lambda i: -lengths[i])
+    assert sorted(grouped) == sorted(plain)
+    # 11 samples in one window: two full batches of 4 (the 4 longest, the next 4) in shuffled order, and the
+    # 3 shortest last.
+    assert set(grouped[8:]) == set(by_length[8:])
+    assert {frozenset(grouped[:4]), frozenset(grouped[4:8])} == {frozenset(by_length[:4]), frozenset(by_length[4:8])}
+    # Evaluation order (no shuffle) is never regrouped.
+    still = ShardedShuffleSampler(11, rank=0, world_size=1, shuffle=False, lengths=lengths, batch_size=4)
+    assert list(still) == list(range(11))
+
+
+def test_length_groups_stay_within_windows_of_64_batches():
+    """Grouping sorts within windows of `group_window` (64 by default) micro-batches of the shuffle: the
+    samples of each window's positions are the plain shuffle's samples there."""
+    import numpy as np
+
+    lengths = np.random.default_rng(0).permutation(300)
+    plain = list(ShardedShuffleSampler(300, seed=9, rank=0, world_size=1))
+    grouped = list(ShardedShuffleSampler(300, seed=9, rank=0, world_size=1, lengths=lengths, batch_size=2))
+    for start in (0, 128, 256):
+        assert set(grouped[start : start + 128]) == set(plain[start : start + 128]), start
+    small = list(ShardedShuffleSampler(300, seed=9, rank=0, world_size=1, lengths=lengths, batch_size=2,
+                                       group_window=3))
+    for start in range(0, 300, 6):
+        assert set(small[start : start + 6]) == set(plain[start : start + 6]), start
+    # Within a window the batches are the window's samples sorted by length and cut in pairs.
+    window = sorted(plain[:6], key=lambda i: -lengths[i])
+    assert {frozenset(small[i : i + 2]) for i in (0, 2, 4)} == {frozenset(window[i : i + 2]) for i in (0, 2, 4)}
