@@ -599,3 +599,255 @@ def test_length_groups_stay_within_windows_of_64_batches():
     # Within a window the batches are the window's samples sorted by length and cut in pairs.
     window = sorted(plain[:6], key=lambda i: -lengths[i])
     assert {frozenset(small[i : i + 2]) for i in (0, 2, 4)} == {frozenset(window[i : i + 2]) for i in (0, 2, 4)}
+
+
+# -- SMolInstructSplit: edges of the official layout ------------------------------------------------
+
+
+@pytest.fixture
+def own_root(tmp_path):
+    """A fixture copy of two tasks that a test may change (the session's `smol_root` is shared)."""
+    from smolinstruct_fixture import write_smolinstruct
+
+    return write_smolinstruct(tmp_path / "data", tasks=("name_conversion-s2f", "property_prediction-sider"))
+
+
+def _edit_json(path, change):
+    import json
+
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def _samples(root, split, task):
+    return root / "sample" / "instruction_tuning" / split / f"{task}.json"
+
+
+def test_selfies_come_from_raw_selfies_when_the_archive_has_them(own_root):
+    import json
+
+    task = "name_conversion-s2f"
+    raw = (own_root / "raw" / "train" / f"{task}.jsonl").read_text().splitlines()
+    first = json.loads(raw[0])
+    (own_root / "raw_selfies" / "train").mkdir(parents=True)
+    # A SELFIES string no encoder would write for CCO: it must have been read from raw_selfies/, as is.
+    (own_root / "raw_selfies" / "train" / f"{task}.jsonl").write_text(
+        "\n".join([json.dumps({**first, "input": "[O][C][C]"}), *raw[1:]]) + "\n")
+    _edit_json(own_root / "template" / "instruction_tuning" / f"{task}.json",
+               lambda t: t[0].update(input="Give the formula of the SMILES <INPUT> ."))
+    selfies = SMolInstructSplit(own_root, "train", [task], representation="selfies")[0]
+    assert selfies["input"] == "Give the formula of the SELFIES <SELFIES> [O][C][C] </SELFIES> ."
+    assert selfies["raw_input"] == "[O][C][C]"
+    smiles = SMolInstructSplit(own_root, "train", [task])[0]  # SMILES still come from raw/
+    assert smiles["input"] == "Give the formula of the SMILES <SMILES> CCO </SMILES> ."
+
+
+def test_selfies_encoded_on_the_fly_cover_smiles_answers_too(smol_root):
+    sample = SMolInstructSplit(smol_root, "train", ["forward_synthesis"], representation="selfies")[0]
+    # Molecule 0 (CCO): input "CCO.O", output "CCO", template 0.
+    assert sample["input"] == "What is the product of <SELFIES> [C][C][O].[O] </SELFIES> ?"
+    assert sample["output"] == "The product is <SELFIES> [C][C][O] </SELFIES> ."
+
+
+def test_unknown_representation_is_refused(smol_root):
+    with pytest.raises(UserError, match="unknown data.representation 'inchi'"):
+        SMolInstructSplit(smol_root, "train", ["forward_synthesis"], representation="inchi")
+
+
+@pytest.mark.parametrize("side,text", [("input", "formula please"), ("output", "it is this")])
+def test_a_template_lacking_its_placeholder_is_refused(own_root, side, text):
+    task = "name_conversion-s2f"
+    _edit_json(own_root / "template" / "instruction_tuning" / f"{task}.json", lambda t: t[1].update({side: text}))
+    with pytest.raises(UserError, match=re.escape(
+            f"template 1 of {task} in template/instruction_tuning/{task}.json lacks <INPUT> or <OUTPUT>")):
+        SMolInstructSplit(own_root, "train", [task])
+
+
+def test_a_template_id_past_the_last_template_is_refused(own_root):
+    task = "name_conversion-s2f"  # two templates: ids 0 and 1
+    _edit_json(_samples(own_root, "train", task), lambda r: r["samples"][3].update(template_id=2))
+    with pytest.raises(UserError, match=re.escape(f"template_id 2 of {task} has no template (2 exist)")):
+        SMolInstructSplit(own_root, "train", [task])
+
+
+@pytest.mark.parametrize("bad", [24, -1])  # the raw file has lines 0..23
+def test_a_sample_index_outside_the_raw_file_is_refused(own_root, bad):
+    task = "name_conversion-s2f"
+    assert len((own_root / "raw" / "train" / f"{task}.jsonl").read_text().splitlines()) == 24
+    _edit_json(_samples(own_root, "train", task), lambda r: r["samples"][3].update(idx=bad))
+    with pytest.raises(UserError, match=rf"^sample index {bad} in .* \(24 lines\)"):
+        SMolInstructSplit(own_root, "train", [task])
+
+
+def test_skipping_a_bad_line_drops_all_its_samples_and_keeps_the_others_targets(own_root, caplog):
+    task = "property_prediction-sider"  # a multi-target task: each sample names its target
+    strict = SMolInstructSplit(own_root, "train", [task])
+    before = [strict[i] for i in range(len(strict))]
+    assert len(before) == 24
+    _edit_json(_samples(own_root, "train", task),
+               lambda r: r["samples"].append({**r["samples"][2], "template_id": 1}))  # a 2nd sample of line 2
+    raw = own_root / "raw" / "train" / f"{task}.jsonl"
+    lines = raw.read_text().splitlines()
+    lines[2] = '{"input": "CCO", "output": '
+    raw.write_text("\n".join(lines) + "\n")
+    with caplog.at_level("WARNING", logger="llasmol.data.smolinstruct"):
+        lenient = SMolInstructSplit(own_root, "train", [task], skip_bad_lines=True)
+    assert lenient.skipped == {task: 2} and len(lenient) == 23
+    assert [lenient[i] for i in range(23)] == before[:2] + before[3:]
+    assert [r.getMessage() for r in caplog.records] == [f"{raw}: skipped 2 sample(s) on 1 malformed line(s)"]
+
+
+def test_a_raw_line_changed_after_the_split_was_opened_is_named(own_root):
+    task = "name_conversion-s2f"
+    split = SMolInstructSplit(own_root, "train", [task])
+    raw = own_root / "raw" / "train" / f"{task}.jsonl"
+    lines = raw.read_text().splitlines()
+    raw.write_text("\n".join(['{"input": "CCO"}', *lines[1:]]) + "\n")
+    with pytest.raises(UserError, match=re.escape(f"{raw} line 1 is not a JSON object with input and output: "
+                                                  "the file changed")):
+        split[0]
+    raw.write_text("\n".join(['{"input": ', *lines[1:]]) + "\n")
+    split.close()
+    with pytest.raises(UserError, match=re.escape(f"{raw} line 1 is not valid JSON")):
+        split[0]
+    split.close()
+
+
+def test_core_tags_are_pairs_of_strings_or_nulls(tmp_path):
+    import json
+
+    from llasmol.data.smolinstruct import read_core_tags
+
+    (tmp_path / "core_tag").mkdir()
+    path = tmp_path / "core_tag" / "t.json"
+    good = {"input": ["<SMILES>", "</SMILES>"], "output": [None, None]}  # captions have no tag
+    path.write_text(json.dumps(good))
+    assert read_core_tags(tmp_path, "t") == good
+    for bad in ([["<A>", "</A>"], ["<B>", "</B>"]], {"input": ["<A>"], "output": ["<B>", "</B>"]},
+                {"input": ["<A>", "</A>", "x"], "output": ["<B>", "</B>"]},
+                {"input": ["<A>", 5], "output": ["<B>", "</B>"]}, {"input": ["<A>", "</A>"]}):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(UserError, match=r"core_tag/t\.json is not"):
+            read_core_tags(tmp_path, "t")
+
+
+def test_sample_counts_by_hand(smol_root):
+    from llasmol.data.smolinstruct import count_samples, raw_split
+
+    # 40 fixture molecules: k % 5 == 3 in dev, == 4 in test, the other 24 in train; the subset is every other test one.
+    assert [count_samples(smol_root, "instruction_tuning", s, "forward_synthesis")
+            for s in ("train", "dev", "test", "test_subset")] == [24, 8, 8, 4]
+    assert (raw_split("test_subset"), raw_split("test"), raw_split("train")) == ("test", "test", "train")
+    split = SMolInstructSplit(smol_root, "dev", ["forward_synthesis", "name_conversion-s2f"])
+    assert len(split) == 16 and split.counts() == {"forward_synthesis": 8, "name_conversion-s2f": 8}
+    assert [split.task_index(i) for i in (0, 7, 8, 15)] == [0, 0, 1, 1]
+    assert split.task_row(8).name == "name_conversion-s2f"
+    # The first sample of the second task is that task's own first sample.
+    assert split[8] == SMolInstructSplit(smol_root, "dev", ["name_conversion-s2f"])[0]
+    with pytest.raises(IndexError):
+        split[16]
+    with pytest.raises(IndexError):
+        split[-1]
+    empty = SMolInstructSplit(smol_root, "dev", [])
+    assert len(empty) == 0 and empty.counts() == {} and empty.length_hints().tolist() == []
+
+
+def test_length_hints_are_twice_the_raw_line_bytes_plus_the_template_characters(smol_root):
+    import json
+
+    tasks = ["name_conversion-s2f", "property_prediction-sider"]
+    split = SMolInstructSplit(smol_root, "dev", tasks)
+    expected = []
+    for task in tasks:
+        lines = (smol_root / "raw" / "dev" / f"{task}.jsonl").read_bytes().splitlines(keepends=True)
+        templates = json.loads((smol_root / "template" / "instruction_tuning" / f"{task}.json").read_text())
+        for s in json.loads(_samples(smol_root, "dev", task).read_text())["samples"]:
+            tpl = templates[s["template_id"]]
+            expected.append(2 * len(lines[s["idx"]]) + len(tpl["input"]) + len(tpl["output"]))
+    assert split.length_hints().tolist() == expected
+
+
+def test_a_split_reads_through_one_handle_per_file_and_a_forked_worker_opens_its_own(smol_root):
+    import os
+
+    split = SMolInstructSplit(smol_root, "train", ["name_conversion-s2f"])
+    split[0]
+    handle = split._handles[0]
+    split[1]
+    assert split._handles[0] is handle  # kept open between reads
+    split._pid = -1  # as in a forked worker: the parent's handles are not used
+    assert split[2] == SMolInstructSplit(smol_root, "train", ["name_conversion-s2f"])[2]
+    assert split._handles[0] is not handle and split._pid == os.getpid()
+    handle.close()
+    split.close()
+
+
+def test_a_pickled_split_reads_the_same_samples_through_its_own_files(smol_root):
+    import pickle
+
+    split = SMolInstructSplit(smol_root, "train", ["name_conversion-s2f", "property_prediction-sider"])
+    first = [split[i] for i in (0, 30)]
+    copy = pickle.loads(pickle.dumps(split))  # spawned DataLoader workers get a pickled split
+    assert copy._handles == {} and [copy[i] for i in (0, 30)] == first
+    split.close()
+    copy.close()
+
+
+def test_core_samples_come_in_raw_line_order_when_line_0_is_not_sampled(own_root):
+    import json
+
+    task = "name_conversion-s2f"
+    _edit_json(_samples(own_root, "train", task), lambda r: r.update(samples=r["samples"][:0:-1]))  # 23..1
+    split = SMolInstructSplit(own_root, "train", [task])
+    records = [json.loads(line) for line in (own_root / "raw" / "train" / f"{task}.jsonl").read_text().splitlines()]
+    assert list(split.core_samples(task)) == [(r["input"], r["output"], None) for r in records[1:]]
+    split.close()
+
+
+# -- the sample-list reader ------------------------------------------------------------------------
+
+
+def test_an_empty_sample_list_is_read_as_empty(tmp_path):
+    from llasmol.data.smolinstruct import _read_sample_list
+
+    path = tmp_path / "task.json"
+    path.write_text('{"task": "x", "samples": [ ], "template_name": "t", "extra": {}}')
+    header, idx, template_id, targets = _read_sample_list(path, "task", None)
+    assert header == {"task": "x", "template_name": "t", "extra": {}}
+    assert idx.tolist() == [] and template_id.tolist() == [] and targets is None
+
+
+def test_targets_are_kept_from_the_first_sample_that_names_one(tmp_path):
+    from llasmol.data.smolinstruct import _read_sample_list
+
+    path = tmp_path / "task.json"
+    path.write_text('{"samples": [{"idx": 0, "template_id": 0}, {"idx": 1, "template_id": 0}, '
+                    '{"idx": 2, "template_id": 1, "target": "Eye"}, {"idx": 3, "template_id": 0}]}')
+    assert _read_sample_list(path, "task", None)[3] == [None, None, "Eye", None]
+
+
+@pytest.mark.parametrize("window", [7, 1 << 16])
+@pytest.mark.parametrize("text,message", [
+    # the error is where the reader stands: at the "]" after the comma, on line 4
+    ('{"split": "train",\n  "samples": [\n    {"idx": 0, "template_id": 0},\n  ]\n}\n', "trailing comma at line 4"),
+    ('{"split": "train",\n  "samples"\n  [\n]\n}\n', "expecting ':' at line 3"),
+    ('{"split": "train",\n  "samples": []\n}\n\n  x', "extra data at line 5"),
+    ('{"split": "train",\n  7: []\n}\n', "expecting a key at line 2"),
+])
+def test_the_readers_own_errors_name_their_line(tmp_path, monkeypatch, window, text, message):
+    from llasmol.data.smolinstruct import _JSONReader, _read_sample_list
+
+    monkeypatch.setattr(_JSONReader.__init__, "__defaults__", (window,))
+    path = tmp_path / "task.json"
+    path.write_text(text)
+    with pytest.raises(UserError, match=re.escape(f"{path} is not valid JSON ({message})")):
+        _read_sample_list(path, "task", None)
+
+
+def test_a_raw_line_nested_too_deeply_is_a_bad_line(tmp_path):
+    from llasmol.data.smolinstruct import _line_offsets
+
+    path = tmp_path / "raw.jsonl"
+    path.write_text('{"input": "C", "output": "C"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    assert _line_offsets(path)[2] == {1: "line 2 is not valid JSON (nested too deeply)"}
