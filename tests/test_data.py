@@ -794,13 +794,16 @@ def test_a_pickled_split_reads_the_same_samples_through_its_own_files(smol_root)
     copy.close()
 
 
-def test_core_samples_come_in_raw_line_order_when_line_0_is_not_sampled(own_root):
+def test_core_samples_come_in_raw_line_order_whichever_lines_are_sampled(own_root):
     import json
 
     task = "name_conversion-s2f"
+    records = [json.loads(line) for line in (own_root / "raw" / "train" / f"{task}.jsonl").read_text().splitlines()]
+    split = SMolInstructSplit(own_root, "train", [task])
+    assert list(split.core_samples(task)) == [(r["input"], r["output"], None) for r in records]  # line 0 first
+    split.close()
     _edit_json(_samples(own_root, "train", task), lambda r: r.update(samples=r["samples"][:0:-1]))  # 23..1
     split = SMolInstructSplit(own_root, "train", [task])
-    records = [json.loads(line) for line in (own_root / "raw" / "train" / f"{task}.jsonl").read_text().splitlines()]
     assert list(split.core_samples(task)) == [(r["input"], r["output"], None) for r in records[1:]]
     split.close()
 
