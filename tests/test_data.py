@@ -669,6 +669,9 @@ def test_a_template_id_past_the_last_template_is_refused(own_root):
     _edit_json(_samples(own_root, "train", task), lambda r: r["samples"][3].update(template_id=2))
     with pytest.raises(UserError, match=re.escape(f"template_id 2 of {task} has no template (2 exist)")):
         SMolInstructSplit(own_root, "train", [task])
+    _edit_json(_samples(own_root, "train", task), lambda r: r["samples"][3].update(template_id=-1))
+    with pytest.raises(UserError, match=re.escape(f"template_id -1 of {task} has no template (ids start at 0)")):
+        SMolInstructSplit(own_root, "train", [task])
 
 
 @pytest.mark.parametrize("bad", [24, -1])  # the raw file has lines 0..23
