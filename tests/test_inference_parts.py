@@ -279,3 +279,108 @@ def test_an_evaluation_writes_only_where_it_is_told(tmp_path):
     out = Evaluation(RunFiles.named(tmp_path / "c", "test")).finish(records, given)
     assert out.metrics == given and json.loads((tmp_path / "c" / "metrics" / "test.json").read_text()) == given
     assert len((tmp_path / "c" / "predictions" / "test.jsonl").read_text().splitlines()) == 2
+
+
+# --------------------------------------------------------------------------- reading predictions files
+
+
+def _write_lines(path, *lines) -> str:
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    return str(path)
+
+
+def test_predictions_read_numbers_as_their_text_skip_blank_lines_and_keep_other_fields(tmp_path):
+    from llasmol.inference.predictions import read_predictions
+
+    line = {"task": "property_prediction-esol", "input": "q", "gold": 1.5, "predictions": [3, "-0.25"], "note": {"a": 1}}
+    path = _write_lines(tmp_path / "p.jsonl", line, "", "   ", {**line, "gold": [2], "predictions": None})
+    first, second = read_predictions(path)
+    assert first == {**line, "gold": ["1.5"], "predictions": ["3", "-0.25"], "skipped": False}
+    assert second["gold"] == ["2"] and second["predictions"] == [] and second["skipped"] is True
+    # An untagged answer in our own files stays as written (only LLM4Chem's outputs lose their tokens).
+    caption = {"task": "molecule_captioning", "input": "q", "gold": "g", "predictions": ["A dye.</s><unk>"]}
+    assert read_predictions(_write_lines(tmp_path / "c.jsonl", caption))[0]["predictions"] == ["A dye.</s><unk>"]
+    # A line with both `output` and `predictions` is ours: `output` is one more field.
+    both = {**caption, "output": ["other"]}
+    assert read_predictions(_write_lines(tmp_path / "b.jsonl", both))[0]["predictions"] == ["A dye.</s><unk>"]
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("gold", None, "gold must be a string or a list of strings, not null"),
+    ("gold", True, "gold must be a string or a list of strings, not true"),
+    ("predictions", [False], "predictions must be a string or a list of strings, not false"),
+    ("predictions", [["a"]], 'predictions must be a string or a list of strings, not ["a"]'),
+])
+def test_predictions_and_golds_must_be_text_or_numbers(tmp_path, field, value, needle):
+    from llasmol.inference.predictions import read_predictions
+
+    line = {"task": "forward_synthesis", "input": "q", "gold": "C", "predictions": ["C"], field: value}
+    path = _write_lines(tmp_path / "p.jsonl", line)
+    with pytest.raises(UserError) as err:
+        read_predictions(path)
+    assert str(err.value) == f"{path} line 1: {needle}"
+
+
+def test_an_empty_predictions_file_is_refused_unless_allowed(tmp_path):
+    from llasmol.inference.predictions import read_predictions
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n\n")
+    with pytest.raises(UserError, match="is empty: it needs one JSON object per line"):
+        read_predictions(path)
+    assert read_predictions(path, allow_empty=True) == []
+
+
+def test_llm4chem_folders_read_every_task_file_in_name_order(tmp_path):
+    from llasmol.inference.predictions import read_predictions
+
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    (folder / "sub.jsonl").mkdir()  # a folder named like a file is no file of answers
+    _write_lines(folder / "molecule_captioning.jsonl",
+                 {"task": "molecule_captioning", "input": "CCO", "gold": "It is ethanol.",
+                  "output": ["<unk> It is ethanol.</s><unk><unk>", "It is.</s>"], "input_text": "Describe CCO"})
+    _write_lines(folder / "forward_synthesis.jsonl",
+                 {"task": "forward_synthesis", "input": "CC.O", "gold": "CCO", "output": None, "input_text": 7},
+                 {"task": "forward_synthesis", "input": "C", "raw_input": "kept", "gold": "C",
+                  "output": ["<SMILES> C </SMILES></s>"], "input_text": "Make C"})
+    fs0, fs1, cap = read_predictions(folder)
+    # The core input is `raw_input`, the prompt (when it is text) the `input`; `output` the predictions.
+    assert (fs0["raw_input"], fs0["input"], fs0["predictions"], fs0["skipped"]) == ("CC.O", "CC.O", [], True)
+    assert (fs1["raw_input"], fs1["input"]) == ("kept", "C")  # a line naming its core input keeps its fields
+    assert fs1["predictions"] == ["<SMILES> C </SMILES></s>"]  # tagged: kept whole (scoring takes the answer from between its tags)
+    assert (cap["raw_input"], cap["input"]) == ("CCO", "Describe CCO")
+    assert cap["predictions"] == ["It is ethanol.", "It is."]  # untagged: end and padding tokens removed, stripped
+    assert "output" not in cap
+    assert read_predictions(folder / "molecule_captioning.jsonl") == [cap]
+
+
+@pytest.mark.parametrize("line, needle", [
+    (b'{"task": "forward_synthesis", "input": "x", "gold": "C", "predictions": ["C"], "\\ud800": 1}',
+     "line 1: a key holds '\\ud800'"),
+    (b'{"task": "forward_synthesis", "input": "x", "gold": "C", "predictions": ["C"], "meta": {"note": "\\udfff"}}',
+     "line 1: meta.note holds '\\udfff'"),
+    (b'{"task": "forward_synthesis", "input": "x", "gold": "C", "predictions": ["C"], "meta": {"l": ["a", "\\ud801"]}}',
+     "line 1: meta.l[1] holds '\\ud801'"),
+])
+def test_a_lone_surrogate_is_named_by_where_it_is(tmp_path, line, needle):
+    from llasmol.inference.predictions import read_predictions
+
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(line + b"\n")
+    with pytest.raises(UserError) as err:
+        read_predictions(path)
+    assert str(err.value).startswith(f"{path} {needle}, half of a UTF-16 pair"), str(err.value)
+
+
+def test_an_unreadable_number_is_named_with_the_first_80_characters_of_the_reason(tmp_path):
+    from llasmol.inference.predictions import read_predictions
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"task": "forward_synthesis", "input": "a", "gold": ' + "9" * 5000 + ', "predictions": []}\n')
+    with pytest.raises(UserError) as err:
+        read_predictions(path)
+    message = str(err.value)
+    assert message.startswith(f"{path} line 1 cannot be read (Exceeds the limit") and message.endswith(")")
+    reason = message.split(" cannot be read (", 1)[1][:-1]
+    assert len(reason) == 80 and ";" not in reason  # Python's reason is longer: cut at its first clause, then at 80
