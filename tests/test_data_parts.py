@@ -212,7 +212,11 @@ def test_a_sources_splits_open_once_and_an_unknown_split_is_named(smol_root):
     assert source.sample_count("test", "name_conversion-s2f") == len(test)
     with pytest.raises(UserError, match=r"unknown split 'dev': data.splits defines \['test', 'train', 'validation'\]"):
         source.split("dev")
+    test[0]
+    opened = list(test._handles.values())  # the raw files a read opened
+    assert opened and not any(fh.closed for fh in opened)
     source.close()
+    assert all(fh.closed for fh in opened)
 
 
 def test_a_subset_pools_golds_over_its_full_split(smol_root):

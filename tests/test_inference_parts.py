@@ -203,6 +203,32 @@ def test_samples_share_strides_by_rank_and_records_gather_to_themselves_without_
     assert gather_to_all(records) == [{"index": 1}, {"index": 2}]
 
 
+def test_records_gather_from_every_rank_in_rank_order_under_ddp(monkeypatch):
+    from llasmol.inference import pipeline
+
+    class TwoRanks:  # torch.distributed as a 2-process group sees it; rank 1 answered {"index": 9}
+        def is_available(self):
+            return True
+
+        def is_initialized(self):
+            return True
+
+        def get_world_size(self):
+            return 2
+
+        def all_gather_object(self, parts, obj):
+            assert parts == [None, None]
+            parts[:] = [obj, [{"index": 9}]]
+
+    monkeypatch.setattr(pipeline, "dist", TwoRanks())
+    assert gather_to_all([{"index": 0}, {"index": 4}]) == [{"index": 0}, {"index": 4}, {"index": 9}]
+    alone = TwoRanks()
+    alone.get_world_size = lambda: 1
+    alone.all_gather_object = None  # one process: nothing to gather
+    monkeypatch.setattr(pipeline, "dist", alone)
+    assert gather_to_all([{"index": 0}]) == [{"index": 0}]
+
+
 class ScriptedGenerator:
     """Answers `<query>!` once per query, in batches of two, and records what each task was asked."""
 
