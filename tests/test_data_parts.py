@@ -229,6 +229,17 @@ def test_a_subset_pools_golds_over_its_full_split(smol_root):
     assert len(subset.split("test")) < len(subset.pooling_split("test")) == len(full)
 
 
+def test_a_copy_lacking_tasks_names_the_missing_ones_in_table_order(smol_root, caplog):
+    with caplog.at_level("WARNING", logger="llasmol.data.source"):
+        assert SMolInstructSource(path=str(smol_root)).task_names() == [
+            "forward_synthesis", "name_conversion-s2f", "property_prediction-esol", "property_prediction-bbbp",
+            "property_prediction-sider"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"data: 5 of 14 tasks in {smol_root} (none of retrosynthesis, molecule_captioning, molecule_generation, "
+        "name_conversion-i2f, name_conversion-i2s, name_conversion-s2i, property_prediction-lipo, "
+        "property_prediction-clintox, property_prediction-hiv); data.tasks=[...] names them"]
+
+
 def test_a_folder_without_any_task_is_named(tmp_path):
     with pytest.raises(UserError, match=r"holds no SMolInstruct task \(no core_tag/<task>.json\)"):
         SMolInstructSource(path=str(tmp_path)).task_names()

@@ -196,6 +196,42 @@ def test_the_balanced_subset_takes_each_tasks_samples_from_its_own_range():
     assert len(many) == len(set(many)) == 45 and all(isinstance(i, int) for i in many)
 
 
+class GoldSplit:
+    """Two forward_synthesis samples of one input with different products, and two ESOL samples of one input."""
+
+    samples = [{"task": "forward_synthesis", "input": "a", "raw_input": "CC.O", "raw_output": "CCO"},
+               {"task": "property_prediction-esol", "input": "b", "raw_input": "C", "raw_output": "1.0"},
+               {"task": "forward_synthesis", "input": "c", "raw_input": "CC.O", "raw_output": "OCC"},
+               {"task": "property_prediction-esol", "input": "d", "raw_input": "C", "raw_output": "2.0"}]
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        return self.samples[i]
+
+    def task_row(self, i):
+        from llasmol.core.tasks import get_task
+
+        return get_task(self.samples[i]["task"])
+
+
+def test_a_splits_golds_pool_over_samples_of_one_input_for_pooled_tasks_only():
+    from llasmol.inference.pipeline import split_golds
+
+    split = GoldSplit()
+    pool = split_golds(split)
+    # Forward synthesis pools (every product of the same reactants is right); ESOL keeps each sample's own.
+    assert pool.golds(split[0], "CCO") == ["CCO", "OCC"] and pool.golds(split[2], "OCC") == ["OCC", "CCO"]
+    assert pool.golds(split[1], "1.0") == ["1.0"] and pool.golds(split[3], "2.0") == ["2.0"]
+    # `Samples.of`: the samples drawn from the split, the golds from its pooling split.
+    source = SimpleNamespace(split=lambda name: FakeSplit(50), pooling_split=lambda name: split)
+    samples = Samples.of(source, "test", per_task=3, seed=1)
+    assert len(samples.indices) == 6 and samples.indices[:3] == [0, 1, 2]
+    assert samples.golds.golds(split[0], "CCO") == ["CCO", "OCC"]
+    assert Samples.of(source, "test").indices == list(range(53))
+
+
 def test_samples_share_strides_by_rank_and_records_gather_to_themselves_without_ddp():
     samples = Samples(FakeSplit(), list(range(10)), GoldPool())
     assert samples.share(1, 3).indices == [1, 4, 7] and samples.share(0, 1).indices == list(range(10))
