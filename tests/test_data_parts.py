@@ -151,7 +151,8 @@ def test_an_effective_batch_that_does_not_divide_names_the_nearest_multiple(smol
     dm = SMolInstructDataModule(CharTokenizer(), path=str(smol_root), micro_batch_size=4, effective_batch_size=10)
     with pytest.raises(UserError, match=r"set data.effective_batch_size=8 \(or another multiple of 4\)"):
         dm.gradient_accumulation(1)
-    with pytest.raises(UserError, match=r"× 2 device\(s\): set data.effective_batch_size=8 \(or another multiple of 8\)"):
+    with pytest.raises(UserError,
+                       match=r"× 2 device\(s\): set data.effective_batch_size=8 \(or another multiple of 8\)"):
         dm.gradient_accumulation(2)  # under one step's worth: the step itself
     dm.effective_batch_size = 24
     assert dm.gradient_accumulation(2) == 3 and dm.gradient_accumulation(3) == 2
@@ -186,12 +187,14 @@ def test_the_training_loader_is_shuffled_resumable_and_grouped_by_length(smol_ro
 def test_a_source_takes_the_documented_defaults(smol_root):
     source = SMolInstructSource()
     assert (source.path, source.hub_id, source.revision, source.tasks) == (None, "osunlp/SMolInstruct", "main", None)
-    assert source.splits == {"train": "train", "validation": "dev", "test": "test"} and source.splits is not DEFAULT_SPLITS
+    assert source.splits == {"train": "train", "validation": "dev", "test": "test"}
+    assert source.splits is not DEFAULT_SPLITS  # a copy: changing one source's splits changes no other
     assert source.insert_core_tags is True and source.skip_bad_lines is False and source.representation == "smiles"
     assert source.sample_group == "instruction_tuning" and source.max_samples_per_task == {}
     empty = SMolInstructSource(path=str(smol_root), splits=None, max_samples_per_task=None)
     assert empty.splits == DEFAULT_SPLITS and empty.max_samples_per_task == {}
-    assert not source.is_bundled() and not empty.is_bundled() and SMolInstructSource(path=str(BUNDLED_DATA)).is_bundled()
+    assert not source.is_bundled() and not empty.is_bundled()
+    assert SMolInstructSource(path=str(BUNDLED_DATA)).is_bundled()
     assert BUNDLED_DATA.name == "bundled" and BUNDLED_DATA.parent.name == "data" and BUNDLED_DATA.is_dir()
 
 
@@ -208,7 +211,8 @@ def test_a_sources_splits_open_once_and_an_unknown_split_is_named(smol_root):
     test = source.split("test")
     assert source.split("test") is test and source.pooling_split("test") is test  # a whole split pools itself
     assert source.root() == str(smol_root)
-    assert source.raw_file("validation", "name_conversion-s2f") == smol_root / "raw" / "dev" / "name_conversion-s2f.jsonl"
+    raw = source.raw_file("validation", "name_conversion-s2f")
+    assert raw == smol_root / "raw" / "dev" / "name_conversion-s2f.jsonl"
     assert source.sample_count("test", "name_conversion-s2f") == len(test)
     with pytest.raises(UserError, match=r"unknown split 'dev': data.splits defines \['test', 'train', 'validation'\]"):
         source.split("dev")

@@ -354,7 +354,8 @@ def _write_lines(path, *lines) -> str:
 def test_predictions_read_numbers_as_their_text_skip_blank_lines_and_keep_other_fields(tmp_path):
     from llasmol.inference.predictions import read_predictions
 
-    line = {"task": "property_prediction-esol", "input": "q", "gold": 1.5, "predictions": [3, "-0.25"], "note": {"a": 1}}
+    line = {"task": "property_prediction-esol", "input": "q", "gold": 1.5, "predictions": [3, "-0.25"],
+            "note": {"a": 1}}
     path = _write_lines(tmp_path / "p.jsonl", line, "", "   ", {**line, "gold": [2], "predictions": None})
     first, second = read_predictions(path)
     assert first == {**line, "gold": ["1.5"], "predictions": ["3", "-0.25"], "skipped": False}
@@ -410,7 +411,8 @@ def test_llm4chem_folders_read_every_task_file_in_name_order(tmp_path):
     # The core input is `raw_input`, the prompt (when it is text) the `input`; `output` the predictions.
     assert (fs0["raw_input"], fs0["input"], fs0["predictions"], fs0["skipped"]) == ("CC.O", "CC.O", [], True)
     assert (fs1["raw_input"], fs1["input"]) == ("kept", "C")  # a line naming its core input keeps its fields
-    assert fs1["predictions"] == ["<SMILES> C </SMILES></s>"]  # tagged: kept whole (scoring takes the answer from between its tags)
+    # Tagged: kept whole (scoring takes the answer from between its tags).
+    assert fs1["predictions"] == ["<SMILES> C </SMILES></s>"]
     assert (cap["raw_input"], cap["input"]) == ("CCO", "Describe CCO")
     assert cap["predictions"] == ["It is ethanol.", "It is."]  # untagged: end and padding tokens removed, stripped
     assert "output" not in cap
