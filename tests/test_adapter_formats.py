@@ -122,6 +122,33 @@ def test_the_conversion_command_writes_safetensors_that_load_without_the_bin(cfg
         convert(folder)
 
 
+def test_conversion_copies_every_tensor_and_names_a_folder_it_cannot_convert(tmp_path, capsys):
+    """Without a model: the command's help, its refusals, and a two-tensor `.bin` copied exactly."""
+    from llasmol.convert_adapter import main
+
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    with pytest.raises(UserError, match=f"{folder} is not an adapter folder \\(no adapter_config.json\\)"):
+        convert(folder)
+    (folder / "adapter_config.json").write_text("{}")
+    with pytest.raises(UserError) as err:
+        convert(folder)
+    assert str(err.value) == f"{folder} has no {WEIGHTS_PICKLE} to convert"  # and no safetensors either
+    weights = {"a.lora_A.weight": torch.arange(6.0).reshape(2, 3).t(), "a.lora_B.weight": torch.ones(1, 2)}
+    torch.save(weights, folder / WEIGHTS_PICKLE)  # the transposed tensor is not contiguous: saved as it reads
+    main([str(folder)])
+    assert capsys.readouterr().out == f"wrote {folder / WEIGHTS_SAFETENSORS}: later loads read it and need no pickle\n"
+    copied = load_file(str(folder / WEIGHTS_SAFETENSORS))
+    assert copied.keys() == weights.keys() and all(torch.equal(copied[k], weights[k]) for k in weights)
+    assert (folder / WEIGHTS_PICKLE).is_file()  # the .bin stays
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    help_text = capsys.readouterr().out
+    assert done.value.code == 0 and help_text.startswith("usage: python -m llasmol.convert_adapter [-h] folder")
+    words = " ".join(help_text.split())  # argparse wraps the description: its first paragraph only
+    assert "the safetensors copy of an adapter saved as `.bin`. positional" in words and "PEFT" not in words
+
+
 @pytest.mark.parametrize("change", ["missing", "extra"])
 def test_adapter_keys_must_fit_the_model_and_are_named(cfg, twins, tmp_path, change):
     new, _ = twins
