@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -121,6 +122,33 @@ def test_the_conversion_command_writes_safetensors_that_load_without_the_bin(cfg
         convert(folder)
 
 
+def test_conversion_copies_every_tensor_and_names_a_folder_it_cannot_convert(tmp_path, capsys):
+    """Without a model: the command's help, its refusals, and a two-tensor `.bin` copied exactly."""
+    from llasmol.convert_adapter import main
+
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    with pytest.raises(UserError, match=f"{folder} is not an adapter folder \\(no adapter_config.json\\)"):
+        convert(folder)
+    (folder / "adapter_config.json").write_text("{}")
+    with pytest.raises(UserError) as err:
+        convert(folder)
+    assert str(err.value) == f"{folder} has no {WEIGHTS_PICKLE} to convert"  # and no safetensors either
+    weights = {"a.lora_A.weight": torch.arange(6.0).reshape(2, 3).t(), "a.lora_B.weight": torch.ones(1, 2)}
+    torch.save(weights, folder / WEIGHTS_PICKLE)  # the transposed tensor is not contiguous: saved as it reads
+    main([str(folder)])
+    assert capsys.readouterr().out == f"wrote {folder / WEIGHTS_SAFETENSORS}: later loads read it and need no pickle\n"
+    copied = load_file(str(folder / WEIGHTS_SAFETENSORS))
+    assert copied.keys() == weights.keys() and all(torch.equal(copied[k], weights[k]) for k in weights)
+    assert (folder / WEIGHTS_PICKLE).is_file()  # the .bin stays
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    help_text = capsys.readouterr().out
+    assert done.value.code == 0 and help_text.startswith("usage: python -m llasmol.convert_adapter [-h] folder")
+    words = " ".join(help_text.split())  # argparse wraps the description: its first paragraph only
+    assert "the safetensors copy of an adapter saved as `.bin`. positional" in words and "PEFT" not in words
+
+
 @pytest.mark.parametrize("change", ["missing", "extra"])
 def test_adapter_keys_must_fit_the_model_and_are_named(cfg, twins, tmp_path, change):
     new, _ = twins
@@ -187,6 +215,7 @@ def test_a_merged_adapter_generates_as_the_separate_one(cfg, twins):
     merged, tok = load_model(cfg.model, str(new), merge=True)
     assert not any("lora_" in name for name, _ in merged.named_parameters())
     separate, _ = load_model(cfg.model, str(new))
+    assert any("lora_" in name for name, _ in separate.named_parameters())  # unless asked, the adapter stays apart
     ids = tok(PROMPT, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert torch.allclose(merged(input_ids=ids).logits, separate(input_ids=ids).logits, atol=1e-5)
@@ -209,3 +238,112 @@ def test_the_model_card_of_a_real_base_names_it_and_shows_how_to_load_it_with_pe
     assert 'base = AutoModelForCausalLM.from_pretrained("mistralai/Mistral-7B-v0.1", torch_dtype="bfloat16")' in card
     tiny = adapter_card({**facts, "tiny": True}, {}, 800)
     assert "PeftModel" not in tiny and "base_model:" not in tiny and "random weights" in tiny
+
+
+def test_adapter_weights_say_which_format_they_came_from(tmp_path):
+    from llasmol.model.adapters import adapter_weights
+
+    weights = {"base_model.model.x.lora_A.weight": torch.ones(2, 3)}
+    new, old = tmp_path / "new", tmp_path / "old"
+    new.mkdir()
+    old.mkdir()
+    save_file(weights, str(new / WEIGHTS_SAFETENSORS))
+    torch.save(weights, old / WEIGHTS_PICKLE)
+    for folder, pickled in ((new, False), (old, True)):
+        got, was_pickled = adapter_weights(folder)
+        assert was_pickled is pickled and got.keys() == weights.keys() and torch.equal(got[next(iter(got))],
+                                                                                       torch.ones(2, 3))
+    with pytest.raises(UserError, match=rf"^{tmp_path} has adapter_config.json but no {WEIGHTS_SAFETENSORS} or "
+                                        rf"{WEIGHTS_PICKLE}: copy the weights too$"):
+        adapter_weights(tmp_path)
+
+
+@pytest.mark.parametrize("content, kind", [([torch.ones(1)], "list"), ({"a": 1}, "dict"), ({1: torch.ones(1)}, "dict")])
+def test_a_pickle_that_is_not_names_to_tensors_is_no_adapter(tmp_path, content, kind):
+    from llasmol.model.adapters import read_pickled_weights
+
+    path = tmp_path / WEIGHTS_PICKLE
+    torch.save(content, path)
+    with pytest.raises(UserError) as err:
+        read_pickled_weights(path)
+    assert str(err.value) == f"{path} holds a {kind}, not a name -> tensor mapping: it is not a PEFT adapter"
+
+
+def test_an_unreadable_pickle_is_one_line_with_the_first_120_characters_of_why(tmp_path, monkeypatch):
+    from llasmol.model.adapters import read_pickled_weights
+
+    path = tmp_path / WEIGHTS_PICKLE
+    path.write_bytes(b"not a pickle at all")
+    tail = f"; nothing in it was run: use an adapter saved as {WEIGHTS_SAFETENSORS}, or one from a source you trust"
+    with pytest.raises(UserError, match=rf"^{path} is not a plain tensor file \(.+\){re.escape(tail)}$"):
+        read_pickled_weights(path)
+    for error, reason in ((RuntimeError("  " + "x" * 130 + "\nsecond line"), "x" * 120),
+                          (RuntimeError("  "), "RuntimeError")):
+        monkeypatch.setattr(torch, "load", lambda *args, error=error, **kwargs: (_ for _ in ()).throw(error))
+        with pytest.raises(UserError) as err:
+            read_pickled_weights(path)
+        assert str(err.value) == f"{path} is not a plain tensor file ({reason}){tail}"
+
+
+class _Saver:
+    """Stands in for a PEFT model: writes a config, or fails as a full disk or a bug would."""
+
+    def __init__(self, error=None):
+        self.error = error
+
+    def save_pretrained(self, folder, state_dict=None, **kwargs):
+        assert kwargs == {"save_embedding_layers": False}  # LoRA here never resizes embeddings
+        if self.error is not None:
+            raise self.error
+        (Path(folder) / "adapter_config.json").write_text("{}")
+
+
+def test_an_adapter_save_writes_its_card_and_step_and_a_failed_one_leaves_nothing(tmp_path):
+    import errno
+
+    from llasmol.model.adapters import adapter_step, readable_adapter, save_adapter_atomically
+
+    target = tmp_path / "deep" / "checkpoints" / "best.adapter"
+    save_adapter_atomically(_Saver(), target, card="# card\n", step=7)
+    assert (target / "README.md").read_text() == "# card\n"
+    assert (target / "trainer_state.json").read_text() == '{"global_step": 7}\n'
+    assert adapter_step(target) == 7 and readable_adapter(target) == target
+    save_adapter_atomically(_Saver(), target)  # no card, no step: none written
+    assert sorted(p.name for p in target.iterdir()) == ["adapter_config.json"] and adapter_step(target) is None
+    for error, raised in ((OSError(errno.ENOSPC, "No space left on device"), UserError), (ValueError("bug"), ValueError)):
+        with pytest.raises(raised) as err:
+            save_adapter_atomically(_Saver(error), target)
+        if raised is UserError:
+            assert str(err.value).startswith(f"cannot write {target}: no space left on device (")
+        assert sorted(p.name for p in target.parent.iterdir()) == ["best.adapter"]  # the temporary went
+    # A folder that was never saved, with no stepped-aside copy: itself.
+    assert readable_adapter(tmp_path / "never.adapter") == tmp_path / "never.adapter"
+    # Both present (a stale copy beside a whole adapter): the adapter itself.
+    (target.parent / ".best.adapter.old").mkdir()
+    (target.parent / ".best.adapter.old" / "adapter_config.json").write_text("{}")
+    assert readable_adapter(target) == target
+
+
+@pytest.mark.parametrize("text, step", [('{"global_step": 4}', 4), ('{"global_step": "4"}', None), ("[4]", None),
+                                        ("{}", None), ("not json", None)])
+def test_an_adapters_step_is_read_when_it_is_an_integer(tmp_path, text, step):
+    from llasmol.model.adapters import adapter_step
+
+    (tmp_path / "trainer_state.json").write_text(text)
+    assert adapter_step(tmp_path) == step
+
+
+def test_the_model_cards_adapter_line_lists_the_lora_settings():
+    from llasmol.model.adapters import adapter_card
+
+    facts = {"base": "b", "model": "tiny", "tiny": True,
+             "lora": {"name": "full", "r": 16, "alpha": 32, "dropout": 0.05, "targets": ["q_proj", "v_proj"]},
+             "params": {"trainable": 1234567, "total": 7654321, "percent": 16.129},
+             "data": "d", "tasks": ["forward_synthesis", "retrosynthesis"], "recipe": "r"}
+    lines = adapter_card(facts, {"val/loss": 0.51234, "val/step": 3}, 12).splitlines()
+    assert "- LoRA `full`: r=16, alpha=32, dropout=0.05, on q_proj, v_proj" in lines
+    assert "- trainable parameters: 1,234,567 of 7,654,321 (16.13%)" in lines
+    assert "- data: d; tasks: forward_synthesis, retrosynthesis" in lines and "- this checkpoint: optimizer step 12" in lines
+    assert "| val/loss | 0.5123 |" in lines and not any("val/step" in line for line in lines)  # floats only
+    head = adapter_card({**facts, "lora": {**facts["lora"], "train_head": True}}, {}, 12).splitlines()
+    assert "- LoRA `full`: r=16, alpha=32, dropout=0.05, on q_proj, v_proj and a trained output head" in head

@@ -647,3 +647,338 @@ def test_the_comparison_has_one_column_per_task_and_metric_whatever_the_runs_sha
     assert len(columns) == len(set(columns)) > 0  # each pair once, though every run has the task
     assert comparison_columns(runs, {"forward_synthesis": ["validity", "exact_match"]})[:2] == [
         ("forward_synthesis", "validity"), ("forward_synthesis", "exact_match")]
+
+
+# --------------------------------------------------------------------------- reading run folders, exactly
+
+
+CSV_LOG = """epoch,step,train/loss,val/loss
+0,1,4.0,
+0,2,3.5,
+0,2,,3.75
+0,,2.5,
+0,3,nan,
+0,4,3.0,
+0,4,,3.25
+0,5,abc,
+"""
+
+
+def _hand_run(path: Path) -> Path:
+    """`write_run` plus a whole test split (its records empty), intervals files, a CSV log and result.json."""
+    write_run(path)
+    # JSON numbers become floats; true, text, NaN and infinity are not numbers a table can show: None.
+    (path / "metrics" / "test.json").write_text(
+        '{"forward_synthesis": {"exact_match": 1, "validity": true, "note": "a", "rmse": NaN, "big": Infinity},'
+        ' "meta": 3}')
+    write_json(path / "metrics" / "test.intervals.json", {"level": 0.95, "tasks": {}})
+    write_json(path / "metrics" / "val-step10.intervals.json", {"level": 0.95, "tasks": {}})
+    write_json(path / "metrics" / "notes.json", [1, 2])  # not a {task: ...} object: not an evaluated split
+    (path / "predictions" / "test.jsonl").write_text("")  # a split with no records yet reads as none
+    (path / "csv").mkdir()
+    (path / "csv" / "metrics.csv").write_text(CSV_LOG)
+    write_json(path / "result.json", {"seconds": 90})
+    return path
+
+
+def test_a_run_reads_its_splits_validations_losses_and_time_exactly(tmp_path):
+    from llasmol.analysis.runs import read_csv_log
+
+    run = analysis.load_run(_hand_run(tmp_path / "0_tiny_lite"))
+    # Only metrics/test.json is an evaluated split: not the validations, nor the intervals files beside them.
+    assert run.evaluations == {"test": {"forward_synthesis": {"exact_match": 1.0, "validity": None, "note": None,
+                                                              "rmse": None, "big": None}}}
+    test = run.validation("test")  # a split by name
+    assert (test.name, test.step, test.split) == ("test", None, "test")
+    assert test.metrics_path == run.path / "metrics" / "test.json"
+    assert test.predictions_path == run.path / "predictions" / "test.jsonl" and test.predictions() == []
+    with pytest.raises(UserError, match=r"has no dev results \(has: test\)$"):
+        run.evaluation("dev")
+    # Validations: the latest unless told, by position, by name, by step, by file name.
+    assert run.validation().name == "val-step10" and run.validation(None).step == 10
+    assert run.validation(0).name == "val-step2" and run.validation(-1).name == "val-step10"
+    assert run.validation("step2").step == 2 and run.validation("val-step2.json").step == 2
+    assert run.validation("val-step10").predictions_path == run.path / "predictions" / "val-step10.jsonl"
+    with pytest.raises(UserError, match="has 2 validations; no index 2$"):
+        run.validation(2)
+    with pytest.raises(UserError, match="has no validation 'val-step3'; it has: val-step2, val-step10$"):
+        run.validation("val-step3")
+    # The CSV log: numbers as floats, empty, 'nan' and text cells as None; the last of each loss.
+    rows = read_csv_log(run.path / "csv" / "metrics.csv")
+    assert len(rows) == 8 and rows[0] == {"epoch": 0.0, "step": 1.0, "train/loss": 4.0, "val/loss": None}
+    assert rows[3]["step"] is None and rows[4]["train/loss"] is None and rows[7]["train/loss"] is None
+    assert (run.val_loss, run.train_loss) == (3.25, 3.0)
+    assert run.loss_curves() == {"train/loss": [(1, 4.0), (2, 3.5), (4, 3.0)], "val/loss": [(2, 3.75), (4, 3.25)]}
+    assert run.seconds == 90.0
+    assert read_csv_log(tmp_path / "missing.csv") == []
+
+
+def test_a_run_without_a_log_result_or_splits_has_none_of_them(tmp_path):
+    run = analysis.load_run(write_run(tmp_path / "run"))
+    assert (run.val_loss, run.train_loss, run.seconds, run.loss_curves()) == (
+        None, None, None, {"train/loss": [], "val/loss": []})
+    with pytest.raises(UserError, match=r"has no test results \(has: none\)$"):
+        run.evaluation("test")
+    write_json(run.path / "result.json", {"best_checkpoint": None})  # written, but without a time
+    assert analysis.load_run(run.path).seconds is None
+    # A folder with params.json alone is a run (require_validation is off unless asked).
+    write_json(tmp_path / "fresh" / "params.json", [1, 2])  # not an object: no parameters
+    fresh = analysis.load_run(tmp_path / "fresh")
+    assert fresh.params == {} and fresh.validations == [] and fresh.latest is None
+    # So is a folder with only result.json, or only the CSV log.
+    write_json(tmp_path / "ended" / "result.json", {})
+    (tmp_path / "logged" / "csv").mkdir(parents=True)
+    (tmp_path / "logged" / "csv" / "metrics.csv").write_text("step\n")
+    assert analysis.is_run_dir(tmp_path / "ended") and analysis.is_run_dir(tmp_path / "logged")
+
+
+def test_a_baseline_or_outside_systems_folder_reads_its_split_and_its_label(tmp_path):
+    base = tmp_path / "1_rdkit"
+    write_json(base / "baseline.json", {"method": "rdkit"})
+    write_json(base / "params.json", {"model": "tiny", "lora": "full"})  # a baseline has neither, whatever is here
+    write_json(base / "metrics" / "valid.json", {"name_conversion-s2f": {"exact_match": 0.5}})
+    write_json(base / "metrics" / "dev.json", {"name_conversion-s2f": {"exact_match": 0.25}})
+    run = analysis.load_run(base, require_validation=True)
+    assert (run.label, run.lora, run.model, run.latest) == ("baseline:rdkit", None, None, None)
+    assert run.validation().name == "dev"  # no test split: the first by name
+    write_json(base / "metrics" / "test.json", {"name_conversion-s2f": {"exact_match": 1.0}})
+    assert analysis.load_run(base).validation().name == "test"  # the test split, where there is one
+    with pytest.raises(UserError, match="has no validation yet"):
+        analysis.load_run(base).validation(0)
+
+    system = tmp_path / "gpt"
+    write_json(system / "system.json", {"name": "gpt-4"})
+    write_json(system / "metrics" / "test.json", {})
+    assert analysis.load_run(system).label == "gpt-4"
+    write_json(system / "system.json", {"name": 5})  # no usable name: the folder's
+    assert analysis.load_run(system).label == "gpt"
+    write_json(system / "system.json", [1])
+    write_json(system / "baseline.json", ["rdkit"])  # neither file an object: a plain run
+    plain = analysis.load_run(system)
+    assert (plain.system, plain.baseline, plain.label) == (None, None, "gpt")
+
+
+def test_validations_are_in_step_order_whatever_order_the_folder_lists_them(tmp_path):
+    steps = [7, 300, 3, 12, 1, 9, 40, 5, 11, 2, 100, 8]
+    for step in steps:
+        write_json(tmp_path / "run" / "metrics" / f"val-step{step}.json", {"forward_synthesis": {"exact_match": step}})
+    run = analysis.load_run(tmp_path / "run")
+    assert [v.step for v in run.validations] == sorted(steps)
+    assert run.latest.metrics == {"forward_synthesis": {"exact_match": 300.0}}
+
+
+def test_a_metrics_file_that_is_not_an_object_is_one_line(tmp_path):
+    write_json(tmp_path / "run" / "metrics" / "val-step3.json", [1, 2])
+    with pytest.raises(UserError, match=r"val-step3.json is not a \{task: \{metric: value\}\} object"):
+        analysis.load_run(tmp_path / "run")
+
+
+def test_a_multirun_folder_lists_its_numbered_run_folders_in_job_order(tmp_path):
+    from llasmol.analysis.runs import variant_dirs
+
+    sweep = tmp_path / "sweep"
+    for name in ("10_tiny_full", "2_tiny_lite"):
+        write_json(sweep / name / "params.json", {"model": "tiny", "lora": name.split("_")[-1]})
+    (sweep / "3_empty").mkdir()  # numbered, but no run's files
+    write_json(sweep / "report" / "params.json", {})  # a run's file, but not numbered
+    (sweep / "multirun.yaml").write_text("x: 1\n")
+    assert [p.name for p in variant_dirs(sweep)] == ["2_tiny_lite", "10_tiny_full"]  # by number, not by text
+    assert [r.name for r in analysis.load_sweep(sweep)] == ["2_tiny_lite", "10_tiny_full"]
+    assert analysis.is_multirun_dir(sweep) and not analysis.is_multirun_dir(sweep / "2_tiny_lite")
+    assert not analysis.is_multirun_dir(sweep / "3_empty") and not analysis.is_multirun_dir(sweep / "multirun.yaml")
+    assert not analysis.is_run_dir(sweep / "3_empty") and not analysis.is_run_dir(sweep / "multirun.yaml")
+    with pytest.raises(UserError, match="is not a multirun directory"):
+        analysis.load_sweep(sweep / "3_empty")
+    with pytest.raises(UserError, match="missing is not a directory$"):
+        analysis.load_sweep(tmp_path / "missing")
+    with pytest.raises(UserError, match="missing is not a directory$"):
+        analysis.load_run(tmp_path / "missing")
+    with pytest.raises(UserError, match=r"3_empty is not a run directory \(no params.json"):
+        analysis.load_run(sweep / "3_empty")
+
+
+@pytest.fixture
+def mixed_sweep(tmp_path) -> Path:
+    """Job 0: a run with a test split, a CSV log and its time; job 1: a baseline (a test split only); job 2: the
+    same model and LoRA as job 0; job 3: a run whose params.json names no LoRA."""
+    sweep = tmp_path / "mixed"
+    _hand_run(sweep / "0_tiny_lite")
+    write_json(sweep / "1_rdkit" / "baseline.json", {"method": "rdkit"})
+    write_json(sweep / "1_rdkit" / "metrics" / "test.json", {"name_conversion-s2f": {"exact_match": 1.0}})
+    write_run(sweep / "2_tiny_lite", scale=2.0)
+    write_json(sweep / "3_run" / "params.json", {"model": "tiny", "trainable": 5})
+    write_json(sweep / "3_run" / "metrics" / "val-step1.json", {"forward_synthesis": {"exact_match": 0.0}})
+    return sweep
+
+
+def test_the_comparison_rows_of_runs_a_baseline_and_the_paper(mixed_sweep):
+    from llasmol.analysis.paper import PAPER_SOURCES
+
+    table = analysis.compare_table(mixed_sweep, paper_models=["LlaSMol-Mistral", "GPT-4"])
+    heads = ["forward_synthesis/exact_match", "name_conversion-s2f/exact_match", "property_prediction-bbbp/accuracy",
+             "property_prediction-esol/rmse"]
+    assert table.columns == ["variant", "source", "lora", "trainable", "percent", "paper_trainable", "paper_percent",
+                             "validation", "val/loss", "paper_source", *heads]
+    assert table.title == "Variants beside the paper"
+    rmse = ((0.5**2 + 2.0**2) / 2) ** 0.5
+    paper = [[PAPER_RESULTS[m].get(t, {}).get(k) for t, k in (h.split("/") for h in heads)]
+             for m in ("LlaSMol-Mistral", "GPT-4")]
+    expected = [
+        # Two runs would share the label tiny/lite: each is named by its folder.
+        ["0_tiny_lite", "run", "lite", 100, 10.0, 8.4e6, 0.12, "val-step10", 3.25, None, 0.2, 1 / 3, 0.25, rmse],
+        ["2_tiny_lite", "run", "lite", 100, 10.0, 8.4e6, 0.12, "val-step10", None, None, 0.4, 1 / 3, 0.25, rmse],
+        ["3_run", "run", None, 5, None, None, None, "val-step1", None, None, 0.0, None, None, None],
+        ["0_tiny_lite (test)", "run", "lite", 100, 10.0, None, None, "test", None, None, 1.0, None, None, None],
+        ["baseline:rdkit (test)", "baseline", None, None, None, None, None, "test", None, None, None, 1.0, None, None],
+        ["LlaSMol-Mistral", "paper", "full", None, None, 40.0e6, 0.59, "test", None,
+         PAPER_SOURCES["LlaSMol-Mistral"].label, *paper[0]],
+        ["GPT-4", "paper", None, None, None, None, None, "test subset", None, PAPER_SOURCES["GPT-4"].label, *paper[1]],
+    ]
+    assert [r[:10] for r in table.rows] == [r[:10] for r in expected]
+    for row, want in zip(table.rows, expected):
+        assert row[10:] == [pytest.approx(v) if v is not None else None for v in want[10:]], row[0]
+    assert analysis.variant_labels(analysis.load_sweep(mixed_sweep)) == [
+        "0_tiny_lite", "baseline:rdkit", "2_tiny_lite", "3_run"]
+
+
+def test_the_ablation_data_of_runs_and_a_baseline(mixed_sweep):
+    data = analysis.ablation_data(analysis.load_sweep(mixed_sweep))
+    labels = ["0_tiny_lite", "baseline:rdkit", "2_tiny_lite", "3_run"]
+    assert list(data)[:4] == ["val/loss", "train/loss", "trainable (M)", "minutes"]
+    assert data["val/loss"] == dict(zip(labels, [3.25, None, None, None]))
+    assert data["train/loss"] == dict(zip(labels, [3.0, None, None, None]))
+    assert data["trainable (M)"] == dict(zip(labels, [pytest.approx(1e-4), None, pytest.approx(1e-4),
+                                                      pytest.approx(5e-6)]))
+    assert data["minutes"] == dict(zip(labels, [1.5, None, None, None]))  # result.json's 90 seconds
+    assert data["forward_synthesis/exact_match"] == dict(zip(labels, [pytest.approx(0.2), None, pytest.approx(0.4),
+                                                                      0.0]))
+    # A baseline's bars are its test split's numbers.
+    assert data["name_conversion-s2f/exact_match"] == dict(zip(labels, [pytest.approx(1 / 3), 1.0,
+                                                                        pytest.approx(1 / 3), None]))
+    chosen = analysis.ablation_data(mixed_sweep, {"forward_synthesis": "validity"})
+    assert "forward_synthesis/validity" in chosen and "forward_synthesis/exact_match" not in chosen
+
+
+def test_the_paper_table_has_every_task_unless_told_and_each_systems_caveat():
+    from llasmol.analysis.paper import PAPER_MODELS
+
+    table = analysis.paper_table()
+    assert table.columns[:4] == ["system", "kind", "paper_source", "caveat"]
+    assert table.column("system") == list(PAPER_MODELS)
+    tasks = {c.split("/")[0] for c in table.columns[4:]}
+    assert tasks == {t for m in PAPER_MODELS for t in PAPER_RESULTS[m]}  # every task any system has
+    assert table.row("GPT-4")["caveat"].startswith("Table 3's GPT-4 row differs from the 0-shot rows")
+    assert table.row("LlaSMol-Mistral")["caveat"] is None  # no caveat: an empty cell, not ""
+    chosen = analysis.paper_table(["forward_synthesis"], models=["GPT-4"],
+                                  metrics={"forward_synthesis": ["validity", "exact_match"]})
+    assert chosen.columns[4:] == ["forward_synthesis/validity", "forward_synthesis/exact_match"]
+    assert chosen.title == "The paper's reported numbers (test set)"
+
+
+# --------------------------------------------------------------------------- the report command, exactly
+
+
+def test_a_validation_without_predictions_gets_the_tables_its_metrics_allow(run_dir, capsys):
+    written = report_main([str(run_dir), "--validation", "val-step2"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"note: {run_dir} has no predictions/val-step2.jsonl: no failure breakdown or worst "
+                      "examples")
+    report = run_dir / "report"
+    # No records: no trivial floor, failure breakdown or worst examples; the rest in this order.
+    assert written == [report / name for name in ("metrics.md", "metrics.csv", "intervals.md", "intervals.csv",
+                                                  "topk.csv", "topk.png", "trends.csv", "trends.png")]
+    assert out[1:] == [f"wrote {p}" for p in written]
+    assert all(p.is_file() for p in written) and not (report / "failures.md").exists()
+    md = (report / "metrics.md").read_text()
+    assert md.startswith("Why zeros: the tiny demo model") and "run: headline metrics at val-step2" in md
+    assert (report / "intervals.md").read_text().startswith(
+        "Percentile intervals of 1,000 bootstrap resamples of the scored samples")
+    assert "| forward_synthesis | exact_match | 0.000 | 5 |" in md  # the early validation's numbers
+    # Another model's report has no note about the demo model's zeros.
+    write_json(run_dir / "params.json", {"model": "mistral", "lora": "lite", "trainable": 1, "total": 2})
+    report_main([str(run_dir), "--validation", "val-step2"])
+    assert (report / "metrics.md").read_text().startswith("**run: headline metrics at val-step2**\n")
+
+
+def test_the_report_command_passes_its_options_on(run_dir, tmp_path, monkeypatch, capsys):
+    import llasmol.report as report
+
+    calls = []
+    monkeypatch.setattr(report, "report_run", lambda *args: calls.append(args) or [])
+    report_main([str(run_dir)])
+    assert calls[-1] == (run_dir, None, None, 5, False)  # the defaults: latest validation, 5 worst, headlines
+    report_main([str(run_dir), "--validation", "val-step2", "--worst", "2", "--all-metrics", "--out", "x"])
+    assert calls[-1] == (run_dir, "x", "val-step2", 2, True)
+    with pytest.raises(SystemExit) as help_exit:
+        report_main(["--help"])
+    assert help_exit.value.code == 0
+    assert "Write an analysis report of a run (or a multirun) into its `report/` folder." in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        report_main([str(run_dir), str(run_dir), str(run_dir)])
+    assert stop.value.code == 2 and capsys.readouterr().err.strip() == (
+        "error: 3 paths given: give one run or multirun directory, or two runs to compare")
+    assert len(calls) == 2
+
+
+def test_a_report_that_cannot_be_written_is_one_line_naming_the_file(run_dir, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from llasmol.core.files import WRITE_ELSEWHERE
+
+    before = WRITE_ELSEWHERE.get()
+    chart = run_dir / "report" / "topk.png"
+
+    def refuse(*args, filename=str(chart), **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", filename) if filename else OSError(errno.EROFS, "x")
+
+    monkeypatch.setattr(analysis, "plot_topk", refuse)
+    with pytest.raises(SystemExit) as stop:
+        report_main([str(run_dir)])
+    assert stop.value.code == 2 and capsys.readouterr().err.strip() == (
+        f"error: cannot write {chart}: read-only file system; make that folder writable or write the report "
+        "elsewhere with --out <folder>")
+    # An error that names no file: the folder given (--out, else the run) is named.
+    monkeypatch.setattr(analysis, "plot_topk", lambda *a, **k: refuse(filename=None))
+    with pytest.raises(SystemExit):
+        report_main([str(run_dir)])
+    assert capsys.readouterr().err.startswith(f"error: cannot write {run_dir}: read-only file system;")
+    with pytest.raises(SystemExit):
+        report_main([str(run_dir), "--out", str(tmp_path / "elsewhere")])
+    assert capsys.readouterr().err.startswith(f"error: cannot write {tmp_path / 'elsewhere'}: read-only")
+    assert WRITE_ELSEWHERE.get() == before  # the run commands' advice is back once report is done
+    # The report's folder itself cannot be made: that folder is named.
+    monkeypatch.setattr(Path, "mkdir", lambda self, *a, **k: refuse(filename=None))
+    with pytest.raises(SystemExit):
+        report_main([str(run_dir), "--out", str(tmp_path / "new")])
+    assert capsys.readouterr().err.startswith(f"error: cannot write {tmp_path / 'new'}: read-only file system;")
+    with pytest.raises(SystemExit):
+        report_main([str(run_dir)])
+    assert capsys.readouterr().err.startswith(f"error: cannot write {run_dir / 'report'}: read-only file system;")
+
+
+def test_worst_example_pictures_are_listed_only_where_drawn(tmp_path, capsys):
+    """A SMILES task whose golds no toolkit can draw gets no picture, and the report does not claim one."""
+    recs = [{"task": "forward_synthesis", "index": 0, "input": "q0", "gold": ["CCO"], "predictions": [smiles("CC")]},
+            {"task": "retrosynthesis", "index": 1, "input": "q1", "gold": ["C1CC("], "predictions": [smiles("CC")]},
+            {"task": "name_conversion-s2f", "index": 2, "input": "f0", "gold": ["C2H6O"],
+             "predictions": ["<MOLFORMULA> CH4 </MOLFORMULA>"]}]
+    run = tmp_path / "run"
+    write_json(run / "params.json", {"model": "tiny", "lora": "lite"})
+    write_json(run / "metrics" / "val-step1.json", score_records(recs))
+    write_jsonl(run / "predictions" / "val-step1.jsonl", recs)
+    written = report_main([str(run)])
+    capsys.readouterr()
+    assert sorted(p.name for p in written if p.name.startswith("worst_")) == ["worst_forward_synthesis.png"]
+    assert sorted(p.name for p in (run / "report").glob("worst_*")) == ["worst_forward_synthesis.png"]
+
+
+def test_a_run_with_nothing_scored_yet_says_so_once(tmp_path, capsys):
+    from llasmol.analysis.runs import NO_VALIDATION
+
+    fresh = tmp_path / "fresh"
+    write_json(fresh / "params.json", {"model": "tiny", "lora": "full"})
+    with pytest.raises(SystemExit) as stop:
+        report_main([str(fresh)])
+    assert stop.value.code == 2 and capsys.readouterr().err.strip() == (
+        f"error: {fresh} {NO_VALIDATION} (nor an evaluated split: metrics/<split>.json)")
+    assert not (fresh / "report").exists()

@@ -99,3 +99,62 @@ def test_a_tiny_instance_trains_validates_saves_evaluates_and_resumes(cfg_factor
     final = saved_adapter_is_the_checkpoints(stopped)
     for key, tensor in saved.items():
         assert torch.allclose(final[key], tensor, rtol=1e-4, atol=1e-7), key
+
+
+def test_missing_special_tokens_are_named_by_the_config_ids_that_fit_the_vocabulary():
+    """Galactica's case (`complete_special_tokens`): bos 0 names token 0; an id past the vocabulary or not an
+    integer names nothing; a token the tokenizer already has is kept."""
+    from transformers import PreTrainedTokenizerFast
+
+    from llasmol.model.base import TINY_TOKENIZER_DIR, complete_special_tokens
+
+    tok = PreTrainedTokenizerFast.from_pretrained(str(TINY_TOKENIZER_DIR))
+    size = len(tok)
+    tok.bos_token = tok.eos_token = tok.pad_token = None
+    complete_special_tokens(tok, {"bos_token_id": 0, "eos_token_id": size, "pad_token_id": "3"})
+    assert (tok.bos_token, tok.eos_token, tok.pad_token) == ("<unk>", None, None)
+    complete_special_tokens(tok, {"bos_token_id": 1, "eos_token_id": size - 1, "pad_token_id": 3})
+    assert tok.bos_token == "<unk>"  # already named: kept
+    assert tok.eos_token == tok.convert_ids_to_tokens(size - 1) and tok.pad_token == "<pad>"
+    assert len(tok) == size  # existing entries made special: no new ids
+
+
+def test_the_meta_model_takes_the_vocabulary_size_asked_or_the_architectures():
+    from llasmol.model.base import arch_facts, build_meta_model
+
+    cfg = compose_config(["paths.output_dir=/tmp/unused"])
+    assert build_meta_model(cfg.model, vocab_size=1000).get_input_embeddings().weight.shape[0] == 1000
+    assert build_meta_model(cfg.model).get_input_embeddings().weight.shape[0] == arch_facts("tiny-mistral")["vocab_size"]
+
+
+def test_the_random_base_seed_defaults_to_zero():
+    """A model setting without init_seed rebuilds the base of init_seed=0 (conf/model/tiny.yaml's)."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from llasmol.model.base import load_base_model, load_tokenizer
+
+    cfg = compose_config(["paths.output_dir=/tmp/unused"]).model
+    tok = load_tokenizer(cfg)
+    seeded = load_base_model(cfg, tok).model.layers[0].mlp.up_proj.weight
+    unseeded = OmegaConf.create({k: v for k, v in OmegaConf.to_container(cfg).items() if k != "init_seed"})
+    assert torch.equal(load_base_model(unseeded, tok).model.layers[0].mlp.up_proj.weight, seeded)
+    cfg.init_seed = 1
+    assert not torch.equal(load_base_model(cfg, tok).model.layers[0].mlp.up_proj.weight, seeded)
+
+
+def test_packing_is_refused_for_a_base_outside_the_llama_and_mistral_families_saying_why():
+    from omegaconf import OmegaConf
+
+    from llasmol.core.errors import UserError
+    from llasmol.model.base import check_packing
+
+    for arch, name, why in (("galactica-6.7b", "galactica", "opt, whose positions come from the attention mask"),
+                            ("gemma2-9b", "gemma2", "gemma2, whose packed attention is not yet checked against "
+                                                    "padded batches")):
+        with pytest.raises(UserError) as err:
+            check_packing(OmegaConf.create({"arch": arch, "name": name}))
+        assert str(err.value) == (f"data.packing=true needs a Llama- or Mistral-family base; model={name} is {why}: "
+                                  "set data.packing=false")
+    for arch in ("tiny-mistral", "llama2-7b"):
+        check_packing(OmegaConf.create({"arch": arch, "name": arch}))

@@ -74,3 +74,42 @@ def test_a_title_said_twice_is_read_after_its_first_occurrence_unless_the_rule_t
     assert _after(text, "Product:", last=True) == " CCN"
     assert _after(text, "product:", fold=True) == " CCO. Product: CCN"
     assert _after(text, "product:") is None  # case-sensitive unless folded
+
+
+@pytest.mark.parametrize("text,expected", [
+    # A leading SMILES run is the answer when it is the whole text or longer than 10 characters (the official
+    # rule's bound): 10 carbons before other words are not, 11 are.
+    ("CCCCCCCCCC with text", None),
+    ("CCCCCCCCCCC with text", "CCCCCCCCCCC"),
+    ("CCCCCCCCCC", "CCCCCCCCCC"),
+    # A per-product title without a "product 2:" after it gives no answer.
+    ("Here are the predicted reactants for each product: CCO.CN", None),
+    ("Here are the predicted reactants for each product: product 1: CCO product 2: **CN.O**", "CN.O"),
+])
+def test_llama_retrosynthesis_reads_a_leading_run_longer_than_ten_characters(text, expected):
+    assert extract_base_answer("llama", "retrosynthesis", text) == expected
+
+
+@pytest.mark.parametrize("rules,task,text,expected", [
+    # Rules that read after the *last* colon (or '=' / "is "), with an earlier one in the text.
+    ("llama", "forward_synthesis", "Step 1: think. Answer: CCO", "CCO"),
+    ("llama", "name_conversion-i2f", "Think: hard. Formula: C2H6O.", "C2H6O"),
+    ("llama", "property_prediction-lipo", "a: 1\nb: 2.5", "2.5"),
+    ("llama", "property_prediction-lipo", "x = 1, y = 2.5", "2.5"),
+    ("codellama", "forward_synthesis", "Step: x. Product: CCO", "CCO"),
+    ("mistral", "name_conversion-i2s", "Name: x. SMILES: CCO", "CCO"),
+    ("mistral", "property_prediction-lipo", "a: 1, b: 2.5", "2.5"),
+    ("mistral", "property_prediction-lipo", "It is 3 or it is 2.5.", "2.5"),
+    ("llama", "molecule_generation", "Step one: ab: cd, result two: CCO", "CCO"),
+    # Titles matched whatever their case, the last occurrence read.
+    ("llama", "retrosynthesis", "REACTANTS: CCN then reactants: CCO", "CCO"),
+    ("llama", "retrosynthesis", "The Predicted Reactants For Each Product: b PRODUCT 2: CCO", "CCO"),
+    ("llama", "retrosynthesis", "the predicted reactants for each product: a product 2: CN; "
+                                "the predicted reactants for each product: b product 2: CCO", "CCO"),
+    ("llama", "molecule_generation", "Answer Is: CCO and: x", "CCO"),
+    ("llama", "name_conversion-s2i", "iupac name: wrong. IUPAC name: ethanol", "ethanol"),
+    ("llama", "name_conversion-s2i", "iupac name: ethanol (or: x)", "ethanol (or: x)"),
+])
+def test_titles_are_read_at_their_last_occurrence_in_any_case_where_the_official_rule_does(rules, task, text,
+                                                                                          expected):
+    assert extract_base_answer(rules, task, text) == expected

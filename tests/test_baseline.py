@@ -351,6 +351,8 @@ def test_tanimoto_search_equals_rdkits_bulk_similarity():
     assert sims[-1].tolist() == [0.0] * 4  # an unreadable SMILES is similar to nothing
     # ... and still gets k distinct rows of the table (no placeholder row 0 from the running top-k's start)
     assert len(set(rows[-1].tolist())) == 4 and set(rows[-1].tolist()) <= set(range(len(table)))
+    few, zero = top_k_similar(morgan_packed(["not a SMILES"]), morgan_packed(table[:2]), k=2)
+    assert sorted(few[0].tolist()) == [0, 1] and zero[0].tolist() == [0.0, 0.0]
 
 
 def test_fingerprints_from_worker_processes_equal_the_serial_ones(monkeypatch):

@@ -519,3 +519,341 @@ def test_each_process_of_a_launch_reads_its_own_share_of_the_data(tokenizer, smo
     dm.trainer = SimpleNamespace(global_rank=1, world_size=2)  # what Lightning attaches under DDP
     second = dm.train_dataloader().sampler
     assert (second.rank, second.world_size) == (1, 2) and len(second) * 2 >= len(alone) >= len(second)
+
+
+# -- the sampler's arithmetic, by hand ----------------------------------------------------------------
+
+
+def test_even_shares_drop_the_remainder_and_uneven_shares_cover_every_sample():
+    import numpy as np
+
+    even = [ShardedShuffleSampler(11, seed=3, rank=r, world_size=2) for r in range(2)]  # even=True by default
+    assert [len(s) for s in even] == [5, 5] and [len(list(s)) for s in even] == [5, 5]
+    flat = list(even[0]) + list(even[1])
+    assert len(set(flat)) == 10  # one sample of the 11 waits for another epoch
+    uneven = [ShardedShuffleSampler(11, seed=3, rank=r, world_size=2, even=False) for r in range(2)]
+    assert [len(s) for s in uneven] == [6, 5] and [len(list(s)) for s in uneven] == [6, 5]
+    assert sorted(list(uneven[0]) + list(uneven[1])) == list(range(11))
+    three = [ShardedShuffleSampler(11, seed=3, rank=r, world_size=3, shuffle=False, even=False) for r in range(3)]
+    assert [list(s) for s in three] == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8]]
+    assert [len(ShardedShuffleSampler(11, rank=r, world_size=3)) for r in range(3)] == [3, 3, 3]
+    # The order array is int32 while it fits (half the memory of int64).
+    assert ShardedShuffleSampler(100, rank=0, world_size=1)._order().dtype == np.int32
+
+
+@pytest.mark.parametrize("rank,world", [(2, 2), (-1, 2), (1, 1)])
+def test_a_rank_outside_its_world_is_refused(rank, world):
+    with pytest.raises(ValueError, match=f"rank {rank} outside world of size {world}"):
+        ShardedShuffleSampler(10, rank=rank, world_size=world)
+
+
+def test_rank_and_world_come_from_the_process_group_when_one_is_running(monkeypatch):
+    from llasmol.data import sampler as sampler_mod
+
+    monkeypatch.setattr(sampler_mod.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(sampler_mod.dist, "get_rank", lambda: 2)
+    monkeypatch.setattr(sampler_mod.dist, "get_world_size", lambda: 3)
+    sampler = ShardedShuffleSampler(9, shuffle=False)
+    assert (sampler.rank, sampler.world_size) == (2, 3) and list(sampler) == [2, 5, 8]
+
+
+def test_a_resumed_epoch_skips_its_done_part_once():
+    sampler = ShardedShuffleSampler(20, seed=4, rank=0, world_size=1)
+    whole = list(sampler)
+    sampler.start = 6
+    assert list(sampler) == whole[6:] and len(sampler) == 20  # the length is the whole epoch's
+    assert list(sampler) == whole  # the next pass starts at the beginning
+
+
+def test_length_groups_are_whole_batches_of_neighbouring_lengths_with_a_short_batch_last():
+    import numpy as np
+
+    lengths = np.array([5, 80, 12, 33, 71, 2, 64, 18, 47, 90, 26])  # all different
+    plain = list(ShardedShuffleSampler(11, seed=7, rank=0, world_size=1))
+    grouped = list(ShardedShuffleSampler(11, seed=7, rank=0, world_size=1, lengths=lengths, batch_size=4))
+    by_length = sorted(range(11), key=lambda i: -lengths[i])
+    assert sorted(grouped) == sorted(plain)
+    # 11 samples in one window: two full batches of 4 (the 4 longest, the next 4) in shuffled order, and the
+    # 3 shortest last.
+    assert set(grouped[8:]) == set(by_length[8:])
+    assert {frozenset(grouped[:4]), frozenset(grouped[4:8])} == {frozenset(by_length[:4]), frozenset(by_length[4:8])}
+    # Evaluation order (no shuffle) is never regrouped.
+    still = ShardedShuffleSampler(11, rank=0, world_size=1, shuffle=False, lengths=lengths, batch_size=4)
+    assert list(still) == list(range(11))
+
+
+def test_length_groups_stay_within_windows_of_64_batches():
+    """Grouping sorts within windows of `group_window` (64 by default) micro-batches of the shuffle: the
+    samples of each window's positions are the plain shuffle's samples there."""
+    import numpy as np
+
+    lengths = np.random.default_rng(0).permutation(300)
+    plain = list(ShardedShuffleSampler(300, seed=9, rank=0, world_size=1))
+    grouped = list(ShardedShuffleSampler(300, seed=9, rank=0, world_size=1, lengths=lengths, batch_size=2))
+    for start in (0, 128, 256):
+        assert set(grouped[start : start + 128]) == set(plain[start : start + 128]), start
+    small = list(ShardedShuffleSampler(300, seed=9, rank=0, world_size=1, lengths=lengths, batch_size=2,
+                                       group_window=3))
+    for start in range(0, 300, 6):
+        assert set(small[start : start + 6]) == set(plain[start : start + 6]), start
+    # Within a window the batches are the window's samples sorted by length and cut in pairs.
+    window = sorted(plain[:6], key=lambda i: -lengths[i])
+    assert {frozenset(small[i : i + 2]) for i in (0, 2, 4)} == {frozenset(window[i : i + 2]) for i in (0, 2, 4)}
+
+
+# -- SMolInstructSplit: edges of the official layout ------------------------------------------------
+
+
+@pytest.fixture
+def own_root(tmp_path):
+    """A fixture copy of two tasks that a test may change (the session's `smol_root` is shared)."""
+    from smolinstruct_fixture import write_smolinstruct
+
+    return write_smolinstruct(tmp_path / "data", tasks=("name_conversion-s2f", "property_prediction-sider"))
+
+
+def _edit_json(path, change):
+    import json
+
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def _samples(root, split, task):
+    return root / "sample" / "instruction_tuning" / split / f"{task}.json"
+
+
+def test_selfies_come_from_raw_selfies_when_the_archive_has_them(own_root):
+    import json
+
+    task = "name_conversion-s2f"
+    raw = (own_root / "raw" / "train" / f"{task}.jsonl").read_text().splitlines()
+    first = json.loads(raw[0])
+    (own_root / "raw_selfies" / "train").mkdir(parents=True)
+    # A SELFIES string no encoder would write for CCO: it must have been read from raw_selfies/, as is.
+    (own_root / "raw_selfies" / "train" / f"{task}.jsonl").write_text(
+        "\n".join([json.dumps({**first, "input": "[O][C][C]"}), *raw[1:]]) + "\n")
+    _edit_json(own_root / "template" / "instruction_tuning" / f"{task}.json",
+               lambda t: t[0].update(input="Give the formula of the SMILES <INPUT> ."))
+    selfies = SMolInstructSplit(own_root, "train", [task], representation="selfies")[0]
+    assert selfies["input"] == "Give the formula of the SELFIES <SELFIES> [O][C][C] </SELFIES> ."
+    assert selfies["raw_input"] == "[O][C][C]"
+    smiles = SMolInstructSplit(own_root, "train", [task])[0]  # SMILES still come from raw/
+    assert smiles["input"] == "Give the formula of the SMILES <SMILES> CCO </SMILES> ."
+
+
+def test_selfies_encoded_on_the_fly_cover_smiles_answers_too(smol_root):
+    sample = SMolInstructSplit(smol_root, "train", ["forward_synthesis"], representation="selfies")[0]
+    # Molecule 0 (CCO): input "CCO.O", output "CCO", template 0.
+    assert sample["input"] == "What is the product of <SELFIES> [C][C][O].[O] </SELFIES> ?"
+    assert sample["output"] == "The product is <SELFIES> [C][C][O] </SELFIES> ."
+
+
+def test_unknown_representation_is_refused(smol_root):
+    with pytest.raises(UserError, match="unknown data.representation 'inchi'"):
+        SMolInstructSplit(smol_root, "train", ["forward_synthesis"], representation="inchi")
+
+
+@pytest.mark.parametrize("side,text", [("input", "formula please"), ("output", "it is this")])
+def test_a_template_lacking_its_placeholder_is_refused(own_root, side, text):
+    task = "name_conversion-s2f"
+    _edit_json(own_root / "template" / "instruction_tuning" / f"{task}.json", lambda t: t[1].update({side: text}))
+    with pytest.raises(UserError, match=re.escape(
+            f"template 1 of {task} in template/instruction_tuning/{task}.json lacks <INPUT> or <OUTPUT>")):
+        SMolInstructSplit(own_root, "train", [task])
+
+
+def test_a_template_id_past_the_last_template_is_refused(own_root):
+    task = "name_conversion-s2f"  # two templates: ids 0 and 1
+    _edit_json(_samples(own_root, "train", task), lambda r: r["samples"][3].update(template_id=2))
+    with pytest.raises(UserError, match=re.escape(f"template_id 2 of {task} has no template (2 exist)")):
+        SMolInstructSplit(own_root, "train", [task])
+    _edit_json(_samples(own_root, "train", task), lambda r: r["samples"][3].update(template_id=-1))
+    with pytest.raises(UserError, match=re.escape(f"template_id -1 of {task} has no template (ids start at 0)")):
+        SMolInstructSplit(own_root, "train", [task])
+
+
+@pytest.mark.parametrize("bad", [24, -1])  # the raw file has lines 0..23
+def test_a_sample_index_outside_the_raw_file_is_refused(own_root, bad):
+    task = "name_conversion-s2f"
+    assert len((own_root / "raw" / "train" / f"{task}.jsonl").read_text().splitlines()) == 24
+    _edit_json(_samples(own_root, "train", task), lambda r: r["samples"][3].update(idx=bad))
+    with pytest.raises(UserError, match=rf"^sample index {bad} in .* \(24 lines\)"):
+        SMolInstructSplit(own_root, "train", [task])
+
+
+def test_skipping_a_bad_line_drops_all_its_samples_and_keeps_the_others_targets(own_root, caplog):
+    task = "property_prediction-sider"  # a multi-target task: each sample names its target
+    strict = SMolInstructSplit(own_root, "train", [task])
+    before = [strict[i] for i in range(len(strict))]
+    assert len(before) == 24
+    _edit_json(_samples(own_root, "train", task),
+               lambda r: r["samples"].append({**r["samples"][2], "template_id": 1}))  # a 2nd sample of line 2
+    raw = own_root / "raw" / "train" / f"{task}.jsonl"
+    lines = raw.read_text().splitlines()
+    lines[2] = '{"input": "CCO", "output": '
+    raw.write_text("\n".join(lines) + "\n")
+    with caplog.at_level("WARNING", logger="llasmol.data.smolinstruct"):
+        lenient = SMolInstructSplit(own_root, "train", [task], skip_bad_lines=True)
+    assert lenient.skipped == {task: 2} and len(lenient) == 23
+    assert [lenient[i] for i in range(23)] == before[:2] + before[3:]
+    assert [r.getMessage() for r in caplog.records] == [f"{raw}: skipped 2 sample(s) on 1 malformed line(s)"]
+
+
+def test_a_raw_line_changed_after_the_split_was_opened_is_named(own_root):
+    task = "name_conversion-s2f"
+    split = SMolInstructSplit(own_root, "train", [task])
+    raw = own_root / "raw" / "train" / f"{task}.jsonl"
+    lines = raw.read_text().splitlines()
+    raw.write_text("\n".join(['{"input": "CCO"}', *lines[1:]]) + "\n")
+    with pytest.raises(UserError, match=re.escape(f"{raw} line 1 is not a JSON object with input and output: "
+                                                  "the file changed")):
+        split[0]
+    raw.write_text("\n".join(['{"input": ', *lines[1:]]) + "\n")
+    split.close()
+    with pytest.raises(UserError, match=re.escape(f"{raw} line 1 is not valid JSON")):
+        split[0]
+    split.close()
+
+
+def test_core_tags_are_pairs_of_strings_or_nulls(tmp_path):
+    import json
+
+    from llasmol.data.smolinstruct import read_core_tags
+
+    (tmp_path / "core_tag").mkdir()
+    path = tmp_path / "core_tag" / "t.json"
+    good = {"input": ["<SMILES>", "</SMILES>"], "output": [None, None]}  # captions have no tag
+    path.write_text(json.dumps(good))
+    assert read_core_tags(tmp_path, "t") == good
+    for bad in ([["<A>", "</A>"], ["<B>", "</B>"]], {"input": ["<A>"], "output": ["<B>", "</B>"]},
+                {"input": ["<A>", "</A>", "x"], "output": ["<B>", "</B>"]},
+                {"input": ["<A>", 5], "output": ["<B>", "</B>"]}, {"input": ["<A>", "</A>"]}):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(UserError, match=r"core_tag/t\.json is not"):
+            read_core_tags(tmp_path, "t")
+
+
+def test_sample_counts_by_hand(smol_root):
+    from llasmol.data.smolinstruct import count_samples, raw_split
+
+    # 40 fixture molecules: k % 5 == 3 in dev, == 4 in test, the other 24 in train; the subset is every other test one.
+    assert [count_samples(smol_root, "instruction_tuning", s, "forward_synthesis")
+            for s in ("train", "dev", "test", "test_subset")] == [24, 8, 8, 4]
+    assert (raw_split("test_subset"), raw_split("test"), raw_split("train")) == ("test", "test", "train")
+    split = SMolInstructSplit(smol_root, "dev", ["forward_synthesis", "name_conversion-s2f"])
+    assert len(split) == 16 and split.counts() == {"forward_synthesis": 8, "name_conversion-s2f": 8}
+    assert [split.task_index(i) for i in (0, 7, 8, 15)] == [0, 0, 1, 1]
+    assert split.task_row(8).name == "name_conversion-s2f"
+    # The first sample of the second task is that task's own first sample.
+    assert split[8] == SMolInstructSplit(smol_root, "dev", ["name_conversion-s2f"])[0]
+    with pytest.raises(IndexError):
+        split[16]
+    with pytest.raises(IndexError):
+        split[-1]
+    empty = SMolInstructSplit(smol_root, "dev", [])
+    assert len(empty) == 0 and empty.counts() == {} and empty.length_hints().tolist() == []
+
+
+def test_length_hints_are_twice_the_raw_line_bytes_plus_the_template_characters(smol_root):
+    import json
+
+    tasks = ["name_conversion-s2f", "property_prediction-sider"]
+    split = SMolInstructSplit(smol_root, "dev", tasks)
+    expected = []
+    for task in tasks:
+        lines = (smol_root / "raw" / "dev" / f"{task}.jsonl").read_bytes().splitlines(keepends=True)
+        templates = json.loads((smol_root / "template" / "instruction_tuning" / f"{task}.json").read_text())
+        for s in json.loads(_samples(smol_root, "dev", task).read_text())["samples"]:
+            tpl = templates[s["template_id"]]
+            expected.append(2 * len(lines[s["idx"]]) + len(tpl["input"]) + len(tpl["output"]))
+    assert split.length_hints().tolist() == expected
+
+
+def test_a_split_reads_through_one_handle_per_file_and_a_forked_worker_opens_its_own(smol_root):
+    import os
+
+    split = SMolInstructSplit(smol_root, "train", ["name_conversion-s2f"])
+    split[0]
+    handle = split._handles[0]
+    split[1]
+    assert split._handles[0] is handle  # kept open between reads
+    split._pid = -1  # as in a forked worker: the parent's handles are not used
+    assert split[2] == SMolInstructSplit(smol_root, "train", ["name_conversion-s2f"])[2]
+    assert split._handles[0] is not handle and split._pid == os.getpid()
+    handle.close()
+    split.close()
+
+
+def test_a_pickled_split_reads_the_same_samples_through_its_own_files(smol_root):
+    import pickle
+
+    split = SMolInstructSplit(smol_root, "train", ["name_conversion-s2f", "property_prediction-sider"])
+    first = [split[i] for i in (0, 30)]
+    copy = pickle.loads(pickle.dumps(split))  # spawned DataLoader workers get a pickled split
+    assert copy._handles == {} and [copy[i] for i in (0, 30)] == first
+    split.close()
+    copy.close()
+
+
+def test_core_samples_come_in_raw_line_order_whichever_lines_are_sampled(own_root):
+    import json
+
+    task = "name_conversion-s2f"
+    records = [json.loads(line) for line in (own_root / "raw" / "train" / f"{task}.jsonl").read_text().splitlines()]
+    split = SMolInstructSplit(own_root, "train", [task])
+    assert list(split.core_samples(task)) == [(r["input"], r["output"], None) for r in records]  # line 0 first
+    split.close()
+    _edit_json(_samples(own_root, "train", task), lambda r: r.update(samples=r["samples"][:0:-1]))  # 23..1
+    split = SMolInstructSplit(own_root, "train", [task])
+    assert list(split.core_samples(task)) == [(r["input"], r["output"], None) for r in records[1:]]
+    split.close()
+
+
+# -- the sample-list reader ------------------------------------------------------------------------
+
+
+def test_an_empty_sample_list_is_read_as_empty(tmp_path):
+    from llasmol.data.smolinstruct import _read_sample_list
+
+    path = tmp_path / "task.json"
+    path.write_text('{"task": "x", "samples": [ ], "template_name": "t", "extra": {}}')
+    header, idx, template_id, targets = _read_sample_list(path, "task", None)
+    assert header == {"task": "x", "template_name": "t", "extra": {}}
+    assert idx.tolist() == [] and template_id.tolist() == [] and targets is None
+
+
+def test_targets_are_kept_from_the_first_sample_that_names_one(tmp_path):
+    from llasmol.data.smolinstruct import _read_sample_list
+
+    path = tmp_path / "task.json"
+    path.write_text('{"samples": [{"idx": 0, "template_id": 0}, {"idx": 1, "template_id": 0}, '
+                    '{"idx": 2, "template_id": 1, "target": "Eye"}, {"idx": 3, "template_id": 0}]}')
+    assert _read_sample_list(path, "task", None)[3] == [None, None, "Eye", None]
+
+
+@pytest.mark.parametrize("window", [7, 1 << 16])
+@pytest.mark.parametrize("text,message", [
+    # the error is where the reader stands: at the "]" after the comma, on line 4
+    ('{"split": "train",\n  "samples": [\n    {"idx": 0, "template_id": 0},\n  ]\n}\n', "trailing comma at line 4"),
+    ('{"split": "train",\n  "samples"\n  [\n]\n}\n', "expecting ':' at line 3"),
+    ('{"split": "train",\n  "samples": []\n}\n\n  x', "extra data at line 5"),
+    ('{"split": "train",\n  7: []\n}\n', "expecting a key at line 2"),
+])
+def test_the_readers_own_errors_name_their_line(tmp_path, monkeypatch, window, text, message):
+    from llasmol.data.smolinstruct import _JSONReader, _read_sample_list
+
+    monkeypatch.setattr(_JSONReader.__init__, "__defaults__", (window,))
+    path = tmp_path / "task.json"
+    path.write_text(text)
+    with pytest.raises(UserError, match=re.escape(f"{path} is not valid JSON ({message})")):
+        _read_sample_list(path, "task", None)
+
+
+def test_a_raw_line_nested_too_deeply_is_a_bad_line(tmp_path):
+    from llasmol.data.smolinstruct import _line_offsets
+
+    path = tmp_path / "raw.jsonl"
+    path.write_text('{"input": "C", "output": "C"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    assert _line_offsets(path)[2] == {1: "line 2 is not valid JSON (nested too deeply)"}

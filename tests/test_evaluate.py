@@ -764,6 +764,13 @@ def test_a_stopped_evaluation_continues_to_the_uninterrupted_result(run_dir, tmp
     assert f"with {sum(calls)} of 33 samples answered" in str(stop.value)
     lines = partial.read_text().splitlines()
     assert len(lines) == 1 + sum(calls) and not (tmp_path / "parts" / "predictions" / "test.jsonl").exists()
+    # The first line names what the answers depend on: the run's best adapter, no base protocol, bits unset.
+    header = json.loads(lines[0])["settings"]
+    adapter = Path(header["adapter"])
+    assert adapter.parent == run_dir / "checkpoints" and adapter.name.endswith(".adapter")
+    assert (header["ckpt"], header["model"], header["split"], header["samples"]) == (str(run_dir), "tiny", "test", 33)
+    assert (header["prompting"], header["quantization"], header["merge_adapter"]) == (None, {"bits": None}, True)
+    assert isinstance(header["generation"], dict) and header["generation"]["max_new_tokens_limit"] > 0
     with partial.open("a") as fh:  # a kill in the middle of a line leaves it torn
         fh.write('{"task": "forward_synth')
     answered = []
@@ -898,3 +905,414 @@ def test_beam_search_pads_with_the_pad_token_or_else_the_end_of_sequence_token()
 
     assert BeamGenerator(None, SimpleNamespace(pad_token_id=0, eos_token_id=2), None).pad_id == 0  # 0 is a real id
     assert BeamGenerator(None, SimpleNamespace(pad_token_id=None, eos_token_id=2), None).pad_id == 2
+
+
+# --------------------------------------------------------------------------- the commands' own lines, and loading
+
+
+def test_the_continue_command_repeats_the_command_and_pins_its_own_folder(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from llasmol.evaluate import _continue_command
+
+    cfg = OmegaConf.create({"paths": {"output_dir": str(tmp_path / "dated")}})
+    monkeypatch.setattr(sys, "argv", ["/x/llasmol/evaluate.py", "ckpt=run", "data.split=test"])
+    # Its answers went to this command's own dated folder: the next run must find that folder again.
+    assert _continue_command(tmp_path / "dated", cfg) == (
+        f"python -m llasmol.evaluate ckpt=run data.split=test hydra.run.dir={tmp_path / 'dated'}")
+    # Kept with the run (another folder), or the folder already given: the command as it was.
+    assert _continue_command(tmp_path / "run", cfg) == "python -m llasmol.evaluate ckpt=run data.split=test"
+    for given in ("hydra.run.dir=here", "+hydra.run.dir=here"):
+        monkeypatch.setattr(sys, "argv", ["evaluate.py", "ckpt=a b", given])
+        assert _continue_command(tmp_path / "dated", cfg) == f"python -m llasmol.evaluate 'ckpt=a b' {given}"
+
+
+def test_the_evaluate_command_prints_the_metrics_their_intervals_and_the_file(monkeypatch, capsys, caplog):
+    from omegaconf import OmegaConf
+
+    import llasmol.evaluate as command
+    from llasmol.analysis.tables import metric_lines
+
+    metrics = {"forward_synthesis": {"exact_match": 0.5, "validity": 1.0, "num_samples": 2}}
+    intervals = {"level": 0.9, "tasks": {"forward_synthesis": {"exact_match": [0.0, 1.0]}}}
+    result = {"metrics": metrics, "intervals": intervals, "output": "/x/m.json"}
+    monkeypatch.setattr(command, "evaluate", lambda cfg: result)
+    command.main.__wrapped__(OmegaConf.create({"all_metrics": False}))
+    assert capsys.readouterr().out.splitlines() == [
+        *metric_lines(metrics, intervals).splitlines(),
+        "[lo, hi]: 90% bootstrap intervals (tasks with pooled golds resample inputs), written beside the metrics",
+        "metrics written to /x/m.json"]
+    result["intervals"] = None  # intervals.resamples=0: no intervals, no line about them
+    command.main.__wrapped__(OmegaConf.create({"all_metrics": True}))
+    assert capsys.readouterr().out.splitlines() == [*metric_lines(metrics, None, True).splitlines(),
+                                                    "metrics written to /x/m.json"]
+
+    def stopped(cfg):
+        raise command.Stopped("stopped (SIGTERM) with 3 of 9 samples answered", 143)
+
+    monkeypatch.setattr(command, "evaluate", stopped)
+    with caplog.at_level("WARNING", logger="llasmol.evaluate"), pytest.raises(SystemExit) as stop:
+        command.main.__wrapped__(OmegaConf.create({}))
+    assert stop.value.code == 143 and caplog.messages[-1] == "stopped (SIGTERM) with 3 of 9 samples answered"
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "evaluate", interrupted)
+    with caplog.at_level("WARNING", logger="llasmol.evaluate"), pytest.raises(SystemExit) as stop:
+        command.main.__wrapped__(OmegaConf.create({}))
+    assert stop.value.code == 1 and caplog.messages[-1] == "stopped (Ctrl-C) before the first answer: nothing was kept"
+    assert str(command.Stopped("why", 1)) == "why"
+
+
+def test_the_generate_command_prints_each_response_ranked_and_the_answer(monkeypatch, capsys):
+    from omegaconf import OmegaConf
+
+    import llasmol.generate as command
+
+    responses = ["The product is <SMILES> CCO </SMILES> .", "<SMILES> C </SMILES>"]
+    monkeypatch.setattr(command, "generate", lambda cfg, query: responses)
+    command.main.__wrapped__(OmegaConf.create({"task": None}))
+    assert capsys.readouterr().out.splitlines() == [
+        "[1] The product is <SMILES> CCO </SMILES> .", "[2] <SMILES> C </SMILES>", "answer: CCO",
+        "(no task=: the default beams (4, one answer) and the first tagged answer; task=<name> gives that task's "
+        "beams, top-k answers and the scorer's answer extraction)"]
+    command.main.__wrapped__(OmegaConf.create({"task": "forward_synthesis"}))
+    assert capsys.readouterr().out.splitlines()[2:] == ["answer: CCO"]  # a task: no note
+    responses.clear()
+    command.main.__wrapped__(OmegaConf.create({"task": "forward_synthesis"}))
+    assert capsys.readouterr().out.splitlines() == ["answer: None"]
+
+
+def test_options_and_their_values_are_never_the_question():
+    from llasmol.generate import _split_query
+
+    settings = frozenset({"ckpt", "task", "hydra"})
+    cases = {
+        ("--cfg", "job", "What is CCO?"): (["--cfg", "job"], "What is CCO?"),
+        ("-cn", "generate", "ckpt=x", "Q?"): (["-cn", "generate", "ckpt=x"], "Q?"),
+        ("--info", "Q?"): (["--info"], "Q?"),
+        ("~task=x", "hydra/launcher=basic", "Q?"): (["~task=x", "hydra/launcher=basic"], "Q?"),
+        ("task@x=y", "a=b"): (["task@x=y"], "a=b"),
+    }
+    for args, (rest, question) in cases.items():
+        assert _split_query(["generate", *args], settings) == (["generate", *rest], question), args
+
+
+def _fake_adapter(folder: Path, config, weights: str | None = "adapter_model.safetensors") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    if weights:
+        (folder / weights).write_bytes(b"")
+    return folder
+
+
+def test_an_adapters_base_is_checked_against_the_model_before_anything_loads(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from llasmol.inference.loading import _check_adapter_base
+    from llasmol.model.lora import TINY_BASE
+
+    llama = OmegaConf.create({"name": "llama2", "hf_id": "meta-llama/Llama-2-7b-hf"})
+    tiny = OmegaConf.create({"name": "tiny", "hf_id": None, "random_init": True})
+    lora = {"peft_type": "LORA", "r": 8}
+
+    def check(base, model=llama, weights="adapter_model.safetensors"):
+        config = {**lora, "base_model_name_or_path": base} if base is not ... else lora
+        return _check_adapter_base(_fake_adapter(tmp_path / "a", config, weights), model)
+
+    a = tmp_path / "a"
+    with pytest.raises(UserError) as err:
+        check("mistralai/Mistral-7B-v0.1")
+    assert str(err.value) == (f"adapter {a} was trained on mistralai/Mistral-7B-v0.1, but model=llama2 is "
+                              "meta-llama/Llama-2-7b-hf: pass model=mistral")
+    with pytest.raises(UserError) as err:
+        check("mistralai/Mistral-7B-v0.1", OmegaConf.create({"name": "tiny", "hf_id": None}))
+    assert str(err.value).endswith("but model=tiny is the embedded tiny model: pass model=mistral")
+    with pytest.raises(UserError) as err:
+        check("someone/unknown-7b")
+    assert str(err.value).endswith("pass model.hf_id=someone/unknown-7b with a model config of its architecture")
+    with pytest.raises(UserError) as err:
+        check(TINY_BASE)
+    assert str(err.value) == (f"adapter {a} was trained on the embedded tiny model, but model=llama2 is "
+                              "meta-llama/Llama-2-7b-hf: pass model=tiny")
+    with pytest.raises(UserError, match=f"^{re.escape(str(a))} has adapter_config.json but no "
+                                        "adapter_model.safetensors: copy the weights too$"):
+        (a / "adapter_model.safetensors").unlink()
+        check("meta-llama/Llama-2-7b-hf", weights=None)
+    with pytest.raises(UserError, match="adapter_config.json is not a PEFT adapter config"):
+        _check_adapter_base(_fake_adapter(tmp_path / "list", ["LORA"]), llama)
+    # Nothing to compare against, or the same base: accepted (an old adapter's .bin weights too).
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "weights" / "m").mkdir(parents=True)
+    for base, model in [("meta-llama/Llama-2-7b-hf", llama), (TINY_BASE, tiny), (None, llama), ("", llama), (..., llama),
+                        ("/abs/mistral", llama), ("./mistral", llama), ("weights/m", llama),
+                        ("mistralai/Mistral-7B-v0.1", OmegaConf.create({**llama, "path": "/models/x"}))]:
+        assert check(base, model, weights="adapter_model.bin") is None, base
+
+
+def test_a_run_directory_gives_its_best_adapter_else_its_last(tmp_path, caplog):
+    from llasmol.inference.loading import _best_adapter
+
+    run = tmp_path / "run"
+    with pytest.raises(UserError, match=f"^run directory {re.escape(str(run))} has no adapter checkpoint yet "
+                                        rf"\(looked for {re.escape(str(run))}/checkpoints/last.adapter\)$"):
+        _best_adapter(run)
+    last = _fake_adapter(run / "checkpoints" / "last.adapter", {"peft_type": "LORA"})
+    with caplog.at_level("INFO", logger="llasmol.inference.loading"):
+        assert _best_adapter(run) == last
+    assert caplog.messages[-1] == f"adapter: {last} (the last: the run names no best one; pass ckpt=<adapter folder> for another)"
+    (run / "result.json").write_text(json.dumps({"best_checkpoint": None}))
+    with caplog.at_level("INFO", logger="llasmol.inference.loading"):
+        assert _best_adapter(run) == last
+    assert "(the last: the run names no best one;" in caplog.messages[-1]
+    # The best checkpoint is found by its name: the run directory may have moved since.
+    best = _fake_adapter(run / "checkpoints" / "epoch0-step4.adapter", {"peft_type": "LORA"})
+    (run / "result.json").write_text(json.dumps({"best_checkpoint": "/elsewhere/checkpoints/epoch0-step4.ckpt"}))
+    with caplog.at_level("INFO", logger="llasmol.inference.loading"):
+        assert _best_adapter(run) == best
+    assert caplog.messages[-1] == f"adapter: {best} (the best by val/loss; pass ckpt=<adapter folder> for another)"
+
+
+def test_the_checkpoint_setting_names_the_base_an_adapter_folder_or_a_hub_id(tmp_path, caplog):
+    from llasmol.inference.loading import resolve_checkpoint
+    from llasmol.model.lora import TINY_BASE
+
+    cfg = compose_config(["paths.output_dir=/tmp/unused", "model=tiny"], "evaluate")
+    for none in (None, "none", "None"):
+        with caplog.at_level("INFO", logger="llasmol.inference.loading"):
+            model, adapter, data = resolve_checkpoint(none, cfg)
+        assert (model, adapter, data) == (cfg.model, None, None)
+        assert caplog.messages[-1] == "no adapter: the bare base tiny (ckpt=none)"
+    folder = _fake_adapter(tmp_path / "adapter", {"peft_type": "LORA", "base_model_name_or_path": TINY_BASE})
+    assert resolve_checkpoint(str(folder), cfg) == (cfg.model, str(folder), None)
+    assert resolve_checkpoint("someone/lora", cfg) == (cfg.model, "someone/lora", None)
+
+
+def test_the_device_setting(monkeypatch):
+    import torch
+
+    from llasmol.inference.loading import pick_device
+
+    assert pick_device("cpu") == torch.device("cpu") and pick_device("cuda:1") == torch.device("cuda", 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pick_device("auto") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pick_device("auto") == torch.device("cuda")
+    with pytest.raises(UserError, match="^device=gpu0 is not a device: use auto, cpu, cuda or cuda:<n>$"):
+        pick_device("gpu0")
+
+
+def test_a_hub_adapter_is_fetched_config_and_weights_only_then_checked(tmp_path, monkeypatch):
+    import huggingface_hub
+    from omegaconf import OmegaConf
+
+    import llasmol.core.offline
+    from llasmol.inference.loading import _fetch_adapter
+
+    llama = OmegaConf.create({"name": "llama2", "hf_id": "meta-llama/Llama-2-7b-hf"})
+    folder = _fake_adapter(tmp_path / "snap", {"peft_type": "LORA", "base_model_name_or_path": llama.hf_id})
+    calls = []
+
+    def download(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    monkeypatch.setattr(llasmol.core.offline, "hub_unreachable", lambda: None)
+    assert _fetch_adapter("someone/lora", llama) == folder
+    assert calls == [("someone/lora", {"allow_patterns": ["adapter_config.json", "adapter_model.safetensors",
+                                                          "adapter_model.bin"], "local_files_only": False})]
+    # Offline, but in the cache: read from there.
+    monkeypatch.setattr(llasmol.core.offline, "hub_unreachable", lambda: "HF_HUB_OFFLINE is set")
+    monkeypatch.setattr(llasmol.core.offline, "cached_on_disk", lambda repo, name: True)
+    assert _fetch_adapter("someone/lora", llama) == folder and calls[-1][1]["local_files_only"] is True
+    # What was fetched is checked as a local folder is.
+    with pytest.raises(UserError, match="was trained on meta-llama/Llama-2-7b-hf, but model=mistral"):
+        _fetch_adapter("someone/lora", OmegaConf.create({"name": "mistral", "hf_id": "mistralai/Mistral-7B-v0.1"}))
+
+    def fail(repo_id, **kwargs):
+        raise RuntimeError("gated")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fail)
+    with pytest.raises(UserError, match=r"^cannot fetch adapter someone/lora from the Hugging Face Hub \(RuntimeError\)"):
+        _fetch_adapter("someone/lora", llama)
+
+
+def test_generation_outside_the_main_thread_leaves_the_signals_alone():
+    """Signal handlers can be set from the main thread only: elsewhere (a notebook's worker) nothing is set."""
+    import threading
+
+    from llasmol.evaluate import _stoppable
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    errors = []
+
+    def work():
+        try:
+            with _stoppable():
+                pass
+        except Exception as err:  # noqa: BLE001  (reported below)
+            errors.append(err)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert errors == [] and {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_a_yaml_error_in_a_run_config_is_cut_to_160_characters(tmp_path):
+    from llasmol.inference.loading import read_run_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("model:\n  name: tiny\n  name: " + "x" * 300 + "\n")  # a duplicate key, quoted at length
+    with pytest.raises(UserError) as err:
+        read_run_config(path)
+    why = str(err.value).split(" is not the YAML llasmol.train writes (", 1)[1]
+    why = why.rsplit("): evaluate only run directories written by llasmol.train", 1)[0]
+    assert len(why) == 160 and why.startswith("while constructing a mapping") and why.endswith("name: xxxxx")
+
+
+def test_generate_asks_the_canonical_question_with_the_task_on_the_chosen_device(monkeypatch):
+    """generate's own steps, with the model, its prompt and its beams stood in for (their tests are elsewhere)."""
+    import llasmol.generate as command
+    import llasmol.inference.beam_search as beam_search
+    import llasmol.inference.pipeline as pipeline
+    from llasmol.inference.loading import pick_device
+
+    moved, asked, answer = [], [], [["<SMILES> CCO </SMILES>"]]
+
+    class Model:
+        def to(self, device):
+            moved.append(device)
+            return self
+
+    class Answers:
+        def __init__(self, generator, generation):
+            self.generator = generator
+
+        def ask(self, query, task):
+            asked.append((query, task, self.generator))
+            return answer[0]
+
+    monkeypatch.setattr(command, "resolve_checkpoint", lambda ckpt, cfg: (cfg.model, None, None))
+    monkeypatch.setattr(command, "load_model", lambda *args, **kwargs: (Model(), "tokenizer"))
+    monkeypatch.setattr(command, "PromptFormatter", lambda tokenizer, template: ("formatter", tokenizer, template))
+    monkeypatch.setattr(beam_search, "BeamGenerator", lambda *args: args[1:])
+    monkeypatch.setattr(pipeline, "ModelAnswers", Answers)
+    cfg = compose_config(["model=tiny", "task=forward_synthesis", "device=cpu"], "generate")
+    assert command.generate(cfg, "Is <SMILES> c1ccccc1O </SMILES> toxic?") == ["<SMILES> CCO </SMILES>"]
+    formatter = ("formatter", "tokenizer", cfg.model.prompt_template)
+    assert asked == [("Is <SMILES> OC1=CC=CC=C1 </SMILES> toxic?", "forward_synthesis",
+                      ("tokenizer", formatter, cfg.generation.max_prompt_tokens, 1))]  # one question: a batch of 1
+    assert moved == [pick_device("cpu")]
+    cfg.task, cfg.query = None, "What is <SMILES> C </SMILES>?"
+    command.generate(cfg)  # the question from the configuration; no task: ""
+    assert asked[-1][:2] == ("What is <SMILES> C </SMILES>?", "")
+    answer[0] = None  # the prompt did not fit
+    with pytest.raises(UserError, match=rf"^the query is longer than generation.max_prompt_tokens="
+                                        rf"{cfg.generation.max_prompt_tokens} tokens$"):
+        command.generate(cfg)
+    cfg.query = ""
+    with pytest.raises(UserError, match="^no query: run python -m llasmol.generate"):
+        command.generate(cfg)
+    with pytest.raises(UserError, match="^the question holds bytes that are not UTF-8 text"):
+        command.generate(cfg, "bad \udcff bytes")
+    cfg.task = "forward_synth"  # the configuration is checked before anything is asked
+    with pytest.raises(UserError, match="^unknown task 'forward_synth' in task="):
+        command.generate(cfg, "Q?")
+    assert len(asked) == 3
+
+
+def test_a_run_directorys_model_section_is_read_as_data(tmp_path):
+    from omegaconf import OmegaConf
+
+    from llasmol.inference.loading import _run_model
+
+    cfg = compose_config(["paths.output_dir=/tmp/unused", "model=tiny"], "evaluate")
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    where = f"{tmp_path}/.hydra/config.yaml"
+
+    def read(section):
+        return _run_model(tmp_path, OmegaConf.create({"model": section} if section is not None else {}), cfg)
+
+    assert OmegaConf.to_container(read(model)) == model
+    for section in (None, {}, "tiny"):  # no section, an empty one, not a mapping: one line, not a traceback
+        with pytest.raises(UserError, match=f"^{re.escape(where)} has no model section"):
+            read(section)
+    with pytest.raises(UserError, match=f"^{re.escape(where)} has model.foo='x', which llasmol.train does not write"):
+        read({**model, "foo": "x"})
+    with pytest.raises(UserError, match=f"^{re.escape(where)} has a model.tokenizer llasmol.train does not write$"):
+        read({**model, "tokenizer": "/somewhere/else"})
+    with pytest.raises(UserError, match=f"^{re.escape(where)} has model.name"):
+        read({**model, "name": ["tiny"]})  # of the wrong type for the model schema
+    with pytest.raises(UserError, match="sets model.trust_remote_code=true: remote code runs only when asked for"):
+        read({**model, "trust_remote_code": True})
+    cfg.model.trust_remote_code = True  # asked for on this command line
+    assert read({**model, "trust_remote_code": True}).trust_remote_code is True
+    # Read as written: nothing in it (a resolver, an environment variable) is evaluated while it is checked.
+    written = read({**model, "hf_id": "${oc.env:LLASMOL_TEST_NOT_SET}"})
+    assert OmegaConf.to_container(written, resolve=False)["hf_id"] == "${oc.env:LLASMOL_TEST_NOT_SET}"
+
+
+def test_the_adapter_is_merged_only_when_asked_and_never_into_a_quantised_base(tmp_path, monkeypatch, caplog):
+    """load_model's choices, with the base and PEFT stood in for (the real merge: tests/test_adapter_formats.py)."""
+    from omegaconf import OmegaConf
+
+    import llasmol.inference.loading as loading
+    import llasmol.model.base as base
+
+    class Model:
+        def __init__(self, kind):
+            self.kind, self.mode = kind, "train"
+
+        def merge_and_unload(self):
+            return Model(self.kind + "+merged")
+
+        def eval(self):
+            self.mode = "eval"
+            return self
+
+    loaded = []
+    monkeypatch.setattr(base, "load_tokenizer", lambda cfg: "tokenizer")
+    monkeypatch.setattr(base, "load_base_model", lambda cfg, tokenizer, quant: Model("base"))
+    monkeypatch.setattr(loading, "load_adapter", lambda model, folder: loaded.append(folder) or Model("adapted"))
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    model_cfg = OmegaConf.create({"name": "tiny"})
+
+    def kind(*args, **kwargs):
+        model, tokenizer = loading.load_model(model_cfg, *args, **kwargs)
+        assert tokenizer == "tokenizer" and model.mode == "eval"
+        return model.kind
+
+    assert kind(None) == "base" and loaded == []
+    assert kind(str(folder)) == "adapted" and loaded == [folder]  # separate unless asked
+    assert kind(str(folder), None, merge=True) == "adapted+merged"
+    assert kind(str(folder), OmegaConf.create({"bits": None}), merge=True) == "adapted+merged"
+    with caplog.at_level("INFO", logger="llasmol.inference.loading"):
+        assert kind(str(folder), OmegaConf.create({"bits": 4}), merge=True) == "adapted"
+    assert caplog.messages[-1] == "adapter kept separate on the 4-bit base (merging would re-round its weights)"
+    assert kind(str(folder), OmegaConf.create({"bits": 4})) == "adapted"
+    with pytest.raises(UserError, match="^merge_adapter='yes' must be true or false"):
+        kind(str(folder), merge="yes")
+
+
+def test_the_commands_silence_the_known_library_noise_and_nothing_else(tmp_path):
+    """Both commands filter the libraries' known warnings first thing (before any check can stop them)."""
+    import warnings
+
+    from llasmol.generate import generate
+
+    noise = "MatMul8bitLt: inputs will be cast from torch.float32 to float16 during quantization"
+    nothing = compose_config([f"paths.output_dir={tmp_path}"], "evaluate")
+    no_query = compose_config(["model=tiny"], "generate")
+    for command, cfg, why in [(evaluate, nothing, "nothing to evaluate"), (generate, no_query, "no query")]:
+        with warnings.catch_warnings():
+            warnings.resetwarnings()  # whatever an earlier test left
+            with pytest.raises(UserError, match=f"^{why}"):
+                command(cfg)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.warn(noise)
+                warnings.warn("another warning")
+        assert [str(w.message) for w in caught] == ["another warning"], command

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -402,6 +403,8 @@ def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypa
     assert written.count("last.ckpt") == 2 and len([name for name in written if name.startswith("step")]) == 1, written
     # What train.log says of the run's shape: the threads and how they wait, the batch arithmetic.
     said = [r.getMessage() for r in caplog.records]
+    # Seeded as the config says, dataloader workers included, without Lightning's own "Seed set to" line.
+    assert os.environ.get("PL_SEED_WORKERS") == "1" and not any(m.startswith("Seed set to") for m in said), said
     assert any(m.startswith("CPU: ") and "intra-op thread(s), OpenMP threads wait passive" in m for m in said), said
     assert any(m.startswith("effective batch ") and m.endswith("× 1 process(es)") for m in said), said
     # The run ended by max_steps in its first epoch: last.ckpt is saved at the end of that step, with the
@@ -986,3 +989,274 @@ def test_a_mistake_removes_the_run_folder_only_when_it_holds_nothing_but_hydras_
         HydraConfig.instance().cfg = None
     assert empty.exists() == named  # a folder the user named keeps its log
     assert kept.exists() and tmp_path.exists()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_lock_held_by_an_unnamed_holder_is_refused_in_one_line_without_leaking(tmp_path, monkeypatch):
+    """flock locks belong to an open file, so a second open in this process conflicts like another process
+    would. A lock file that does not say who holds it still gives the one-line refusal; the refusals close what
+    they opened."""
+    import fcntl
+
+    from llasmol.core.run_lock import check_run_lock, hold_run_lock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").write_text("not json")
+    fd = os.open(run / ".lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        before = _open_fds()
+        for attempt in (hold_run_lock, check_run_lock):
+            with pytest.raises(UserError) as err:
+                attempt(run)
+            assert str(err.value) == (f"{run} is in use by another llasmol.train (another process): wait for it to "
+                                      "end, or give this run its own hydra.run.dir")
+        assert _open_fds() == before
+        # The holder named in the file, its start time in local time.
+        monkeypatch.setenv("TZ", "UTC")
+        time.tzset()
+        (run / ".lock").write_text(json.dumps({"pid": 7, "host": "node3", "started": 86400 + 3661}))
+        with pytest.raises(UserError, match=re.escape("(pid 7 on node3, started 1970-01-02 01:01:01): wait")):
+            check_run_lock(run)
+    finally:
+        os.close(fd)
+        monkeypatch.undo()  # TZ as it was, and the process's time zone read again
+        time.tzset()
+    check_run_lock(run)  # released: free again
+    check_run_lock(None)  # nothing to check
+    check_run_lock(tmp_path / "new")  # no lock file: nothing opened
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_taken_lock_names_this_process_in_a_file_readable_by_all(tmp_path):
+    """A longer text left in the lock file by an earlier holder is replaced whole; the file is created
+    rw-rw-rw- less the umask, like any file the package writes."""
+    from llasmol.core.run_lock import hold_run_lock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").write_text(json.dumps({"pid": 1, "host": "x" * 500, "started": 0}))
+    hold_run_lock(run)
+    info = json.loads((run / ".lock").read_text())
+    assert info["pid"] == os.getpid() and info["host"] == socket.gethostname()
+    assert abs(info["started"] - time.time()) < 600
+    fresh = tmp_path / "fresh" / "deeper"
+    hold_run_lock(fresh)  # the folder is made
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (fresh / ".lock").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_fresh_start_counts_every_job_folder_by_default_or_for_a_sweep_of_first_jobs(tmp_path):
+    from llasmol.core.run_lock import check_fresh_start
+
+    sweep = tmp_path / "sweep"
+    _finished_run(sweep / "0_tiny_attn")
+    for args in ((), (0,), ("1,2",)):  # the default and a sweep over first_job (not one number) start from job 0
+        with pytest.raises(UserError, match=rf"^{sweep / '0_tiny_attn'} already holds a run"):
+            check_fresh_start(sweep, None, False, *args)
+    check_fresh_start(sweep, None, False, 1)
+
+
+def test_an_adapter_stepped_aside_is_dropped_when_its_place_is_taken_or_it_is_incomplete(tmp_path):
+    """Only a whole adapter (its adapter_config.json there) whose place is empty comes back; any other
+    `.X.adapter.old` is a leftover and goes, without a note."""
+    from llasmol.finetune.checkpointing import tidy_run_dir
+
+    checkpoints = tmp_path / "checkpoints"
+    for name in ("last", "best"):
+        (checkpoints / f".{name}.adapter.old").mkdir(parents=True)
+    (checkpoints / ".last.adapter.old" / "adapter_config.json").write_text("{}")
+    (checkpoints / "last.adapter").mkdir()  # the replacement made it in
+    (checkpoints / "last.adapter" / "adapter_config.json").write_text('{"new": 1}')
+    assert tidy_run_dir(tmp_path) == []  # best's has no adapter_config.json: not an adapter to bring back
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["last.adapter"]
+    assert (checkpoints / "last.adapter" / "adapter_config.json").read_text() == '{"new": 1}'
+    assert tidy_run_dir(tmp_path / "elsewhere") == []  # no checkpoints folder: nothing to put in order
+    # Pairs it cannot compare are not named: an adapter of an earlier version (no step recorded), a checkpoint
+    # that is a folder (FSDP, DeepSpeed), a damaged one (named where it is used).
+    from llasmol.core.files import write_torch
+
+    write_torch(checkpoints / "early.ckpt", {"global_step": 3})
+    (checkpoints / "early.adapter").mkdir()
+    for name in ("sharded", "damaged"):
+        (checkpoints / f"{name}.adapter").mkdir()
+        (checkpoints / f"{name}.adapter" / "trainer_state.json").write_text('{"global_step": 2}')
+    (checkpoints / "sharded.ckpt").mkdir()
+    (checkpoints / "damaged.ckpt").write_bytes(b"not a checkpoint")
+    assert tidy_run_dir(tmp_path) == []
+
+
+def test_a_stop_at_a_step_boundary_saves_interrupted_ckpt_and_says_how_to_continue(tmp_path, monkeypatch, caplog):
+    """Ctrl-C or SIGTERM raised by `StopAtStepBoundary` (marked `at_step_boundary`) saves interrupted.ckpt on the
+    resume checkpoint only; any other exception, or a stop elsewhere, saves nothing (last.ckpt resumes)."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from llasmol.finetune.checkpointing import AdapterModelCheckpoint
+
+    def stop(kind, at_boundary=True):
+        exc = kind()
+        if at_boundary is not None:
+            exc.at_step_boundary = at_boundary
+        return exc
+
+    def saves(callback, exception, rank_zero=True):
+        saved = []
+        monkeypatch.setattr(callback, "save_now", lambda trainer, path: saved.append(path))
+        trainer = SimpleNamespace(is_global_zero=rank_zero, global_step=5, default_root_dir=str(tmp_path))
+        callback.on_exception(trainer, None, exception)
+        return saved
+
+    resume = AdapterModelCheckpoint(dirpath=str(tmp_path / "checkpoints"), resume=True)
+    interrupted = str(tmp_path / "checkpoints" / "interrupted.ckpt")
+    with caplog.at_level("WARNING", logger="llasmol.finetune.checkpointing"):
+        assert saves(resume, stop(KeyboardInterrupt)) == [interrupted]
+    assert caplog.messages == [f"interrupted at step 5, saved {interrupted}; continue with:\n  "
+                               f"python -m llasmol.train hydra.run.dir={tmp_path} ckpt_path=last"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="llasmol.finetune.checkpointing"):
+        assert saves(resume, stop(SIGTERMException)) == [interrupted]
+        assert saves(resume, stop(KeyboardInterrupt), rank_zero=False) == [interrupted]  # every rank saves
+    assert len(caplog.messages) == 1  # rank 0 alone says so
+    assert saves(resume, stop(KeyboardInterrupt, at_boundary=False)) == []  # the second Ctrl-C: at once
+    assert saves(resume, stop(KeyboardInterrupt, at_boundary=None)) == []  # Lightning's own handling
+    assert saves(resume, stop(ValueError)) == []  # a failure is no stop on purpose
+    assert AdapterModelCheckpoint().resume is False  # the best-checkpoint instance by default
+    assert saves(AdapterModelCheckpoint(dirpath=str(tmp_path)), stop(KeyboardInterrupt)) == []
+    assert saves(AdapterModelCheckpoint(resume=True), stop(KeyboardInterrupt)) == []  # no folder to save into
+
+
+def test_the_resume_checkpoint_saves_the_step_reaching_max_steps_and_the_end_of_training(monkeypatch):
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from llasmol.finetune.checkpointing import AdapterModelCheckpoint
+
+    monkeypatch.setattr(ModelCheckpoint, "on_train_batch_end", lambda self, *args: None)
+    monkeypatch.setattr(ModelCheckpoint, "on_train_end", lambda self, *args: None)
+
+    def saved_at_batch_end(resume, max_steps, step):
+        callback = AdapterModelCheckpoint(resume=resume)
+        saved = []
+        monkeypatch.setattr(callback, "save_last_unless_saved", lambda trainer: saved.append(trainer.global_step))
+        callback.on_train_batch_end(SimpleNamespace(max_steps=max_steps, global_step=step), None, None, None, 0)
+        return saved == [step]
+
+    assert saved_at_batch_end(True, 3, 3) and saved_at_batch_end(True, 3, 4) and saved_at_batch_end(True, 1, 1)
+    assert not saved_at_batch_end(True, 3, 2)  # before max_steps: the periodic saves only
+    assert not saved_at_batch_end(True, -1, 5) and not saved_at_batch_end(True, 0, 5)  # no step limit
+    assert not saved_at_batch_end(False, 3, 3)  # the best-checkpoint instance never writes last.ckpt
+    for resume in (True, False):
+        callback = AdapterModelCheckpoint(resume=resume)
+        saved = []
+        monkeypatch.setattr(callback, "save_last_unless_saved", lambda trainer: saved.append(trainer))
+        callback.on_train_end("trainer", None)
+        assert saved == (["trainer"] if resume else [])
+
+
+def test_an_adapter_is_committed_with_its_checkpoint_dropped_without_it_and_removed_with_it(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from llasmol.finetune import checkpointing
+    from llasmol.finetune.checkpointing import AdapterModelCheckpoint
+
+    committed = []
+    monkeypatch.setattr(checkpointing, "commit_adapter", lambda staged, target: committed.append((staged, target)))
+    callback = AdapterModelCheckpoint(dirpath=str(tmp_path))
+    staged = {}
+    for name in ("a", "b"):
+        staged[name] = tmp_path / f".{name}.adapter.staged"
+        staged[name].mkdir()
+        callback._staged[str(tmp_path / f"{name}.ckpt")] = staged[name]
+    callback.after_save(None, str(tmp_path / "a.ckpt"), saved=True)
+    assert committed == [(staged["a"], tmp_path / "a.adapter")]
+    callback.after_save(None, str(tmp_path / "b.ckpt"), saved=False)  # the .ckpt write failed
+    assert not staged["b"].exists() and len(committed) == 1
+    callback.after_save(None, str(tmp_path / "c.ckpt"), saved=True)  # nothing staged (not rank 0): nothing to do
+    assert len(committed) == 1 and callback._staged == {}
+
+    (tmp_path / "old.adapter").mkdir()
+    callback.after_remove(SimpleNamespace(is_global_zero=False), str(tmp_path / "old.ckpt"))
+    assert (tmp_path / "old.adapter").is_dir()  # rank 0 alone removes
+    callback.after_remove(SimpleNamespace(is_global_zero=True), str(tmp_path / "old.ckpt"))
+    assert not (tmp_path / "old.adapter").exists()
+    callback.after_remove(SimpleNamespace(is_global_zero=True), str(tmp_path / "old.ckpt"))  # no adapter: no error
+    callback._staged[str(tmp_path / "d.ckpt")] = tmp_path / "gone"
+    callback.after_save(None, str(tmp_path / "d.ckpt"), saved=False)  # nothing left to drop: no error either
+
+
+def test_an_adapters_card_holds_a_validation_only_at_the_step_it_was_made(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from llasmol.finetune import checkpointing
+    from llasmol.finetune.checkpointing import AdapterModelCheckpoint
+
+    cards, staged = [], []
+    monkeypatch.setattr(checkpointing, "module_state_dict", lambda trainer: {"model.w": 1, "model.frozen": 2})
+    monkeypatch.setattr(checkpointing, "adapter_card", lambda facts, metrics, step: cards.append((facts, metrics, step))
+                        or "CARD")
+    monkeypatch.setattr(checkpointing, "stage_adapter",
+                        lambda model, target, state, card, step: staged.append((model, target, state, card, step))
+                        or tmp_path / "staged")
+    module = SimpleNamespace(model="peft", last_validated_step=4,
+                             adapter_state_dict=lambda state: {k[len("model."):]: v for k, v in state.items()
+                                                               if k == "model.w"})
+
+    def save(step, rank_zero=True, facts=None):
+        callback = AdapterModelCheckpoint(dirpath=str(tmp_path))
+        callback.card_facts = facts
+        trainer = SimpleNamespace(lightning_module=module, is_global_zero=rank_zero, global_step=step,
+                                  callback_metrics={"val/loss": torch.tensor(0.5), "train/loss": torch.tensor(1.0)})
+        callback.before_save(trainer, str(tmp_path / "x.ckpt"))
+        return callback._staged
+
+    assert save(4, facts={"base": "b"}) == {str(tmp_path / "x.ckpt"): tmp_path / "staged"}
+    assert cards == [({"base": "b"}, {"val/loss": 0.5}, 4)]  # val/ numbers only, as floats
+    assert staged == [("peft", tmp_path / "x.adapter", {"w": 1}, "CARD", 4)]
+    save(5, facts={"base": "b"})  # saved at step 5's end, before any validation of step 5
+    assert cards[-1] == ({"base": "b"}, {}, 5)
+    save(6)  # no facts (not trained by `train`): no card
+    assert staged[-1][3] is None and len(cards) == 2
+    assert save(4, rank_zero=False, facts={"base": "b"}) == {} and len(staged) == 3  # rank 0 alone writes
+
+
+def test_only_rank_0_locks_and_tidies_the_run_folder(tmp_path, monkeypatch):
+    """Every DDP process makes sure the folder exists; the lock and the tidying are rank 0's, once."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from llasmol.finetune import preflight
+
+    done = []
+    monkeypatch.setattr(preflight, "hold_run_lock", lambda out: done.append(("lock", out)))
+    monkeypatch.setattr(preflight, "tidy_run_dir", lambda out: done.append(("tidy", out)) or [])
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    assert preflight.claim_run_dir(str(tmp_path / "a" / "run")) == tmp_path / "a" / "run"
+    assert (tmp_path / "a" / "run").is_dir() and done == []
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
+    preflight.claim_run_dir(tmp_path / "a" / "run")
+    assert done == [("lock", tmp_path / "a" / "run"), ("tidy", tmp_path / "a" / "run")]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer=fsdp", "trainer=fsdp shards the model over GPUs"),
+    ("optimizer._target_=bitsandbytes.optim.PagedAdamW8bit", "pages its state through CUDA memory"),
+    ("+logger.w={_target_:llasmol.finetune.tracking.WandbLogger,log_model:true,offline:true}", "needs an online run"),
+    ("model=galactica data.packing=true", "data.packing=true needs a Llama- or Mistral-family base"),
+    ("+quantization.bits=5", "quantization.bits=5 is not supported"),
+])
+def test_the_preflight_check_names_what_this_machine_cannot_run(override, message, monkeypatch):
+    from llasmol.core.config import compose_config
+    from llasmol.finetune.preflight import check_run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = compose_config(["paths.output_dir=/x", "logger=csv", *override.split()])
+    with pytest.raises(UserError, match=re.escape(message)):
+        check_run(cfg)
+    check_run(compose_config(["paths.output_dir=/x", "logger=csv"]))  # the default run: fine

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -293,3 +294,90 @@ def test_cached_on_disk_reads_the_hub_cache_only(tmp_path, monkeypatch):
     assert cached_on_disk("someone/tiny", "tokenizer.json") is False
     assert cached_on_disk("someone/other") is False
     assert cached_on_disk("not a // valid id") is False  # no repository of that name can be cached
+
+
+def test_architecture_facts_are_read_or_refused_in_one_line(tmp_path, monkeypatch):
+    """A bundled name, a folder named by a path (or a bare name that is a folder here), and what is wrong
+    with each said in one line."""
+    from llasmol.model.base import arch_config, arch_facts
+
+    with pytest.raises(UserError, match=r"^unknown model.arch 'no-such-arch': bundled architectures are "
+                                        r"codellama-7b, galactica-6.7b, .*, tiny-mistral, .* \(or model=hf "
+                                        r"model.path=<folder with config.json>\)$"):
+        arch_facts("no-such-arch")
+    with pytest.raises(UserError, match=r"^/nonexistent/base has no config.json: point model.path"):
+        arch_facts("/nonexistent/base")
+    assert arch_facts("tiny-mistral")["model_type"] == "mistral"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mybase").mkdir()
+    (tmp_path / "mybase" / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 32}))
+    assert arch_facts("mybase") == {"model_type": "llama", "hidden_size": 32}
+    config = tmp_path / "mybase" / "config.json"
+    for text, words in (("{not json", "is not valid JSON ("), ("[1]", "names no model_type"),
+                        ('{"model_type": 3}', "names no model_type")):
+        config.write_text(text)
+        with pytest.raises(UserError, match=rf"^{config} {re.escape(words)}.*copy the base's config.json again$"):
+            arch_facts(str(tmp_path / "mybase"))
+    # A model_type this transformers does not know: its long complaint cut to 200 characters.
+    config.write_text(json.dumps({"model_type": "nosuchtype" * 3}))
+    with pytest.raises(UserError) as err:
+        arch_config(str(tmp_path / "mybase"))
+    message = str(err.value)
+    head = f"{tmp_path / 'mybase'}/config.json cannot be read by transformers ("
+    tail = "): a model_type this transformers release knows is needed"
+    assert message.startswith(head) and message.endswith(tail)
+    assert len(message) - len(head) - len(tail) == 200
+
+
+def test_a_base_is_loaded_from_its_folder_with_its_own_weights_and_a_pad_token(tmp_path, monkeypatch):
+    """model.path: the folder's safetensors as saved; a config without a pad id gets the tokenizer's, and a
+    tokenizer without a pad token takes its unk token. A folder without weights or tokenizer is one line."""
+    from omegaconf import OmegaConf
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from llasmol.model.base import load_base_model, load_tokenizer
+
+    folder = write_base(tmp_path / "base", "llama")
+    config = AutoConfig.from_pretrained(folder)
+    config.pad_token_id = None
+    config.save_pretrained(folder)
+    tok_json = json.loads((folder / "tokenizer_config.json").read_text())
+    tok_json.pop("pad_token", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_json))
+    special = folder / "special_tokens_map.json"
+    if special.is_file():
+        special.write_text(json.dumps({k: v for k, v in json.loads(special.read_text()).items() if k != "pad_token"}))
+    cfg = OmegaConf.create({"name": "someone/base", "hf_id": "someone/base", "path": str(folder), "arch": str(folder),
+                            "dtype": "float32", "random_init": False, "tokenizer_legacy": None})
+    cfg.tokenizer_legacy = "maybe"
+    with pytest.raises(UserError, match=r"^model.tokenizer_legacy='maybe' must be true, false or null$"):
+        load_tokenizer(cfg)
+    cfg.tokenizer_legacy = None
+    tok = load_tokenizer(cfg)
+    assert tok.pad_token == tok.unk_token == "<unk>"
+    model = load_base_model(cfg, tok)
+    saved = load_file(str(folder / "model.safetensors"))
+    weight = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(model.state_dict()[weight], saved[weight])
+    assert model.config.pad_token_id == tok.pad_token_id == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cfg.path = str(empty)
+    for load, what in ((lambda: load_base_model(cfg, tok), "base weights"), (lambda: load_tokenizer(cfg),
+                                                                             "the tokenizer files")):
+        with pytest.raises(UserError) as err:
+            load()
+        assert str(err.value) == (f"{what} of someone/base not found at model.path={empty}: point model.path at a "
+                                  "folder with config.json, tokenizer files and *.safetensors")
+
+
+def test_a_base_cached_while_the_hub_is_out_of_reach_is_read_from_the_cache_alone(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from llasmol.core import offline
+    from llasmol.model.base import _local_only
+
+    monkeypatch.setattr(offline, "hub_unreachable", lambda: "HF_HUB_OFFLINE is set")
+    monkeypatch.setattr(offline, "cached_on_disk", lambda *args, **kwargs: True)
+    assert _local_only(OmegaConf.create({"hf_id": "someone/base", "path": None}), "base weights") is True

@@ -117,6 +117,18 @@ def test_exact_llama2_full_count():
     assert counts["total"] == 6_738_415_616 + counts["trainable"]
 
 
+def test_meta_device_counts_of_the_tiny_model_equal_the_built_models():
+    """The tiny model's vocabulary is its bundled tokenizer's, not its config's: the meta count must be the
+    count of the model training builds."""
+    from llasmol.model.base import load_base_model, load_tokenizer
+    from llasmol.model.lora import count_parameters
+
+    cfg = compose_config(["model=tiny"], config_name="params")
+    built = load_base_model(cfg.model, load_tokenizer(cfg.model))
+    base = count_parameters(built)["total"]
+    assert count_trainable(cfg) == {**count_parameters(apply_lora(built, cfg.model, cfg.lora)), "base": base}
+
+
 @pytest.mark.slow
 def test_params_command_prints_json_last(tmp_path):
     proc = subprocess.run(

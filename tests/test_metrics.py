@@ -826,3 +826,122 @@ def test_the_task_table_is_read_only_and_check_tasks_refuses_empty_repeated_or_u
         check_tasks(["retrosynthesis", "nope"], "here")
     assert get_task("property_prediction-esol").input_tag == "SMILES"
     assert get_task("molecule_generation").input_tag is None
+
+
+def _key(charge=0, **counts):
+    """A lenient formula key written out: `C=2, H_2=1` is two natural carbons and one hydrogen-2."""
+    atoms = frozenset(((sym.split("_")[0], int(sym.split("_")[1]) if "_" in sym else 0), n)
+                      for sym, n in counts.items())
+    return atoms, charge
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("C2H6O", _key(C=2, H=6, O=1)),
+    ("C 2 H6\tO", _key(C=2, H=6, O=1)),
+    ("C10", _key(C=10)),
+    ("D2O", _key(H_2=2, O=1)),
+    ("HT", _key(H=1, H_3=1)),
+    ("[13C]H4", _key(C_13=1, H=4)),
+    ("[1H]2O", _key(H_1=2, O=1)),
+    ("([13C]H3)2", _key(C_13=2, H=6)),
+    ("(CH3)3N", _key(C=3, H=9, N=1)),
+    ("(CH3)N", _key(C=1, H=3, N=1)),
+    ("((CH2)2)3", _key(C=6, H=12)),
+    ("2H2O", _key(H=4, O=2)),
+    ("C2H6O.2H2O", _key(C=2, H=10, O=3)),
+    ("C2H6O·H2O", _key(C=2, H=8, O=2)),
+    ("C0H4", _key(H=4)),
+    ("C2H3O2-", _key(-1, C=2, H=3, O=2)),
+    ("Fe+3", _key(3, Fe=1)),
+    ("Fe+", _key(1, Fe=1)),
+    ("Fe++", _key(2, Fe=1)),
+    ("PO4-3", _key(-3, P=1, O=4)),
+    ("Fe+10", _key(10, Fe=1)),
+    ("2Cl-", _key(-2, Cl=2)),
+    ("Na+.Cl-", _key(0, Na=1, Cl=1)),
+    ("Ca+2.2Cl-", _key(0, Ca=1, Cl=2)),
+])
+def test_lenient_formula_keys_written_out(text, expected):
+    """Every rule of the lenient syntax (module docstring) with the key written by hand."""
+    from llasmol.metrics.formula import formula_key
+
+    assert parse_formula(text) == expected
+    assert formula_key(text, lenient=True) == expected
+
+
+@pytest.mark.parametrize("text", ["", "  ", "2", ".", "C0", "[0C]", "[13Xx]", "Xx", "(CH3", "CH3)", "C2H6O!",
+                                  "C.", None, 12])
+def test_lenient_formula_rejects(text):
+    assert parse_formula(text) is None
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("C2H6O", {"C": 2, "H": 6, "O": 1}),
+    ("CH3CH2OH", {"C": 2, "H": 6, "O": 1}),
+    ("C2H6ON0", {"C": 2, "H": 6, "O": 1, "N": 0}),
+    ("Xx2", {"Xx": 2}),
+    ("c2h6o", {}),
+    ("C2H3O2-", {"C": 2, "H": 3, "O": 2, "-": 1}),
+    ("C2H3O2-1", {"C": 2, "H": 3, "O": 2, "-": 1}),
+    ("C2H3O2-2", {"C": 2, "H": 3, "O": 2, "-": 2}),
+    ("Fe+3", {"Fe": 1, "+": 3}),
+    ("Fe+2-1", {"Fe": 1, "+": 2}),  # the first charge only
+    ("C12", {"C": 12}),
+])
+def test_official_formula_keys_written_out(text, expected):
+    """LLM4Chem's parse_molecule, as the module's docstring describes it, with the keys written by hand; a
+    formula_key without `lenient` is this one."""
+    from llasmol.metrics.formula import formula_key, parse_formula_official
+
+    assert parse_formula_official(text) == frozenset(expected.items())
+    assert formula_key(text) == frozenset(expected.items())
+
+
+@pytest.mark.parametrize("text", ["", "C2 H6", "(CH3)2", "2H2O", "C2H6O.H2O", "+", None])
+def test_official_formula_rejects(text):
+    from llasmol.metrics.formula import parse_formula_official
+
+    assert parse_formula_official(text) is None
+
+
+def test_molecule_parsing_edges_and_whole_molecule_fingerprints():
+    """A one-atom molecule is valid, ';' reads as '.', and a dotted answer's fingerprints are those of the
+    whole dotted molecule (not of its first part)."""
+    from rdkit import Chem, DataStructs
+
+    from llasmol.metrics.molecules import molecule_keys, parse_gold_molecule, tanimoto
+
+    assert parse_molecule("C") is not None and parse_molecule("[Na+]") is not None
+    assert parse_molecule("CCO;O") == parse_molecule("O.CCO") != parse_molecule("CCO")
+    for bad in (None, "", "CC O", "CCO.", "C1CC", 7):
+        assert parse_molecule(bad) is None and molecule_keys(bad) is None, bad
+    assert molecule_keys("OCC") == parse_molecule("CCO").keys == frozenset({"InChI=1S/C2H6O/c1-2-3/h3H,2H2,1H3"})
+    assert parse_molecule("CCO").fingerprints is None
+    whole = Chem.MolFromSmiles("CCO.c1ccccc1")
+    fps = parse_gold_molecule("CCO.c1ccccc1").fingerprints
+    assert set(fps) == {"morgan", "maccs", "rdk"}
+    assert fps["rdk"] == Chem.RDKFingerprint(whole) != Chem.RDKFingerprint(Chem.MolFromSmiles("CCO"))
+    assert fps["maccs"] == parse_molecule("c1ccccc1.CCO", fingerprints=True).fingerprints["maccs"]
+    assert DataStructs.TanimotoSimilarity(fps["morgan"], parse_gold_molecule("CCO").fingerprints["morgan"]) < 1
+    one = parse_gold_molecule("CCO").fingerprints
+    assert tanimoto(one["morgan"], one["morgan"]) == 1.0
+    assert 0.0 < tanimoto(one["morgan"], fps["morgan"]) < 1.0
+
+
+def test_tanimoto_is_clamped_and_zero_when_rdkit_cannot_say(monkeypatch):
+    from llasmol.metrics import molecules
+
+    assert molecules.tanimoto(None, "not a fingerprint") == 0.0
+    for rdkit_says, expected in ((float("nan"), 0.0), (1.5, 1.0), (-0.25, 0.0), (0.5, 0.5)):
+        monkeypatch.setattr(molecules.DataStructs, "TanimotoSimilarity", lambda a, b, v=rdkit_says: v)
+        assert molecules.tanimoto(1, 2) == expected
+
+
+def test_reading_a_bad_smiles_writes_nothing_to_stderr(capfd):
+    """RDKit's parse errors are silenced (a scoring run reads thousands of bad answers)."""
+    import llasmol.metrics.molecules  # noqa: F401  (importing it silences RDKit)
+    from rdkit import Chem
+
+    capfd.readouterr()
+    assert Chem.MolFromSmiles("C1CC(") is None
+    assert capfd.readouterr().err == ""

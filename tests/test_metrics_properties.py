@@ -432,3 +432,42 @@ def test_a_pooled_input_is_scored_against_a_bounded_number_of_references(monkeyp
     sizes.clear()
     score_records(records + records)  # the same answer to the same input is scored once
     assert len(sizes) == 0
+
+
+NEOPENTYL_TREE = "C(C(C)(C)C)(C(C)(C)C)(C(C)(C)C)C(C)(C)C"  # 17 atoms, 1,761 connected bond sets
+
+
+def test_the_bond_set_budget_admits_exactly_50000_sets_and_refuses_one_more():
+    """C60 (36,519 sets) with acyclic parts of known counts (a tree 1,761; three neopentyls in a row 300; two
+    78; neopentane 15, propane 3, ethane 1) add up to 50,000 exactly, under the atom and ring bounds: scored.
+    One more ethane is one set too many."""
+    from rdkit import Chem
+
+    from llasmol.metrics.molecules import MAX_SUBGRAPHS, count_bond_sets, parse_molecule, too_complex
+
+    counts = {s: count_bond_sets(Chem.MolFromSmiles(s)) for s in (NEOPENTYL_TREE, "CC(C)(C)C(C)(C)C(C)(C)C",
+                                                                   "CC(C)(C)C(C)(C)C", "CC(C)(C)C", "CCC", "CC")}
+    assert list(counts.values()) == [1761, 300, 78, 15, 3, 1]
+    parts = ([C60] + [NEOPENTYL_TREE] * 7 + ["CC(C)(C)C(C)(C)C(C)(C)C"] * 3 + ["CC(C)(C)C(C)(C)C"] * 3
+             + ["CC(C)(C)C", "CCC", "CC", "CC"])
+    at_bound = ".".join(parts)
+    assert MAX_SUBGRAPHS == 36_519 + 7 * 1761 + 3 * 300 + 3 * 78 + 15 + 3 + 1 + 1 == 50_000
+    assert not too_complex(at_bound) and parse_molecule(at_bound, fingerprints=True) is not None
+    assert too_complex(at_bound + ".CC") and parse_molecule(at_bound + ".CC", fingerprints=True) is None
+    # Identity alone never counts bond sets: the same answer still has its keys.
+    assert parse_molecule(at_bound + ".CC") is not None
+    # too_complex counts them as a fingerprint would; anything it cannot read is not "too complex".
+    assert too_complex(_complete_graph(10))
+    for text in (None, "", "CC..C", "CC.", "C1CC", "xyz", 12):
+        assert too_complex(text) is False, text
+
+
+def test_an_answer_of_4096_characters_is_read_and_a_longer_one_is_invalid():
+    """`MAX_SMILES_CHARS`: 240 atom-mapped methanes and a 16-carbon chain, 256 atoms in 4,096 characters."""
+    from llasmol.metrics.molecules import MAX_SMILES_CHARS, parse_molecule, too_complex
+
+    text = ".".join(["[CH4:2000000000]"] * 240 + ["C" * 16])
+    assert len(text) == MAX_SMILES_CHARS == 4096
+    assert parse_molecule(text) is not None and parse_molecule(text + "C") is None
+    # The same bound before counting: 4,096 carbons are too many atoms, 4,097 characters are not read at all.
+    assert too_complex("C" * 4096) is True and too_complex("C" * 4097) is False

@@ -220,3 +220,22 @@ def test_a_partial_llm4chem_file_gets_the_golds_of_the_whole_split_with_pool_gol
         evaluate(compose_config([*common[1:], f"predictions={stray}", "pool_golds=split"], "evaluate"))
     with pytest.raises(UserError, match=r"^pool_golds='whole' must be one of file, split"):
         evaluate(compose_config([*common, "pool_golds=whole"], "evaluate"))
+
+
+def test_split_golds_come_first_then_the_files_own_and_only_for_pooled_tasks(tmp_path):
+    """pool_golds=split: a pooled task's record gets every gold the split gives its input, in the split's order,
+    then any gold of its own the split lacks; a task whose golds do not pool keeps its record as it is."""
+    from llasmol.core.tasks import get_task
+    from llasmol.evaluate import _with_split_golds
+
+    data, first, other = _data_with_a_second_gold(tmp_path / "data")
+    cfg = compose_config([f"data.path={data}", f"paths.output_dir={tmp_path}", "pool_golds=split"], "evaluate")
+    assert get_task("forward_synthesis").pooled and not get_task("property_prediction-bbbp").pooled
+    records = [{"task": "forward_synthesis", "input": first["input"], "gold": [other, "CCCCCCCC"], "predictions": []},
+               {"task": "property_prediction-bbbp", "input": "not in the split", "gold": ["Yes"], "predictions": []}]
+    out = _with_split_golds(records, cfg)
+    assert [r["gold"] for r in out] == [[first["output"], other, "CCCCCCCC"], ["Yes"]]
+    # The default data (the bundled excerpt, named by an interpolation) is found as the command finds it.
+    default = compose_config([f"paths.output_dir={tmp_path}", "pool_golds=split"], "evaluate")
+    record = {"task": "forward_synthesis", "input": first["input"], "gold": ["CCCCCCCC"], "predictions": []}
+    assert _with_split_golds([record], default)[0]["gold"] == [first["output"], "CCCCCCCC"]

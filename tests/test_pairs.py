@@ -123,3 +123,95 @@ def test_a_run_without_a_validation_or_a_test_split_is_compared_on_nothing(tmp_p
     from llasmol.analysis.runs import Run
 
     assert basis(Run(path=tmp_path / "0_tiny_lite", params={}, validations=[])) == ("-", [])
+
+
+def test_the_defaults_are_a_thousand_resamples_seed_zero_and_95_percent(two_runs):
+    """The report's notes promise 1,000 resamples and 95% intervals: the defaults of every entry point."""
+    from llasmol.metrics.intervals import bootstrap_intervals, per_sample_statistics
+
+    val = two_runs[0].latest
+    assert intervals_of(val.metrics_path, val.predictions()) == bootstrap_intervals(
+        per_sample_statistics(val.predictions()), 1000, 0, 0.95)
+    runs, labels = list(two_runs), ["full", "lite"]
+    table = paired_table(runs, labels)
+    assert table.rows == paired_table(runs, labels, resamples=1000, seed=0, level=0.95).rows
+    assert table.rows != paired_table(runs, labels, seed=1).rows  # the seed shows in the bounds
+    assert table.title == "Paired differences (A - B) with 95% bootstrap intervals"
+
+
+def test_what_a_run_is_compared_on_when_files_are_missing_or_empty(tmp_path, two_runs):
+    # A validation whose predictions were not kept: nothing to pair, though the validation is there.
+    run = load_run(write_run(tmp_path / "r", records([True], [True]), "full"))
+    (run.path / "predictions" / "val-step4.jsonl").unlink()
+    assert basis(load_run(run.path)) == ("-", [])
+    # An empty test split file: the test split, with no records (not an error).
+    (run.path / "predictions" / "test.jsonl").write_text("")
+    assert basis(load_run(run.path)) == ("test", [])
+    # No intervals file and no records: no intervals.
+    assert intervals_of(tmp_path / "nowhere" / "val-step1.json", []) == {}
+    # An intervals file without its tasks is as good as none: computed from the records.
+    val = two_runs[0].latest
+    write_json(val.metrics_path.with_name("val-step4.intervals.json"), {"level": 0.9})
+    assert intervals_of(val.metrics_path, val.predictions())[BBBP]["accuracy"][0] < 0.9
+
+
+def test_a_baselines_test_split_gets_its_error_bar(tmp_path, two_runs):
+    base = tmp_path / "1_rdkit"
+    test = records([True] * 20, [])
+    write_json(base / "baseline.json", {"method": "rdkit"})
+    write_jsonl(base / "predictions" / "test.jsonl", test)
+    write_json(base / "metrics" / "test.json", score_records(test))
+    bars = ablation_intervals([two_runs[0], load_run(base), load_run(write_run(tmp_path / "2_x", [], "x"))],
+                              ["full", "baseline:rdkit", "x"])
+    assert bars[f"{BBBP}/accuracy"]["baseline:rdkit"] == [1.0, 1.0]  # every answer right
+    assert set(bars[f"{BBBP}/accuracy"]) == {"full", "baseline:rdkit"}  # no records, no bar
+
+
+def test_the_note_under_a_paired_table_counts_the_clear_differences_of_each_pair(two_runs, tmp_path):
+    from llasmol.analysis.pairs import compare_two, paired_runs_note
+
+    full, lite = two_runs
+    same = load_run(write_run(tmp_path / "2_tiny_full", records([i % 10 != 0 for i in range(120)],
+                                                                [i % 2 == 0 for i in range(40)]), "full"))
+    table = paired_table([full, lite, same], ["full", "lite", "same"])
+    assert paired_runs_note(table).splitlines() == [
+        f"- full vs lite: 1 of 2 tasks differ beyond noise ({BBBP})",
+        "- full vs same: 0 of 2 tasks differ beyond noise",
+        f"- lite vs same: 1 of 2 tasks differ beyond noise ({BBBP})",
+    ]
+    assert compare_two(full, lite).column("a") == ["0_tiny_full", "0_tiny_full"]  # named by folder unless told
+    assert compare_two(full, lite, ["A", "B"]).records()[0]["b"] == "B"
+
+
+def test_the_two_run_report_names_the_runs_and_says_what_it_found(two_runs, tmp_path, capsys):
+    import csv
+
+    from llasmol.report import main as report_main
+
+    full, lite = two_runs
+    written = report_main([str(full.path), str(lite.path)])
+    out = capsys.readouterr().out.splitlines()
+    folder = full.path / "report" / "vs_1_tiny_lite"
+    assert written == [folder / "pairs.md", folder / "pairs.csv"]
+    assert out == [f"- 0_tiny_full vs 1_tiny_lite: 1 of 2 tasks differ beyond noise ({BBBP})",
+                   f"wrote {folder / 'pairs.md'}", f"wrote {folder / 'pairs.csv'}"]
+    assert (folder / "pairs.md").read_text().startswith("A - B of each task's headline metric on the samples both")
+    assert f"- 0_tiny_full vs 1_tiny_lite: 1 of 2 tasks differ beyond noise ({BBBP})\n\n" in (
+        folder / "pairs.md").read_text()
+    # The same run twice: both share a label, so the paths given name them.
+    report_main([str(full.path), str(full.path), "--out", str(tmp_path / "self")])
+    rows = list(csv.DictReader((tmp_path / "self" / "pairs.csv").open()))
+    assert {(r["a"], r["b"]) for r in rows} == {(str(full.path), str(full.path))}
+    capsys.readouterr()
+    # Runs with no sample in common: nothing to pair, and the report says so.
+    other = load_run(write_run(tmp_path / "other", [{**r, "input": "x" + r["input"]} for r in records([True], [])],
+                               "full"))
+    report_main([str(full.path), str(other.path), "--out", str(tmp_path / "apart")])
+    note = "No two runs share scored samples (paired comparisons need the same samples)."
+    assert capsys.readouterr().out.splitlines()[0] == note
+    assert (tmp_path / "apart" / "pairs.md").read_text().startswith(note + "\n\n")
+    # A run with nothing scored yet cannot be compared.
+    write_json(tmp_path / "fresh" / "params.json", {"model": "tiny", "lora": "full"})
+    with pytest.raises(SystemExit):
+        report_main([str(full.path), str(tmp_path / "fresh")])
+    assert "has no validation yet" in capsys.readouterr().err

@@ -255,3 +255,92 @@ def test_the_paper_optimizer_lowers_the_loss_and_resumes_exactly_from_its_8bit_s
     assert [loss for _, loss in combined] == pytest.approx([loss for _, loss in losses(tmp_path / "reference")],
                                                            rel=1e-6)
     assert resumed["metrics"]["val/loss"] == pytest.approx(reference["metrics"]["val/loss"], rel=1e-6)
+
+
+def test_quantised_layer_bytes_are_bitsandbytes_layout_counted_by_hand():
+    """The byte counts of the module docstring, worked by hand for a 7B-sized 4096×4096 projection and for a
+    3×5 layer whose 15 weights fill neither a byte pair nor a block (every count rounds up)."""
+    from llasmol.model.memory import quantized_linear_bytes
+
+    n = 4096 * 4096
+    assert quantized_linear_bytes(4096, 4096, 8) == n + 4 * 4096  # int8 codes + one fp32 scale a row
+    # 4-bit, double-quantised: n/2 packed codes; 262144 blocks of 64 with an 8-bit absmax each, 1024 fp32 scales
+    # (one per 256 blocks), the 256-entry fp32 absmax code book and the 16-entry fp32 NF4 code book.
+    assert quantized_linear_bytes(4096, 4096, 4) == 8_388_608 + 262_144 + 4 * 1024 + 1024 + 64
+    assert quantized_linear_bytes(4096, 4096, 4, double_quant=False) == 8_388_608 + 4 * 262_144 + 64
+    assert quantized_linear_bytes(3, 5, 8) == 15 + 12
+    assert quantized_linear_bytes(3, 5, 4) == 8 + (1 + 4 + 1024) + 64
+    assert quantized_linear_bytes(3, 5, 4, double_quant=False) == 8 + 4 + 64
+
+
+def test_weight_bytes_of_a_small_stack_are_counted_by_hand():
+    """Two linear layers and an output head: the head and every bias stay in the base's dtype; training casts
+    them to fp32. A setting without `double_quant` double-quantises (bitsandbytes' default)."""
+    from llasmol.model.memory import describe, quantized_linear_bytes
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(64, 128)  # 8192 weights + 128 biases
+            self.b = torch.nn.Linear(128, 64, bias=False)  # 8192 weights
+            self.head = torch.nn.Linear(64, 10, bias=False)  # 640 weights, never quantised
+
+        def get_output_embeddings(self):
+            return self.head
+
+    with torch.device("meta"):
+        model = Tiny()
+    plain = weight_bytes(model, torch.bfloat16)
+    assert plain == {"quantized": 0, "other": 2 * (8192 + 128 + 8192 + 640),
+                     "total": 2 * (8192 + 128 + 8192 + 640), "training": 2 * (8192 + 128 + 8192 + 640)}
+    assert weight_bytes(model, torch.bfloat16, {"bits": None}) == plain
+    layer = 4096 + (128 + 4 + 1024) + 64  # 8192 weights: 128 blocks, one nested scale
+    assert quantized_linear_bytes(128, 64, 4) == quantized_linear_bytes(64, 128, 4) == layer
+    four = weight_bytes(model, torch.bfloat16, {"bits": 4})
+    assert four == {"quantized": 2 * layer, "other": 2 * (128 + 640), "total": 2 * layer + 2 * (128 + 640),
+                    "training": 2 * layer + 4 * (128 + 640)}
+    single = weight_bytes(model, torch.bfloat16, {"bits": 4, "double_quant": False})["quantized"]
+    assert single == 2 * (4096 + 4 * 128 + 64)
+    assert weight_bytes(model, torch.float16, {"bits": 8})["quantized"] == (8192 + 4 * 128) + (8192 + 4 * 64)
+    # `describe` says double-quantised when the setting leaves the key out, as the counts assume.
+    gib = 1024 ** 3
+    sizes = {"quantized": gib, "other": gib // 2, "total": 3 * gib // 2, "training": 2 * gib}
+    assert describe(sizes, "bfloat16", {"bits": 4}) == (
+        "weights: 1.50 GiB (4-bit nf4, double-quantised: 1.00 GiB in the quantised layers, 0.50 GiB of embeddings, "
+        "norms and head in bfloat16); 2.00 GiB when training (the unquantised parts cast to fp32)")
+    assert describe(sizes, "float16", {"bits": 4, "quant_type": "fp4", "double_quant": False}).startswith(
+        "weights: 1.50 GiB (4-bit fp4: 1.00 GiB")
+    assert describe(sizes, "float16", None) == "weights: 1.50 GiB in float16"
+
+
+def test_quantising_the_tiny_base_shows_no_progress_bars_and_leaves_the_setting_as_it_was(capfd):
+    """The random base goes through a temporary folder (a few kB): transformers' bars for that are hidden,
+    then put back as they were; checkpointing stays the `gradient_checkpointing` switch's business."""
+    from transformers.utils import logging as hf_logging
+
+    cfg, tok = _tiny("quantization=4bit")
+    try:
+        for before in (True, False):
+            (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
+            capfd.readouterr()
+            model = load_base_model(cfg.model, tok, cfg.quantization)
+            err = capfd.readouterr().err
+            assert "Loading weights" not in err and "Writing model shards" not in err, err[-500:]
+            assert hf_logging.is_progress_bar_enabled() is before
+            assert model.is_activation_checkpointing is False
+    finally:
+        hf_logging.enable_progress_bar()
+
+
+def test_4bit_settings_default_to_double_quantised_nf4_in_bfloat16():
+    """A quantization setting that names only its bits: bitsandbytes' and QLoRA's defaults."""
+    four = quantization_config({"bits": 4})
+    assert four.load_in_4bit is True and four.load_in_8bit is False
+    assert four.bnb_4bit_quant_type == "nf4" and four.bnb_4bit_use_double_quant is True
+    assert four.bnb_4bit_compute_dtype == torch.bfloat16
+    eight = quantization_config({"bits": 8})
+    assert eight.load_in_8bit is True and eight.load_in_4bit is False
+    assert quantization_config(None) is None and quantization_config({"bits": None}) is None
+    for bits in (True, 5, 9, 16):
+        with pytest.raises(UserError, match=f"quantization.bits={bits!r} is not supported"):
+            quantization_config({"bits": bits})

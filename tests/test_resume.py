@@ -192,6 +192,9 @@ def test_the_resume_plan_meets_the_trainer_in_one_seam(tmp_path):
     assert (run / "checkpoints" / "interrupted.ckpt").is_file()  # other ranks leave the files to rank 0
     plan.on_fit_end(trainer, None)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
+    torch.save(_TRAINING_STATE, run / "checkpoints" / "interrupted.ckpt")  # one without its adapter goes too
+    plan.on_fit_end(trainer, None)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
 
     fresh = Resume.plan(str(run), tmp_path / "elsewhere", "tiny", "full")  # resumed from another directory
     other_cfg = OmegaConf.create({"wandb": {"_target_": "llasmol.finetune.tracking.WandbLogger"}})
@@ -569,3 +572,86 @@ def test_the_resume_command_repeats_the_runs_settings_but_its_folder_and_checkpo
                                        f"'hydra.run.dir={run}' ckpt_path=last")
     finally:
         HydraConfig.instance().cfg = None
+
+
+def test_a_ckpt_file_given_is_resumed_as_it_is_and_a_run_without_params_is_no_sibling(tmp_path):
+    run = _run_dir(tmp_path, "run")
+    ckpt = run / "checkpoints" / "last.ckpt"
+    here = tmp_path / "here"
+    here.mkdir()
+    assert resolve_resume(str(ckpt), here, "tiny", "full") == str(ckpt)
+    # A sibling that recorded no params.json (or an unreadable one) cannot be told to be of this variant.
+    for params in (None, "{not json"):
+        if params is None:
+            (run / "params.json").unlink()
+        else:
+            (run / "params.json").write_text(params)
+        with pytest.raises(UserError, match="ckpt_path=last: no checkpoints/last.ckpt"):
+            resolve_resume("last", here, "tiny", "full")
+
+
+def test_a_run_remembers_its_wandb_id_on_rank_0_for_a_later_resume_in_place(tmp_path):
+    from types import SimpleNamespace
+
+    from llasmol.core import run_dir as layout
+    from llasmol.finetune.resume import Resume
+    from llasmol.finetune.tracking import WandbLogger
+
+    wandb = WandbLogger(project="p", offline=True, save_dir=str(tmp_path))
+    wandb._experiment = SimpleNamespace(id="run42")
+    plan = Resume(None, tmp_path)
+    plan.trainer(lambda callbacks: SimpleNamespace(loggers=[wandb], is_global_zero=False), None)
+    assert not (tmp_path / layout.WANDB_ID).exists()  # other ranks write nothing
+    plan.trainer(lambda callbacks: SimpleNamespace(loggers=[wandb], is_global_zero=True), None)
+    assert (tmp_path / layout.WANDB_ID).read_text() == "run42\n"
+
+
+def test_random_draws_are_a_function_of_seed_epoch_batch_and_rank_only():
+    from types import SimpleNamespace
+
+    from llasmol.finetune.resume import StepSeeding
+
+    def draw(seed=1, epoch=0, batch=2, rank=0):
+        torch.manual_seed(999)  # whatever the run drew before
+        StepSeeding(seed).on_train_batch_start(SimpleNamespace(current_epoch=epoch, global_rank=rank), None, None, batch)
+        return torch.rand(3).tolist()
+
+    assert draw() == draw()  # a resumed run draws what the uninterrupted one did
+    assert len({tuple(draw(**change)) for change in ({}, {"seed": 2}, {"epoch": 1}, {"batch": 3}, {"rank": 1})}) == 5
+
+
+def test_under_ddp_any_ranks_signal_stops_every_rank_and_an_exception_restores_the_handlers(monkeypatch):
+    from types import SimpleNamespace
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from llasmol.finetune import resume
+
+    monkeypatch.setattr(resume, "log_step_row_now", lambda *args: None)
+    asked = []
+
+    def trainer(others_asked: float):
+        def reduce(flag, reduce_op):
+            asked.append((float(flag), reduce_op))
+            return torch.tensor(max(float(flag), others_asked))
+        return SimpleNamespace(global_step=4, world_size=2, strategy=SimpleNamespace(reduce=reduce))
+
+    module = SimpleNamespace(device="cpu")
+    stopper = resume.StopAtStepBoundary()
+    stopper.on_train_batch_start(trainer(0.0), module, None, 0)
+    stopper.on_train_batch_end(SimpleNamespace(**{**vars(trainer(0.0)), "global_step": 5}), module, None, None, 0)
+    assert asked == [(0.0, "max")]  # nobody asked: on
+    with pytest.raises(SIGTERMException) as stop:  # rank 1 got SIGTERM (15), this one nothing
+        stopper.on_train_batch_end(SimpleNamespace(**{**vars(trainer(15.0)), "global_step": 6}), module, None, None, 0)
+    assert stop.value.at_step_boundary is True
+
+    before = {sig: signal.getsignal(sig) for sig in resume.StopAtStepBoundary.SIGNALS}
+    stopper = resume.StopAtStepBoundary()
+    try:
+        stopper.on_train_start(None, None)
+        assert signal.getsignal(signal.SIGTERM) == stopper._handle
+        stopper.on_exception(None, None, RuntimeError("boom"))
+        assert {sig: signal.getsignal(sig) for sig in before} == before
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

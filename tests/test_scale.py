@@ -243,3 +243,125 @@ def test_compile_blocks_compiles_each_block_and_only_the_blocks():
     assert decoder_layer_types(base) == (type(base.model.layers[0]),)
     with pytest.raises(ValueError, match="no transformer block classes found in Linear"):
         decoder_layer_types(torch.nn.Linear(2, 2))
+
+
+def test_the_lora_wrap_policy_looks_inside_everything_and_wraps_blocks_and_trainable_leaves():
+    block = torch.nn.TransformerEncoderLayer(4, 1)
+    policy = lora_wrap_policy((torch.nn.TransformerEncoderLayer,))
+    frozen, trainable, bare = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), torch.nn.ReLU()
+    frozen.requires_grad_(False)
+    half = torch.nn.Linear(2, 2)
+    half.bias.requires_grad_(False)  # a leaf only partly trainable stays inside its block
+    parent = torch.nn.Sequential(torch.nn.Linear(2, 2))  # trainable, but not a leaf
+    assert all(policy(m, recurse=True, nonwrapped_numel=0) for m in (frozen, bare, parent, block))
+    assert [policy(m, recurse=False, nonwrapped_numel=0) for m in (block, trainable, frozen, bare, half, parent)] == \
+        [True, True, False, False, False, False]
+
+
+def test_the_lora_fsdp_strategy_derives_its_policy_from_the_models_blocks():
+    class Block(torch.nn.Module):  # a transformer block, as the model's _no_split_modules names it
+        pass
+
+    model = torch.nn.Sequential(Block(), torch.nn.Linear(2, 2))
+    model._no_split_modules = ["Block"]
+    model[1].requires_grad_(False)
+    policy = LoRAFSDPStrategy().wrap_policy(model)
+    assert policy(model[0], recurse=False, nonwrapped_numel=0) is True
+    assert policy(model[1], recurse=False, nonwrapped_numel=0) is False
+
+
+@pytest.mark.parametrize("trainer_cfg, cuda, message", [
+    ({"strategy": "fsdp", "accelerator": "gpu"}, False, "trainer=fsdp shards the model over GPUs and this machine has "
+     "none (accelerator=gpu): on CPU use trainer=ddp trainer.accelerator=cpu trainer.devices=2"),
+    ({"strategy": {"_target_": "llasmol.finetune.distributed.LoRAFSDPStrategy"}, "accelerator": "cpu"}, True,
+     "trainer=fsdp shards the model over GPUs and this machine has none (accelerator=cpu)"),
+    ({"strategy": "deepspeed_stage_3", "accelerator": "cpu"}, True, "trainer=deepspeed shards the model over GPUs"),
+    ({"strategy": "fsdp", "accelerator": "gpu"}, True, None),  # a GPU machine runs it
+    ({"strategy": "ddp", "accelerator": "cpu"}, False, None),
+    ({"strategy": None, "accelerator": "cpu"}, False, None),
+    ({"accelerator": "cpu"}, False, None),
+])
+def test_a_sharded_strategy_needs_gpus_and_its_package(trainer_cfg, cuda, message, monkeypatch):
+    import importlib.util
+
+    from omegaconf import OmegaConf
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: "spec")  # DeepSpeed installed
+    cfg = OmegaConf.create(trainer_cfg)
+    if message is None:
+        check_trainer(cfg)
+        return
+    with pytest.raises(UserError) as err:
+        check_trainer(cfg)
+    assert str(err.value).startswith(message)
+
+
+def test_deepspeed_without_its_package_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UserError) as err:
+        check_trainer({"strategy": "deepspeed", "accelerator": "gpu"})
+    assert str(err.value) == ('trainer=deepspeed needs the DeepSpeed package: pip install -e ".[deepspeed]" (on a CUDA '
+                              "machine), or use trainer=fsdp")
+
+
+@pytest.mark.parametrize("target, accelerator, cuda, refused", [
+    ("bitsandbytes.optim.PagedAdamW8bit", "gpu", True, False),
+    ("bitsandbytes.optim.PagedAdamW8bit", "gpu", False, True),
+    ("bitsandbytes.optim.PagedAdamW8bit", "cpu", True, True),
+    ("bitsandbytes.optim.AdamW8bit", "cpu", False, False),
+    ("torch.optim.AdamW", "cpu", False, False),
+])
+def test_a_paged_optimizer_needs_a_gpu(target, accelerator, cuda, refused, monkeypatch):
+    from llasmol.finetune.distributed import check_optimizer
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    trainer = {"accelerator": accelerator}
+    if not refused:
+        check_optimizer({"_target_": target}, trainer)
+        return
+    with pytest.raises(UserError) as err:
+        check_optimizer({"_target_": target}, trainer)
+    assert str(err.value) == (f"optimizer._target_={target} pages its state through CUDA memory and this run has no GPU "
+                              f"(trainer.accelerator={accelerator}): use optimizer._target_=bitsandbytes.optim.AdamW8bit "
+                              "(the same update, unpaged)")
+
+
+def test_no_optimizer_config_is_no_paged_optimizer():
+    from llasmol.finetune.distributed import check_optimizer
+
+    check_optimizer(None, {"accelerator": "cpu"})
+    check_optimizer({}, {"accelerator": "cpu"})
+
+
+def test_adapters_are_gathered_whole_under_zero_3_and_taken_from_the_strategy_otherwise(monkeypatch):
+    import sys
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from llasmol.finetune.distributed import module_state_dict
+
+    gathered = []
+
+    @contextmanager
+    def gathered_parameters(params):  # DeepSpeed's: the partitioned tensors whole inside the block
+        gathered.append(len(params))
+        yield
+
+    monkeypatch.setitem(sys.modules, "deepspeed", SimpleNamespace(zero=SimpleNamespace(GatheredParameters=gathered_parameters)))
+    module = torch.nn.Module()
+    module.model = torch.nn.Module()
+    module.model._checkpoint_wrapped_module = torch.nn.Linear(2, 2)  # a wrapper's prefix, not in checkpoint names
+    module.frozen = torch.nn.Linear(2, 2)
+    module.frozen.requires_grad_(False)
+    zero3 = SimpleNamespace(strategy=SimpleNamespace(zero_stage_3=True), lightning_module=module)
+    state = module_state_dict(zero3)
+    assert gathered == [2] and sorted(state) == ["model.bias", "model.weight"]
+    weight = module.model._checkpoint_wrapped_module.weight
+    assert torch.equal(state["model.weight"], weight) and state["model.weight"].data_ptr() != weight.data_ptr()
+    for strategy in (SimpleNamespace(lightning_module_state_dict=lambda: "whole"),  # DDP, FSDP: the strategy's own
+                     SimpleNamespace(zero_stage_3=False, lightning_module_state_dict=lambda: "whole")):
+        assert module_state_dict(SimpleNamespace(strategy=strategy, lightning_module=module)) == "whole"

@@ -328,3 +328,120 @@ def test_every_loggers_rows_are_numbered_by_the_optimizer_steps_completed():
     assert rows == {"csv": [(40, {"val/loss": 0.5, "epoch": 1}), (40, {"train/loss": 1.0})],
                     "wandb": [(40, {"val/loss": 0.5, "epoch": 1})]}
     assert given == {"val/loss": 0.5, "epoch": 2}  # the caller's dict is not changed
+
+
+@pytest.mark.parametrize("logger_cfg, message", [
+    ({"wandb": {"_target_": "llasmol.finetune.tracking.WandbLogger", "log_model": "all", "offline": True}},
+     "logger.wandb.log_model=all uploads checkpoints as W&B artifacts and needs an online run: set "
+     "logger.wandb.offline=false (or WANDB_MODE=online), or log_model=false"),
+    ({"tb": {"_target_": "lightning.pytorch.loggers.TensorBoardLogger"}},
+     "logger=tb needs the tensorboard package: pip install tensorboard, or drop logger=tb"),
+])
+def test_logger_settings_that_would_fail_mid_run_are_one_line_before_it(logger_cfg, message, monkeypatch):
+    import importlib.util
+
+    from llasmol.core.errors import UserError
+    from llasmol.finetune.tracking import check_loggers
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # neither tensorboard nor tensorboardX
+    with pytest.raises(UserError) as err:
+        check_loggers(logger_cfg)
+    assert str(err.value) == message
+
+
+def test_logger_settings_that_can_run_pass_the_check(monkeypatch):
+    import importlib.util
+
+    from llasmol.finetune.tracking import check_loggers
+
+    wandb = "llasmol.finetune.tracking.WandbLogger"
+    check_loggers(None)
+    check_loggers({"csv": {"_target_": "llasmol.finetune.tracking.KeepingCSVLogger"}, "off": None})
+    for node in ({"_target_": wandb, "log_model": True, "offline": False},  # online: artifacts can upload
+                 {"_target_": wandb, "log_model": False, "offline": True},
+                 {"_target_": "other.Logger", "log_model": True, "offline": True}):
+        check_loggers({"w": node})
+    tensorboard = {"tb": {"_target_": "lightning.pytorch.loggers.TensorBoardLogger"}}
+    for present in ("tensorboard", "tensorboardX"):  # either package will do
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, present=present: name == present or None)
+        check_loggers(tensorboard)
+
+
+def test_the_progress_bar_leaves_out_the_logger_version(monkeypatch):
+    from lightning.pytorch.callbacks import RichProgressBar
+
+    from llasmol.finetune.tracking import ProgressBar
+
+    monkeypatch.setattr(RichProgressBar, "get_metrics", lambda self, trainer, module: {"v_num": 3, "train/loss": 0.5})
+    assert ProgressBar().get_metrics(None, None) == {"train/loss": 0.5}
+    monkeypatch.setattr(RichProgressBar, "get_metrics", lambda self, trainer, module: {"train/loss": 0.5})
+    assert ProgressBar().get_metrics(None, None) == {"train/loss": 0.5}
+
+
+def _wandb_logger(tmp_path):
+    """A W&B logger whose run is a stand-in: its summary is a dict, its tables are recorded."""
+    from types import SimpleNamespace
+
+    from llasmol.finetune.tracking import WandbLogger
+
+    logger = WandbLogger(project="p", offline=True, save_dir=str(tmp_path))
+    logger._experiment = SimpleNamespace(summary={})
+    logger.tables = []
+    logger.log_table = lambda **kwargs: logger.tables.append(kwargs)
+    return logger
+
+
+def test_the_predictions_table_has_a_row_per_sample_with_whether_its_answer_is_right(tmp_path):
+    from types import SimpleNamespace
+
+    from llasmol.finetune.tracking import log_predictions_table, wandb_loggers
+
+    logger = _wandb_logger(tmp_path)
+    trainer = SimpleNamespace(loggers=[SimpleNamespace(), logger], global_step=12)
+    assert wandb_loggers(trainer) == [logger]
+    s2f = "name_conversion-s2f"
+    records = [
+        {"task": s2f, "input": "CCO", "gold": ["C2H6O"], "predictions": ["<MOLFORMULA> C2H6O </MOLFORMULA>"],
+         "answers": ["C2H6O"]},
+        {"task": s2f, "input": "CCO", "gold": ["C2H6O"], "predictions": ["<MOLFORMULA> CH4 </MOLFORMULA>"],
+         "answers": ["CH4"]},
+        {"task": "property_prediction-esol", "input": "é", "gold": ["-1.5"], "predictions": ["<NUMBER> -1.0 </NUMBER>"],
+         "answers": ["-1.0"]},  # a regression's answer is scored, neither right nor wrong
+        {"task": s2f, "input": "CCO", "gold": ["C2H6O"], "predictions": [""], "answers": [], "skipped": True},
+    ]
+    log_predictions_table(trainer, records)
+    [table] = logger.tables
+    assert table["key"] == "val/predictions" and table["step"] == 12
+    assert table["columns"] == ["task", "input", "gold", "predictions", "answer", "correct"]
+    assert table["data"] == [
+        [s2f, "CCO", '["C2H6O"]', '["<MOLFORMULA> C2H6O </MOLFORMULA>"]', "C2H6O", True],
+        [s2f, "CCO", '["C2H6O"]', '["<MOLFORMULA> CH4 </MOLFORMULA>"]', "CH4", False],
+        ["property_prediction-esol", "é", '["-1.5"]', '["<NUMBER> -1.0 </NUMBER>"]', "-1.0", None],
+        [s2f, "CCO", '["C2H6O"]', '[""]', None, False],  # skipped: no answer, not right
+    ]
+    log_predictions_table(SimpleNamespace(loggers=[], global_step=1), records)  # no W&B: nothing to do
+    assert len(logger.tables) == 1
+
+
+def test_each_metrics_best_is_the_min_of_losses_and_errors_and_the_max_of_scores(tmp_path):
+    from types import SimpleNamespace
+
+    from llasmol.finetune.tracking import update_best_summary
+
+    logger = _wandb_logger(tmp_path)
+    trainer = SimpleNamespace(loggers=[logger])
+    esol = "val/property_prediction-esol"
+    update_best_summary(trainer, {"val/loss": 2.0, f"{esol}/rmse": 1.5, "val/t/exact_match": 0.25,
+                                  "val/t/num_invalid": 3.0, "val/t/num_samples": 20.0, "val/t/tp": 4.0,
+                                  "val/t/accuracy": float("nan")})
+    # Counts that are tallies (samples, tp) have no best; a count of failures is best when lowest; NaN never is.
+    assert logger.experiment.summary == {"val/loss_best": 2.0, f"{esol}/rmse_best": 1.5,
+                                         "val/t/exact_match_best": 0.25, "val/t/num_invalid_best": 3.0}
+    update_best_summary(trainer, {"val/loss": 2.5, f"{esol}/rmse": 1.0, "val/t/exact_match": 0.5,
+                                  "val/t/num_invalid": 5.0, "val/t/accuracy": 0.75})
+    assert logger.experiment.summary == {"val/loss_best": 2.0, f"{esol}/rmse_best": 1.0, "val/t/exact_match_best": 0.5,
+                                         "val/t/num_invalid_best": 3.0, "val/t/accuracy_best": 0.75}
+    update_best_summary(trainer, {"val/loss": 1.0, "val/t/exact_match": 0.125, "val/t/accuracy": float("nan")})
+    assert logger.experiment.summary["val/loss_best"] == 1.0
+    assert logger.experiment.summary["val/t/exact_match_best"] == 0.5
+    assert logger.experiment.summary["val/t/accuracy_best"] == 0.75

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -310,3 +311,490 @@ def test_a_base_out_of_reach_names_why_the_hub_could_not_be_asked(monkeypatch):
                                          f"the Hugging Face cache and no model.path; {reason}): run `hf download ")
     monkeypatch.setattr(offline, "hub_unreachable", lambda: None)
     assert _local_only(cfg, "base weights") is False  # the Hub may be asked
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The steps of `train` called directly with tiny stand-ins: the real fits above are slow, and the fast ones reach
+# few of these branches.
+
+class _TinyPeft(torch.nn.Module):
+    """Stands in for a PEFT model: a trainable adapter beside a frozen base weight; records its forward's arguments."""
+
+    def __init__(self, loss: float = 0.5) -> None:
+        super().__init__()
+        self.lora = torch.nn.Linear(2, 2)
+        self.base = torch.nn.Linear(2, 2)
+        self.base.requires_grad_(False)
+        self.loss, self.calls = loss, []
+
+    def forward(self, **kwargs):
+        self.calls.append(kwargs)
+        return SimpleNamespace(loss=torch.tensor(self.loss))
+
+
+def _module(loss: float = 0.5, **trainer):
+    from llasmol.finetune.module import LoRACausalLM
+
+    module = LoRACausalLM(_TinyPeft(loss), optimizer=lambda params: torch.optim.SGD(params, lr=0.25))
+    module._trainer = SimpleNamespace(**{"global_step": 6, "sanity_checking": False, **trainer})
+    module.logged = []
+    module.log = lambda name, value, **kwargs: module.logged.append((name, float(value), kwargs))
+    module.optimizers = lambda: SimpleNamespace(param_groups=[{"lr": 2.5e-4}])
+    return module
+
+
+def _batch(**extra):
+    return {"input_ids": torch.ones(2, 4, dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
+            "labels": torch.tensor([[5, -100, 7, 8], [-100, -100, 3, -100]]), "truncated": torch.tensor([True, False]),
+            **extra}
+
+
+def test_a_padded_batch_is_masked_and_a_packed_one_goes_by_its_position_ids():
+    module = _module()
+    batch = _batch()
+    assert float(module(batch)) == 0.5
+    assert set(module.model.calls[-1]) == {"input_ids", "attention_mask", "labels"}
+    packed = _batch(position_ids=torch.tensor([[0, 1, 0, 1], [0, 1, 2, 3]]))
+    module(packed)
+    call = module.model.calls[-1]
+    assert set(call) == {"input_ids", "position_ids", "labels", "use_cache"} and call["use_cache"] is False
+    assert call["position_ids"] is packed["position_ids"]
+
+
+def test_val_loss_is_weighted_by_the_tokens_that_carry_loss_after_the_shift():
+    from llasmol.finetune.module import LoRACausalLM
+
+    # Each row's first label never carries loss (nothing predicts it); of the rest, 7, 8 and 3 do.
+    assert LoRACausalLM._target_tokens(_batch()) == 3
+    module = _module()
+    module.validation_step(_batch(), 0)
+    assert module.logged == [("val/loss", 0.5, {"prog_bar": True, "sync_dist": True, "batch_size": 3}),
+                             ("val/truncated", 1.0, {"reduce_fx": "sum", "sync_dist": True})]
+
+
+def test_a_training_step_logs_its_loss_truncations_and_learning_rate_and_then_its_token_rate(monkeypatch):
+    from llasmol.finetune import module as module_file
+
+    module = _module()
+    assert float(module.training_step(_batch(), 0)) == 0.5
+    assert module.logged == [
+        ("train/loss", 0.5, {"prog_bar": True, "batch_size": 2}),
+        ("train/truncated", 1.0, {"reduce_fx": "sum", "on_step": False, "on_epoch": True, "sync_dist": True}),
+        ("train/lr", 2.5e-4, {"batch_size": 2}),
+    ]
+    module.logged.clear()
+    clock = iter([100.0, 102.5])  # the batch's start, then its end: 5 useful tokens in 2.5 s
+    monkeypatch.setattr(module_file.time, "perf_counter", lambda: next(clock))
+    module.on_train_batch_start(_batch(), 0)
+    module.on_train_batch_end(None, _batch(), 0)
+    assert module.logged == [("train/tokens_per_sec", 2.0, {"batch_size": 2})]
+    module.logged.clear()
+    monkeypatch.setattr(module_file.time, "perf_counter", lambda: 100.0)  # a clock too coarse to see the batch
+    module.on_train_batch_start(_batch(), 0)
+    module.on_train_batch_end(None, _batch(), 0)
+    assert module.logged == []
+
+
+@pytest.mark.parametrize("last, then", [("", "start again"),
+                                        ("/run/checkpoints/last.ckpt", "resume from the last good checkpoint with "
+                                                                       "ckpt_path=/run/checkpoints/last.ckpt")])
+def test_a_non_finite_loss_stops_before_the_update_and_says_what_to_change(last, then):
+    module = _module(loss=float("nan"), gradient_clip_val=None,
+                     checkpoint_callbacks=[SimpleNamespace(last_model_path=""), SimpleNamespace(last_model_path=last)])
+    with pytest.raises(UserError) as err:
+        module.training_step(_batch(), 0)
+    assert str(err.value) == ("training loss became nan in step 7: lower optimizer.lr (now 0.00025) or clip gradients "
+                              "(trainer.gradient_clip_val=1.0, the paper recipe's; now None), then " + then)
+    assert module.logged == []
+
+
+def test_the_step_of_the_latest_validation_is_remembered_but_not_the_sanity_check():
+    module = _module(sanity_checking=True)
+    module.on_validation_epoch_end()
+    assert module.last_validated_step is None
+    module._trainer.sanity_checking = False
+    module.on_validation_epoch_end()
+    assert module.last_validated_step == 6
+
+
+def test_only_the_adapters_are_optimised_and_the_schedule_steps_every_optimizer_step():
+    module = _module(estimated_stepping_batches=40)
+    optimizer = module.configure_optimizers()  # no scheduler: the optimizer alone
+    assert isinstance(optimizer, torch.optim.SGD)
+    assert [p for g in optimizer.param_groups for p in g["params"]] == list(module.model.lora.parameters())
+    seen = {}
+
+    def scheduler(opt, num_training_steps):
+        seen.update(opt=opt, steps=num_training_steps)
+        return "schedule"
+
+    module.scheduler_factory = scheduler
+    configured = module.configure_optimizers()
+    assert configured == {"optimizer": seen["opt"], "lr_scheduler": {"scheduler": "schedule", "interval": "step"}}
+    assert seen["steps"] == 40
+
+
+def test_checkpoints_keep_the_adapters_only_and_refuse_another_variants():
+    module = _module()
+    state = {"model.lora.weight": 1, "model.lora.bias": 2, "model.base.weight": 3, "model.base.bias": 4}
+    assert module.adapter_state_dict(state) == {"lora.weight": 1, "lora.bias": 2}
+    checkpoint = {"state_dict": dict(state), "global_step": 3}
+    module.on_save_checkpoint(checkpoint)
+    assert checkpoint == {"state_dict": {"model.lora.weight": 1, "model.lora.bias": 2}, "global_step": 3}
+    module.on_load_checkpoint(checkpoint)  # its own adapters: fine
+    # Lightning loads a checkpoint's state dict with strict=module.strict_loading: the frozen base is not in it.
+    module.load_state_dict({"model.lora.weight": torch.zeros(2, 2), "model.lora.bias": torch.zeros(2)},
+                           strict=module.strict_loading)
+    assert not module.model.lora.weight.detach().any()
+    module.on_load_checkpoint({"loops": {}})  # DeepSpeed restores weights itself
+    with pytest.raises(UserError) as missing:
+        module.on_load_checkpoint({"state_dict": {"model.lora.weight": 1}})
+    assert str(missing.value) == ("the checkpoint's adapters do not match this model (1 saved tensors, 2 trainable; "
+                                  "e.g. model.lora.bias): resume with the run's model= and lora= options")
+    with pytest.raises(UserError, match=r"\(3 saved tensors, 2 trainable; e.g. model.plus.weight\)"):
+        module.on_load_checkpoint({"state_dict": {"model.lora.weight": 1, "model.lora.bias": 2, "model.plus.weight": 3}})
+    with pytest.raises(UserError, match=r"\(2 saved tensors, 2 trainable; e.g. model.lora.bias\)"):
+        module.on_load_checkpoint({"state_dict": {"model.lora.weight": 1, "model.x": 2}})  # the wanted one first
+
+
+def test_fit_resumes_from_the_planned_checkpoint_reading_weights_only(caplog):
+    from llasmol.finetune.fit import fit
+
+    calls = []
+    trainer = SimpleNamespace(fit=lambda module, **kwargs: calls.append((module, kwargs)))
+    with caplog.at_level("INFO", logger="llasmol.train"):
+        fit(trainer, "module", "data", None)
+        assert caplog.messages == []
+        fit(trainer, "module", "data", "/run/checkpoints/last.ckpt")
+    assert caplog.messages == ["resuming from /run/checkpoints/last.ckpt"]
+    assert calls == [("module", {"datamodule": "data", "ckpt_path": None, "weights_only": True}),
+                     ("module", {"datamodule": "data", "ckpt_path": "/run/checkpoints/last.ckpt", "weights_only": True})]
+
+
+def test_the_last_step_is_validated_once_and_competes_for_the_best_checkpoint(caplog, monkeypatch):
+    from llasmol.finetune.checkpointing import AdapterModelCheckpoint
+    from llasmol.finetune.fit import validate_last_step
+
+    best, last = AdapterModelCheckpoint(monitor="val/loss"), AdapterModelCheckpoint(resume=True)
+    competed = []
+    for callback in (best, last):
+        monkeypatch.setattr(callback, "save_best_now", lambda trainer, c=callback: competed.append(c))
+    validated = []
+    trainer = SimpleNamespace(global_step=7, checkpoint_callbacks=[best, last, SimpleNamespace(monitor="val/loss")],
+                              validate=lambda module, **kwargs: validated.append(kwargs))
+    with caplog.at_level("INFO", logger="llasmol.train"):
+        validate_last_step(trainer, SimpleNamespace(last_validated_step=7), "data", 5)  # validated at step 7 already
+        assert validated == [] and competed == [] and caplog.messages == []
+        validate_last_step(trainer, SimpleNamespace(last_validated_step=5), "data", 5)
+    assert validated == [{"datamodule": "data", "verbose": False}]
+    assert competed == [best]  # the checkpoint that keeps a best one, alone
+    assert caplog.messages == ["validating the last step (7): val_every_n_steps=5 does not divide it"]
+
+
+def test_the_runs_result_and_its_closing_line(tmp_path, caplog, monkeypatch):
+    import time
+
+    from llasmol.finetune import fit as fit_file
+    from llasmol.finetune.fit import finish, run_result
+
+    closed = []
+    monkeypatch.setattr(fit_file, "finish_wandb_runs", lambda trainer: closed.append(trainer))
+    checkpoint = SimpleNamespace(best_model_path=str(tmp_path / "best.ckpt"), best_model_score=torch.tensor(0.123456))
+    trainer = SimpleNamespace(checkpoint_callback=checkpoint, callback_metrics={"val/loss": torch.tensor(0.25)},
+                              global_step=9, is_global_zero=True)
+    result = run_result(trainer, {"trainable": 3}, tmp_path, "/old/last.ckpt", time.monotonic() - 2.26)
+    seconds = result.pop("seconds")
+    assert 2.2 < seconds < 3 and seconds == round(seconds, 1)  # this process's wall time, to a tenth of a second
+    assert result == {"metrics": {"val/loss": 0.25}, "params": {"trainable": 3}, "best_checkpoint": str(tmp_path / "best.ckpt"),
+                      "output_dir": str(tmp_path), "global_step": 9, "resumed_from": "/old/last.ckpt"}
+    with caplog.at_level("INFO", logger="llasmol.train"):
+        finish(trainer, result)
+    assert json.loads((tmp_path / "result.json").read_text()) == result and closed == [trainer]
+    assert caplog.messages == [f"done at step 9: best checkpoint {tmp_path / 'best.ckpt'} (val/loss 0.1235). Next: "
+                               f"python -m llasmol.report {tmp_path} ; python -m llasmol.evaluate ckpt={tmp_path} "
+                               "data.split=test"]
+    (tmp_path / "result.json").unlink()
+    caplog.clear()
+    bare = SimpleNamespace(checkpoint_callback=None, callback_metrics={}, global_step=2, is_global_zero=True)
+    result = run_result(bare, {}, tmp_path, None, time.monotonic())
+    assert result["best_checkpoint"] is None and result["metrics"] == {}
+    with caplog.at_level("INFO", logger="llasmol.train"):
+        finish(bare, result)
+    assert caplog.messages[0].startswith("done at step 2: best checkpoint (none: no validation kept one). Next: ")
+    (tmp_path / "result.json").unlink()
+    finish(SimpleNamespace(**{**vars(bare), "is_global_zero": False}), result)
+    assert not (tmp_path / "result.json").exists() and len(closed) == 3  # rank 0 writes; every rank closes W&B
+
+
+def test_config_groups_instantiate_their_targets_only():
+    from omegaconf import OmegaConf
+
+    from llasmol.finetune.build import instantiate_all
+
+    assert instantiate_all(None) == [] and instantiate_all(OmegaConf.create({})) == []
+    made = instantiate_all(OmegaConf.create({"a": {"_target_": "fractions.Fraction", "numerator": 3}, "off": None,
+                                             "note": {"text": "no target"}, "b": {"_target_": "fractions.Fraction"}}))
+    assert [str(m) for m in made] == ["3", "0"]
+
+
+def test_the_callbacks_a_resumable_run_needs_come_last_and_no_bar_when_it_is_off(cfg_factory):
+    from llasmol.finetune.build import build_callbacks
+    from llasmol.finetune.checkpointing import AdapterModelCheckpoint
+    from llasmol.finetune.resume import StepSeeding, StopAtStepBoundary
+    from llasmol.finetune.tracking import ProgressBar
+
+    kinds = [type(c) for c in build_callbacks(cfg_factory("seed=21", "trainer.enable_progress_bar=true"))]
+    assert ProgressBar in kinds and kinds.count(AdapterModelCheckpoint) == 2
+    assert kinds[-2:] == [StepSeeding, StopAtStepBoundary]
+    cfg = cfg_factory("seed=21", "trainer.enable_progress_bar=false")
+    callbacks = build_callbacks(cfg)
+    assert ProgressBar not in [type(c) for c in callbacks] and callbacks[-2].seed == 21
+    del cfg.trainer.enable_progress_bar  # unset: Lightning's default shows the bar
+    assert ProgressBar in [type(c) for c in build_callbacks(cfg)]
+
+
+def _datamodule(**source):
+    return SimpleNamespace(source=SimpleNamespace(**{"path": "/data/smol", "hub_id": "osunlp/SMolInstruct",
+                                                     "revision": "main", **source}),
+                           effective_batch_size=12, micro_batch_size=4, tasks=["name_conversion-i2f"],
+                           gradient_accumulation=lambda world_size: 12 // (4 * world_size))
+
+
+def test_an_adapters_card_says_how_it_was_trained(cfg_factory):
+    from llasmol.finetune.build import card_facts
+
+    facts = card_facts(cfg_factory(), {"trainable": 5}, _datamodule(), 3)
+    assert facts["recipe"] == ("AdamW lr 0.003, cosine schedule with 20 warm-up steps, 2 epoch(s), effective batch 12 "
+                               "(micro-batch 4 x accumulation 3), 512 tokens, no gradient clipping, seed 13")
+    assert facts["lora"] == {"name": "full", "r": 16, "alpha": 16, "dropout": 0.05, "train_head": False,
+                             "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+    assert {k: facts[k] for k in ("model", "tiny", "params", "data", "tasks")} == {
+        "model": "tiny", "tiny": True, "params": {"trainable": 5}, "data": "/data/smol", "tasks": ["name_conversion-i2f"]}
+    assert facts["base"].startswith("llasmol/tiny-mistral")
+    paper = card_facts(cfg_factory("trainer.max_steps=30", "trainer.gradient_clip_val=1.0", "lora=plus", "data.path=null"),
+                       {}, _datamodule(), 1)
+    assert ", at most 30 steps, " in paper["recipe"] and ", gradient norm clipped at 1, seed 13" in paper["recipe"]
+    assert paper["data"] == "osunlp/SMolInstruct at revision main" and paper["lora"]["train_head"] is True
+    assert ", 2 epoch(s), " in card_facts(cfg_factory("trainer.max_steps=0"), {}, _datamodule(), 1)["recipe"]
+
+
+def test_a_run_records_its_counts_cards_and_hyperparameters(cfg_factory, tmp_path):
+    from llasmol.finetune.build import record_run
+    from llasmol.finetune.checkpointing import AdapterModelCheckpoint
+
+    cfg = cfg_factory("seed=5")
+    hyper = []
+    adapter, other = AdapterModelCheckpoint(), SimpleNamespace(card_facts=None)
+    trainer = SimpleNamespace(accumulate_grad_batches=3, checkpoint_callbacks=[adapter, other],
+                              loggers=[SimpleNamespace(log_hyperparams=hyper.append)])
+    record_run(cfg, trainer, _datamodule(), {"model": "tiny", "trainable": 5})
+    assert json.loads((tmp_path / "params.json").read_text()) == {"model": "tiny", "trainable": 5}
+    assert adapter.card_facts["recipe"].endswith("(micro-batch 4 x accumulation 3), 512 tokens, no gradient clipping, seed 5")
+    assert other.card_facts is None
+    [logged] = hyper
+    assert logged["seed"] == 5 and logged["trainer"]["default_root_dir"] == str(tmp_path)  # interpolations resolved
+    assert logged["params"] == {"model": "tiny", "trainable": 5} and logged["accumulate_grad_batches"] == 3
+
+
+def test_the_trainer_accumulates_for_its_processes_and_validates_every_n_optimizer_steps(cfg_factory, tmp_path, caplog):
+    from llasmol.finetune.build import build_trainer
+    from llasmol.finetune.checkpointing import AtomicCheckpointIO
+    from llasmol.finetune.resume import Resume
+
+    with caplog.at_level("INFO", logger="llasmol.train"):
+        trainer = build_trainer(cfg_factory("val_every_n_steps=7", "trainer.enable_progress_bar=false"), _datamodule(),
+                                Resume(None, tmp_path))
+    assert trainer.accumulate_grad_batches == 3 and trainer.val_check_interval == 21  # 7 optimizer steps of 3 batches
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    said = [r.getMessage() for r in caplog.records if r.name == "llasmol.train"]
+    assert said == ["effective batch 12 = micro-batch 4 × accumulation 3 × 1 process(es)"]
+    trainer.loggers[0].log_metrics({"x": 1.0}, step=5)  # Lightning's counter: the row takes the trainer's step, 0
+    trainer.loggers[0].save()
+    assert (tmp_path / "csv" / "metrics.csv").read_text().splitlines() == ["step,x", "0,1.0"]
+    assert any(type(c) is Resume for c in trainer.callbacks)
+
+
+def test_the_command_prints_its_run_directory_once(monkeypatch, capsys):
+    import llasmol.train as command
+
+    monkeypatch.setattr(command, "train", lambda cfg: {"output_dir": "/runs/x"})
+    inner = command.main.__wrapped__
+    for rank, printed in ((0, "run directory: /runs/x\n"), (1, "")):
+        monkeypatch.setattr(command, "process_rank", lambda rank=rank: rank)
+        inner(None)
+        assert capsys.readouterr().out == printed
+
+
+def test_a_validations_log_line_names_each_tasks_headline_and_only_rank_0_says_it(caplog, tmp_path):
+    from llasmol.finetune.validation import GenerationEvaluator
+    from llasmol.finetune.tracking import WandbLogger
+
+    evaluator = GenerationEvaluator({})
+    assert evaluator.samples_per_task == 20  # the default subset: 20 samples per task
+    wandb = WandbLogger(project="p", offline=True, save_dir=str(tmp_path))
+    wandb._experiment = SimpleNamespace(summary={})
+
+    def end(loss, step, **trainer):
+        metrics = {} if loss is None else {"val/loss": torch.tensor(loss)}
+        evaluator.on_validation_end(SimpleNamespace(**{"callback_metrics": metrics, "sanity_checking": False,
+                                                       "is_global_zero": True, "loggers": [wandb],
+                                                       "global_step": step, **trainer}), None)
+
+    evaluator._last_results = {"name_conversion-s2f": {"exact_match": 0.5, "num_samples": 4.0},
+                               "property_prediction-esol": {"rmse": float("nan")},  # nothing valid to score
+                               "forward_synthesis": {"exact_match": 0.25}}
+    with caplog.at_level("INFO", logger="llasmol.train"):
+        end(1.0, 0, sanity_checking=True)  # Lightning's sanity check is no validation of the run
+        end(1.0, 2, is_global_zero=False)
+        end(None, 2)  # no loss (no validation batches): nothing to say
+        assert caplog.messages == [] and evaluator._best is None and wandb.experiment.summary == {}
+        end(2.0, 4)
+        evaluator._last_results = None
+        end(2.5, 6)
+    assert caplog.messages == [
+        "validation at step 4: val/loss 2.0000 (best 2.0000 at step 4); name_conversion-s2f exact_match 0.500, "
+        "forward_synthesis exact_match 0.250",
+        "validation at step 6: val/loss 2.5000 (best 2.0000 at step 4)"]
+    assert wandb.experiment.summary == {"val/loss_best": 2.0}
+
+
+def test_a_validation_generates_on_its_ranks_share_logs_every_number_and_writes_in_the_run_folder(tmp_path, monkeypatch):
+    """`GenerationEvaluator` with its collaborators recorded (the real ones run in the fast real-run tests)."""
+    from contextlib import contextmanager
+
+    from llasmol.finetune import validation
+    from llasmol.finetune.validation import GenerationEvaluator
+    from llasmol.finetune.tracking import WandbLogger
+
+    calls = []
+    share = SimpleNamespace(indices=[1, 3], split=SimpleNamespace(tasks=["name_conversion-s2f"]))
+    monkeypatch.setattr(validation.Samples, "of", lambda *args: calls.append(("samples", *args))
+                        or SimpleNamespace(share=lambda rank, world: calls.append(("share", rank, world)) or share))
+    monkeypatch.setattr(validation, "BeamGenerator", lambda *args: calls.append(("generator", *args)) or "generator")
+
+    @contextmanager
+    def progress(description, total, live):
+        calls.append(("progress", description, total, live))
+        yield "advance"
+
+    monkeypatch.setattr(validation, "generation_progress", progress)
+    records = [{"index": i, "task": "name_conversion-s2f", "input": "CCO", "gold": ["C2H6O"],
+                "predictions": ["<MOLFORMULA> C2H6O </MOLFORMULA>"], "answers": ["C2H6O"]} for i in (3, 1)]
+    monkeypatch.setattr(validation, "ModelAnswers", lambda generator, generation: SimpleNamespace(
+        answer=lambda s, advance: calls.append(("answer", generator, s, advance)) or records))
+    monkeypatch.setattr(validation, "gather_to_all", lambda mine: mine)
+    monkeypatch.setattr(validation.RunFiles, "named", lambda out, name: (out, name))
+    monkeypatch.setattr(validation, "reduced_metrics", lambda mine, tasks, device: ("reduced", tasks, device))
+    outcome = SimpleNamespace(metrics={"name_conversion-s2f": {"exact_match": 0.5, "num_samples": 2, "note": "x"}},
+                              intervals={"tasks": {"name_conversion-s2f": {"exact_match": (0.25, 0.75), "num_samples": None}}})
+
+    class Evaluation:
+        def __init__(self, files, intervals, write):
+            calls.append(("evaluation", files, intervals, write))
+
+        def write_predictions(self, everything):
+            calls.append(("write", [r["index"] for r in everything]))
+
+        def score(self, everything, reduced):
+            calls.append(("score", reduced))
+            return outcome
+
+    monkeypatch.setattr(validation, "Evaluation", Evaluation)
+    wandb = WandbLogger(project="p", offline=True, save_dir=str(tmp_path))
+    wandb._experiment = SimpleNamespace(summary={})
+    tables = []
+    wandb.log_table = lambda **kwargs: tables.append(kwargs)
+    logged = []
+    module = SimpleNamespace(model="model", device="cpu", log=lambda key, value, **kw: logged.append((key, value, kw)))
+    trainer = SimpleNamespace(sanity_checking=False, datamodule=SimpleNamespace(source="source", tokenizer="tok",
+                                                                                 formatter="fmt"),
+                              global_rank=1, world_size=2, default_root_dir=str(tmp_path / "default"),
+                              is_global_zero=True, global_step=8, loggers=[wandb])
+    generation = {"max_prompt_tokens": 64, "batch_size": 3}
+    evaluator = GenerationEvaluator(generation, samples_per_task=2, seed=9, output_dir=str(tmp_path / "out"),
+                                    intervals={"n": 10})
+    evaluator.on_validation_epoch_end(SimpleNamespace(**{**vars(trainer), "sanity_checking": True}), module)
+    assert calls == [] and logged == []  # Lightning's sanity check is not a validation of the run
+    evaluator.on_validation_epoch_end(trainer, module)
+    assert calls == [("samples", "source", "validation", 2, 9), ("share", 1, 2),
+                     ("generator", "model", "tok", "fmt", 64, 3), ("progress", "Generation", 2, None),
+                     ("answer", "generator", share, "advance"),
+                     ("evaluation", (tmp_path / "out", "val-step8"), {"n": 10}, True), ("write", [1, 3]),
+                     ("score", ("reduced", ["name_conversion-s2f"], "cpu"))]
+    assert logged == [("val/name_conversion-s2f/exact_match", 0.5, {"sync_dist": True}),
+                      ("val/name_conversion-s2f/num_samples", 2.0, {"sync_dist": True}),
+                      ("val/name_conversion-s2f/exact_match_lo", 0.25, {"sync_dist": True}),
+                      ("val/name_conversion-s2f/exact_match_hi", 0.75, {"sync_dist": True})]
+    assert [t["step"] for t in tables] == [8] and wandb.experiment.summary == {"val/name_conversion-s2f/exact_match_best": 0.5}
+    assert evaluator._last_results is outcome.metrics
+    # The next validation: the same subset (drawn once), written by rank 0 alone, in the trainer's folder by default.
+    calls.clear()
+    evaluator.output_dir = None
+    outcome.intervals = None
+    evaluator.on_validation_epoch_end(SimpleNamespace(**{**vars(trainer), "is_global_zero": False}), module)
+    assert calls[0] == ("share", 1, 2)
+    assert ("evaluation", (tmp_path / "default", "val-step8"), {"n": 10}, False) in calls
+    assert len(tables) == 1 and len(logged) == 6  # no intervals this time; no W&B rows from rank 1
+
+
+def test_the_module_gets_the_configs_optimizer_and_a_schedule_only_when_one_is_set(cfg_factory):
+    from llasmol.finetune.build import build_module
+
+    model = _TinyPeft()
+    module = build_module(cfg_factory(), model)
+    assert module.model is model and module.optimizer_factory.keywords["lr"] == 0.003
+    assert module.scheduler_factory.keywords["num_warmup_steps"] == 20
+    assert build_module(cfg_factory("scheduler=null"), model).scheduler_factory is None
+
+
+class _RecordingDataModule:
+    """Stands in for `SMolInstructDataModule` as `cfg.data`'s target: records `setup`."""
+
+    def __init__(self, tokenizer, path=None) -> None:
+        self.tokenizer, self.path, self.stages = tokenizer, path, []
+
+    def setup(self, stage):
+        self.stages.append(stage)
+
+
+@pytest.mark.parametrize("path, stages", [("/data/smol", ["fit"]), (None, [])])
+def test_a_local_copy_is_indexed_before_anything_else_starts(path, stages):
+    from omegaconf import OmegaConf
+
+    from llasmol.finetune.build import build_datamodule
+
+    cfg = OmegaConf.create({"data": {"_target_": f"{__name__}._RecordingDataModule", "path": path}})
+    datamodule = build_datamodule(cfg, "tokenizer")
+    assert isinstance(datamodule, _RecordingDataModule) and datamodule.tokenizer == "tokenizer"
+    assert datamodule.stages == stages  # the Hub's copy is read when Lightning sets the data up
+
+
+@pytest.mark.parametrize("switches, checkpointed, compiled", [
+    ({}, False, None),
+    ({"gradient_checkpointing": True, "compile": {"enabled": False, "backend": "eager"}}, True, None),
+    ({"compile": {"enabled": True, "backend": "inductor", "mode": "max-autotune"}}, False, ("inductor", "max-autotune")),
+])
+def test_the_model_trains_with_its_switches_and_its_counts_are_named(switches, checkpointed, compiled, monkeypatch,
+                                                                      caplog):
+    from omegaconf import OmegaConf
+
+    from llasmol.finetune import build
+
+    model = _TinyPeft().eval()  # from_pretrained hands back eval mode
+    done = []
+    monkeypatch.setattr(build, "load_base_model", lambda model_cfg, tokenizer, quant: ("base", tokenizer, quant))
+    monkeypatch.setattr(build, "apply_lora", lambda base, model_cfg, lora_cfg: done.append(("lora", base)) or model)
+    monkeypatch.setattr(build, "enable_gradient_checkpointing", lambda m: done.append(("checkpointing", m)))
+    monkeypatch.setattr(build, "compile_blocks", lambda m, backend, mode: done.append(("compile", backend, mode)) or 2)
+    cfg = OmegaConf.create({"model": {"name": "tiny"}, "lora": {"name": "full"}, **switches})
+    with caplog.at_level("INFO", logger="llasmol.train"):
+        built, params = build.build_model(cfg, "tok")
+    assert built is model and model.training and model.lora.training  # dropout draws, activations recompute
+    assert done[0] == ("lora", ("base", "tok", None))
+    assert (("checkpointing", model) in done) == checkpointed
+    assert [d[1:] for d in done if d[0] == "compile"] == ([compiled] if compiled else [])
+    assert params == {"model": "tiny", "lora": "full", "trainable": 6, "total": 12, "percent": 50.0}
+    said = [r.getMessage() for r in caplog.records if r.name == "llasmol.train"]
+    assert said[-1] == "tiny + LoRA full: 6 trainable of 12 parameters (50.00%)"
+    if compiled:
+        assert said[0] == "torch.compile (inductor): 2 transformer blocks, compiled at their first batch"

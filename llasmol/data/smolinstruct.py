@@ -361,6 +361,8 @@ class SMolInstructSplit:
                 )
         if len(template_id) and template_id.max() >= len(templates):
             raise UserError(f"template_id {int(template_id.max())} of {task} has no template ({len(templates)} exist)")
+        if len(template_id) and template_id.min() < 0:  # Python would read -1 as the last template
+            raise UserError(f"template_id {int(template_id.min())} of {task} has no template (ids start at 0)")
         template_id = template_id.astype(np.int16)  # a handful of templates per task
         tags = read_core_tags(self.root, task)
         if self.selfies:

@@ -94,7 +94,8 @@ def _run_model(run_dir: Path, run_cfg: DictConfig, cfg: DictConfig) -> DictConfi
     (`llasmol.core.schema.ModelSchema`), and remote code only when this command's own configuration asks for it
     (`model.trust_remote_code=true`), never because a file on disk says so."""
     where = f"{run_dir}/{layout.HYDRA_CONFIG}"
-    model = OmegaConf.to_container(run_cfg.get("model") or {}, resolve=False)
+    model = run_cfg.get("model")  # a missing or scalar section is the one line below, not OmegaConf's ValueError
+    model = OmegaConf.to_container(model, resolve=False) if isinstance(model, DictConfig) else None
     if not isinstance(model, dict) or not model:
         raise UserError(f"{where} has no model section: evaluate only run directories written by llasmol.train")
     fields = {f.name for f in dataclasses.fields(ModelSchema)}
