@@ -552,6 +552,8 @@ def test_choose_tasks_skips_or_refuses_what_a_method_cannot_answer(caplog):
 
 
 def test_method_answers_advance_by_each_tasks_samples_and_time_only_what_they_do(caplog):
+    import time
+
     from llasmol.classical.runner import MethodAnswers
     from llasmol.inference.pipeline import Samples
 
@@ -561,14 +563,19 @@ def test_method_answers_advance_by_each_tasks_samples_and_time_only_what_they_do
     answerer = MethodAnswers(_method("rdkit"), ["name_conversion-s2f"], None, cfg.generation)
     steps = []
     with caplog.at_level("INFO", logger="llasmol.classical.runner"):
+        tick = time.perf_counter()
         records = answerer.answer(samples, advance=steps.append)
+        wall = time.perf_counter() - tick
     assert caplog.messages == ["method=rdkit answered 4 samples of name_conversion-s2f"]
     assert steps == [4] and len(records) == 4 and set(answerer.seconds) == {"answer"}
-    assert 0 <= answerer.seconds["answer"] < 60
+    assert 0 <= answerer.seconds["answer"] <= wall  # the clock starts at 0 and times only the answering
     assert all(r["predictions"][0].startswith("<MOLFORMULA> ") for r in records)
     trained = MethodAnswers(_method("nearest_neighbor"), ["name_conversion-s2f"], source.split("train"), cfg.generation)
+    tick = time.perf_counter()
     trained.answer(samples)
-    assert set(trained.seconds) == {"train", "answer"} and all(0 <= v < 60 for v in trained.seconds.values())
+    wall = time.perf_counter() - tick
+    assert set(trained.seconds) == {"train", "answer"} and all(v >= 0 for v in trained.seconds.values())
+    assert trained.seconds["train"] + trained.seconds["answer"] <= wall
     assert trained.train_sizes == {"name_conversion-s2f": 300}
     source.close()
 
