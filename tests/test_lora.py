@@ -241,3 +241,32 @@ def test_an_adapter_names_its_base_the_folder_then_the_hub_id():
     assert base_name(OmegaConf.create({"random_init": True, "path": "/x", "hf_id": "a/b"})) == TINY_BASE
     assert base_name(OmegaConf.create({"random_init": False, "path": "/models/b", "hf_id": "a/b"})) == "/models/b"
     assert base_name(OmegaConf.create({"path": None, "hf_id": "a/b"})) == "a/b"
+
+
+def test_peft_refusing_a_module_is_one_line_with_its_reason_cut_at_300_characters(monkeypatch):
+    import peft
+
+    from llasmol.core.errors import UserError
+
+    def refuse(model, config):
+        raise ValueError("Target module\n  x " + "y" * 400)
+
+    monkeypatch.setattr(peft, "get_peft_model", refuse)
+    cfg = compose_config(["model=mistral", "lora=lite", "paths.output_dir=/tmp/unused"])
+    with pytest.raises(UserError) as refused:
+        apply_lora(torch.nn.Linear(2, 2), cfg.model, cfg.lora)
+    message = str(refused.value)
+    reason = ("Target module x " + "y" * 400)[:300]  # whitespace collapsed, then cut
+    assert message == (f"LoRA cannot go on ['q_proj', 'v_proj'] of model {cfg.model.name} ({reason}): "
+                       "fix model.lora_targets")
+
+
+def test_applying_lora_shows_no_deprecation_the_user_cannot_act_on():
+    """PEFT asks transformers for `is_gradient_checkpointing`, which this release deprecates: not the user's
+    to fix, so not shown."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tiny_peft_model("mistral", "lite")
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
