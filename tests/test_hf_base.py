@@ -381,3 +381,27 @@ def test_a_base_cached_while_the_hub_is_out_of_reach_is_read_from_the_cache_alon
     monkeypatch.setattr(offline, "hub_unreachable", lambda: "HF_HUB_OFFLINE is set")
     monkeypatch.setattr(offline, "cached_on_disk", lambda *args, **kwargs: True)
     assert _local_only(OmegaConf.create({"hf_id": "someone/base", "path": None}), "base weights") is True
+
+
+def test_a_probe_that_never_answers_cannot_keep_the_command_from_exiting(probe_hub, monkeypatch):
+    """The probe runs in a daemon thread: a name lookup hung past the timeout is abandoned, and the interpreter
+    still exits when the command ends."""
+    import socket
+    import threading
+
+    from llasmol.core import offline
+
+    probes, hold = [], threading.Event()
+
+    def hang(address, timeout=None):
+        probes.append(threading.current_thread())
+        hold.wait(5)
+        raise OSError("no answer")
+
+    monkeypatch.setattr(socket, "create_connection", hang)
+    monkeypatch.setattr(offline, "_PROBE_SECONDS", 0.01)
+    try:
+        assert probe_hub("https://hub.example") == "hub.example did not answer within 0.01 s"
+        assert len(probes) == 1 and probes[0].is_alive() and probes[0].daemon
+    finally:
+        hold.set()
