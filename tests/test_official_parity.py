@@ -239,3 +239,15 @@ def test_split_golds_come_first_then_the_files_own_and_only_for_pooled_tasks(tmp
     default = compose_config([f"paths.output_dir={tmp_path}", "pool_golds=split"], "evaluate")
     record = {"task": "forward_synthesis", "input": first["input"], "gold": ["CCCCCCCC"], "predictions": []}
     assert _with_split_golds([record], default)[0]["gold"] == [first["output"], "CCCCCCCC"]
+
+
+@pytest.mark.parametrize("smiles, official", [
+    ("C[S@@](=O)c1ccccc1", "CS(=O)C1=CC=CC=C1"),  # 3 bonds, one double: rdchiral's copy cannot be a centre
+    ("C[S@](=O)CC", "CCS(C)=O"),
+    ("N[C@@H](C)C(=O)O", "C[C@H](N)C(=O)O"),  # 3 single bonds (and its H): kept
+    ("[C@H](F)(Cl)Br", "F[C@@H](Cl)Br"),
+])
+def test_a_chiral_tag_is_copied_only_where_the_rebuilt_atom_can_be_a_centre(smiles, official):
+    from llasmol.data.smiles import canonical_kekule
+
+    assert canonical_kekule(smiles) == official
