@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 
 # Tests never download: the Hub is off, W&B stays local. Set before anything imports huggingface_hub.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -69,3 +70,15 @@ def ablation_titles(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(analysis, "plot_ablation", recording)
     return titles
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_as_they_were():
+    """Commands called in-process set torch's thread count for their run (`use_cpu_threads`) and keep it: put it
+    back, so no test runs slower, or differently, for what an earlier one asked."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)

@@ -114,6 +114,9 @@ def test_zero_shot_styles_ask_each_sample_in_their_own_form(style, form):
     assert queries == {i: form(test[i]["task"], Example(str(test[i]["raw_input"]), str(test[i]["raw_output"]),
                                                        test[i].get("target"))) for i in indices}
     assert queries[0] != queries[indices[1]]
+    for i, query in queries.items():  # each the sample's own question, in the style's own shape
+        assert str(test[i]["raw_input"]) in query
+        assert query.endswith("### Response:\n") == (style == "molinst") and ("### Input:" in query) == (style == "molinst")
 
 
 # A response of each task's kind, after Galactica's query (which ends with the title its rule reads).

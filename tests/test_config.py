@@ -595,8 +595,11 @@ def test_a_multirun_that_ends_says_where_its_folder_is(tmp_path, capsys, monkeyp
             f"sweep folder: {sweep}\n  compare its variants: python -m llasmol.report {sweep}\n" if said else "")
 
 
-def test_a_multirun_stopped_before_its_first_job_says_to_run_them_all(tmp_path, capsys):
+def test_a_multirun_stopped_before_its_first_job_says_to_run_them_all(tmp_path, capsys, monkeypatch):
+    from llasmol.core import config as config_module
     from llasmol.core.config import SweepSummary
+
+    monkeypatch.setattr(config_module.atexit, "register", lambda said: None)  # not at this test process's exit
 
     sweep = (tmp_path / "sweep").resolve()
     summary = SweepSummary()
@@ -608,10 +611,13 @@ def test_a_multirun_stopped_before_its_first_job_says_to_run_them_all(tmp_path, 
         f"lora=lite,attn hydra.sweep.dir={sweep} first_job=0"]
 
 
-def test_continuing_a_stopped_job_repeats_its_settings_as_typed(tmp_path, capsys):
+def test_continuing_a_stopped_job_repeats_its_settings_as_typed(tmp_path, capsys, monkeypatch):
     """Hydra's job overrides say `0.0001` for a typed `1e-4`: the command said is the one the user typed, without
     the sweep's own `first_job`; the stopped job was the last, so nothing else is left to run."""
+    from llasmol.core import config as config_module
     from llasmol.core.config import SweepSummary, remaining_jobs_command
+
+    monkeypatch.setattr(config_module.atexit, "register", lambda said: None)  # not at this test process's exit
 
     sweep = (tmp_path / "sweep").resolve()
     given = ["lora=lite,attn", "optimizer.lr=1e-4", "first_job=3"]

@@ -390,6 +390,7 @@ def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypa
     from llasmol.train import train
 
     caplog.set_level(logging.INFO)
+    monkeypatch.delenv("PL_SEED_WORKERS", raising=False)  # an earlier run in this process set it: this one must
     written = []
     original = AtomicCheckpointIO.save_checkpoint
     monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint",
@@ -991,8 +992,15 @@ def test_a_mistake_removes_the_run_folder_only_when_it_holds_nothing_but_hydras_
     assert kept.exists() and tmp_path.exists()
 
 
-def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _open_fds(path) -> int:
+    """This process's open descriptors of `path` (others' threads may open and close files meanwhile)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:  # closed since it was listed
+            pass
+    return count
 
 
 def test_a_lock_held_by_an_unnamed_holder_is_refused_in_one_line_without_leaking(tmp_path, monkeypatch):
@@ -1009,13 +1017,13 @@ def test_a_lock_held_by_an_unnamed_holder_is_refused_in_one_line_without_leaking
     fd = os.open(run / ".lock", os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
-        before = _open_fds()
+        before = _open_fds(run / ".lock")
         for attempt in (hold_run_lock, check_run_lock):
             with pytest.raises(UserError) as err:
                 attempt(run)
             assert str(err.value) == (f"{run} is in use by another llasmol.train (another process): wait for it to "
                                       "end, or give this run its own hydra.run.dir")
-        assert _open_fds() == before
+        assert _open_fds(run / ".lock") == before == 1  # the test's own descriptor only
         # The holder named in the file, its start time in local time.
         monkeypatch.setenv("TZ", "UTC")
         time.tzset()
@@ -1032,10 +1040,14 @@ def test_a_lock_held_by_an_unnamed_holder_is_refused_in_one_line_without_leaking
     assert not (tmp_path / "new").exists()
 
 
-def test_a_taken_lock_names_this_process_in_a_file_readable_by_all(tmp_path):
+def test_a_taken_lock_names_this_process_in_a_file_readable_by_all(tmp_path, monkeypatch):
     """A longer text left in the lock file by an earlier holder is replaced whole; the file is created
     rw-rw-rw- less the umask, like any file the package writes."""
+    from llasmol.core import run_lock
     from llasmol.core.run_lock import hold_run_lock
+
+    held = {}
+    monkeypatch.setattr(run_lock, "_held", held)  # this test's locks, released at its end
 
     run = tmp_path / "run"
     run.mkdir()
@@ -1049,6 +1061,8 @@ def test_a_taken_lock_names_this_process_in_a_file_readable_by_all(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert (fresh / ".lock").stat().st_mode & 0o777 == 0o666 & ~umask
+    for fd in held.values():
+        os.close(fd)
 
 
 def test_a_fresh_start_counts_every_job_folder_by_default_or_for_a_sweep_of_first_jobs(tmp_path):

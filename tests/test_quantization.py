@@ -319,6 +319,7 @@ def test_quantising_the_tiny_base_shows_no_progress_bars_and_leaves_the_setting_
     from transformers.utils import logging as hf_logging
 
     cfg, tok = _tiny("quantization=4bit")
+    as_found = hf_logging.is_progress_bar_enabled()
     try:
         for before in (True, False):
             (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
@@ -329,7 +330,7 @@ def test_quantising_the_tiny_base_shows_no_progress_bars_and_leaves_the_setting_
             assert hf_logging.is_progress_bar_enabled() is before
             assert model.is_activation_checkpointing is False
     finally:
-        hf_logging.enable_progress_bar()
+        (hf_logging.enable_progress_bar if as_found else hf_logging.disable_progress_bar)()
 
 
 def test_4bit_settings_default_to_double_quantised_nf4_in_bfloat16():
