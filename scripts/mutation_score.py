@@ -31,8 +31,9 @@ the file stay as they are (tests read some of them), and it is checked to parse 
 The first recorded run (`--seed 0`, bench/results/mutation.md) covered only the scoring, data and
 file-writing modules, with a hand-made map of test files; its files are kept as they were. The whole-package
 runs: `--seed 1` (bench/results/mutation-package/), then `--seed 2` (bench/results/mutation-package-seed2/)
-and `--seed 5` (bench/results/mutation-package-seed5/), each drawn with the mutants of every earlier run left
-out, and a sample of the newest code's lines (bench/results/mutation-newest-code/).
+and `--seed 5` (bench/results/mutation-package-seed5/), `--seed 6` (bench/results/mutation-package-seed6/, after
+the tests written module by module in session 10), each drawn with the mutants of every earlier run left out,
+and a sample of the newest code's lines (bench/results/mutation-newest-code/).
 The map kept by `--map` is brought up to date by measuring only the test files changed since it was made
 (a change in the package itself measures everything again). Run outside CI: it is slow (the map 10-18
 minutes, then some 30 s per mutant on 2 cores).

@@ -608,3 +608,17 @@ def test_peak_memory_is_converted_from_kib_on_linux_and_from_bytes_on_macos(monk
     assert runner._peak_rss_mib() == 3.0
     monkeypatch.setattr(runner, "sys", SimpleNamespace(platform="linux"))
     assert runner._peak_rss_mib() == 3 * 1024.0
+
+
+@pytest.mark.parametrize("returned, said", [(False, "OPSIN returned nothing for 2 names"),
+                                            (["CCO"], "OPSIN returned 1 lines for 2 names")])
+def test_an_opsin_reply_that_does_not_answer_every_name_stops_rather_than_shift_the_answers(monkeypatch, returned,
+                                                                                             said):
+    """One answer a line: a reply of another length would pair every later name with its neighbour's SMILES."""
+    import py2opsin
+
+    from llasmol.classical.opsin_names import opsin_smiles
+
+    monkeypatch.setattr(py2opsin, "py2opsin", lambda lines, tmp_fpath: returned)
+    with pytest.raises(RuntimeError, match=f"^{said}$"):
+        opsin_smiles(["ethanol", "benzene"])

@@ -978,18 +978,30 @@ def test_a_mistake_removes_the_run_folder_only_when_it_holds_nothing_but_hydras_
         (folder / ".lock").write_text("")
     (kept / "predictions").mkdir()
     monkeypatch.chdir(tmp_path)
+    # Hydra's log handler of the run folder, and another's: only the folder's is closed with it
+    own, other = logging.FileHandler(empty / "train.log", delay=False), logging.FileHandler(tmp_path / "other.log")
+    root = logging.getLogger()
+    root.addHandler(own)
+    root.addHandler(other)
     try:
         for folder in (empty, kept):
             _as_hydra_run(folder, [f"hydra.run.dir={folder}"] if named else [])
             with pytest.raises(SystemExit):
                 job()
+            for handler in (own, other):  # the command has ended: its handlers go with it
+                root.removeHandler(handler)
         _as_hydra_run(tmp_path)  # generate runs in place: the working folder is never removed
         with pytest.raises(SystemExit):
             job()
     finally:
         HydraConfig.instance().cfg = None
+        for handler in (own, other):
+            root.removeHandler(handler)
     assert empty.exists() == named  # a folder the user named keeps its log
     assert kept.exists() and tmp_path.exists()
+    assert (own.stream is None) == (not named) and other.stream is not None  # closed only with its folder
+    other.close()
+    own.close()
 
 
 def _open_fds(path) -> int:

@@ -143,3 +143,18 @@ def test_atomic_writes_never_replace_a_node_that_is_not_a_regular_file(tmp_path,
     for target in (tmp_path / "old.dat", tmp_path / "link-to-old", tmp_path / "new.dat"):
         getattr(files, writer)(target, data)
         assert WRITERS[writer][1](target)
+
+
+def test_appended_records_are_whole_strict_lines_pushed_to_the_disk(tmp_path, monkeypatch):
+    """What `append_jsonl` returns from is on the disk (a kill or power cut next keeps it): flushed, then
+    fsynced, in that order; each record a line of strict JSON, NaN written as null."""
+    import llasmol.core.files as files
+
+    synced = []
+    path = tmp_path / "a.jsonl"
+    with path.open("ab") as fh:
+        monkeypatch.setattr(files.os, "fsync", lambda fd: synced.append((fd, path.read_bytes())))
+        files.append_jsonl(fh, [{"a": 1.5, "b": float("nan")}, {"c": "é"}])
+        # fsynced once, with both lines already written through (flushed) when it was asked
+        assert synced == [(fh.fileno(), '{"a": 1.5, "b": null}\n{"c": "é"}\n'.encode("utf-8"))]
+    assert files.complete_jsonl(path) == [{"a": 1.5, "b": None}, {"c": "é"}]

@@ -177,16 +177,19 @@ def test_the_resume_plan_meets_the_trainer_in_one_seam(tmp_path):
     (run / "checkpoints" / "interrupted.adapter").mkdir()
     (run / layout.WANDB_ID).write_text("abc123\n")
     logger_cfg = OmegaConf.create({"wandb": {"_target_": "llasmol.finetune.tracking.WandbLogger"},
-                                   "csv": {"_target_": "llasmol.finetune.tracking.KeepingCSVLogger"}})
+                                   "csv": {"_target_": "llasmol.finetune.tracking.KeepingCSVLogger"},
+                                   "off": None})  # a logger switched off on the command line (logger.x=null)
     seen = {}
 
     def make(callbacks):
-        seen.update(callbacks=callbacks, wandb=OmegaConf.to_container(logger_cfg.wandb))
+        seen.update(callbacks=callbacks, wandb=OmegaConf.to_container(logger_cfg.wandb),
+                    csv=OmegaConf.to_container(logger_cfg.csv))
         return SimpleNamespace(loggers=[KeepingCSVLogger(str(run))], is_global_zero=True)
 
     plan = Resume.plan("last", run, "tiny", "full")
     trainer = plan.trainer(make, logger_cfg)
     assert seen["callbacks"] == [plan] and seen["wandb"]["id"] == "abc123" and seen["wandb"]["resume"] == "allow"
+    assert seen["csv"] == {"_target_": "llasmol.finetune.tracking.KeepingCSVLogger"}  # W&B's settings stay W&B's
     assert trainer.loggers[0].keep_until_step == _TRAINING_STATE["global_step"]
     plan.on_fit_end(SimpleNamespace(is_global_zero=False), None)
     assert (run / "checkpoints" / "interrupted.ckpt").is_file()  # other ranks leave the files to rank 0

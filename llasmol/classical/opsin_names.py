@@ -41,7 +41,8 @@ def opsin_smiles(names: list[str]) -> list[Optional[str]]:
         warnings.simplefilter("ignore")  # py2opsin warns once per unparsable name; they are counted below
         out = py2opsin(lines, tmp_fpath=str(Path(tmp) / "names.txt"))
     if out is False or len(out) != len(lines):
-        raise RuntimeError(f"OPSIN returned {'nothing' if out is False else len(out)} lines for {len(lines)} names")
+        got = "nothing" if out is False else f"{len(out)} lines"
+        raise RuntimeError(f"OPSIN returned {got} for {len(lines)} names")
     return [smiles.strip() or None for smiles in out]
 
 
