@@ -102,6 +102,9 @@ def test_every_system_has_a_source():
         assert src.label.startswith("Table") and src.label.endswith(src.where), name
     gpt4 = [m for m in PAPER_MODELS if m.startswith("GPT-4")]
     assert gpt4 == ["GPT-4", "GPT-4 (0-shot)", "GPT-4 (1-shot)", "GPT-4 (3-shot)", "GPT-4 (5-shot)"]
+    for shots in (0, 1, 3, 5):  # each k-shot row's setting says its k (App. A.2.1, Tables 4-11 and 13)
+        setting = PAPER_SOURCES[f"GPT-4 ({shots}-shot)"].setting
+        assert f"; {shots}-shot, in-context examples" in setting, setting
     for name in PAPER_MODELS:  # App. A.2.1: GPT-4 on 500 test samples; everything else on the whole test set
         assert PAPER_SOURCES[name].full_test_set == (name not in gpt4), name
     assert "500" in PAPER_SOURCES["GPT-4"].evaluated_on and PAPER_SOURCES["GPT-4"].label == "Tables 2, 3; 500 test samples"
