@@ -123,7 +123,7 @@ def peak_tflops(args, torch) -> float | None:
 def train_steps(model, args, torch, vocab: int) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     if args.optimizer == "adamw8bit":
-        import bitsandbytes as bnb
+        import bitsandbytes as bnb  # main() checked it imports
 
         optimizer = bnb.optim.AdamW8bit(params, lr=1e-4, weight_decay=0.0)
     else:
@@ -184,6 +184,12 @@ def beam_search(model, args, torch, vocab: int) -> dict:
             "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None}
 
 
+def _has_bitsandbytes() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     import torch
@@ -191,6 +197,12 @@ def main(argv=None) -> dict:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("error: --device cuda but no CUDA GPU is visible: run on a GPU machine (or --device cpu "
                  "--arch tiny-mistral for a dry run)")
+    if (args.optimizer == "adamw8bit" or args.quantization != "none") and not _has_bitsandbytes():
+        if args.quantization != "none":
+            sys.exit("error: --quantization needs bitsandbytes, which is not installed (bash bench/gpu_wheels.sh "
+                     "fetches its wheel for the GPU machine)")
+        print("bitsandbytes is not installed: torch AdamW instead of the paper's 8-bit AdamW", flush=True)
+        args.optimizer = "adamw"
     started = time.perf_counter()
     model, config = build(args, torch)
     built = time.perf_counter() - started

@@ -43,3 +43,23 @@ class SignalAt(Callback):
         if self._seen == self.micro_batch:
             os.kill(os.getpid(), getattr(signal, self.signal))
         self._seen += 1
+
+
+class LogitsProbe(Callback):
+    """At the end of training, the model's logits on a fixed batch (every rank computes them: a sharded
+    forward is collective), written with the batch by rank 0 to `path` for comparison with the saved adapter."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        import torch
+
+        generator = torch.Generator().manual_seed(0)
+        ids = torch.randint(3, pl_module.model.config.vocab_size, (2, 12), generator=generator)
+        pl_module.model.eval()
+        with torch.no_grad():
+            logits = pl_module.model(input_ids=ids.to(pl_module.device)).logits.float().cpu()
+        pl_module.model.train()
+        if trainer.is_global_zero:
+            torch.save({"input_ids": ids, "logits": logits}, self.path)

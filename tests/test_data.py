@@ -13,7 +13,7 @@ from conftest import compose_config
 from llasmol.core.defaults import MAX_LENGTH, SEED
 from llasmol.data.datamodule import SMolInstructDataModule
 from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter, resolve_prompt_template
-from llasmol.data.sampler import ShardedShuffleSampler
+from llasmol.data.sampler import PADDING, ShardedShuffleSampler
 from llasmol.data.smiles import canonical_kekule
 from llasmol.data.smolinstruct import SMolInstructSplit
 from llasmol.core.errors import UserError
@@ -521,6 +521,27 @@ def test_each_process_of_a_launch_reads_its_own_share_of_the_data(tokenizer, smo
     assert (second.rank, second.world_size) == (1, 2) and len(second) * 2 >= len(alone) >= len(second)
 
 
+def test_under_two_processes_both_ranks_run_as_many_evaluation_batches(tokenizer, smol_root):
+    """The shorter share ends in a padding row that carries no loss (a sharded forward is collective: a rank with
+    a batch fewer would leave the other waiting), and the real rows are every sample once."""
+    from types import SimpleNamespace
+
+    from llasmol.data.formatting import IGNORE_INDEX
+
+    dm = make_dm(tokenizer, smol_root, tasks=["name_conversion-s2f"], micro_batch_size=2, max_samples_per_task={"validation": 5})
+    dm.setup("validate")
+    loaders = []
+    for rank in (0, 1):
+        dm.trainer = SimpleNamespace(global_rank=rank, world_size=2)
+        loaders.append(list(dm.val_dataloader()))
+    assert [len(batches) for batches in loaders] == [2, 2]  # shares of 3 and 2 (+1 padding), batches of 2
+    last = loaders[1][-1]
+    assert last["index"].tolist() == [PADDING] and last["labels"].tolist() == [[IGNORE_INDEX]]
+    assert last["input_ids"].tolist() == [[tokenizer.eos_token_id]] and not last["truncated"].any()
+    real = [i for batches in loaders for b in batches for i in b["index"].tolist() if i != PADDING]
+    assert sorted(real) == list(range(5))
+
+
 # -- the sampler's arithmetic, by hand ----------------------------------------------------------------
 
 
@@ -531,11 +552,15 @@ def test_even_shares_drop_the_remainder_and_uneven_shares_cover_every_sample():
     assert [len(s) for s in even] == [5, 5] and [len(list(s)) for s in even] == [5, 5]
     flat = list(even[0]) + list(even[1])
     assert len(set(flat)) == 10  # one sample of the 11 waits for another epoch
+    # Evaluation: every sample once, and a share one short padded, so every rank runs as many batches.
     uneven = [ShardedShuffleSampler(11, seed=3, rank=r, world_size=2, even=False) for r in range(2)]
-    assert [len(s) for s in uneven] == [6, 5] and [len(list(s)) for s in uneven] == [6, 5]
-    assert sorted(list(uneven[0]) + list(uneven[1])) == list(range(11))
+    assert [len(s) for s in uneven] == [6, 6] and [len(list(s)) for s in uneven] == [6, 6]
+    assert list(uneven[1])[-1] == PADDING and PADDING not in list(uneven[0])
+    assert sorted(list(uneven[0]) + list(uneven[1])[:-1]) == list(range(11))
     three = [ShardedShuffleSampler(11, seed=3, rank=r, world_size=3, shuffle=False, even=False) for r in range(3)]
-    assert [list(s) for s in three] == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8]]
+    assert [list(s) for s in three] == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, PADDING]]
+    alone = ShardedShuffleSampler(11, shuffle=False, rank=0, world_size=1, even=False)
+    assert list(alone) == list(range(11)) and len(alone) == 11  # one process: nothing to pad
     assert [len(ShardedShuffleSampler(11, rank=r, world_size=3)) for r in range(3)] == [3, 3, 3]
     # The order array is int32 while it fits (half the memory of int64).
     assert ShardedShuffleSampler(100, rank=0, world_size=1)._order().dtype == np.int32

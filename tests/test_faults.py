@@ -1225,7 +1225,6 @@ def test_an_adapters_card_holds_a_validation_only_at_the_step_it_was_made(tmp_pa
     from llasmol.finetune.checkpointing import AdapterModelCheckpoint
 
     cards, staged = [], []
-    monkeypatch.setattr(checkpointing, "module_state_dict", lambda trainer: {"model.w": 1, "model.frozen": 2})
     monkeypatch.setattr(checkpointing, "adapter_card", lambda facts, metrics, step: cards.append((facts, metrics, step))
                         or "CARD")
     monkeypatch.setattr(checkpointing, "stage_adapter",
@@ -1238,7 +1237,8 @@ def test_an_adapters_card_holds_a_validation_only_at_the_step_it_was_made(tmp_pa
     def save(step, rank_zero=True, facts=None):
         callback = AdapterModelCheckpoint(dirpath=str(tmp_path))
         callback.card_facts = facts
-        trainer = SimpleNamespace(lightning_module=module, is_global_zero=rank_zero, global_step=step,
+        strategy = SimpleNamespace(lightning_module_state_dict=lambda: {"model.w": 1, "model.frozen": 2})
+        trainer = SimpleNamespace(lightning_module=module, strategy=strategy, is_global_zero=rank_zero, global_step=step,
                                   callback_metrics={"val/loss": torch.tensor(0.5), "train/loss": torch.tensor(1.0)})
         callback.before_save(trainer, str(tmp_path / "x.ckpt"))
         return callback._staged
@@ -1271,7 +1271,6 @@ def test_only_rank_0_locks_and_tidies_the_run_folder(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("trainer=fsdp", "trainer=fsdp shards the model over GPUs"),
     ("optimizer._target_=bitsandbytes.optim.PagedAdamW8bit", "pages its state through CUDA memory"),
     ("+logger.w={_target_:llasmol.finetune.tracking.WandbLogger,log_model:true,offline:true}", "needs an online run"),
     ("model=galactica data.packing=true", "data.packing=true needs a Llama- or Mistral-family base"),

@@ -309,6 +309,73 @@ def test_model_answers_keep_done_records_use_given_queries_and_report_each_batch
     assert ModelAnswers(ScriptedGenerator(), GENERATION).ask("hello", "name_conversion-s2f") == ["hello?"]
 
 
+class LockstepGenerator(ScriptedGenerator):
+    """A generator of a model sharded over processes: it counts its calls and idles as it is told."""
+
+    lockstep = True
+    device = "cpu"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.idled: list[int] = []
+
+    def count_batches(self, queries) -> int:
+        return -(-len(queries) // 2)
+
+    def idle(self, calls: int) -> None:
+        self.idled.append(calls)
+
+
+def test_a_lockstep_rank_makes_up_the_calls_the_busiest_rank_makes_more(monkeypatch):
+    """Every rank of a sharded model must make as many generate calls as the others (each forward is collective):
+    this rank's 2 tasks of 3 samples take 2 calls each, the busiest rank makes 5, so this one idles a call at the end."""
+    from llasmol.inference import pipeline
+
+    asked = []
+    monkeypatch.setattr(pipeline, "most_of_any_rank", lambda calls, device: asked.append((calls, device)) or 5)
+    gen = LockstepGenerator()
+    records = ModelAnswers(gen, GENERATION).answer(Samples(FakeSplit(4), [5, 1, 0, 3, 2, 6], GoldPool()))
+    assert len(records) == 6 and len(gen.asked) == 2
+    assert asked == [(4, "cpu")] and gen.idled == [1]
+    done = {i: {"index": i, "task": "forward_synthesis"} for i in range(7)}  # nothing left to answer: idle all 5
+    gen = LockstepGenerator()
+    ModelAnswers(gen, GENERATION, done=done).answer(Samples(FakeSplit(4), [0, 1, 2], GoldPool()))
+    assert gen.asked == [] and gen.idled == [5]
+
+
+def test_a_generator_counts_its_calls_and_idles_on_one_token(tmp_path):
+    from llasmol.inference.beam_search import BeamGenerator, forward_is_collective
+
+    calls = []
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def generate(self, **kwargs):
+            calls.append(kwargs)
+            return torch.cat([kwargs["input_ids"], torch.full((kwargs["input_ids"].shape[0], 1), 7)], dim=1)
+
+    class Formatter:
+        def prompt_ids(self, query):
+            return [1] * len(query)
+
+    class Tokenizer:
+        pad_token_id, eos_token_id = 0, 2
+
+        def batch_decode(self, rows, skip_special_tokens=True):
+            return ["x" for _ in rows]
+
+    gen = BeamGenerator(Model(), Tokenizer(), Formatter(), max_prompt_tokens=4, batch_size=2)
+    assert gen.lockstep is False and forward_is_collective(gen.model) is False  # no process group
+    assert gen.count_batches(["ab", "abcdef", "a", "abc", "abcd"]) == 2  # one prompt over the limit: 4 kept
+    assert gen.count_batches([]) == 0
+    gen.idle(2)
+    assert [c["input_ids"].tolist() for c in calls] == [[[0]], [[0]]]
+    assert {(c["num_beams"], c["max_new_tokens"], c["synced_gpus"]) for c in calls} == {(1, 1, False)}
+
+
 def test_run_files_name_the_predictions_metrics_and_intervals_of_a_split(tmp_path):
     files = RunFiles.named(tmp_path, "val-step3")
     assert files.predictions == tmp_path / "predictions" / "val-step3.jsonl"

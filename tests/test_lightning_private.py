@@ -6,6 +6,8 @@ import re
 from importlib.metadata import version
 from pathlib import Path
 
+import pytest
+
 from llasmol.finetune.lightning_private import TOUCH_POINTS, missing_touch_points
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,54 +144,21 @@ def test_the_csv_loggers_writer_is_made_once_in_its_log_folder(tmp_path):
     assert (tmp_path / "csv").is_dir() and logger.experiment is writer
 
 
-def test_the_fsdp_wrap_policy_is_asked_of_the_model_unless_given_and_clipping_goes_through_the_root(monkeypatch):
-    import torch
-    from lightning.pytorch.plugins.precision import FSDPPrecision
-    from lightning.pytorch.strategies import FSDPStrategy
+@pytest.mark.parametrize("nodes, devices", [(1, 2), (2, 1), (2, 4)])
+def test_the_fsdp2_mesh_is_one_data_parallel_dimension_over_every_process(nodes, devices, monkeypatch):
+    """Lightning's "auto" sizes would make nodes × devices a 2-D (data, tensor) mesh; FSDP alone wants one."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from llasmol.finetune.lightning_private import FSDPStrategyWithModelHook, clip_norm_through_root
+    from llasmol.finetune.lightning_private import ModelParallelOverEveryProcess
 
-    class Root:
-        def clip_grad_norm_(self, max_norm):
-            self.clipped = max_norm
-            return torch.tensor(0.0)
-
-    root = Root()
-    asked = []
-    monkeypatch.setattr(FSDPStrategy, "_setup_model", lambda self, model: root)
-
-    def own_policy(module, recurse, nonwrapped_numel):
-        return False
-
-    class WithPolicy(FSDPStrategyWithModelHook):
-        def wrap_policy(self, model):
-            asked.append(model)
-            return own_policy
-
-    strategy = WithPolicy()
-    strategy.precision_plugin = FSDPPrecision("32-true")
-    assert strategy._setup_model("model") is root
-    assert asked == ["model"] and strategy.kwargs["auto_wrap_policy"] is own_policy
-    strategy.precision_plugin.clip_grad_by_norm(None, 1.0)  # what Lightning calls for gradient_clip_val=1.0
-    assert root.clipped == 1.0
-
-    def given_policy(module, recurse, nonwrapped_numel):
-        return True
-
-    asked.clear()
-    given = WithPolicy(auto_wrap_policy=given_policy)  # the user's own policy wins
-    given.precision_plugin = FSDPPrecision("32-true")
-    given._setup_model("model")
-    assert asked == [] and given.kwargs["auto_wrap_policy"] is given_policy
-
-    plain = FSDPStrategyWithModelHook()  # wrap_policy None: FSDP's default stays
-    plain.precision_plugin = FSDPPrecision("32-true")
-    assert plain._setup_model("model") is root and "auto_wrap_policy" not in plain.kwargs
-
-    precision = FSDPPrecision("32-true")
-    clip_norm_through_root(precision, root)
-    precision.clip_grad_by_norm(None, 0.5)
-    assert root.clipped == 0.5
+    seen = []
+    monkeypatch.setattr(ModelParallelStrategy, "setup_environment",
+                        lambda self: seen.append((self._data_parallel_size, self._tensor_parallel_size)))
+    strategy = ModelParallelOverEveryProcess()
+    strategy.num_nodes = nodes
+    monkeypatch.setattr(ModelParallelOverEveryProcess, "num_processes", devices)
+    strategy.setup_environment()
+    assert seen == [(nodes * devices, 1)]
 
 
 def test_the_live_progress_display_is_the_rich_bars_or_none():

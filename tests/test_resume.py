@@ -161,6 +161,22 @@ def test_ckpt_path_last_passes_over_an_empty_or_truncated_checkpoint(tmp_path):
         resolve_resume("last", other, "tiny", "full")  # a sibling's broken files are passed over
 
 
+def test_a_checkpoint_resumes_only_on_the_number_of_processes_it_was_saved_from(tmp_path):
+    from llasmol.core.errors import UserError
+    from llasmol.finetune.resume import check_same_world_size, checkpoint_world_size
+
+    path = tmp_path / "last.ckpt"
+    torch.save({**_TRAINING_STATE, "SMolInstructDataModule": {"train_position": {"world_size": 4, "batches": 3}}}, path)
+    assert checkpoint_world_size(str(path)) == 4
+    check_same_world_size(str(path), 4)
+    with pytest.raises(UserError) as err:
+        check_same_world_size(str(path), 2)
+    assert str(err.value).startswith(f"ckpt_path={path} was saved by a run of 4 process(es) and this one has 2 ")
+    torch.save(_TRAINING_STATE, path)  # saved before the first batch: no data position to continue
+    assert checkpoint_world_size(str(path)) is None
+    check_same_world_size(str(path), 2)
+
+
 def test_the_resume_plan_meets_the_trainer_in_one_seam(tmp_path):
     """`Resume.trainer` is the one place a plan reaches the trainer: the W&B settings are in the logger config
     before the trainer is made, the plan is among its callbacks, the CSV logger keeps the rows up to the
@@ -184,7 +200,7 @@ def test_the_resume_plan_meets_the_trainer_in_one_seam(tmp_path):
     def make(callbacks):
         seen.update(callbacks=callbacks, wandb=OmegaConf.to_container(logger_cfg.wandb),
                     csv=OmegaConf.to_container(logger_cfg.csv))
-        return SimpleNamespace(loggers=[KeepingCSVLogger(str(run))], is_global_zero=True)
+        return SimpleNamespace(loggers=[KeepingCSVLogger(str(run))], is_global_zero=True, world_size=1)
 
     plan = Resume.plan("last", run, "tiny", "full")
     trainer = plan.trainer(make, logger_cfg)
@@ -202,7 +218,7 @@ def test_the_resume_plan_meets_the_trainer_in_one_seam(tmp_path):
     fresh = Resume.plan(str(run), tmp_path / "elsewhere", "tiny", "full")  # resumed from another directory
     other_cfg = OmegaConf.create({"wandb": {"_target_": "llasmol.finetune.tracking.WandbLogger"}})
     trainer = fresh.trainer(lambda callbacks: SimpleNamespace(loggers=[KeepingCSVLogger(str(tmp_path))],
-                                                              is_global_zero=True), other_cfg)
+                                                              is_global_zero=True, world_size=1), other_cfg)
     assert "id" not in other_cfg.wandb and trainer.loggers[0].keep_until_step is None
 
 

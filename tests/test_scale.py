@@ -1,4 +1,5 @@
-"""Scale-out presets: every trainer × quantization composes; FSDP wraps LoRA-aware; switches keep the math."""
+"""Scale-out presets: every trainer × quantization composes; FSDP2 shards each block and the root; switches keep
+the math. The multi-process runs themselves are in tests/test_multiprocess.py."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import torch
 
 from conftest import compose_config
 from llasmol.model.blocks import clean_name
-from llasmol.finetune.distributed import LoRAFSDPStrategy, check_trainer, lora_wrap_policy
+from llasmol.finetune.distributed import FSDP2Strategy, mixed_precision, shard_model
 from llasmol.core.errors import UserError
+from llasmol.core.schema import check_config
 from llasmol.model.blocks import compile_blocks, decoder_layer_types, enable_gradient_checkpointing
 from test_lora import tiny_peft_model
 
@@ -17,8 +19,7 @@ TRAINERS = {  # preset: (strategy, precision)
     "cpu": ("auto", "32-true"),
     "gpu": ("auto", "bf16-mixed"),
     "ddp": ("ddp", "bf16-mixed"),
-    "fsdp": ("llasmol.finetune.distributed.LoRAFSDPStrategy", "bf16-mixed"),
-    "deepspeed": ("lightning.pytorch.strategies.DeepSpeedStrategy", "bf16-mixed"),
+    "fsdp": ("llasmol.finetune.distributed.FSDP2Strategy", "bf16-mixed"),
 }
 QUANT = {"none": (None, "bitsandbytes.optim.AdamW8bit", False),
          "8bit": (8, "bitsandbytes.optim.PagedAdamW8bit", True),
@@ -56,42 +57,91 @@ def test_accumulation_follows_devices_times_nodes():
     assert dm.gradient_accumulation(trainer.world_size) == 16  # 512 = micro-batch 4 × 16 × 8 processes
 
 
-def test_sharded_strategies_stop_in_one_line_without_gpus():
-    fsdp = compose_config(["model=mistral", "trainer=fsdp", "paths.output_dir=/x"]).trainer
-    with pytest.raises(UserError, match="trainer=fsdp shards the model over GPUs .* trainer=ddp trainer.accelerator=cpu"):
-        check_trainer(fsdp)
-    deepspeed = compose_config(["model=mistral", "trainer=deepspeed", "paths.output_dir=/x"]).trainer
-    with pytest.raises(UserError, match="deepspeed"):
-        check_trainer(deepspeed)
-    check_trainer(compose_config(["paths.output_dir=/x"]).trainer)  # cpu: fine
+@pytest.mark.parametrize("overrides, message", [
+    (["quantization=4bit", "trainer=fsdp"], "quantization=4bit does not shard under trainer=fsdp (bitsandbytes' "
+     "quantised weights keep their scales outside the tensor FSDP2 splits): use trainer=ddp with quantization=4bit"),
+    (["quantization=8bit", "trainer=fsdp", "trainer.accelerator=cpu"], "quantization=8bit does not shard under "
+     "trainer=fsdp"),
+    (["+trainer.strategy=deepspeed"], "trainer.strategy='deepspeed' must be auto or ddp: llasmol runs trainer=ddp "
+     "(data parallel) and trainer=fsdp (sharded, FSDP2); DeepSpeed and Lightning's FSDP1 are not supported"),
+    (["trainer=ddp", "trainer.strategy=fsdp"], "trainer.strategy='fsdp' must be auto or ddp"),
+])
+def test_a_strategy_llasmol_does_not_run_is_refused_in_one_line(overrides, message):
+    with pytest.raises(UserError) as err:
+        check_config(compose_config([*overrides, "paths.output_dir=/x"]))
+    assert str(err.value).startswith(message)
 
 
-def test_fsdp_preset_builds_its_strategy():
-    cfg = compose_config(["model=mistral", "trainer=fsdp", "paths.output_dir=/x"])
+@pytest.mark.parametrize("overrides", [["trainer=fsdp"], ["trainer=ddp"], ["trainer=fsdp", "quantization=none"],
+                                       ["trainer=ddp", "quantization=4bit"], []])
+def test_the_strategies_llasmol_runs_pass(overrides):
+    check_config(compose_config([*overrides, "trainer.accelerator=cpu", "paths.output_dir=/x"]))
+
+
+def test_the_fsdp_preset_builds_fsdp2_saving_one_file_of_whole_adapters():
+    cfg = compose_config(["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "paths.output_dir=/x"])
+    assert cfg.trainer.precision == "32-true"  # on CPU, as the ddp preset
     strategy = hydra.utils.instantiate(cfg.trainer.strategy)
-    assert isinstance(strategy, LoRAFSDPStrategy)
-    assert strategy.kwargs["use_orig_params"] is True  # frozen and trainable tensors side by side
+    assert isinstance(strategy, FSDP2Strategy) and strategy.reshard_after_forward is True
+    assert strategy._save_distributed_checkpoint is False
+
+
+def test_mixed_precision_gathers_half_weights_and_reduces_gradients_in_fp32():
+    bf16 = mixed_precision("bf16-mixed")
+    assert (bf16.param_dtype, bf16.reduce_dtype) == (torch.bfloat16, torch.float32)
+    fp16 = mixed_precision("16-mixed")
+    assert (fp16.param_dtype, fp16.reduce_dtype) == (torch.float16, torch.float32)
+    for full in ("32-true", "bf16-true"):
+        assert (mixed_precision(full).param_dtype, mixed_precision(full).reduce_dtype) == (None, None)
+
+
+@pytest.fixture
+def one_process_group(monkeypatch):
+    """A gloo process group of one process, and its device mesh."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from conftest import free_port
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("family", ["mistral", "galactica"])
 @pytest.mark.parametrize("lora", ["lite", "plus"])
-def test_fsdp_wraps_each_block_and_each_adapter_and_nothing_else(family, lora):
+def test_fsdp2_shards_each_block_and_the_base_model_keeping_what_trains(family, lora, one_process_group):
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
     model = tiny_peft_model(family, lora)
-    policy = lora_wrap_policy(decoder_layer_types(model))
-    units = {name for name, m in model.named_modules() if name and policy(m, recurse=False, nonwrapped_numel=0)}
+    before = {n: p.requires_grad for n, p in model.named_parameters()}
+    batch = _batch(model)
+    expected_loss, expected_grads = _loss_and_grads(model, batch)
+    model.zero_grad(set_to_none=True)
+    assert shard_model(model, one_process_group, "32-true") == 2
+    units = {name for name, m in model.named_modules() if isinstance(m, FSDPModule)}
     layers = "base_model.model.model.decoder.layers" if family == "galactica" else "base_model.model.model.layers"
-    blocks = {f"{layers}.{i}" for i in range(2)}
-    adapters = {name for name, m in model.named_modules() if name.endswith((".lora_A.default", ".lora_B.default"))}
-    head = {"base_model.model.lm_head.modules_to_save.default"} if lora == "plus" else set()
-    assert units == blocks | adapters | head
-    assert len(adapters) == 2 * 2 * (2 if lora == "lite" else 6 if family == "galactica" else 7)
-    # Inside a unit nothing trainable is left over: every trainable tensor is in an adapter unit.
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert all(any(n.startswith(u + ".") for u in adapters | head) for n in trainable)
+    assert units == {f"{layers}.0", f"{layers}.1", "base_model.model"}  # the blocks, and the base model as root
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == before  # per parameter, names unchanged
+    loss, grads = _loss_and_grads(model, batch)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-6, atol=0)
+    assert grads.keys() == expected_grads.keys() == {n for n, trains in before.items() if trains}
+    for name, grad in grads.items():  # the same gradients (a view returned by OPT's blocks is harmless here)
+        torch.testing.assert_close(grad.full_tensor(), expected_grads[name], rtol=1e-5, atol=1e-7)
+    graded = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert graded == set(grads)  # frozen weights get no gradient
+    if lora == "plus":
+        assert "base_model.model.lm_head.modules_to_save.default.weight" in graded
 
 
 def test_wrapper_prefixes_do_not_reach_checkpoint_names():
-    assert clean_name("model._fsdp_wrapped_module.layers.0._checkpoint_wrapped_module.q_proj.lora_A.default.weight") \
+    assert clean_name("model._orig_mod.layers.0._checkpoint_wrapped_module.q_proj.lora_A.default.weight") \
         == "model.layers.0.q_proj.lora_A.default.weight"
 
 
@@ -147,18 +197,37 @@ def test_switches_reach_the_training_model(cfg_factory):
     assert params["trainable"] == 65_536  # compiling and checkpointing add no parameters
 
 
-def test_slurm_launcher_maps_the_trainer_onto_jobs():
+@pytest.mark.parametrize("overrides, nodes, gpus", [
+    (["trainer.devices=8", "trainer.num_nodes=2"], 2, 8),  # the docs' 2 nodes × 8 GPUs
+    (["trainer.devices=auto"], 1, 4),  # every GPU SLURM gives: the paper's 4 asked for
+    (["trainer.devices=[0,1]", "trainer.num_nodes=3"], 3, 2),
+])
+def test_the_slurm_launcher_asks_sbatch_for_the_trainers_nodes_gpus_and_tasks(overrides, nodes, gpus, tmp_path,
+                                                                              monkeypatch):
+    """The Hydra submitit launcher as the command builds it, stopped where it would hand the job script to sbatch:
+    the script asks for trainer.num_nodes nodes, trainer.devices GPUs and as many tasks (processes) per node."""
+    import submitit
     from hydra import compose, initialize_config_dir
 
     from llasmol.core.config import CONFIG_DIR
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=["hydra/launcher=slurm", "model=mistral", "trainer.num_nodes=2",
-                                          "hydra.launcher.partition=a100", "hydra.launcher.gpus_per_node=8"],
+        cfg = compose("train", overrides=["hydra/launcher=slurm", "model=mistral", "trainer=ddp",
+                                          "hydra.launcher.partition=a100", f"hydra.sweep.dir={tmp_path}", *overrides],
                       return_hydra_config=True)
-    launcher = cfg.hydra.launcher
-    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
-    assert (launcher.partition, launcher.nodes, launcher.gpus_per_node, launcher.tasks_per_node) == ("a100", 2, 8, 8)
+    launcher = hydra.utils.instantiate(cfg.hydra.launcher)
+    launcher.setup(hydra_context=None, task_function=None, config=cfg)
+    from submitit.slurm.slurm import SlurmExecutor
+
+    monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 1))  # as on a cluster, with srun
+    submitted = []
+    monkeypatch.setattr(submitit.AutoExecutor, "map_array", lambda executor, fn, *args: submitted.append(executor) or [])
+    assert launcher.launch([["lora=full"]], initial_job_idx=0) == []
+    script = submitted[0]._executor._make_submission_file_text("python -m submitit.core._submit", "uid")
+    sbatch = {line.split("=")[0]: line.split("=", 1)[1] for line in script.splitlines() if line.startswith("#SBATCH --")
+              and "=" in line}
+    assert sbatch["#SBATCH --nodes"] == str(nodes) and sbatch["#SBATCH --partition"] == "a100"
+    assert sbatch["#SBATCH --gpus-per-node"] == sbatch["#SBATCH --ntasks-per-node"] == str(gpus)
 
 
 @pytest.mark.slow
@@ -183,36 +252,6 @@ def test_multirun_through_the_submitit_launcher(tmp_path):
     assert all(r["global_step"] == 2 and "val/loss" in r["metrics"] for r in results.values())
     assert (sweep / ".submitit").is_dir()  # the jobs really went through submitit
     assert f"sweep folder: {sweep.resolve()}" in proc.stdout and f"python -m llasmol.report {sweep.resolve()}" in proc.stdout
-
-
-def test_norm_clipping_under_fsdp_goes_through_the_sharded_root(monkeypatch):
-    """The paper recipe clips at norm 1.0. Lightning's FSDP precision plugin refuses norm clipping, so the
-    strategy routes it to the FSDP root (global norm over all shards); here on one CPU process with gloo."""
-    import torch.distributed as dist
-    from lightning.pytorch.plugins.precision import FSDPPrecision
-    from lightning.pytorch.utilities.exceptions import MisconfigurationException
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    from conftest import free_port
-    from llasmol.finetune.lightning_private import clip_norm_through_root
-
-    precision = FSDPPrecision("32-true")
-    with pytest.raises(MisconfigurationException, match="norm"):
-        precision.clip_gradients(None, 1.0, "norm")  # why the strategy steps in
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        root = FullyShardedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)),
-                                        device_id=torch.device("cpu"))
-        root(torch.randn(3, 4)).pow(2).sum().mul(100).backward()
-        norm = lambda: float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in root.parameters()])))  # noqa: E731
-        assert norm() > 10
-        clip_norm_through_root(precision, root)
-        precision.clip_gradients(None, 1.0, "norm")  # what Lightning calls with gradient_clip_val=1.0
-        assert norm() == pytest.approx(1.0, rel=1e-5)
-    finally:
-        dist.destroy_process_group()
 
 
 def _plain_mistral():
@@ -245,69 +284,6 @@ def test_compile_blocks_compiles_each_block_and_only_the_blocks():
         decoder_layer_types(torch.nn.Linear(2, 2))
 
 
-def test_the_lora_wrap_policy_looks_inside_everything_and_wraps_blocks_and_trainable_leaves():
-    block = torch.nn.TransformerEncoderLayer(4, 1)
-    policy = lora_wrap_policy((torch.nn.TransformerEncoderLayer,))
-    frozen, trainable, bare = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), torch.nn.ReLU()
-    frozen.requires_grad_(False)
-    half = torch.nn.Linear(2, 2)
-    half.bias.requires_grad_(False)  # a leaf only partly trainable stays inside its block
-    parent = torch.nn.Sequential(torch.nn.Linear(2, 2))  # trainable, but not a leaf
-    assert all(policy(m, recurse=True, nonwrapped_numel=0) for m in (frozen, bare, parent, block))
-    assert [policy(m, recurse=False, nonwrapped_numel=0) for m in (block, trainable, frozen, bare, half, parent)] == \
-        [True, True, False, False, False, False]
-
-
-def test_the_lora_fsdp_strategy_derives_its_policy_from_the_models_blocks():
-    class Block(torch.nn.Module):  # a transformer block, as the model's _no_split_modules names it
-        pass
-
-    model = torch.nn.Sequential(Block(), torch.nn.Linear(2, 2))
-    model._no_split_modules = ["Block"]
-    model[1].requires_grad_(False)
-    policy = LoRAFSDPStrategy().wrap_policy(model)
-    assert policy(model[0], recurse=False, nonwrapped_numel=0) is True
-    assert policy(model[1], recurse=False, nonwrapped_numel=0) is False
-
-
-@pytest.mark.parametrize("trainer_cfg, cuda, message", [
-    ({"strategy": "fsdp", "accelerator": "gpu"}, False, "trainer=fsdp shards the model over GPUs and this machine has "
-     "none (accelerator=gpu): on CPU use trainer=ddp trainer.accelerator=cpu trainer.devices=2"),
-    ({"strategy": {"_target_": "llasmol.finetune.distributed.LoRAFSDPStrategy"}, "accelerator": "cpu"}, True,
-     "trainer=fsdp shards the model over GPUs and this machine has none (accelerator=cpu)"),
-    ({"strategy": "deepspeed_stage_3", "accelerator": "cpu"}, True, "trainer=deepspeed shards the model over GPUs"),
-    ({"strategy": "fsdp", "accelerator": "gpu"}, True, None),  # a GPU machine runs it
-    ({"strategy": "ddp", "accelerator": "cpu"}, False, None),
-    ({"strategy": None, "accelerator": "cpu"}, False, None),
-    ({"accelerator": "cpu"}, False, None),
-])
-def test_a_sharded_strategy_needs_gpus_and_its_package(trainer_cfg, cuda, message, monkeypatch):
-    import importlib.util
-
-    from omegaconf import OmegaConf
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: "spec")  # DeepSpeed installed
-    cfg = OmegaConf.create(trainer_cfg)
-    if message is None:
-        check_trainer(cfg)
-        return
-    with pytest.raises(UserError) as err:
-        check_trainer(cfg)
-    assert str(err.value).startswith(message)
-
-
-def test_deepspeed_without_its_package_says_how_to_install_it(monkeypatch):
-    import importlib.util
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(UserError) as err:
-        check_trainer({"strategy": "deepspeed", "accelerator": "gpu"})
-    assert str(err.value) == ('trainer=deepspeed needs the DeepSpeed package: pip install -e ".[deepspeed]" (on a CUDA '
-                              "machine), or use trainer=fsdp")
-
-
 @pytest.mark.parametrize("target, accelerator, cuda, refused", [
     ("bitsandbytes.optim.PagedAdamW8bit", "gpu", True, False),
     ("bitsandbytes.optim.PagedAdamW8bit", "gpu", False, True),
@@ -335,33 +311,3 @@ def test_no_optimizer_config_is_no_paged_optimizer():
 
     check_optimizer(None, {"accelerator": "cpu"})
     check_optimizer({}, {"accelerator": "cpu"})
-
-
-def test_adapters_are_gathered_whole_under_zero_3_and_taken_from_the_strategy_otherwise(monkeypatch):
-    import sys
-    from contextlib import contextmanager
-    from types import SimpleNamespace
-
-    from llasmol.finetune.distributed import module_state_dict
-
-    gathered = []
-
-    @contextmanager
-    def gathered_parameters(params):  # DeepSpeed's: the partitioned tensors whole inside the block
-        gathered.append(len(params))
-        yield
-
-    monkeypatch.setitem(sys.modules, "deepspeed", SimpleNamespace(zero=SimpleNamespace(GatheredParameters=gathered_parameters)))
-    module = torch.nn.Module()
-    module.model = torch.nn.Module()
-    module.model._checkpoint_wrapped_module = torch.nn.Linear(2, 2)  # a wrapper's prefix, not in checkpoint names
-    module.frozen = torch.nn.Linear(2, 2)
-    module.frozen.requires_grad_(False)
-    zero3 = SimpleNamespace(strategy=SimpleNamespace(zero_stage_3=True), lightning_module=module)
-    state = module_state_dict(zero3)
-    assert gathered == [2] and sorted(state) == ["model.bias", "model.weight"]
-    weight = module.model._checkpoint_wrapped_module.weight
-    assert torch.equal(state["model.weight"], weight) and state["model.weight"].data_ptr() != weight.data_ptr()
-    for strategy in (SimpleNamespace(lightning_module_state_dict=lambda: "whole"),  # DDP, FSDP: the strategy's own
-                     SimpleNamespace(zero_stage_3=False, lightning_module_state_dict=lambda: "whole")):
-        assert module_state_dict(SimpleNamespace(strategy=strategy, lightning_module=module)) == "whole"

@@ -20,7 +20,7 @@ from llasmol.core.errors import UserError
 from llasmol.core.schema import COMMANDS, check_config, resolved
 
 # What each command composes, by its choices that add settings (a quantised base, a real base's recipe).
-COMPOSITIONS = [("train", []), ("train", ["model=mistral", "quantization=4bit"]), ("train", ["lora=large"]),
+COMPOSITIONS = [("train", []), ("train", ["model=mistral", "quantization=4bit"]), ("train", ["lora=large"]), ("train", ["trainer=fsdp"]),
                 ("train", ["experiment=demo_ablation"]), ("params", []), ("evaluate", []), ("evaluate", ["model=mistral"]),
                 ("generate", []), ("baseline", ["method=rdkit"]), ("audit", [])]
 # Settings the schema bounds that no shipped config sets: Lightning arguments a user adds (+trainer.limit_...).

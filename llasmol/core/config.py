@@ -50,6 +50,24 @@ def _interactive() -> bool:
     return sys.stdout.isatty()
 
 
+# GPUs per node a SLURM job asks for when trainer.devices is `auto` (or -1): the paper's 4 × A100.
+SLURM_GPUS_PER_NODE = 4
+
+
+def _gpus_per_node(devices) -> int:
+    """A SLURM job's GPUs per node for `trainer.devices`: a count, a list of ids or `"0,1"` as Lightning reads
+    them, `auto`/-1 (every GPU SLURM gives the job) as `SLURM_GPUS_PER_NODE`."""
+    if isinstance(devices, int) and devices > 0:
+        return devices
+    if isinstance(devices, str) and devices.strip().isdigit():
+        return int(devices)
+    if isinstance(devices, str) and "," in devices:
+        return len([d for d in devices.split(",") if d.strip()])
+    if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices):
+        return len(devices)
+    return SLURM_GPUS_PER_NODE
+
+
 RESOLVERS = {
     # `${llasmol_asset:data/bundled}`: a path inside the installed package.
     "llasmol_asset": lambda rel: str(PACKAGE_DIR / rel),
@@ -67,6 +85,7 @@ RESOLVERS = {
     # under a memory spike), the same 8-bit AdamW unpaged on a CPU, where there is nothing to page to.
     "llasmol_kbit_optimizer": lambda accelerator: "bitsandbytes.optim." + (
         "AdamW8bit" if accelerator == "cpu" else "PagedAdamW8bit"),
+    "llasmol_gpus_per_node": _gpus_per_node,
 }
 
 

@@ -263,6 +263,19 @@ def _batches(value, least: int) -> Optional[str]:
             "adapter") if least else "must be a count >= 0 or a fraction in [0, 1]"
 
 
+# The strategies llasmol runs and tests, as Lightning names them (trainer=ddp); trainer=fsdp is a mapping with
+# its `_target_` (conf/trainer/fsdp.yaml).
+STRATEGY_NAMES = ("auto", "ddp")
+FSDP2_TARGET = "llasmol.finetune.distributed.FSDP2Strategy"
+
+
+def _strategy(value) -> Optional[str]:
+    if isinstance(value, str) and value not in STRATEGY_NAMES:
+        return (f"must be {' or '.join(STRATEGY_NAMES)}: llasmol runs trainer=ddp (data parallel) and trainer=fsdp "
+                "(sharded, FSDP2); DeepSpeed and Lightning's FSDP1 are not supported")
+    return None
+
+
 # Lightning 2.x's precision names (lightning.fabric.connector._PRECISION_INPUT), ints and strings as it takes them.
 PRECISIONS = ("transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true", "bf16-mixed",
               "32-true", "64-true", 64, 32, 16, "64", "32", "16", "bf16")
@@ -271,6 +284,7 @@ PRECISIONS = ("transformer-engine", "transformer-engine-float16", "16-true", "16
 @dataclass
 class TrainerSchema:
     accelerator: str = setting(choices=("auto", "cpu", "gpu", "cuda", "mps", "tpu"))
+    strategy: Union[str, Dict[str, Any]] = setting(rule=_strategy)
     devices: Union[int, str, List[int]] = setting(rule=_devices)
     num_nodes: int = setting(1, 1 << 16)
     precision: Union[int, str] = setting(choices=PRECISIONS)
@@ -361,6 +375,18 @@ def _lora_base(cfg: dict) -> Optional[str]:
     return None
 
 
+def _sharded_quantization(cfg: dict) -> Optional[str]:
+    """bitsandbytes' packed 4-bit and 8-bit weights carry their quantisation state beside the tensor, which FSDP2's
+    dim-0 shards do not keep: a quantised base does not shard (tried on torch 2.13 and bitsandbytes 0.50)."""
+    strategy = (cfg.get("trainer") or {}).get("strategy")
+    bits = (cfg.get("quantization") or {}).get("bits")
+    if bits and isinstance(strategy, dict) and strategy.get("_target_") == FSDP2_TARGET:
+        return (f"quantization={bits}bit does not shard under trainer=fsdp (bitsandbytes' quantised weights keep their "
+                f"scales outside the tensor FSDP2 splits): use trainer=ddp with quantization={bits}bit (every GPU holds "
+                "the whole quantised base, 3.8 GiB for Mistral-7B in 4 bits), or trainer=fsdp with quantization=none")
+    return None
+
+
 @dataclass
 class CpuSchema:
     threads: Optional[int] = setting(1, 1024, hint="null: one per core this process may use")
@@ -403,7 +429,7 @@ class TrainSchema(ModelCommandSchema):
     trainer: TrainerSchema = setting()
     callbacks: CallbacksSchema = setting()
 
-    RULES = (_lora_base,)
+    RULES = (_lora_base, _sharded_quantization)
 
 
 @dataclass

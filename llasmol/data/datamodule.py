@@ -10,9 +10,9 @@ from torch.utils.data import DataLoader, Dataset
 from llasmol.core.defaults import MAX_LENGTH, SEED
 from llasmol.core.errors import UserError
 from llasmol.data.collate import PackCollator, PadCollator
-from llasmol.data.formatting import DEFAULT_PROMPT_TEMPLATE, PromptFormatter
+from llasmol.data.formatting import DEFAULT_PROMPT_TEMPLATE, IGNORE_INDEX, PromptFormatter
 from llasmol.data.resumable_loader import ResumableDataLoader
-from llasmol.data.sampler import ShardedShuffleSampler
+from llasmol.data.sampler import PADDING, ShardedShuffleSampler
 from llasmol.data.smolinstruct import SMolInstructSplit
 from llasmol.data.source import SMolInstructSource
 
@@ -28,6 +28,9 @@ class SMolInstructDataset(Dataset):
         return len(self.split)
 
     def __getitem__(self, i: int) -> dict:
+        if i == PADDING:  # one token that carries no loss: a rank's evaluation share made as long as the others'
+            token = self.formatter.tokenizer.eos_token_id  # every tokenizer here names one
+            return {"input_ids": [token], "labels": [IGNORE_INDEX], "truncated": False, "index": PADDING}
         sample = self.split[i]
         enc = self.formatter.encode(sample["input"], sample["output"])
         return {"input_ids": enc.input_ids, "labels": enc.labels, "truncated": enc.truncated, "index": i}

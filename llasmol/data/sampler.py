@@ -16,6 +16,8 @@ from torch.utils.data import Sampler
 
 from llasmol.core.defaults import SEED
 
+PADDING = -1  # the position that pads an evaluation share to the others' length (no sample, no loss)
+
 
 def _dist_rank_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
@@ -28,7 +30,9 @@ class ShardedShuffleSampler(Sampler[int]):
 
     With `even=True` (training) every rank gets the same count, so DDP steps stay in lock-step; the at most
     W-1 samples left over change from epoch to epoch because the order does. With `even=False` (evaluation)
-    every sample is seen exactly once across ranks.
+    every sample is seen exactly once across ranks, and a rank whose share is one short ends it with `PADDING`,
+    which the dataset serves as a row without loss: every rank runs as many batches as the others (under
+    trainer=fsdp a forward is collective, and a rank with a batch fewer would leave the others waiting).
     """
 
     def __init__(
@@ -77,6 +81,8 @@ class ShardedShuffleSampler(Sampler[int]):
         share = order[self.rank :: self.world_size]
         if self.lengths is not None and self.shuffle and self.batch_size > 1:
             share = self._group_by_length(share)
+        elif not self.even and len(share) < len(self):
+            share = np.append(share, PADDING)
         start, self.start = self.start, 0
         # One int at a time from the array: a list of the epoch's order would cost ~36 bytes a sample.
         return map(int, share[start:])
@@ -102,4 +108,4 @@ class ShardedShuffleSampler(Sampler[int]):
         # The whole epoch, even while resuming: the trainer counts the skipped batches as done already.
         if self.even:
             return self.num_samples // self.world_size
-        return len(range(self.rank, self.num_samples, self.world_size))
+        return -(-self.num_samples // self.world_size)  # every rank's share, padded to the longest

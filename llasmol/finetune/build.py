@@ -82,12 +82,11 @@ def build_trainer(cfg: DictConfig, datamodule: SMolInstructDataModule, resume: R
     """The trainer of `cfg.trainer`, built through the resume plan (the one place a plan meets the trainer),
     with gradient accumulation set for the number of processes it runs."""
     callbacks = build_callbacks(cfg)
-    # FSDP and DeepSpeed presets bring their own checkpoint writers; the rest write through a rename.
-    plugins = [] if OmegaConf.is_dict(cfg.trainer.get("strategy")) else [AtomicCheckpointIO()]
+    plugins = [AtomicCheckpointIO()]  # every preset writes its .ckpt on rank 0, through a rename
 
     def make(plan_callbacks: list) -> Trainer:  # called by the plan, once the loggers' settings are ready
         return hydra.utils.instantiate(cfg.trainer, callbacks=[*callbacks, *plan_callbacks],
-                                       logger=instantiate_all(cfg.get("logger")), plugins=plugins or None)
+                                       logger=instantiate_all(cfg.get("logger")), plugins=plugins)
 
     trainer = resume.trainer(make, cfg.get("logger"))
     number_rows_by_optimizer_step(trainer)

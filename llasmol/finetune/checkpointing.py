@@ -27,7 +27,6 @@ from llasmol.core.run_dir import INTERRUPTED_CKPT
 from llasmol.core.files import remove_stale_temporaries, write_torch
 from llasmol.core.run_dir import CHECKPOINTS
 from llasmol.model.adapters import ADAPTER_CONFIG, adapter_card, adapter_dir, adapter_step, commit_adapter, stage_adapter
-from llasmol.finetune.distributed import module_state_dict
 from llasmol.finetune.lightning_private import CheckpointWithHooks
 from llasmol.finetune.resume import checkpoint_step, resume_command
 
@@ -60,8 +59,8 @@ class AdapterModelCheckpoint(CheckpointWithHooks):
 
     def before_save(self, trainer, filepath: str) -> None:
         module = trainer.lightning_module
-        # Every process takes part: under FSDP the adapters are sharded and gathering them is collective.
-        state = module_state_dict(trainer)
+        # Every process takes part: under trainer=fsdp the adapters are sharded and gathering them is collective.
+        state = trainer.strategy.lightning_module_state_dict()
         if trainer.is_global_zero:
             card = None
             if self.card_facts is not None:
@@ -137,7 +136,7 @@ def tidy_run_dir(run_dir: Path) -> list[str]:
         adapter = adapter_dir(ckpt)
         stored = adapter_step(adapter)
         if stored is None or not ckpt.is_file():
-            continue  # adapters of earlier versions record no step; FSDP/DeepSpeed checkpoints are folders
+            continue  # adapters of earlier versions record no step; a .ckpt folder is no checkpoint of ours
         try:
             step = checkpoint_step(str(ckpt))
         except Exception:  # noqa: BLE001 - a damaged checkpoint is named where it is used

@@ -1,60 +1,111 @@
-"""Sharded training of LoRA models with Lightning's FSDP strategy, and names that survive wrapping.
+"""Sharded data parallel training of LoRA models: FSDP2 (`torch.distributed.fsdp.fully_shard`) through
+Lightning's `ModelParallelStrategy`, the strategy of `trainer=fsdp`.
 
-FSDP flattens the parameters of each wrapped unit into one tensor and keeps a gradient for the whole of
-it. Wrapping every decoder layer as a unit (the usual transformer policy) would put frozen base weights and
-trainable adapters in the same flat tensors, so the frozen 7B would carry gradients. The LoRA-aware policy
-here also wraps each trainable leaf (`lora_A`, `lora_B`, `plus`'s head copy) as its own unit: gradients and
-optimizer state exist for the adapters only, and the frozen units stay in the base dtype.
+Every process holds 1/W of every parameter, frozen base weights and adapters alike, as DTensor shards, and
+all-gathers one transformer block's weights just before its forward (and again before its backward). Each
+decoder block is one unit and the base model (embeddings, final norm, head) the root unit, as torchtune and
+PyTorch shard decoders. FSDP2 keeps `requires_grad` per parameter, so the frozen weights and the adapters of a
+block share its unit and only the adapters get gradients and optimizer state (FSDP1's flat parameters
+needed a unit per adapter for that). `lora=plus`'s trainable head copy sits in the root unit beside the
+frozen head.
+
+Mixed precision follows the trainer's precision: with `bf16-mixed` (the GPU presets) the all-gathered
+weights and the compute are bf16 and gradients are reduce-scattered in fp32 into the fp32 adapter shards the
+optimizer updates; with `32-true` (CPU) everything is fp32. Activation recomputation
+(`gradient_checkpointing=true`) is per block, inside the block's unit.
+
+A forward is collective under FSDP2 (each unit's all-gather), so every rank must run as many forwards as the
+others: validation batches are padded to one count per rank (`llasmol.data.sampler`) and generation runs in
+lockstep (`llasmol.inference.beam_search`). Checkpoints hold the adapters only, gathered whole to rank 0 (a
+few MB to tens of MB), with the optimizer state gathered the same way: one `.ckpt` file, as on one device.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Optional
 
 import torch
 
 from llasmol.core.errors import UserError
+from llasmol.finetune.lightning_private import ModelParallelOverEveryProcess
 from llasmol.model.blocks import clean_name, decoder_layer_types
-from llasmol.finetune.lightning_private import FSDPStrategyWithModelHook
-
-def _is_trainable_leaf(module: torch.nn.Module) -> bool:
-    params = list(module.parameters(recurse=False))
-    return not list(module.children()) and bool(params) and all(p.requires_grad for p in params)
 
 
-def lora_wrap_policy(layer_types: tuple[type, ...]) -> Callable[..., bool]:
-    """FSDP auto-wrap policy: a unit per transformer block and per trainable leaf inside it."""
+def mixed_precision(precision: str):
+    """FSDP2's mixed-precision policy for a Lightning precision name: bf16 (or fp16) weights and compute with
+    fp32 gradient reduction for the `*-mixed` ones, the parameters' own dtype otherwise."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    def policy(module: torch.nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
-        if recurse:
-            return True  # look inside every module
-        return isinstance(module, layer_types) or _is_trainable_leaf(module)
-
-    return policy
-
-
-class LoRAFSDPStrategy(FSDPStrategyWithModelHook):
-    """`FSDPStrategy` whose wrap policy is derived from the model once it exists (see module docstring)."""
-
-    def wrap_policy(self, model: torch.nn.Module):
-        return lora_wrap_policy(decoder_layer_types(model))
+    half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(str(precision))
+    if half is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
 
 
-def module_state_dict(trainer) -> dict:
-    """The LightningModule's state dict with every tensor whole (on rank 0 at least); collective.
+def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
 
-    FSDP gathers through Lightning's full-state-dict path. DeepSpeed ZeRO-3 partitions parameters, so the
-    trainable ones (the adapters, small) are gathered here; ZeRO-2 and DDP hold whole parameters already.
-    """
-    strategy = trainer.strategy
-    if getattr(strategy, "zero_stage_3", False):
-        import deepspeed
+    return any(isinstance(m, FSDPModule) for m in model.modules())
 
-        module = trainer.lightning_module
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        with deepspeed.zero.GatheredParameters([p for _, p in named]):
-            return {clean_name(n): p.detach().cpu().clone() for n, p in named}
-    return strategy.lightning_module_state_dict()
+
+def shard_model(model: torch.nn.Module, mesh, precision: str, reshard_after_forward: bool = True) -> int:
+    """`fully_shard` each transformer block of `model` (a PEFT model), then its base model as the root;
+    returns the number of blocks. The root is the base model rather than the PEFT wrapper because generation
+    calls the base model directly (`PeftModel.generate`), and training reaches it too."""
+    from torch.distributed.fsdp import fully_shard
+
+    policy = mixed_precision(precision)
+    types = decoder_layer_types(model)
+    blocks = [m for m in model.modules() if isinstance(m, types)]
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    root = model.get_base_model() if hasattr(model, "get_base_model") else model
+    fully_shard(root, mesh=mesh, mp_policy=policy)  # FSDP2 keeps a root's weights gathered after its forward
+    return len(blocks)
+
+
+class FSDP2Strategy(ModelParallelOverEveryProcess):
+    """`trainer=fsdp`: FSDP2 over every process of every node (see the module docstring).
+
+    `reshard_after_forward=False` keeps each block's gathered weights from its forward to its backward
+    (ZeRO-2-like: less communication, more memory)."""
+
+    def __init__(self, reshard_after_forward: bool = True, **kwargs: Any) -> None:
+        # One file of whole adapters on rank 0, not a folder of shards: small, and read as any other .ckpt.
+        super().__init__(save_distributed_checkpoint=False, **kwargs)
+        self.reshard_after_forward = reshard_after_forward
+
+    def shard(self, model: torch.nn.Module) -> None:
+        """Shard `model` over the data-parallel mesh, once (Lightning asks at every fit and validate)."""
+        if not is_sharded(model):
+            shard_model(model, self.device_mesh["data_parallel"], self.precision_plugin.precision,
+                        self.reshard_after_forward)
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """The trainable tensors whole, on rank 0 (empty elsewhere); collective. Lightning's own would gather the
+        frozen base too (14 GB for a 7B) only for `on_save_checkpoint` to drop it."""
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.tensor import DTensor
+
+        module = self.lightning_module
+        for unit in module.modules():  # the sharded parameters in place (the root stays gathered after a forward)
+            if isinstance(unit, FSDPModule):
+                unit.reshard()
+        state = {}
+        for name, param in module.named_parameters():
+            if not param.requires_grad:
+                continue
+            whole = param.full_tensor() if isinstance(param, DTensor) else param
+            if self.is_global_zero:
+                state[clean_name(name)] = whole.detach().cpu().clone()
+        return state
+
+    def load_checkpoint(self, checkpoint_path, weights_only: Optional[bool] = None) -> dict[str, Any]:
+        # Lightning loads the weights here, non-strictly (the frozen base is not in the file), and hands the
+        # module a checkpoint without them: check first that they are this model's adapters.
+        saved = torch.load(checkpoint_path, map_location="cpu", mmap=True, weights_only=True)["state_dict"]
+        self.lightning_module.check_adapter_keys(set(saved))
+        return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
 
 
 def check_optimizer(optimizer_cfg, trainer_cfg) -> None:
@@ -69,23 +120,3 @@ def check_optimizer(optimizer_cfg, trainer_cfg) -> None:
         raise UserError(f"optimizer._target_={target} pages its state through CUDA memory and this run has no GPU "
                         f"(trainer.accelerator={trainer_cfg.get('accelerator')}): use "
                         f"optimizer._target_=bitsandbytes.optim.{name.removeprefix('Paged')} (the same update, unpaged)")
-
-
-def check_trainer(trainer_cfg) -> None:
-    """Stop early, in one line, on a strategy this machine cannot run."""
-    strategy = trainer_cfg.get("strategy")
-    # A preset's `_target_` class, or a Lightning strategy name such as "fsdp" or "deepspeed_stage_3".
-    target = str(strategy.get("_target_", "") if hasattr(strategy, "get") else strategy or "").lower()
-    name = "fsdp" if "fsdp" in target else "deepspeed" if "deepspeed" in target else None
-    if name is None:
-        return
-    if name == "deepspeed":
-        import importlib.util
-
-        if importlib.util.find_spec("deepspeed") is None:
-            raise UserError('trainer=deepspeed needs the DeepSpeed package: pip install -e ".[deepspeed]" '
-                            "(on a CUDA machine), or use trainer=fsdp")
-    if trainer_cfg.get("accelerator") == "cpu" or not torch.cuda.is_available():
-        raise UserError(f"trainer={name} shards the model over GPUs and this machine has none "
-                        f"(accelerator={trainer_cfg.get('accelerator')}): on CPU use trainer=ddp "
-                        "trainer.accelerator=cpu trainer.devices=2")

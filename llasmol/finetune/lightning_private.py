@@ -9,13 +9,13 @@ The rest of the package uses the small public-looking wrappers below, never a pr
 from __future__ import annotations
 
 import importlib
-from typing import Any, Optional
+from typing import Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
-from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.strategies import ModelParallelStrategy
 
 # (module, class, attribute, where it is set: "class" or "instance", why we touch it)
 TOUCH_POINTS: tuple[tuple[str, str, str, str, str], ...] = (
@@ -41,11 +41,9 @@ TOUCH_POINTS: tuple[tuple[str, str, str, str, str], ...] = (
      "finish a W&B run only if it started (a multirun's next job must start its own)"),
     ("lightning.pytorch.loggers", "WandbLogger", "_wandb_init", "instance",
      "Lightning passes anonymous=None, which W&B 0.31 answers with a deprecation warning at every start"),
-    ("lightning.pytorch.strategies", "FSDPStrategy", "_setup_model", "class",
-     "the LoRA-aware wrap policy needs the model, which exists only there; the sharded root for clipping"),
-    ("lightning.pytorch.strategies", "FSDPStrategy", "kwargs", "instance", "the same"),
-    ("lightning.pytorch.plugins.precision", "FSDPPrecision", "clip_grad_by_norm", "class",
-     "it refuses norm clipping under FSDP; the paper recipe clips at 1.0, through the root instead"),
+    ("lightning.pytorch.strategies", "ModelParallelStrategy", "_data_parallel_size", "instance",
+     "trainer=fsdp shards over every process: one data-parallel dimension of nodes x devices, known only at setup"),
+    ("lightning.pytorch.strategies", "ModelParallelStrategy", "_tensor_parallel_size", "instance", "the same"),
     ("lightning.pytorch.callbacks", "RichProgressBar", "progress", "instance",
      "the live rich display that the validation generation adds its row to"),
     ("lightning.pytorch", "Trainer", "_logger_connector", "instance",
@@ -71,7 +69,7 @@ def missing_touch_points() -> list[str]:
 def _instance(name: str, cls: type) -> Any:
     import tempfile
 
-    if name == "FSDPStrategy":
+    if name == "ModelParallelStrategy":
         return cls()
     if name in ("CSVLogger", "WandbLogger"):
         return cls(save_dir=tempfile.mkdtemp(), **({"offline": True} if name == "WandbLogger" else {}))
@@ -182,37 +180,18 @@ class WandbLoggerWithoutAnonymous(WandbLogger):
             self._wandb_init.pop("anonymous", None)
 
 
-# --------------------------------------------------------------------------- FSDP
+# --------------------------------------------------------------------------- FSDP2
 
 
-class FSDPStrategyWithModelHook(FSDPStrategy):
-    """`FSDPStrategy` that asks `wrap_policy(model)` for its auto-wrap policy once the model exists, and
-    clips gradients by norm through the sharded root (`clip_norm_through_root`)."""
+class ModelParallelOverEveryProcess(ModelParallelStrategy):
+    """`ModelParallelStrategy` whose device mesh is one data-parallel dimension over every process of every
+    node (FSDP2 alone). Lightning's "auto" makes it nodes × devices-per-node, data parallel across nodes and
+    tensor parallel within one, and the sizes can be given only before the devices and nodes are known."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        self._policy_given = "auto_wrap_policy" in kwargs
-        super().__init__(**kwargs)
-
-    def wrap_policy(self, model) -> Optional[Any]:
-        return None
-
-    def _setup_model(self, model):
-        if not self._policy_given:
-            policy = self.wrap_policy(model)
-            if policy is not None:
-                self.kwargs["auto_wrap_policy"] = policy
-        root = super()._setup_model(model)
-        clip_norm_through_root(self.precision_plugin, root)
-        return root
-
-
-def clip_norm_through_root(precision, root) -> None:
-    """Let `trainer.gradient_clip_val` clip by norm under FSDP (the paper recipe clips at 1.0).
-
-    Lightning's FSDP precision plugin refuses norm clipping: it holds no handle on the sharded root, and
-    a norm over one rank's shards would be wrong. The root's `clip_grad_norm_` computes the global norm.
-    """
-    precision.clip_grad_by_norm = lambda optimizer, clip_val: root.clip_grad_norm_(clip_val)
+    def setup_environment(self) -> None:
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        self._tensor_parallel_size = 1
+        super().setup_environment()
 
 
 # --------------------------------------------------------------------------- progress

@@ -85,8 +85,11 @@ class LoRACausalLM(L.LightningModule):
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         loss = self(batch)
+        tokens = self._target_tokens(batch)
+        if tokens == 0:  # only padding (a rank's share made as long as the others'): its mean is 0/0
+            loss = torch.zeros_like(loss)
         # Weighted by target tokens, so val/loss is the per-token loss of the whole split.
-        self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=self._target_tokens(batch))
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=tokens)
         self.log("val/truncated", batch["truncated"].sum().float(), reduce_fx="sum", sync_dist=True)
 
     def configure_optimizers(self) -> Any:
@@ -98,7 +101,7 @@ class LoRACausalLM(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def _trainable_keys(self) -> set[str]:
-        # Clean names: under FSDP or activation checkpointing the modules are wrapped, the state dict is not.
+        # Clean names: under torch.compile or a checkpoint wrapper the modules are wrapped, the state dict is not.
         return {f"model.{clean_name(name)}" for name, p in self.model.named_parameters() if p.requires_grad}
 
     def adapter_state_dict(self, state_dict: dict) -> dict:
@@ -111,14 +114,22 @@ class LoRACausalLM(L.LightningModule):
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        # Loading is not strict (the frozen base is not in the file), so check here that the checkpoint
-        # holds exactly this model's adapters: another LoRA variant or base would silently load nothing.
-        if "state_dict" not in checkpoint:
-            return  # DeepSpeed restores module weights through its own engine files
-        saved, wanted = set(checkpoint["state_dict"]), self._trainable_keys()
+        if "state_dict" in checkpoint:  # trainer=fsdp checks the weights as it loads them, before this hook
+            self.check_adapter_keys(set(checkpoint["state_dict"]))
+
+    def check_adapter_keys(self, saved: set[str]) -> None:
+        """Loading is not strict (the frozen base is not in the file), so check that a checkpoint holds exactly
+        this model's adapters: another LoRA variant or base would silently load nothing."""
+        wanted = self._trainable_keys()
         if saved != wanted:
             example = sorted(wanted - saved or saved - wanted)[0]
             raise UserError(
                 f"the checkpoint's adapters do not match this model ({len(saved)} saved tensors, {len(wanted)} "
                 f"trainable; e.g. {example}): resume with the run's model= and lora= options"
             )
+
+    def configure_model(self) -> None:
+        # Lightning's hook for sharding a model: trainer=fsdp (`FSDP2Strategy.shard`) shards it here, once.
+        shard = getattr(self.trainer.strategy, "shard", None)
+        if shard is not None:
+            shard(self.model)

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from llasmol.core.run_lock import hold_run_lock
 from llasmol.model.base import check_packing, quantization_config
 from llasmol.finetune.checkpointing import tidy_run_dir
-from llasmol.finetune.distributed import check_optimizer, check_trainer
+from llasmol.finetune.distributed import check_optimizer
 from llasmol.finetune.tracking import check_loggers
 
 log = logging.getLogger("llasmol.train")  # the run's log lines keep the command's name in train.log
@@ -31,9 +31,7 @@ def claim_run_dir(output_dir: str | Path) -> Path:
 
 
 def check_run(cfg: DictConfig) -> None:
-    """A `UserError` for a strategy, optimizer, logger, packing or quantisation this machine cannot run,
-    cheapest first."""
-    check_trainer(cfg.trainer)
+    """A `UserError` for an optimizer, logger, packing or quantisation this machine cannot run, cheapest first."""
     check_optimizer(cfg.optimizer, cfg.trainer)
     check_loggers(cfg.get("logger"))
     if cfg.data.get("packing"):

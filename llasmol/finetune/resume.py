@@ -132,6 +132,26 @@ def checkpoint_step(path: str) -> int:
     return int(torch.load(path, map_location="cpu", mmap=True, weights_only=True)["global_step"])
 
 
+def checkpoint_world_size(path: str) -> Optional[int]:
+    """How many processes trained the run a checkpoint was saved from (its data position says; None when it
+    holds none: saved before the first batch)."""
+    state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    for value in state.values():  # the DataModule's state, under its class name
+        if isinstance(value, dict) and isinstance(value.get("train_position"), dict):
+            return value["train_position"].get("world_size")
+    return None
+
+
+def check_same_world_size(path: str, world_size: int) -> None:
+    """Every process trains a stride of the epoch's order and keeps its own place in it, so a run resumes
+    exactly only on the number of processes it was saved from."""
+    saved = checkpoint_world_size(path)
+    if saved is not None and saved != world_size:
+        raise UserError(f"ckpt_path={path} was saved by a run of {saved} process(es) and this one has {world_size} "
+                        f"(trainer.devices × trainer.num_nodes): resume with {saved} processes, as each continues "
+                        "its own share of the epoch, or start a new run")
+
+
 class Resume(Callback):
     """What `ckpt_path=` means for this run, and the one seam where that reaches the trainer: `trainer` builds
     the trainer with loggers that continue an in-place resume's W&B run and CSV rows, and the plan, one of the
@@ -158,6 +178,8 @@ class Resume(Callback):
         instantiates the loggers; right after, they keep its CSV rows and remember the W&B id."""
         self._continue_wandb_run(logger_cfg)
         trainer = make([self])
+        if self.checkpoint:  # before any logger starts
+            check_same_world_size(self.checkpoint, trainer.world_size)
         self._keep_logs(trainer)
         return trainer
 

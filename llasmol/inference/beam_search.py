@@ -3,6 +3,11 @@
 Prompts are formatted exactly as in training (`<s>[INST] {query} [/INST]`, `PromptFormatter.prompt_ids`),
 sorted by length so each batch wastes little padding, left-padded (so every row's next token is at the same
 position) and decoded without the prompt. Prompts longer than `max_prompt_tokens` are skipped and reported as skipped.
+
+A model sharded with FSDP2 over several processes (trainer=fsdp) all-gathers its weights in every forward,
+a collective: its ranks generate in lockstep. Each `generate` call runs until every rank's call has finished
+(`synced_gpus`), and a rank with fewer batches than the others makes up the difference with idle calls
+(`BeamGenerator.idle`), so every rank makes as many calls and forwards as the others.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import torch
+import torch.distributed as dist
 
 from llasmol.core.defaults import MAX_LENGTH
 
@@ -33,6 +39,22 @@ def task_settings(gen_cfg, task: str) -> BeamSettings:
                         bool(merged.get("early_stopping", False)))
 
 
+def forward_is_collective(model: torch.nn.Module) -> bool:
+    """Whether `model` is sharded (FSDP2) over more than one process, so that every forward is collective."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def most_of_any_rank(count: int, device: torch.device) -> int:
+    """The largest `count` of any rank (collective; `device`: where this rank's backend takes tensors)."""
+    value = torch.tensor([count], dtype=torch.long, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return int(value)
+
+
 class BeamGenerator:
     """Generates responses for many queries of one task at a time."""
 
@@ -43,6 +65,7 @@ class BeamGenerator:
         self.max_prompt_tokens = max_prompt_tokens
         self.batch_size = batch_size
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.lockstep = forward_is_collective(model)  # see the module docstring
 
     def encode(self, query: str) -> list[int]:
         return self.formatter.prompt_ids(query)
@@ -54,6 +77,22 @@ class BeamGenerator:
             for i, texts in zip(rows, outputs):
                 results[i] = texts
         return results
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def count_batches(self, queries: list[str]) -> int:
+        """How many `generate` calls `generate_batches(queries, ...)` makes (the skipped prompts make none)."""
+        kept = sum(len(self.encode(q)) <= self.max_prompt_tokens for q in queries)
+        return -(-kept // self.batch_size)
+
+    @torch.no_grad()
+    def idle(self, calls: int) -> None:
+        """`calls` generate calls on a one-token prompt, answered by nobody: a lockstep rank with fewer batches
+        than the others keeps taking part in their forwards."""
+        for _ in range(calls):
+            self._generate_batch([[self.pad_id]], BeamSettings(1, 1, 1))
 
     @torch.no_grad()
     def generate_batches(self, queries: list[str], settings: BeamSettings
@@ -72,7 +111,7 @@ class BeamGenerator:
             yield rows, self._generate_batch([encoded[i] for i in rows], settings)
 
     def _generate_batch(self, prompts: list[list[int]], settings: BeamSettings) -> list[list[str]]:
-        device = next(self.model.parameters()).device
+        device = self.device
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -89,6 +128,7 @@ class BeamGenerator:
             early_stopping=settings.early_stopping,
             pad_token_id=self.pad_id,
             eos_token_id=self.tokenizer.eos_token_id,
+            synced_gpus=self.lockstep,
         )
         texts = self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
         k = settings.num_return_sequences

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from llasmol.core.defaults import SEED
 from llasmol.core.files import write_json, write_jsonl
 from llasmol.core.run_dir import METRICS, PREDICTIONS, intervals_file
-from llasmol.inference.beam_search import BeamGenerator, task_settings
+from llasmol.inference.beam_search import BeamGenerator, most_of_any_rank, task_settings
 from llasmol.inference.predictions import make_record
 from llasmol.metrics.intervals import interval_report, wants_intervals
 from llasmol.metrics.scoring import GoldPool, per_sample_statistics, task_metrics
@@ -128,12 +128,18 @@ class ModelAnswers:
         for i in samples.indices:
             by_task[(done[i] if i in done else todo_samples[i])["task"]].append(i)
         made = dict(done)
-        for task, rows in by_task.items():
-            todo = [i for i in rows if i not in done]
-            if not todo:
+        asked = {task: [(i, self.queries[i] if self.queries is not None else todo_samples[i]["input"])
+                        for i in rows if i not in done] for task, rows in by_task.items()}
+        lockstep = getattr(self.generator, "lockstep", False)  # other generators (replays) answer alone
+        if lockstep:  # as many generate calls as the rank with the most (beam_search docstring)
+            calls = sum(self.generator.count_batches([q for _, q in pairs]) for pairs in asked.values())
+            idle = most_of_any_rank(calls, self.generator.device) - calls
+        for task, pairs in asked.items():
+            if not pairs:
                 continue
-            asked = [self.queries[i] if self.queries is not None else todo_samples[i]["input"] for i in todo]
-            for positions, outputs in self.generator.generate_batches(asked, task_settings(self.generation, task)):
+            todo = [i for i, _ in pairs]
+            queries = [q for _, q in pairs]
+            for positions, outputs in self.generator.generate_batches(queries, task_settings(self.generation, task)):
                 batch = [make_record(todo[p], todo_samples[todo[p]], samples.golds, out)
                          for p, out in zip(positions, outputs)]
                 if self.sink is not None:
@@ -141,6 +147,8 @@ class ModelAnswers:
                 made.update((r["index"], r) for r in batch)
                 if advance is not None:
                     advance(len(batch))
+        if lockstep:
+            self.generator.idle(idle)
         return [made[i] for rows in by_task.values() for i in rows]
 
 

@@ -6,8 +6,9 @@ from typing import Optional
 
 import torch
 
-# Inserted into parameter names by FSDP, activation-checkpoint and torch.compile wrappers.
-_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+# Inserted into parameter names by torch's activation-checkpoint wrapper and torch.compile of a whole module (FSDP2
+# and the per-block compile here rename nothing).
+_WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
 
 
 def clean_name(name: str) -> str:

@@ -1,0 +1,224 @@
+"""Scale-out benchmark (issue #36): one process, DDP over 2 and FSDP2 over 2 (`trainer=fsdp`'s strategy), on the
+tiny model and on a Mistral-7B-shaped stack of 2 decoder layers (full width: 4096 hidden, 14336 FFN, 32000
+vocabulary, random weights). Per case: the time of an optimizer step, each process's peak and final resident
+memory, the bytes of parameters each process holds, the checkpoint's size and save time, and the time to read
+it back into a new run (the strategy's `load_checkpoint`) and to reach that run's first step.
+
+    python bench/scale_out.py                         # every case, CPU over gloo; bench/results/scale_out.json
+    python bench/scale_out.py --case fsdp2 --arch tiny-mistral --out /tmp/x.json   # one case (2 processes)
+
+The training is `LoRACausalLM` (the paper's `full` LoRA, AdamW) under Lightning with the strategy of the
+trainer preset, on random token rows, so that the figures are the strategy's, not the data's. bench/gpu_check.sh
+runs the FSDP2 case on one GPU (`--accelerator gpu --devices 1`: bf16 weights, fp32 reduction).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import compose_config, machine, write_result  # noqa: E402  (sets offline mode first)
+
+CASES = {"single": 1, "ddp": 2, "fsdp2": 2}  # case: processes
+ARCHS = {"tiny-mistral": None, "mistral-7b": 2}  # architecture: decoder layers (None: its own)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--case", choices=list(CASES), default=None, help="one case (default: all, each a process)")
+    p.add_argument("--arch", default="tiny-mistral", help="bundled architecture (llasmol/model/arch/*.json)")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the architecture's)")
+    p.add_argument("--accelerator", default="cpu")
+    p.add_argument("--devices", type=int, default=None, help="one case: processes (default: the case's)")
+    p.add_argument("--steps", type=int, default=4, help="timed optimizer steps, after one untimed")
+    p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--out", type=Path, default=None, help="one case: its JSON (rank 0); all: default results file")
+    return p.parse_args(argv)
+
+
+def _rss_mib() -> float:
+    """This process's resident memory now (Linux), MiB."""
+    with open("/proc/self/status") as fh:
+        kib = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+    return round(kib / 1024, 1)
+
+
+def build_module(args, torch, cuda: bool):
+    from transformers import AutoModelForCausalLM
+
+    from llasmol.finetune.module import LoRACausalLM
+    from llasmol.model.base import arch_config
+    from llasmol.model.lora import apply_lora
+
+    cfg = compose_config(["model=mistral", "lora=full", "paths.output_dir=/unused"])
+    config = arch_config(args.arch, **({"num_hidden_layers": args.layers} if args.layers else {}))
+    torch.manual_seed(0)  # the same base on every process
+    base = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if cuda else torch.float32)
+    model = apply_lora(base, cfg.model, cfg.lora)
+    model.train()
+    return LoRACausalLM(model, optimizer=partial(torch.optim.AdamW, lr=1e-4, weight_decay=0.0)), config
+
+
+def fit_case(args, case: str, devices: int) -> dict:
+    """Fit `args.steps + 1` optimizer steps under `case`, save a checkpoint and resume from it for one more step;
+    rank 0 returns the figures of every rank (each rank's own under `ranks`)."""
+    import lightning as L
+    import torch
+    import torch.distributed as dist
+    from lightning.pytorch.callbacks import Callback
+
+    from llasmol.finetune.distributed import FSDP2Strategy
+
+    cuda = args.accelerator != "cpu"
+    module, config = build_module(args, torch, cuda)
+
+    class Clock(Callback):
+        def __init__(self) -> None:
+            self.fit_started = time.perf_counter()
+            self.first_batch = None
+            self.steps: list[float] = []
+            self._start = 0.0
+
+        def _sync(self):
+            if cuda:
+                torch.cuda.synchronize()
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self._sync()
+            self._start = time.perf_counter()
+            if self.first_batch is None:
+                self.first_batch = self._start - self.fit_started
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self._sync()
+            self.steps.append(time.perf_counter() - self._start)
+
+    def rows(rank: int, n: int) -> list[dict]:
+        out = []
+        for step in range(n):
+            g = torch.Generator().manual_seed(1000 * rank + step)
+            ids = torch.randint(3, config.vocab_size, (args.micro_batch, args.seq_len), generator=g)
+            out.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids,
+                        "truncated": torch.zeros(args.micro_batch, dtype=torch.bool)})
+        return out
+
+    def trainer(max_steps: int, clock: Clock) -> L.Trainer:
+        strategy = {"single": "auto", "ddp": "ddp", "fsdp2": FSDP2Strategy()}[case]
+        return L.Trainer(accelerator="gpu" if cuda else "cpu", devices=devices, strategy=strategy,
+                         precision="bf16-mixed" if cuda else "32-true", max_steps=max_steps, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,
+                         callbacks=[clock])
+
+    steps = args.steps + 1
+    clock = Clock()
+    fresh = trainer(steps, clock)
+    data = rows(fresh.global_rank, steps + 1)
+    fresh.fit(module, train_dataloaders=torch.utils.data.DataLoader(data[:steps], batch_size=None))
+    from torch.distributed.tensor import DTensor
+
+    held = sum((p.to_local() if isinstance(p, DTensor) else p).nbytes for p in module.model.parameters())
+    folder = Path(tempfile.mkdtemp(prefix="llasmol-scale-")) if fresh.is_global_zero else None
+    if dist.is_available() and dist.is_initialized():
+        shared = [str(folder)]
+        dist.broadcast_object_list(shared, src=0)
+        folder = Path(shared[0])
+    path = folder / "last.ckpt"
+    started = time.perf_counter()
+    fresh.save_checkpoint(path)
+    save_seconds = time.perf_counter() - started
+    rank = fresh.global_rank
+    mine = {"rank": rank, "median_step_seconds": round(statistics.median(clock.steps[1:]), 4),
+            "parameter_bytes_held": held,
+            "rss_after_fit_mib": _rss_mib(), "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+            "checkpoint_save_seconds": round(save_seconds, 3)}
+
+    # Resume: a new module and trainer, from the checkpoint, one step more.
+    module, _ = build_module(args, torch, cuda)
+    again = Clock()
+    resumed = trainer(steps + 1, again)
+    loads = []
+    load = resumed.strategy.load_checkpoint
+
+    def timed_load(*a, **k):  # the adapters and optimizer state read into the (sharded) model
+        started = time.perf_counter()
+        try:
+            return load(*a, **k)
+        finally:
+            loads.append(time.perf_counter() - started)
+
+    resumed.strategy.load_checkpoint = timed_load
+    resumed.fit(module, train_dataloaders=torch.utils.data.DataLoader(data, batch_size=None), ckpt_path=str(path),
+                weights_only=True)
+    mine["resumed_fit_start_seconds"] = round(again.first_batch, 3)
+    mine["resume_load_seconds"] = round(sum(loads), 3)
+    mine["resumed_steps"] = len(again.steps)
+    everyone = [mine]
+    if dist.is_available() and dist.is_initialized():
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+    if rank != 0:
+        return {}
+    size = path.stat().st_size
+    for p in folder.iterdir():
+        p.unlink()
+    folder.rmdir()
+    first = everyone[0]
+    return {"case": case, "processes": devices, "arch": args.arch, "layers": config.num_hidden_layers,
+            "micro_batch": args.micro_batch, "seq_len": args.seq_len, "accelerator": args.accelerator,
+            "median_step_seconds": max(r["median_step_seconds"] for r in everyone),
+            "parameter_bytes_held_per_process": [r["parameter_bytes_held"] for r in everyone],
+            "peak_rss_mib_per_process": [r["peak_rss_mib"] for r in everyone],
+            "rss_after_fit_mib_per_process": [r["rss_after_fit_mib"] for r in everyone],
+            "peak_gpu_gib": first["peak_gpu_gib"], "checkpoint_bytes": size,
+            "checkpoint_save_seconds": first["checkpoint_save_seconds"],
+            "resume_load_seconds": first["resume_load_seconds"],
+            "resumed_fit_start_seconds": first["resumed_fit_start_seconds"],
+            "ranks": everyone}
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.case is not None:
+        result = fit_case(args, args.case, args.devices or CASES[args.case])
+        if result and args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+        if result:
+            print(json.dumps(result))
+        return result
+    # Every case in a process of its own (Lightning starts the second process of a 2-process case itself).
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch, layers in ARCHS.items():
+            for case in CASES:
+                out = Path(tmp) / f"{arch}-{case}.json"
+                cmd = [sys.executable, __file__, "--case", case, "--arch", arch, "--steps", str(args.steps),
+                       "--micro-batch", str(args.micro_batch), "--seq-len", str(args.seq_len), "--out", str(out),
+                       "--accelerator", args.accelerator, *(["--layers", str(layers)] if layers else [])]
+                print("running:", " ".join(cmd[2:]), flush=True)
+                subprocess.run(cmd, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                               stdout=subprocess.DEVNULL)
+                results.append(json.loads(out.read_text()))
+                r = results[-1]
+                print(f"  {r['median_step_seconds']} s/step, params held {r['parameter_bytes_held_per_process']}, "
+                      f"peak RSS {r['peak_rss_mib_per_process']} MiB, checkpoint {r['checkpoint_bytes']} B", flush=True)
+    result = {"command": "python bench/scale_out.py", "load_average": os.getloadavg(), "cases": results}
+    write_result("scale_out", result) if args.out is None else args.out.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

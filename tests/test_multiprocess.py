@@ -1,0 +1,196 @@
+"""Training on two CPU processes over gloo, as a user scales out: FSDP2 (`trainer=fsdp`) against DDP step by
+step, a sharded run stopped by SIGTERM and continued, its adapter on the unsharded base, and DDP over two
+"nodes" on loopback started the way SLURM starts them."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import HANG_TIMEOUT, free_port
+from test_resume import TESTS, _records
+
+# Three tasks, 48 training samples each: micro-batch 4 × accumulation 1 × 2 processes = 8 a step, 6 steps.
+# Validation: 3 samples a task (9: shares of 5 and 4, so batches of 4 give one rank a batch more, which it
+# pads) and generation of 1 sample a task (rank 0 answers two tasks, rank 1 one, so it idles a call).
+RUN = ["data.tasks=[name_conversion-s2f,property_prediction-esol,forward_synthesis]",
+       "data.max_samples_per_task={train:48,validation:3}", "data.micro_batch_size=4", "data.effective_batch_size=8",
+       "trainer.max_steps=6", "val_every_n_steps=3", "checkpoint_every_n_steps=2", "scheduler.num_warmup_steps=2",
+       "callbacks.generation_evaluator.samples_per_task=1", "generation.max_new_tokens_limit=6",
+       "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false", "logger=csv", "trainer.accelerator=cpu",
+       "trainer.devices=2", "+callbacks.recorder._target_=resume_probe.StepRecorder"]
+FSDP = ["trainer=fsdp", "gradient_checkpointing=true"]  # activation recomputation inside each block's unit
+
+
+def _env(**extra: str) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **extra}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    env.pop("HYDRA_FULL_ERROR", None)
+    return env
+
+
+def _train(run: Path, args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llasmol.train", f"hydra.run.dir={run}", *args], cwd=cwd,
+                          env=_env(**env), capture_output=True, text=True, timeout=HANG_TIMEOUT)
+
+
+def _finished(run: Path, args: list[str], cwd: Path) -> Path:
+    proc = _train(run, [*args, f"+callbacks.recorder.path={run}.steps", f"+callbacks.logits._target_=resume_probe."
+                        f"LogitsProbe", f"+callbacks.logits.path={run}.logits.pt"], cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("run directory:") == 1  # rank 0 alone says it
+    return run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """The same run under DDP and under FSDP2, each to its end."""
+    root = tmp_path_factory.mktemp("scale")
+    return {"ddp": _finished(root / "ddp", [*RUN, "trainer=ddp"], root),
+            "fsdp": _finished(root / "fsdp", [*RUN, *FSDP], root)}
+
+
+def _steps(run: Path) -> dict[int, list[dict]]:
+    return {rank: _records(Path(f"{run}.steps"), rank) for rank in (0, 1)}
+
+
+def _val_losses(run: Path) -> list[float]:
+    with (run / "csv" / "metrics.csv").open() as fh:
+        return [float(r["val/loss"]) for r in csv.DictReader(fh) if r["val/loss"]]
+
+
+@pytest.mark.slow
+def test_fsdp2_trains_as_ddp_does_on_the_same_global_batch(runs):
+    """Every micro-batch's loss on each rank equals DDP's to within float32 rounding (rel 1e-5; on torch 2.13
+    they are bit-equal), and so do the validations: loss, each answer and the metrics."""
+    ddp, fsdp = _steps(runs["ddp"]), _steps(runs["fsdp"])
+    for rank in (0, 1):
+        assert [(r["step"], r["indices"]) for r in fsdp[rank]] == [(r["step"], r["indices"]) for r in ddp[rank]]
+        assert len(fsdp[rank]) == 6
+        assert [r["loss"] for r in fsdp[rank]] == pytest.approx([r["loss"] for r in ddp[rank]], rel=1e-5)
+        assert [r["lr"] for r in fsdp[rank]] == pytest.approx([r["lr"] for r in ddp[rank]], rel=1e-12)
+    assert not set(fsdp[0][0]["indices"]) & set(fsdp[1][0]["indices"])  # each rank its own share
+    assert len(_val_losses(runs["fsdp"])) == 2
+    assert _val_losses(runs["fsdp"]) == pytest.approx(_val_losses(runs["ddp"]), rel=1e-5)
+    for step in (3, 6):
+        records = {k: [json.loads(x) for x in (run / "predictions" / f"val-step{step}.jsonl").read_text().splitlines()]
+                   for k, run in runs.items()}
+        assert len(records["fsdp"]) == 3 and {r["task"] for r in records["fsdp"]} == {
+            "name_conversion-s2f", "property_prediction-esol", "forward_synthesis"}
+        assert [r["predictions"] for r in records["fsdp"]] == [r["predictions"] for r in records["ddp"]]
+        metrics = {k: json.loads((run / "metrics" / f"val-step{step}.json").read_text()) for k, run in runs.items()}
+        assert metrics["fsdp"] == metrics["ddp"]
+    # What each run saved: the same adapters, a .ckpt file each (not a folder of shards) written on rank 0.
+    saved = {k: torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+             for k, run in runs.items()}
+    assert saved["fsdp"]["state_dict"].keys() == saved["ddp"]["state_dict"].keys()
+    assert len(saved["fsdp"]["state_dict"]) == 2 * 2 * 7  # lora=full: A and B of 7 projections in 2 blocks
+    for key, tensor in saved["ddp"]["state_dict"].items():
+        torch.testing.assert_close(saved["fsdp"]["state_dict"][key], tensor, rtol=1e-5, atol=1e-7)
+    assert "accumulation 1 × 2 process(es)" in (runs["fsdp"] / "train.log").read_text()
+
+
+@pytest.mark.slow
+def test_ddps_two_ranks_score_as_one_process_scores_their_answers(runs):
+    """The metric sums are reduced over the ranks: one process scoring the gathered predictions agrees."""
+    from llasmol.inference.predictions import read_predictions
+    from llasmol.metrics.scoring import score_records
+
+    run = runs["ddp"]
+    metrics = json.loads((run / "metrics" / "val-step6.json").read_text())
+    single = score_records(read_predictions(run / "predictions" / "val-step6.jsonl"))
+    assert set(single) == set(metrics) and all(v["num_samples"] == 1 for v in metrics.values())
+    for task, values in single.items():
+        got = {k: float("nan") if metrics[task][k] is None else metrics[task][k] for k in values}  # JSON null = NaN
+        assert got == pytest.approx(values, abs=1e-9, nan_ok=True), task
+
+
+@pytest.mark.slow
+def test_the_sharded_runs_adapter_loads_on_the_unsharded_base_with_the_same_logits(runs):
+    from peft import PeftModel
+
+    from conftest import compose_config
+    from llasmol.model.base import load_base_model, load_tokenizer
+
+    cfg = compose_config(["paths.output_dir=/unused"])
+    base = load_base_model(cfg.model, load_tokenizer(cfg.model))  # the tiny base, rebuilt from its seed
+    model = PeftModel.from_pretrained(base, str(runs["fsdp"] / "checkpoints" / "last.adapter")).eval()
+    probe = torch.load(f"{runs['fsdp']}.logits.pt", weights_only=True)
+    with torch.no_grad():
+        logits = model(input_ids=probe["input_ids"]).logits
+        with model.disable_adapter():
+            untuned = model(input_ids=probe["input_ids"]).logits
+    torch.testing.assert_close(logits, probe["logits"], rtol=1e-5, atol=1e-5)
+    assert (logits - untuned).abs().max() > 1e-3  # six steps did move the adapters off zero
+
+
+@pytest.mark.slow
+def test_a_sharded_run_stopped_by_sigterm_continues_exactly(runs, tmp_path):
+    """SIGTERM before step 2 stops at its end with interrupted.ckpt; `ckpt_path=last` then trains steps 3-6
+    with every loss and learning rate of the uninterrupted FSDP2 run, and validates as it did."""
+    run = tmp_path / "run"
+    signal_at = ["+callbacks.signal._target_=resume_probe.SignalAt", "+callbacks.signal.signal=SIGTERM",
+                 "+callbacks.signal.step=1", "+callbacks.signal.micro_batch=0"]
+    stopped = _train(run, [*RUN, *FSDP, f"+callbacks.recorder.path={tmp_path}/stopped", *signal_at], tmp_path)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert torch.load(run / "checkpoints" / "interrupted.ckpt", weights_only=True)["global_step"] == 2
+    resumed = _train(run, [*RUN, *FSDP, f"+callbacks.recorder.path={tmp_path}/resumed", "ckpt_path=last"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected = _steps(runs["fsdp"])
+    for rank in (0, 1):
+        before, after = _records(tmp_path / "stopped", rank), _records(tmp_path / "resumed", rank)
+        assert [r["step"] for r in before] == [0, 1] and [r["step"] for r in after] == [2, 3, 4, 5]
+        combined = before + after
+        assert [r["indices"] for r in combined] == [r["indices"] for r in expected[rank]]
+        assert [r["loss"] for r in combined] == pytest.approx([r["loss"] for r in expected[rank]], rel=1e-6)
+        assert [r["lr"] for r in combined] == pytest.approx([r["lr"] for r in expected[rank]], rel=1e-12)
+    assert _val_losses(run) == pytest.approx(_val_losses(runs["fsdp"]), rel=1e-6)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_two_processes_is_refused_on_one_naming_both(runs, cfg_factory):
+    from llasmol.core.errors import UserError
+    from llasmol.train import train
+
+    last = runs["fsdp"] / "checkpoints" / "last.ckpt"
+    cfg = cfg_factory(*[a for a in RUN if not a.startswith(("trainer.devices", "+callbacks.recorder"))], *FSDP,
+                      "trainer.devices=1", f"ckpt_path={last}")
+    with pytest.raises(UserError) as err:
+        train(cfg)
+    assert str(err.value).startswith(f"ckpt_path={last} was saved by a run of 2 process(es) and this one has 1 "
+                                     "(trainer.devices × trainer.num_nodes): resume with 2 processes")
+
+
+@pytest.mark.slow
+def test_ddp_over_two_nodes_on_loopback_started_as_srun_starts_them(tmp_path):
+    """`trainer.num_nodes=2 trainer.devices=1`: one process per "node", each given the SLURM variables srun
+    sets for its task, so that Lightning's SLURM environment ranks them; they train, validate and checkpoint."""
+    run, port = tmp_path / "run", str(free_port())
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "llasmol", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "1",
+             "SLURM_NNODES": "2", "SLURM_NODELIST": "127.0.0.1", "SLURM_JOB_NODELIST": "127.0.0.1",
+             "MASTER_PORT": port}
+    args = [f"hydra.run.dir={run}", *[a for a in RUN if not a.startswith(("trainer.devices", "+callbacks.recorder"))],
+            "trainer=ddp", "trainer.num_nodes=2", "trainer.devices=1", "trainer.max_steps=3",
+            "+callbacks.recorder._target_=resume_probe.StepRecorder", f"+callbacks.recorder.path={tmp_path}/steps"]
+    procs = []
+    for node in (0, 1):
+        env = _env(**slurm, SLURM_PROCID=str(node), SLURM_LOCALID="0", SLURM_NODEID=str(node))
+        procs.append(subprocess.Popen([sys.executable, "-m", "llasmol.train", *args], cwd=tmp_path, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=HANG_TIMEOUT) for p in procs]
+    for proc, (_, err) in zip(procs, outs):
+        assert proc.returncode == 0, err[-3000:]
+    assert [out.count("run directory:") for out, _ in outs] == [1, 0]
+    said = (run / "train.log").read_text()
+    assert "accumulation 1 × 2 process(es)" in said and "validation at step 3" in said
+    steps = {rank: _records(tmp_path / "steps", rank) for rank in (0, 1)}
+    assert [r["step"] for r in steps[1]] == [0, 1, 2] and not set(steps[0][0]["indices"]) & set(steps[1][0]["indices"])
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+    assert len((run / "predictions" / "val-step3.jsonl").read_text().splitlines()) == 3
