@@ -123,7 +123,7 @@ def peak_tflops(args, torch) -> float | None:
 def train_steps(model, args, torch, vocab: int) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     if args.optimizer == "adamw8bit":
-        import bitsandbytes as bnb  # main() checked it imports
+        import bitsandbytes as bnb  # main() checked it is installed
 
         optimizer = bnb.optim.AdamW8bit(params, lr=1e-4, weight_decay=0.0)
     else:

@@ -46,13 +46,24 @@ else
   device=() qlora=(--layers 4 --steps 5 --new-tokens 16)
   fsdp=(--accelerator gpu --arch mistral-7b --layers 2 --steps 2 --micro-batch 4 --seq-len 512)
 fi
-timeout 200 "$PYTHON" bench/gpu_check.py "${device[@]}" --out "$OUT/gpu_check.json" "$@"
+# Each part runs even when one before it failed (a lent GPU is one try): the exit status says whether all passed.
+failed=()
+part() {  # part <name> <seconds> <command...>
+  local name="$1" seconds="$2"
+  shift 2
+  echo "== $name"
+  timeout "$seconds" "$@" || { echo "== $name FAILED (exit $?)"; failed+=("$name"); }
+}
+part "LoRA steps and beam search" 200 "$PYTHON" bench/gpu_check.py "${device[@]}" --out "$OUT/gpu_check.json" "$@"
 if [ "$has_bnb" = 1 ]; then
-  echo "QLoRA (4-bit base):"
-  timeout 120 "$PYTHON" bench/gpu_check.py "${qlora[@]}" --quantization 4bit --gradient-checkpointing \
-    --out "$OUT/gpu_check_qlora.json"
+  part "QLoRA (4-bit base)" 120 "$PYTHON" bench/gpu_check.py "${qlora[@]}" --quantization 4bit \
+    --gradient-checkpointing --out "$OUT/gpu_check_qlora.json"
 else
-  echo "QLoRA skipped: bitsandbytes is not installed (bash bench/gpu_wheels.sh fetches its wheel)"
+  echo "== QLoRA skipped: bitsandbytes is not installed (bash bench/gpu_wheels.sh fetches its wheel)"
 fi
-echo "FSDP2 (trainer=fsdp), one device:"
-timeout 120 "$PYTHON" bench/scale_out.py --case fsdp2 --devices 1 "${fsdp[@]}" --out "$OUT/gpu_check_fsdp2.json"
+part "FSDP2 (trainer=fsdp), one device" 120 "$PYTHON" bench/scale_out.py --case fsdp2 --devices 1 "${fsdp[@]}" \
+  --out "$OUT/gpu_check_fsdp2.json"
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "failed: ${failed[*]}" >&2
+  exit 1
+fi

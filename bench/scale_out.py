@@ -1,5 +1,5 @@
-"""Scale-out benchmark (issue #36): one process, DDP over 2 and FSDP2 over 2 (`trainer=fsdp`'s strategy), on the
-tiny model and on a Mistral-7B-shaped stack of 2 decoder layers (full width: 4096 hidden, 14336 FFN, 32000
+"""Scale-out benchmark (issue #36): one process, DDP over 2 and FSDP2 over 2 (`trainer=fsdp`'s strategy, also with
+`reshard_after_forward=false`: `fsdp2_keep`), on the tiny model and on a Mistral-7B-shaped stack of 2 decoder layers (full width: 4096 hidden, 14336 FFN, 32000
 vocabulary, random weights). Per case: the time of an optimizer step, each process's peak and final resident
 memory, the bytes of parameters each process holds, the checkpoint's size and save time, and the time to read
 it back into a new run (the strategy's `load_checkpoint`) and to reach that run's first step.
@@ -15,6 +15,7 @@ runs the FSDP2 case on one GPU (`--accelerator gpu --devices 1`: bf16 weights, f
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -29,7 +30,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import compose_config, machine, write_result  # noqa: E402  (sets offline mode first)
 
-CASES = {"single": 1, "ddp": 2, "fsdp2": 2}  # case: processes
+# case: processes; fsdp2_keep is trainer.strategy.reshard_after_forward=false (a block's weights gathered once for
+# each micro-batch's forward and backward, rather than once for each)
+CASES = {"single": 1, "ddp": 2, "fsdp2": 2, "fsdp2_keep": 2}
 ARCHS = {"tiny-mistral": None, "mistral-7b": 2}  # architecture: decoder layers (None: its own)
 
 
@@ -114,7 +117,8 @@ def fit_case(args, case: str, devices: int) -> dict:
         return out
 
     def trainer(max_steps: int, clock: Clock) -> L.Trainer:
-        strategy = {"single": "auto", "ddp": "ddp", "fsdp2": FSDP2Strategy()}[case]
+        strategy = {"single": "auto", "ddp": "ddp", "fsdp2": FSDP2Strategy(),
+                    "fsdp2_keep": FSDP2Strategy(reshard_after_forward=False)}[case]
         return L.Trainer(accelerator="gpu" if cuda else "cpu", devices=devices, strategy=strategy,
                          precision="bf16-mixed" if cuda else "32-true", max_steps=max_steps, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -141,11 +145,15 @@ def fit_case(args, case: str, devices: int) -> dict:
     rank = fresh.global_rank
     mine = {"rank": rank, "median_step_seconds": round(statistics.median(clock.steps[1:]), 4),
             "parameter_bytes_held": held,
-            "rss_after_fit_mib": _rss_mib(), "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            # the whole base is built on every process before it is sharded: the peak includes it
+            "rss_after_fit_mib": _rss_mib(),
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
             "checkpoint_save_seconds": round(save_seconds, 3)}
 
-    # Resume: a new module and trainer, from the checkpoint, one step more.
+    # Resume: a new module and trainer, from the checkpoint, one step more (the first ones gone).
+    del fresh, module
+    gc.collect()
     module, _ = build_module(args, torch, cuda)
     again = Clock()
     resumed = trainer(steps + 1, again)

@@ -17,6 +17,7 @@ class StepRecorder(Callback):
             "rank": trainer.global_rank, "step": trainer.global_step, "epoch": trainer.current_epoch,
             "batch_idx": batch_idx,
             "lr": trainer.optimizers[0].param_groups[0]["lr"], "indices": batch["index"].tolist(),
+            "cluster": type(getattr(trainer.strategy, "cluster_environment", None)).__name__,
         }
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -28,17 +29,18 @@ class StepRecorder(Callback):
 
 class SignalAt(Callback):
     """Sends this process `signal` (``SIGINT``/``SIGTERM``) once, just before micro-batch `micro_batch`
-    (0-based) of optimizer step `step`: a Ctrl-C that lands between two micro-batches of one step."""
+    (0-based) of optimizer step `step`: a Ctrl-C that lands between two micro-batches of one step. `rank`: only
+    on that rank (a cluster signalling one task of a job); None: on every one."""
 
-    def __init__(self, signal: str, step: int, micro_batch: int) -> None:
-        self.signal, self.step, self.micro_batch = signal, step, micro_batch
+    def __init__(self, signal: str, step: int, micro_batch: int, rank: int | None = None) -> None:
+        self.signal, self.step, self.micro_batch, self.rank = signal, step, micro_batch, rank
         self._seen = 0  # micro-batches started in `step`
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         import os
         import signal
 
-        if trainer.global_step != self.step:
+        if trainer.global_step != self.step or self.rank not in (None, trainer.global_rank):
             return
         if self._seen == self.micro_batch:
             os.kill(os.getpid(), getattr(signal, self.signal))

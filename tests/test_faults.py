@@ -1104,7 +1104,7 @@ def test_an_adapter_stepped_aside_is_dropped_when_its_place_is_taken_or_it_is_in
     assert (checkpoints / "last.adapter" / "adapter_config.json").read_text() == '{"new": 1}'
     assert tidy_run_dir(tmp_path / "elsewhere") == []  # no checkpoints folder: nothing to put in order
     # Pairs it cannot compare are not named: an adapter of an earlier version (no step recorded), a checkpoint
-    # that is a folder (FSDP, DeepSpeed), a damaged one (named where it is used).
+    # that is a folder (a distributed checkpoint, which llasmol does not write), a damaged one (named where it is used).
     from llasmol.core.files import write_torch
 
     write_torch(checkpoints / "early.ckpt", {"global_step": 3})

@@ -17,16 +17,20 @@ import torch
 from conftest import HANG_TIMEOUT, free_port
 from test_resume import TESTS, _records
 
-# Three tasks, 48 training samples each: micro-batch 4 × accumulation 1 × 2 processes = 8 a step, 6 steps.
-# Validation: 3 samples a task (9: shares of 5 and 4, so batches of 4 give one rank a batch more, which it
-# pads) and generation of 1 sample a task (rank 0 answers two tasks, rank 1 one, so it idles a call).
+# Three tasks, 48 training samples each; micro-batch 4 × accumulation 2 × 2 processes = 16 a step, 6 steps, the
+# gradient norm clipped at 1 (the paper's recipe); LoRA `plus` (the head trains too, in the root unit).
+# Validation at step 4 and, after the fit, at the last step 6: 3 samples a task (9: shares of 5 and 4, so
+# batches of 4 give one rank a batch more, which the other pads), each task's answers on both ranks, and
+# generation one prompt a batch (5 batches on rank 0, 4 on rank 1, which idles a call to keep in step).
 RUN = ["data.tasks=[name_conversion-s2f,property_prediction-esol,forward_synthesis]",
-       "data.max_samples_per_task={train:48,validation:3}", "data.micro_batch_size=4", "data.effective_batch_size=8",
-       "trainer.max_steps=6", "val_every_n_steps=3", "checkpoint_every_n_steps=2", "scheduler.num_warmup_steps=2",
-       "callbacks.generation_evaluator.samples_per_task=1", "generation.max_new_tokens_limit=6",
+       "data.max_samples_per_task={train:48,validation:3}", "data.micro_batch_size=4", "data.effective_batch_size=16",
+       "trainer.max_steps=6", "val_every_n_steps=4", "checkpoint_every_n_steps=2", "scheduler.num_warmup_steps=2",
+       "trainer.gradient_clip_val=1.0", "lora=plus", "callbacks.generation_evaluator.samples_per_task=3",
+       "generation.batch_size=1", "generation.max_new_tokens_limit=6",
        "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false", "logger=csv", "trainer.accelerator=cpu",
        "trainer.devices=2", "+callbacks.recorder._target_=resume_probe.StepRecorder"]
 FSDP = ["trainer=fsdp", "gradient_checkpointing=true"]  # activation recomputation inside each block's unit
+MICRO_BATCHES = 12  # per rank: 6 steps × accumulation 2
 
 
 def _env(**extra: str) -> dict:
@@ -73,16 +77,16 @@ def test_fsdp2_trains_as_ddp_does_on_the_same_global_batch(runs):
     ddp, fsdp = _steps(runs["ddp"]), _steps(runs["fsdp"])
     for rank in (0, 1):
         assert [(r["step"], r["indices"]) for r in fsdp[rank]] == [(r["step"], r["indices"]) for r in ddp[rank]]
-        assert len(fsdp[rank]) == 6
+        assert len(fsdp[rank]) == MICRO_BATCHES
         assert [r["loss"] for r in fsdp[rank]] == pytest.approx([r["loss"] for r in ddp[rank]], rel=1e-5)
         assert [r["lr"] for r in fsdp[rank]] == pytest.approx([r["lr"] for r in ddp[rank]], rel=1e-12)
     assert not set(fsdp[0][0]["indices"]) & set(fsdp[1][0]["indices"])  # each rank its own share
     assert len(_val_losses(runs["fsdp"])) == 2
     assert _val_losses(runs["fsdp"]) == pytest.approx(_val_losses(runs["ddp"]), rel=1e-5)
-    for step in (3, 6):
+    for step in (4, 6):
         records = {k: [json.loads(x) for x in (run / "predictions" / f"val-step{step}.jsonl").read_text().splitlines()]
                    for k, run in runs.items()}
-        assert len(records["fsdp"]) == 3 and {r["task"] for r in records["fsdp"]} == {
+        assert len(records["fsdp"]) == 9 and {r["task"] for r in records["fsdp"]} == {
             "name_conversion-s2f", "property_prediction-esol", "forward_synthesis"}
         assert [r["predictions"] for r in records["fsdp"]] == [r["predictions"] for r in records["ddp"]]
         metrics = {k: json.loads((run / "metrics" / f"val-step{step}.json").read_text()) for k, run in runs.items()}
@@ -91,10 +95,13 @@ def test_fsdp2_trains_as_ddp_does_on_the_same_global_batch(runs):
     saved = {k: torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
              for k, run in runs.items()}
     assert saved["fsdp"]["state_dict"].keys() == saved["ddp"]["state_dict"].keys()
-    assert len(saved["fsdp"]["state_dict"]) == 2 * 2 * 7  # lora=full: A and B of 7 projections in 2 blocks
+    # lora=plus: A and B of 7 projections in 2 blocks, and the head's trained copy
+    assert len(saved["fsdp"]["state_dict"]) == 2 * 2 * 7 + 1
+    assert (saved["fsdp"]["llasmol_fsdp2"], saved["ddp"]["llasmol_fsdp2"]) == (True, False)
     for key, tensor in saved["ddp"]["state_dict"].items():
         torch.testing.assert_close(saved["fsdp"]["state_dict"][key], tensor, rtol=1e-5, atol=1e-7)
-    assert "accumulation 1 × 2 process(es)" in (runs["fsdp"] / "train.log").read_text()
+    said = (runs["fsdp"] / "train.log").read_text()
+    assert "accumulation 2 × 2 process(es)" in said and "validating the last step (6)" in said
 
 
 @pytest.mark.slow
@@ -106,7 +113,7 @@ def test_ddps_two_ranks_score_as_one_process_scores_their_answers(runs):
     run = runs["ddp"]
     metrics = json.loads((run / "metrics" / "val-step6.json").read_text())
     single = score_records(read_predictions(run / "predictions" / "val-step6.jsonl"))
-    assert set(single) == set(metrics) and all(v["num_samples"] == 1 for v in metrics.values())
+    assert set(single) == set(metrics) and all(v["num_samples"] == 3 for v in metrics.values())
     for task, values in single.items():
         got = {k: float("nan") if metrics[task][k] is None else metrics[task][k] for k in values}  # JSON null = NaN
         assert got == pytest.approx(values, abs=1e-9, nan_ok=True), task
@@ -133,20 +140,24 @@ def test_the_sharded_runs_adapter_loads_on_the_unsharded_base_with_the_same_logi
 
 @pytest.mark.slow
 def test_a_sharded_run_stopped_by_sigterm_continues_exactly(runs, tmp_path):
-    """SIGTERM before step 2 stops at its end with interrupted.ckpt; `ckpt_path=last` then trains steps 3-6
-    with every loss and learning rate of the uninterrupted FSDP2 run, and validates as it did."""
+    """SIGTERM to rank 1 alone, between the two micro-batches of step 2: both ranks finish that step and stop
+    with interrupted.ckpt; `ckpt_path=last` then trains steps 3-6 with every loss and learning rate of the
+    uninterrupted FSDP2 run, and validates as it did. Both halves keep each block's gathered weights from its
+    forward to its backward (reshard_after_forward=false), which changes no number."""
     run = tmp_path / "run"
     signal_at = ["+callbacks.signal._target_=resume_probe.SignalAt", "+callbacks.signal.signal=SIGTERM",
-                 "+callbacks.signal.step=1", "+callbacks.signal.micro_batch=0"]
-    stopped = _train(run, [*RUN, *FSDP, f"+callbacks.recorder.path={tmp_path}/stopped", *signal_at], tmp_path)
+                 "+callbacks.signal.step=1", "+callbacks.signal.micro_batch=1", "+callbacks.signal.rank=1"]
+    FSDP_KEEP = [*FSDP, "trainer.strategy.reshard_after_forward=false"]
+    stopped = _train(run, [*RUN, *FSDP_KEEP, f"+callbacks.recorder.path={tmp_path}/stopped", *signal_at], tmp_path)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     assert torch.load(run / "checkpoints" / "interrupted.ckpt", weights_only=True)["global_step"] == 2
-    resumed = _train(run, [*RUN, *FSDP, f"+callbacks.recorder.path={tmp_path}/resumed", "ckpt_path=last"], tmp_path)
+    resumed = _train(run, [*RUN, *FSDP_KEEP, f"+callbacks.recorder.path={tmp_path}/resumed", "ckpt_path=last"],
+                     tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     expected = _steps(runs["fsdp"])
     for rank in (0, 1):
         before, after = _records(tmp_path / "stopped", rank), _records(tmp_path / "resumed", rank)
-        assert [r["step"] for r in before] == [0, 1] and [r["step"] for r in after] == [2, 3, 4, 5]
+        assert [r["step"] for r in before] == [0, 0, 1, 1] and [r["step"] for r in after] == [2, 2, 3, 3, 4, 4, 5, 5]
         combined = before + after
         assert [r["indices"] for r in combined] == [r["indices"] for r in expected[rank]]
         assert [r["loss"] for r in combined] == pytest.approx([r["loss"] for r in expected[rank]], rel=1e-6)
@@ -166,12 +177,18 @@ def test_a_checkpoint_of_two_processes_is_refused_on_one_naming_both(runs, cfg_f
         train(cfg)
     assert str(err.value).startswith(f"ckpt_path={last} was saved by a run of 2 process(es) and this one has 1 "
                                      "(trainer.devices × trainer.num_nodes): resume with 2 processes")
+    # DDP's checkpoint under trainer=fsdp, on 2 processes: refused before any process is started
+    ddp = runs["ddp"] / "checkpoints" / "last.ckpt"
+    cfg = cfg_factory(*[a for a in RUN if not a.startswith("+callbacks.recorder")], *FSDP, f"ckpt_path={ddp}")
+    with pytest.raises(UserError, match="was saved under another trainer and this run is under trainer=fsdp"):
+        train(cfg)
 
 
 @pytest.mark.slow
 def test_ddp_over_two_nodes_on_loopback_started_as_srun_starts_them(tmp_path):
-    """`trainer.num_nodes=2 trainer.devices=1`: one process per "node", each given the SLURM variables srun
-    sets for its task, so that Lightning's SLURM environment ranks them; they train, validate and checkpoint."""
+    """`trainer.num_nodes=2 trainer.devices=1`: one process per "node", each given the SLURM variables srun sets
+    for its task (and MASTER_PORT, a free port, rather than the one Lightning derives from the job id), so that
+    Lightning's SLURM environment ranks them; they train, validate and checkpoint."""
     run, port = tmp_path / "run", str(free_port())
     slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "llasmol", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "1",
              "SLURM_NNODES": "2", "SLURM_NODELIST": "127.0.0.1", "SLURM_JOB_NODELIST": "127.0.0.1",
@@ -180,17 +197,26 @@ def test_ddp_over_two_nodes_on_loopback_started_as_srun_starts_them(tmp_path):
             "trainer=ddp", "trainer.num_nodes=2", "trainer.devices=1", "trainer.max_steps=3",
             "+callbacks.recorder._target_=resume_probe.StepRecorder", f"+callbacks.recorder.path={tmp_path}/steps"]
     procs = []
-    for node in (0, 1):
-        env = _env(**slurm, SLURM_PROCID=str(node), SLURM_LOCALID="0", SLURM_NODEID=str(node))
-        procs.append(subprocess.Popen([sys.executable, "-m", "llasmol.train", *args], cwd=tmp_path, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=HANG_TIMEOUT) for p in procs]
-    for proc, (_, err) in zip(procs, outs):
-        assert proc.returncode == 0, err[-3000:]
-    assert [out.count("run directory:") for out, _ in outs] == [1, 0]
+    try:
+        for node in (0, 1):
+            env = _env(**slurm, SLURM_PROCID=str(node), SLURM_LOCALID="0", SLURM_NODEID=str(node))
+            with open(tmp_path / f"out.{node}", "w") as out, open(tmp_path / f"err.{node}", "w") as err:
+                procs.append(subprocess.Popen([sys.executable, "-m", "llasmol.train", *args], cwd=tmp_path, env=env,
+                                              stdout=out, stderr=err))
+        codes = [p.wait(timeout=HANG_TIMEOUT) for p in procs]
+    finally:
+        for p in procs:  # a failed node leaves the other waiting at its next collective
+            if p.poll() is None:
+                p.kill()
+    errs = [(tmp_path / f"err.{node}").read_text() for node in (0, 1)]
+    assert codes == [0, 0], errs[0][-3000:] + errs[1][-3000:]
+    outs = [(tmp_path / f"out.{node}").read_text() for node in (0, 1)]
+    assert [out.count("run directory:") for out in outs] == [1, 0]
     said = (run / "train.log").read_text()
-    assert "accumulation 1 × 2 process(es)" in said and "validation at step 3" in said
+    assert "accumulation 2 × 2 process(es)" in said and "validating the last step (3)" in said
     steps = {rank: _records(tmp_path / "steps", rank) for rank in (0, 1)}
-    assert [r["step"] for r in steps[1]] == [0, 1, 2] and not set(steps[0][0]["indices"]) & set(steps[1][0]["indices"])
+    assert [r["step"] for r in steps[1]] == [0, 0, 1, 1, 2, 2]
+    assert {r["cluster"] for rank in (0, 1) for r in steps[rank]} == {"SLURMEnvironment"}
+    assert not set(steps[0][0]["indices"]) & set(steps[1][0]["indices"])
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
-    assert len((run / "predictions" / "val-step3.jsonl").read_text().splitlines()) == 3
+    assert len((run / "predictions" / "val-step3.jsonl").read_text().splitlines()) == 9

@@ -161,20 +161,28 @@ def test_ckpt_path_last_passes_over_an_empty_or_truncated_checkpoint(tmp_path):
         resolve_resume("last", other, "tiny", "full")  # a sibling's broken files are passed over
 
 
-def test_a_checkpoint_resumes_only_on_the_number_of_processes_it_was_saved_from(tmp_path):
+def test_a_checkpoint_resumes_only_on_the_number_of_processes_and_the_kind_of_trainer_it_was_saved_from(tmp_path):
     from llasmol.core.errors import UserError
-    from llasmol.finetune.resume import check_same_world_size, checkpoint_world_size
+    from llasmol.finetune.resume import check_same_launch, checkpoint_launch
 
     path = tmp_path / "last.ckpt"
-    torch.save({**_TRAINING_STATE, "SMolInstructDataModule": {"train_position": {"world_size": 4, "batches": 3}}}, path)
-    assert checkpoint_world_size(str(path)) == 4
-    check_same_world_size(str(path), 4)
+    torch.save({**_TRAINING_STATE, "SMolInstructDataModule": {"train_position": {"world_size": 4, "batches": 3}},
+                "llasmol_fsdp2": True}, path)
+    assert checkpoint_launch(str(path)) == (4, True)
+    check_same_launch(str(path), 4, sharded=True)
     with pytest.raises(UserError) as err:
-        check_same_world_size(str(path), 2)
+        check_same_launch(str(path), 2, sharded=True)
     assert str(err.value).startswith(f"ckpt_path={path} was saved by a run of 4 process(es) and this one has 2 ")
-    torch.save(_TRAINING_STATE, path)  # saved before the first batch: no data position to continue
-    assert checkpoint_world_size(str(path)) is None
-    check_same_world_size(str(path), 2)
+    with pytest.raises(UserError) as err:  # trainer=fsdp keys its optimizer state otherwise than DDP
+        check_same_launch(str(path), 4, sharded=False)
+    assert str(err.value).startswith(f"ckpt_path={path} was saved under trainer=fsdp and this run is under another "
+                                     "trainer: their optimizer states are laid out differently; resume with the "
+                                     "trainer=fsdp it was saved with")
+    torch.save(_TRAINING_STATE, path)  # saved before the first batch, by an earlier version: nothing to continue
+    assert checkpoint_launch(str(path)) == (None, False)
+    check_same_launch(str(path), 2, sharded=False)
+    with pytest.raises(UserError, match="was saved under another trainer and this run is under trainer=fsdp"):
+        check_same_launch(str(path), 2, sharded=True)
 
 
 def test_the_resume_plan_meets_the_trainer_in_one_seam(tmp_path):

@@ -38,6 +38,8 @@ def test_every_trainer_and_quantization_composes(trainer, quant):
     assert cfg.quantization.bits == bits
     if trainer == "cpu":  # a CPU run has nothing to page optimizer state to
         optimizer = optimizer.replace("Paged", "")
+    if trainer == "fsdp" and quant == "none":  # bitsandbytes cannot update FSDP2's sharded parameters
+        optimizer = "torch.optim.AdamW"
     assert cfg.optimizer._target_ == optimizer and cfg.optimizer.lr == 1e-4  # the recipe's settings survive
     assert cfg.gradient_checkpointing is checkpointing
     assert cfg.data.effective_batch_size == 512 and cfg.model.dtype == "bfloat16"
@@ -62,9 +64,15 @@ def test_accumulation_follows_devices_times_nodes():
      "quantised weights keep their scales outside the tensor FSDP2 splits): use trainer=ddp with quantization=4bit"),
     (["quantization=8bit", "trainer=fsdp", "trainer.accelerator=cpu"], "quantization=8bit does not shard under "
      "trainer=fsdp"),
-    (["+trainer.strategy=deepspeed"], "trainer.strategy='deepspeed' must be auto or ddp: llasmol runs trainer=ddp "
-     "(data parallel) and trainer=fsdp (sharded, FSDP2); DeepSpeed and Lightning's FSDP1 are not supported"),
+    (["+trainer.strategy=deepspeed"], "trainer.strategy='deepspeed' must be auto or ddp or trainer=fsdp's "
+     "llasmol.finetune.distributed.FSDP2Strategy: llasmol runs trainer=ddp (data parallel) and trainer=fsdp (sharded, "
+     "FSDP2); DeepSpeed and Lightning's FSDP1 are not supported"),
     (["trainer=ddp", "trainer.strategy=fsdp"], "trainer.strategy='fsdp' must be auto or ddp"),
+    (["trainer=fsdp", "trainer.strategy._target_=lightning.pytorch.strategies.FSDPStrategy"],
+     "trainer.strategy={'_target_': 'lightning.pytorch.strategies.FSDPStrategy'"),
+    (["model=mistral", "trainer=fsdp", "optimizer._target_=bitsandbytes.optim.AdamW8bit"],
+     "optimizer._target_=bitsandbytes.optim.AdamW8bit cannot update trainer=fsdp's sharded parameters (bitsandbytes "
+     "has no rule for FSDP2's DTensors): use optimizer._target_=torch.optim.AdamW"),
 ])
 def test_a_strategy_llasmol_does_not_run_is_refused_in_one_line(overrides, message):
     with pytest.raises(UserError) as err:
@@ -76,6 +84,16 @@ def test_a_strategy_llasmol_does_not_run_is_refused_in_one_line(overrides, messa
                                        ["trainer=ddp", "quantization=4bit"], []])
 def test_the_strategies_llasmol_runs_pass(overrides):
     check_config(compose_config([*overrides, "trainer.accelerator=cpu", "paths.output_dir=/x"]))
+
+
+@pytest.mark.parametrize("overrides, batch", [([], 8), (["trainer=ddp", "trainer.devices=2"], 16),
+                                              (["trainer=fsdp", "trainer.devices=[0,1]", "trainer.num_nodes=2"], 32),
+                                              (["trainer=ddp", "trainer.devices=auto"], 8)])
+def test_the_demo_trains_8_samples_a_step_on_each_process(overrides, batch):
+    """So `trainer=fsdp trainer.accelerator=cpu trainer.devices=2` runs as it is (8 over 2 processes of
+    micro-batch 8 would not divide); `auto` counts as one process, the count being unknown until Lightning looks."""
+    cfg = compose_config([*overrides, "trainer.accelerator=cpu", "paths.output_dir=/x"])
+    assert (cfg.data.micro_batch_size, cfg.data.effective_batch_size) == (8, batch)
 
 
 def test_the_fsdp_preset_builds_fsdp2_saving_one_file_of_whole_adapters():

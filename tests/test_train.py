@@ -420,13 +420,18 @@ def test_checkpoints_keep_the_adapters_only_and_refuse_another_variants():
     assert module.adapter_state_dict(state) == {"lora.weight": 1, "lora.bias": 2}
     checkpoint = {"state_dict": dict(state), "global_step": 3}
     module.on_save_checkpoint(checkpoint)
-    assert checkpoint == {"state_dict": {"model.lora.weight": 1, "model.lora.bias": 2}, "global_step": 3}
+    # The adapters only, and whether trainer=fsdp saved them (its optimizer state is keyed otherwise).
+    assert checkpoint == {"state_dict": {"model.lora.weight": 1, "model.lora.bias": 2}, "global_step": 3,
+                          "llasmol_fsdp2": False}
+    sharded = _module(strategy=SimpleNamespace(shard=lambda model: None))
+    sharded.on_save_checkpoint(fsdp := {"state_dict": {}})
+    assert fsdp["llasmol_fsdp2"] is True
     module.on_load_checkpoint(checkpoint)  # its own adapters: fine
     # Lightning loads a checkpoint's state dict with strict=module.strict_loading: the frozen base is not in it.
     module.load_state_dict({"model.lora.weight": torch.zeros(2, 2), "model.lora.bias": torch.zeros(2)},
                            strict=module.strict_loading)
     assert not module.model.lora.weight.detach().any()
-    module.on_load_checkpoint({"loops": {}})  # DeepSpeed restores weights itself
+    module.on_load_checkpoint({"loops": {}})  # trainer=fsdp checks the weights as it loads them, before this hook
     with pytest.raises(UserError) as missing:
         module.on_load_checkpoint({"state_dict": {"model.lora.weight": 1}})
     assert str(missing.value) == ("the checkpoint's adapters do not match this model (1 saved tensors, 2 trainable; "

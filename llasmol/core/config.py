@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from llasmol.core.errors import UserError, report_user_errors
 from llasmol.core.files import nearest_existing
-from llasmol.core.schema import check_config
+from llasmol.core.schema import FSDP2_TARGET, check_config
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
@@ -54,18 +54,39 @@ def _interactive() -> bool:
 SLURM_GPUS_PER_NODE = 4
 
 
+def _device_count(devices, auto: int) -> int:
+    """How many devices `trainer.devices` names: a count, a list of ids or `"0,1"` as Lightning reads them;
+    `auto` for `auto`/-1 (every device there is, known only once Lightning looks), and for a count the schema
+    refuses (0, no ids), so that its message names trainer.devices rather than what was derived from it."""
+    count = 0
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        count = devices
+    elif isinstance(devices, str) and devices.strip().isdigit():
+        count = int(devices)
+    elif isinstance(devices, str) and "," in devices:
+        count = len([d for d in devices.split(",") if d.strip()])
+    elif isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices):
+        count = len(devices)
+    return count if count > 0 else auto
+
+
 def _gpus_per_node(devices) -> int:
-    """A SLURM job's GPUs per node for `trainer.devices`: a count, a list of ids or `"0,1"` as Lightning reads
-    them, `auto`/-1 (every GPU SLURM gives the job) as `SLURM_GPUS_PER_NODE`."""
-    if isinstance(devices, int) and devices > 0:
-        return devices
-    if isinstance(devices, str) and devices.strip().isdigit():
-        return int(devices)
-    if isinstance(devices, str) and "," in devices:
-        return len([d for d in devices.split(",") if d.strip()])
-    if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices):
-        return len(devices)
-    return SLURM_GPUS_PER_NODE
+    """A SLURM job's GPUs per node for `trainer.devices` (`auto`: every GPU SLURM gives, `SLURM_GPUS_PER_NODE`)."""
+    return _device_count(devices, SLURM_GPUS_PER_NODE)
+
+
+def _per_process_batch(samples: int, devices, nodes) -> int:
+    """An effective batch of `samples` per process: the demo's, so that `trainer.devices=2` runs as it is
+    (with `auto`, one process is assumed)."""
+    return int(samples) * _device_count(devices, 1) * int(nodes)
+
+
+def _paper_optimizer(strategy) -> str:
+    """The paper recipe's optimizer for a trainer's strategy: 8-bit AdamW, but torch's AdamW under trainer=fsdp,
+    whose sharded DTensor parameters bitsandbytes' update cannot take ("optimizer_update_32bit does not have a
+    sharding strategy registered")."""
+    sharded = OmegaConf.is_dict(strategy) and strategy.get("_target_") == FSDP2_TARGET
+    return "torch.optim.AdamW" if sharded else "bitsandbytes.optim.AdamW8bit"
 
 
 RESOLVERS = {
@@ -86,6 +107,8 @@ RESOLVERS = {
     "llasmol_kbit_optimizer": lambda accelerator: "bitsandbytes.optim." + (
         "AdamW8bit" if accelerator == "cpu" else "PagedAdamW8bit"),
     "llasmol_gpus_per_node": _gpus_per_node,
+    "llasmol_paper_optimizer": _paper_optimizer,
+    "llasmol_per_process_batch": _per_process_batch,
 }
 
 

@@ -270,9 +270,10 @@ FSDP2_TARGET = "llasmol.finetune.distributed.FSDP2Strategy"
 
 
 def _strategy(value) -> Optional[str]:
-    if isinstance(value, str) and value not in STRATEGY_NAMES:
-        return (f"must be {' or '.join(STRATEGY_NAMES)}: llasmol runs trainer=ddp (data parallel) and trainer=fsdp "
-                "(sharded, FSDP2); DeepSpeed and Lightning's FSDP1 are not supported")
+    named = value if isinstance(value, str) else None if value.get("_target_") == FSDP2_TARGET else value.get("_target_")
+    if named is not None and named not in STRATEGY_NAMES:
+        return (f"must be {' or '.join(STRATEGY_NAMES)} or trainer=fsdp's {FSDP2_TARGET}: llasmol runs trainer=ddp "
+                "(data parallel) and trainer=fsdp (sharded, FSDP2); DeepSpeed and Lightning's FSDP1 are not supported")
     return None
 
 
@@ -387,6 +388,18 @@ def _sharded_quantization(cfg: dict) -> Optional[str]:
     return None
 
 
+def _sharded_optimizer(cfg: dict) -> Optional[str]:
+    """bitsandbytes' optimizers update plain tensors: FSDP2's DTensor shards stop the first step with "does not
+    have a sharding strategy registered" (torch 2.13, bitsandbytes 0.50)."""
+    strategy = (cfg.get("trainer") or {}).get("strategy")
+    target = str((cfg.get("optimizer") or {}).get("_target_", ""))
+    if target.startswith("bitsandbytes.") and isinstance(strategy, dict) and strategy.get("_target_") == FSDP2_TARGET:
+        return (f"optimizer._target_={target} cannot update trainer=fsdp's sharded parameters (bitsandbytes has no "
+                "rule for FSDP2's DTensors): use optimizer._target_=torch.optim.AdamW (trainer=fsdp's default), or "
+                "trainer=ddp")
+    return None
+
+
 @dataclass
 class CpuSchema:
     threads: Optional[int] = setting(1, 1024, hint="null: one per core this process may use")
@@ -429,7 +442,7 @@ class TrainSchema(ModelCommandSchema):
     trainer: TrainerSchema = setting()
     callbacks: CallbacksSchema = setting()
 
-    RULES = (_lora_base, _sharded_quantization)
+    RULES = (_lora_base, _sharded_quantization, _sharded_optimizer)
 
 
 @dataclass

@@ -13,6 +13,9 @@ from llasmol.model.blocks import clean_name
 from llasmol.core.errors import UserError
 
 
+SHARDED_KEY = "llasmol_fsdp2"  # in a checkpoint: saved under trainer=fsdp
+
+
 class LoRACausalLM(L.LightningModule):
     """Trains the adapters of `model` (a PEFT model); the optimizer and scheduler come from config.
 
@@ -112,6 +115,9 @@ class LoRACausalLM(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         trainable = self._trainable_keys()
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+        # trainer=fsdp keys its optimizer state by the place among all parameters, the others among the trained
+        # ones: a resume checks it continues under the same kind (`llasmol.finetune.resume`).
+        checkpoint[SHARDED_KEY] = bool(getattr(getattr(self.trainer, "strategy", None), "shard", None))
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "state_dict" in checkpoint:  # trainer=fsdp checks the weights as it loads them, before this hook

@@ -28,6 +28,7 @@ from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
 from llasmol.core.files import write_text
 from llasmol.finetune.lightning_private import log_step_row_now
+from llasmol.finetune.module import SHARDED_KEY
 from llasmol.finetune.tracking import KeepingCSVLogger, wandb_loggers
 
 if TYPE_CHECKING:
@@ -132,24 +133,29 @@ def checkpoint_step(path: str) -> int:
     return int(torch.load(path, map_location="cpu", mmap=True, weights_only=True)["global_step"])
 
 
-def checkpoint_world_size(path: str) -> Optional[int]:
+def checkpoint_launch(path: str) -> tuple[Optional[int], bool]:
     """How many processes trained the run a checkpoint was saved from (its data position says; None when it
-    holds none: saved before the first batch)."""
+    holds none: saved before the first batch), and whether under trainer=fsdp."""
     state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    for value in state.values():  # the DataModule's state, under its class name
-        if isinstance(value, dict) and isinstance(value.get("train_position"), dict):
-            return value["train_position"].get("world_size")
-    return None
+    world = next((value["train_position"].get("world_size") for value in state.values()  # the DataModule's state
+                  if isinstance(value, dict) and isinstance(value.get("train_position"), dict)), None)
+    return world, bool(state.get(SHARDED_KEY, False))
 
 
-def check_same_world_size(path: str, world_size: int) -> None:
+def check_same_launch(path: str, world_size: int, sharded: bool) -> None:
     """Every process trains a stride of the epoch's order and keeps its own place in it, so a run resumes
-    exactly only on the number of processes it was saved from."""
-    saved = checkpoint_world_size(path)
+    exactly only on the number of processes it was saved from; and trainer=fsdp lays its optimizer state out
+    otherwise than the other presets, so it resumes only its own checkpoints."""
+    saved, saved_sharded = checkpoint_launch(path)
     if saved is not None and saved != world_size:
         raise UserError(f"ckpt_path={path} was saved by a run of {saved} process(es) and this one has {world_size} "
                         f"(trainer.devices × trainer.num_nodes): resume with {saved} processes, as each continues "
                         "its own share of the epoch, or start a new run")
+    if saved_sharded != sharded:
+        was, now = ("trainer=fsdp", "another trainer") if saved_sharded else ("another trainer", "trainer=fsdp")
+        raise UserError(f"ckpt_path={path} was saved under {was} and this run is under {now}: their optimizer states "
+                        f"are laid out differently; resume with the {was.removeprefix('another ')} it was saved "
+                        "with, or start a new run")
 
 
 class Resume(Callback):
@@ -179,7 +185,8 @@ class Resume(Callback):
         self._continue_wandb_run(logger_cfg)
         trainer = make([self])
         if self.checkpoint:  # before any logger starts
-            check_same_world_size(self.checkpoint, trainer.world_size)
+            sharded = bool(getattr(getattr(trainer, "strategy", None), "shard", None))  # trainer=fsdp
+            check_same_launch(self.checkpoint, trainer.world_size, sharded)
         self._keep_logs(trainer)
         return trainer
 
