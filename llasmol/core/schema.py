@@ -270,8 +270,10 @@ FSDP2_TARGET = "llasmol.finetune.distributed.FSDP2Strategy"
 
 
 def _strategy(value) -> Optional[str]:
-    named = value if isinstance(value, str) else None if value.get("_target_") == FSDP2_TARGET else value.get("_target_")
-    if named is not None and named not in STRATEGY_NAMES:
+    named = value if isinstance(value, str) else value.get("_target_")  # a preset's strategy class, or a name
+    if named == FSDP2_TARGET:
+        return None
+    if named not in STRATEGY_NAMES:
         return (f"must be {' or '.join(STRATEGY_NAMES)} or trainer=fsdp's {FSDP2_TARGET}: llasmol runs trainer=ddp "
                 "(data parallel) and trainer=fsdp (sharded, FSDP2); DeepSpeed and Lightning's FSDP1 are not supported")
     return None
