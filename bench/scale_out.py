@@ -28,7 +28,7 @@ from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import compose_config, machine, write_result  # noqa: E402  (sets offline mode first)
+from _common import compose_config, write_result  # noqa: E402  (sets offline mode first)
 
 # case: processes; fsdp2_keep is trainer.strategy.reshard_after_forward=false (a block's weights gathered once for
 # each micro-batch's forward and backward, rather than once for each)

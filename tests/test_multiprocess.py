@@ -46,8 +46,9 @@ def _train(run: Path, args: list[str], cwd: Path, **env: str) -> subprocess.Comp
 
 
 def _finished(run: Path, args: list[str], cwd: Path) -> Path:
-    proc = _train(run, [*args, f"+callbacks.recorder.path={run}.steps", f"+callbacks.logits._target_=resume_probe."
-                        f"LogitsProbe", f"+callbacks.logits.path={run}.logits.pt"], cwd)
+    probes = [f"+callbacks.recorder.path={run}.steps", "+callbacks.logits._target_=resume_probe.LogitsProbe",
+              f"+callbacks.logits.path={run}.logits.pt"]
+    proc = _train(run, [*args, *probes], cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("run directory:") == 1  # rank 0 alone says it
     return run

@@ -423,7 +423,9 @@ def test_checkpoints_keep_the_adapters_only_and_refuse_another_variants():
     # The adapters only, and whether trainer=fsdp saved them (its optimizer state is keyed otherwise).
     assert checkpoint == {"state_dict": {"model.lora.weight": 1, "model.lora.bias": 2}, "global_step": 3,
                           "llasmol_fsdp2": False}
-    sharded = _module(strategy=SimpleNamespace(shard=lambda model: None))
+    from llasmol.finetune.distributed import FSDP2Strategy
+
+    sharded = _module(strategy=FSDP2Strategy())
     sharded.on_save_checkpoint(fsdp := {"state_dict": {}})
     assert fsdp["llasmol_fsdp2"] is True
     module.on_load_checkpoint(checkpoint)  # its own adapters: fine

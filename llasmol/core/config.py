@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from llasmol.core.errors import UserError, report_user_errors
 from llasmol.core.files import nearest_existing
-from llasmol.core.schema import FSDP2_TARGET, check_config
+from llasmol.core.schema import check_config, is_fsdp2
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
@@ -85,8 +85,7 @@ def _paper_optimizer(strategy) -> str:
     """The paper recipe's optimizer for a trainer's strategy: 8-bit AdamW, but torch's AdamW under trainer=fsdp,
     whose sharded DTensor parameters bitsandbytes' update cannot take ("optimizer_update_32bit does not have a
     sharding strategy registered")."""
-    sharded = OmegaConf.is_dict(strategy) and strategy.get("_target_") == FSDP2_TARGET
-    return "torch.optim.AdamW" if sharded else "bitsandbytes.optim.AdamW8bit"
+    return "torch.optim.AdamW" if is_fsdp2(strategy) else "bitsandbytes.optim.AdamW8bit"
 
 
 RESOLVERS = {

@@ -269,6 +269,11 @@ STRATEGY_NAMES = ("auto", "ddp")
 FSDP2_TARGET = "llasmol.finetune.distributed.FSDP2Strategy"
 
 
+def is_fsdp2(strategy) -> bool:
+    """Whether a trainer's `strategy` setting (plain or a config node) is trainer=fsdp's."""
+    return (isinstance(strategy, dict) or OmegaConf.is_dict(strategy)) and strategy.get("_target_") == FSDP2_TARGET
+
+
 def _strategy(value) -> Optional[str]:
     named = value if isinstance(value, str) else value.get("_target_")  # a preset's strategy class, or a name
     if named == FSDP2_TARGET:
@@ -383,7 +388,7 @@ def _sharded_quantization(cfg: dict) -> Optional[str]:
     dim-0 shards do not keep: a quantised base does not shard (tried on torch 2.13 and bitsandbytes 0.50)."""
     strategy = (cfg.get("trainer") or {}).get("strategy")
     bits = (cfg.get("quantization") or {}).get("bits")
-    if bits and isinstance(strategy, dict) and strategy.get("_target_") == FSDP2_TARGET:
+    if bits and is_fsdp2(strategy):
         return (f"quantization={bits}bit does not shard under trainer=fsdp (bitsandbytes' quantised weights keep their "
                 f"scales outside the tensor FSDP2 splits): use trainer=ddp with quantization={bits}bit (every GPU holds "
                 "the whole quantised base, 3.8 GiB for Mistral-7B in 4 bits), or trainer=fsdp with quantization=none")
@@ -395,7 +400,7 @@ def _sharded_optimizer(cfg: dict) -> Optional[str]:
     have a sharding strategy registered" (torch 2.13, bitsandbytes 0.50)."""
     strategy = (cfg.get("trainer") or {}).get("strategy")
     target = str((cfg.get("optimizer") or {}).get("_target_", ""))
-    if target.startswith("bitsandbytes.") and isinstance(strategy, dict) and strategy.get("_target_") == FSDP2_TARGET:
+    if target.startswith("bitsandbytes.") and is_fsdp2(strategy):
         return (f"optimizer._target_={target} cannot update trainer=fsdp's sharded parameters (bitsandbytes has no "
                 "rule for FSDP2's DTensors): use optimizer._target_=torch.optim.AdamW (trainer=fsdp's default), or "
                 "trainer=ddp")

@@ -28,7 +28,9 @@ import torch
 
 from llasmol.core.errors import UserError
 from llasmol.finetune.lightning_private import ModelParallelOverEveryProcess
-from llasmol.model.blocks import clean_name, decoder_layer_types
+from llasmol.model.blocks import clean_name, decoder_layer_types, is_sharded
+
+SHARDED_KEY = "llasmol_fsdp2"  # in a checkpoint: saved under trainer=fsdp (its optimizer state is keyed otherwise)
 
 
 def mixed_precision(precision: str):
@@ -40,12 +42,6 @@ def mixed_precision(precision: str):
     if half is None:
         return MixedPrecisionPolicy()
     return MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
-
-
-def is_sharded(model: torch.nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def shard_model(model: torch.nn.Module, mesh, precision: str, reshard_after_forward: bool = True) -> int:
@@ -106,6 +102,11 @@ class FSDP2Strategy(ModelParallelOverEveryProcess):
         saved = torch.load(checkpoint_path, map_location="cpu", mmap=True, weights_only=True)["state_dict"]
         self.lightning_module.check_adapter_keys(set(saved))
         return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+
+
+def uses_fsdp2(trainer) -> bool:
+    """Whether `trainer` (a Lightning Trainer) runs trainer=fsdp's strategy."""
+    return isinstance(getattr(trainer, "strategy", None), FSDP2Strategy)
 
 
 def check_optimizer(optimizer_cfg, trainer_cfg) -> None:

@@ -9,11 +9,9 @@ import lightning as L
 import torch
 
 from llasmol.data.formatting import IGNORE_INDEX
+from llasmol.finetune.distributed import SHARDED_KEY, uses_fsdp2
 from llasmol.model.blocks import clean_name
 from llasmol.core.errors import UserError
-
-
-SHARDED_KEY = "llasmol_fsdp2"  # in a checkpoint: saved under trainer=fsdp
 
 
 class LoRACausalLM(L.LightningModule):
@@ -117,7 +115,7 @@ class LoRACausalLM(L.LightningModule):
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
         # trainer=fsdp keys its optimizer state by the place among all parameters, the others among the trained
         # ones: a resume checks it continues under the same kind (`llasmol.finetune.resume`).
-        checkpoint[SHARDED_KEY] = bool(getattr(getattr(self.trainer, "strategy", None), "shard", None))
+        checkpoint[SHARDED_KEY] = uses_fsdp2(self.trainer)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "state_dict" in checkpoint:  # trainer=fsdp checks the weights as it loads them, before this hook
@@ -136,6 +134,5 @@ class LoRACausalLM(L.LightningModule):
 
     def configure_model(self) -> None:
         # Lightning's hook for sharding a model: trainer=fsdp (`FSDP2Strategy.shard`) shards it here, once.
-        shard = getattr(self.trainer.strategy, "shard", None)
-        if shard is not None:
-            shard(self.model)
+        if uses_fsdp2(self.trainer):
+            self.trainer.strategy.shard(self.model)

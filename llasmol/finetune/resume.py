@@ -28,7 +28,7 @@ from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
 from llasmol.core.files import write_text
 from llasmol.finetune.lightning_private import log_step_row_now
-from llasmol.finetune.module import SHARDED_KEY
+from llasmol.finetune.distributed import SHARDED_KEY, uses_fsdp2
 from llasmol.finetune.tracking import KeepingCSVLogger, wandb_loggers
 
 if TYPE_CHECKING:
@@ -185,8 +185,7 @@ class Resume(Callback):
         self._continue_wandb_run(logger_cfg)
         trainer = make([self])
         if self.checkpoint:  # before any logger starts
-            sharded = bool(getattr(getattr(trainer, "strategy", None), "shard", None))  # trainer=fsdp
-            check_same_launch(self.checkpoint, trainer.world_size, sharded)
+            check_same_launch(self.checkpoint, trainer.world_size, uses_fsdp2(trainer))
         self._keep_logs(trainer)
         return trainer
 

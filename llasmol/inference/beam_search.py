@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from llasmol.core.defaults import MAX_LENGTH
+from llasmol.model.blocks import is_sharded
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,7 @@ def task_settings(gen_cfg, task: str) -> BeamSettings:
 
 def forward_is_collective(model: torch.nn.Module) -> bool:
     """Whether `model` is sharded (FSDP2) over more than one process, so that every forward is collective."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return False
-    from torch.distributed.fsdp import FSDPModule
-
-    return any(isinstance(m, FSDPModule) for m in model.modules())
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and is_sharded(model)
 
 
 def most_of_any_rank(count: int, device: torch.device) -> int:

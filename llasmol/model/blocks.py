@@ -18,6 +18,13 @@ def clean_name(name: str) -> str:
     return name
 
 
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether FSDP2 (`fully_shard`) has sharded any part of `model`."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
 def decoder_layer_types(model: torch.nn.Module) -> tuple[type, ...]:
     """The classes of the transformer blocks of a Hugging Face model (its `_no_split_modules`)."""
     names = set()
