@@ -175,6 +175,7 @@ def generate_and_score(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, cfg.generation.batch_size)
     queries = None
     if protocol is not None:
+        generator.strip = False  # the rules read the text as generated
         queries = build_queries(protocol, samples.split, indices, source.split("train") if protocol.shots else None)
     answers = ModelAnswers(generator, cfg.generation, queries, done, partial.append)
     try:

@@ -3,8 +3,8 @@
 A question holding `=` is a question unless it starts with one of generate's settings (`task=...`); to pass
 any text whatever, write `query='<question>'`, which is taken literally too.
 
-SMILES inside <SMILES> … </SMILES> are first written as SMolInstruct writes them (canonical Kekulé SMILES),
-the form a LlaSMol model was trained on.
+The SMILES inside the first <SMILES> … </SMILES> is first written as SMolInstruct writes it (canonical Kekulé
+SMILES, the form a LlaSMol model was trained on), as the official generation does (`canonicalize_query`).
 Prints the response(s), best first, and the answer extracted from between the response's tags. Runs on
 CPU as well as GPU.
 """
@@ -29,18 +29,28 @@ from llasmol.data.smiles import canonical_kekule
 from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
 from llasmol.metrics.extract import any_answer, extract_answer
 
-SMILES_SPAN = re.compile(r"(<SMILES>\s*)(.*?)(\s*</SMILES>)", re.S)
+SMILES_OPEN, SMILES_CLOSE = "<SMILES>", "</SMILES>"
 OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
 
 
 def canonicalize_query(query: str) -> str:
-    """The query with each tagged SMILES written as SMolInstruct writes it (canonical Kekule, parts sorted:
-    the form the model was trained on); left as is when RDKit cannot read it. ';' separates parts too."""
-    def canon(match: re.Match) -> str:
-        written = canonical_kekule(match.group(2).replace(";", "."))
-        return match.group(1) + (written if written is not None else match.group(2)) + match.group(3)
-
-    return SMILES_SPAN.sub(canon, query)
+    """The query as the official LlaSMol generation prepares it (generation.py `canonicalize_smiles_in_text`,
+    called by `create_sample`): the SMILES between the first ``<SMILES>`` and the first ``</SMILES>`` written
+    as SMolInstruct writes it (canonical Kekulé, parts sorted: the form the model was trained on), with one
+    space on each side of it inside the tags, one before the opening tag (unless it starts the query or
+    follows a space) and exactly one after the closing tag; any later tag pair stays as written. Where the
+    official function stops with an error instead (a SMILES RDKit cannot read, ``;`` in it, a closing tag
+    missing or before the opening one) the query is left as written (docs/deviations.md)."""
+    left = query.find(SMILES_OPEN)
+    right = query.find(SMILES_CLOSE)
+    if left == -1 or right < left:
+        return query
+    written = canonical_kekule(query[left + len(SMILES_OPEN): right].strip())
+    if written is None:
+        return query
+    before = "" if left == 0 or query[left - 1] == " " else " "
+    rest = query[right + len(SMILES_CLOSE):].lstrip()
+    return f"{query[:left]}{before}{SMILES_OPEN} {written} {SMILES_CLOSE} {rest}"
 
 
 def answer_of(response: str, task: Optional[str] = None) -> Optional[str]:

@@ -137,10 +137,10 @@ def test_galactica_and_molinst_queries_carry_the_titles_their_rules_read(task):
                                  else "-1.2\n")
     expected = GAL_EXPECTED.get(task, response.split("\n")[0])
     assert extract_base_answer("gal", task, gal + " " + response) == expected
-    # As evaluate reads a response: the query before it (generation strips the space written after it).
-    record = {"index": 0, "task": task, "predictions": [response]}
+    # As evaluate reads a response: as generated (not stripped), after the query.
+    record = {"index": 0, "task": task, "predictions": [" " + response]}
     read = read_answers(Protocol("galactica", 0, "gal", 0), [record], {0: gal})[0]
-    assert read["answers"] == [expected] and read["responses"] == [response]
+    assert read["answers"] == [expected] and read["predictions"] == [" " + response]
     mol = molinst_query(task, question)
     assert mol.endswith("### Input:\nCCO\n\n### Response:\n")
     assert ("Nausea" in mol) == ("Nausea" in gal) == (task == "property_prediction-sider")
@@ -177,9 +177,9 @@ def test_bad_prompting_settings_are_one_error(overrides, message):
         protocol_for(prompting, bare=True)
 
 
-def test_evaluate_ckpt_none_one_shot_on_the_tiny_model(tmp_path):
+def test_evaluate_ckpt_none_one_shot_on_the_tiny_model(tmp_path, monkeypatch):
     """The bare tiny model asked 1-shot as the paper asked Mistral: each record keeps the query (one training
-    example and the question), the raw responses and the answers Mistral's rules read; the row is labelled
+    example and the question), the responses as generated and the answers Mistral's rules read; the row is labelled
     with its protocol; re-scoring the predictions file gives the same metrics."""
     from llasmol.analysis.runs import load_run
     from llasmol.evaluate import evaluate
@@ -189,15 +189,20 @@ def test_evaluate_ckpt_none_one_shot_on_the_tiny_model(tmp_path):
     cfg = compose_config([f"paths.output_dir={tmp_path}", "ckpt=none", "data.max_samples_per_task={test:2}",
                           "generation.max_new_tokens_limit=4", f"data.tasks=[{','.join(tasks)}]",
                           "generation.max_prompt_tokens=2048", "intervals.resamples=0"], "evaluate")
+    from llasmol.inference.beam_search import BeamGenerator
+
+    stripped, batch = [], BeamGenerator._generate_batch
+    monkeypatch.setattr(BeamGenerator, "_generate_batch", lambda self, *a: stripped.append(self.strip) or batch(self, *a))
     result = evaluate(cfg)
+    assert stripped and not any(stripped)  # the rules read the responses as generated
     records = read_predictions(tmp_path / "predictions" / "test.jsonl")
     assert sorted(r["task"] for r in records) == sorted(t for t in tasks for _ in range(2))
     for r in records:
         t = ICL[r["task"]]
         assert r["query"].count(f"{t.input_title}: ") == 2 and r["query"].endswith(f"{t.output_title}:")
         assert r["query"].split("\n")[-2] == f"{t.input_title}: {r['raw_input']}"
-        assert r["extraction"] == "mistral" and len(r["responses"]) == len(r["predictions"])
-        assert r["answers"] == [extract_base_answer("mistral", r["task"], x) for x in r["responses"]]
+        assert r["extraction"] == "mistral" and "responses" not in r
+        assert r["answers"] == [extract_base_answer("mistral", r["task"], x) for x in r["predictions"]]
     for task in tasks:
         no_answer = sum(r["answers"][0] is None for r in records if r["task"] == task)
         assert result["metrics"][task]["num_no_answer"] == no_answer

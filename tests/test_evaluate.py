@@ -19,7 +19,7 @@ from conftest import HANG_TIMEOUT, compose_config
 from llasmol.core.errors import UserError
 from llasmol.data.source import SMolInstructSource
 from llasmol.evaluate import evaluate
-from llasmol.generate import canonicalize_query
+from llasmol.generate import SMILES_CLOSE, canonicalize_query
 from llasmol.metrics import extract_answer
 from llasmol.train import train
 
@@ -268,16 +268,21 @@ def test_generate_extracts_the_answer_as_the_scorer_does():
     assert proc.stderr.startswith("error: ") and "model=mistrall" in proc.stderr
 
 
-def test_query_smiles_are_canonicalised():
-    # SMolInstruct's form: canonical Kekule SMILES (never aromatic lower case), parts sorted.
-    assert canonicalize_query("Is <SMILES> c1ccccc1O </SMILES> toxic?") == "Is <SMILES> OC1=CC=CC=C1 </SMILES> toxic?"
-    assert canonicalize_query("<SMILES> CN(C)c1ccncc1 </SMILES>") == "<SMILES> CN(C)C1=CC=NC=C1 </SMILES>"
-    assert canonicalize_query("<SMILES> O.c1ccccc1 </SMILES> and <SMILES> [CH3:1]O </SMILES>") == (
-        "<SMILES> C1=CC=CC=C1.O </SMILES> and <SMILES> CO </SMILES>")
+def test_query_smiles_are_canonicalised_as_the_official_generation_does():
+    """tests/data/generate_query_official.json: the official canonicalize_smiles_in_text on 20 queries (the
+    first tag pair only, spaces around it normalised, Kekulé form). Where it stops with an error, the
+    question is asked as written; a missing closing tag is the one declared difference (docs/deviations.md)."""
+    cases = json.loads((Path(__file__).parent / "data" / "generate_query_official.json").read_text())["cases"]
+    for case in cases:
+        query, official = case["query"], case["official"]
+        if official is None or SMILES_CLOSE not in query:
+            assert canonicalize_query(query) == query, query
+        else:
+            assert canonicalize_query(query) == official, query
+    assert sum(c["official"] is not None and c["official"] != c["query"] for c in cases) >= 12  # most are rewritten
     # As the official canonicalisation rebuilds atoms: isotope labels go, charges and stereo stay.
     assert canonicalize_query("<SMILES> [2H]C([2H])([2H])O.C[C@H](N)C(=O)[O-] </SMILES>") == (
-        "<SMILES> CO.C[C@H](N)C(=O)[O-] </SMILES>")
-    assert canonicalize_query("<SMILES> not-a-smiles </SMILES>") == "<SMILES> not-a-smiles </SMILES>"
+        "<SMILES> CO.C[C@H](N)C(=O)[O-] </SMILES> ")
 
 
 def test_batched_generation_equals_one_at_a_time(run_dir):
@@ -1208,7 +1213,7 @@ def test_generate_asks_the_canonical_question_with_the_task_on_the_chosen_device
     assert moved == [pick_device("cpu")]
     cfg.task, cfg.query = None, "What is <SMILES> C </SMILES>?"
     command.generate(cfg)  # the question from the configuration; no task: ""
-    assert asked[-1][:2] == ("What is <SMILES> C </SMILES>?", "")
+    assert asked[-1][:2] == ("What is <SMILES> C </SMILES> ?", "")  # one space after the tag, as officially
     answer[0] = None  # the prompt did not fit
     with pytest.raises(UserError, match=rf"^the query is longer than generation.max_prompt_tokens="
                                         rf"{cfg.generation.max_prompt_tokens} tokens$"):

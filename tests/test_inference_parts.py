@@ -15,6 +15,7 @@ from llasmol.core.errors import UserError
 from llasmol.inference.beam_search import BeamGenerator, BeamSettings, task_settings
 from llasmol.inference.partial import PartialPredictions, partial_path
 from llasmol.inference.pipeline import Evaluation, ModelAnswers, RunFiles, Samples, balanced_subset, gather_to_all
+from llasmol.metrics.extract import extract_answer
 from llasmol.metrics.scoring import GoldPool
 
 # --------------------------------------------------------------------------- beam search
@@ -88,6 +89,16 @@ def test_beam_search_keeps_a_prompt_of_exactly_the_limit_and_batches_eight_by_de
     assert gen.generate([chr(ord("a") + i) for i in range(9)], one) == [[chr(ord("a") + i) + "0"] for i in range(9)]
     assert [len(c["input_ids"]) for c in model.calls] == [8, 1]
     assert model.calls[0]["early_stopping"] is False  # BeamSettings' default
+
+
+def test_a_base_models_responses_come_as_generated_for_its_rules():
+    """Stripped, as the official LlaSMol generation strips a response; unstripped for a base model's rules
+    (`strip = False`, evaluate's base protocols), whose Galactica rules cut at newlines."""
+    gen = BeamGenerator(EchoModel(), DecodeTokenizer(), CharFormatter())
+    one = BeamSettings(1, 1, 4)
+    assert gen.generate(["ab"], one) == [["b0"]]
+    gen.strip = False
+    assert gen.generate(["ab"], one) == [["  b0  "]]
 
 
 def test_task_settings_overlay_the_task_on_the_default_and_cap_new_tokens():
@@ -482,7 +493,9 @@ def test_llm4chem_folders_read_every_task_file_in_name_order(tmp_path):
     # Tagged: kept whole (scoring takes the answer from between its tags).
     assert fs1["predictions"] == ["<SMILES> C </SMILES></s>"]
     assert (cap["raw_input"], cap["input"]) == ("CCO", "Describe CCO")
-    assert cap["predictions"] == ["It is ethanol.", "It is."]  # untagged: end and padding tokens removed, stripped
+    # Kept as written: the scorer's reading takes end and padding tokens out of an untagged answer.
+    assert cap["predictions"] == ["<unk> It is ethanol.</s><unk><unk>", "It is.</s>"]
+    assert [extract_answer("molecule_captioning", p) for p in cap["predictions"]] == ["It is ethanol.", "It is."]
     assert "output" not in cap
     assert read_predictions(folder / "molecule_captioning.jsonl") == [cap]
 

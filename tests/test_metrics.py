@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -146,12 +147,24 @@ def test_smiles_any_gold_matches():
     assert score("forward_synthesis", [([smiles("CCC")], golds)])["exact_match"] == 0.0
 
 
+@contextlib.contextmanager
+def scoring(**settings):
+    """The scorer with `settings` (the `scoring` config group) for the block, then the official readings."""
+    from llasmol.metrics.families import use_scoring
+
+    use_scoring(settings)
+    try:
+        yield
+    finally:
+        use_scoring(None)
+
+
 def test_smiles_validity_and_no_answer():
     samples = [
         ([smiles("CCO")], ["CCO"]),  # valid, right
         ([smiles("c1cccc1")], ["CCO"]),  # invalid (kekulization fails)
         ([smiles("C(C)(C)(C)(C)C")], ["CCO"]),  # invalid (valence)
-        ([smiles("CC O")], ["CCO"]),  # whitespace inside a part: invalid
+        ([smiles("CC O")], ["CCO"]),  # whitespace inside a part: RDKit reads CC (named O), as officially: wrong
         ([smiles("CCO..O")], ["CCO.O"]),  # empty part: invalid
         (["I cannot answer that."], ["CCO"]),  # no answer
         ([], ["CCO"]),  # no prediction at all
@@ -160,9 +173,11 @@ def test_smiles_validity_and_no_answer():
     metrics = score("name_conversion-i2s", samples)
     assert metrics["num_samples"] == 8
     assert metrics["num_no_answer"] == 2
-    assert metrics["num_valid"] == 2
-    assert metrics["validity"] == pytest.approx(2 / 6)
+    assert metrics["num_valid"] == 3
+    assert metrics["validity"] == pytest.approx(3 / 6)
     assert metrics["exact_match"] == pytest.approx(1 / 8)  # over all samples
+    with scoring(strict_smiles=True):  # the stricter reading: whitespace inside a part is no SMILES
+        assert score("name_conversion-i2s", samples)["num_valid"] == 2
 
 
 def test_smiles_fts_known_value():
@@ -363,16 +378,20 @@ def test_classification_known_confusion():
         + [([no], ["No"])] * 2  # tn 2
         + [([yes], ["No"])] * 1  # fp 1
         + [(["no tag here"], ["No"])]  # missing: wrong, outside the confusion counts
-        + [([tagged(task, " yes. ")], ["Yes"])]  # case, spaces and a period are fine: tp
+        + [([tagged(task, " yes. ")], ["Yes"])]  # a period: invalid, as officially (case and spaces are fine)
     )
     metrics = score(task, samples)
-    assert (metrics["tp"], metrics["fn"], metrics["tn"], metrics["fp"]) == (4, 1, 2, 1)
+    assert (metrics["tp"], metrics["fn"], metrics["tn"], metrics["fp"]) == (3, 1, 2, 1)
     assert metrics["num_samples"] == 10
-    assert metrics["num_invalid"] == 1
+    assert metrics["num_invalid"] == 2
     assert metrics["num_no_answer"] == 1
-    assert metrics["accuracy"] == pytest.approx(6 / 10)
-    assert metrics["f1"] == pytest.approx(8 / 10)  # 2tp / (2tp + fp + fn)
-    assert metrics["mcc"] == pytest.approx(7 / 15)  # (4*2 - 1*1) / sqrt(5*5*3*3)
+    assert metrics["accuracy"] == pytest.approx(5 / 10)
+    assert metrics["f1"] == pytest.approx(6 / 8)  # 2tp / (2tp + fp + fn)
+    assert metrics["mcc"] == pytest.approx(5 / 12)  # (3*2 - 1*1) / sqrt(4*4*3*3)
+    with scoring(lenient_booleans=True):  # one trailing period dropped: the last sample is a tp
+        lenient = score(task, samples)
+    assert (lenient["tp"], lenient["num_invalid"], lenient["accuracy"]) == (4, 1, pytest.approx(6 / 10))
+    assert lenient["mcc"] == pytest.approx(7 / 15)  # (4*2 - 1*1) / sqrt(5*5*3*3)
 
 
 def test_sider_golds_are_per_target_not_pooled_over_the_molecule():
@@ -638,12 +657,18 @@ def test_without_a_task_the_first_closed_tag_pair_gives_the_answer():
     assert any_answer(None) is None
 
 
-def test_molecules_without_an_inchi_are_keyed_by_canonical_smiles():
-    # InChI has no attachment points: '*' fragments (R groups in SMolInstruct answers) fall back to SMILES.
-    assert parse_molecule("*CC").keys == parse_molecule("CC*").keys == frozenset({"smiles:*CC"})
-    assert parse_molecule("*CC").keys != parse_molecule("*CCC").keys
-    assert sample_stats("forward_synthesis", ["<SMILES> CC* </SMILES>"], ["*CC"])["hit_top1"] == 1.0
-    assert sample_stats("forward_synthesis", ["<SMILES> *CCC </SMILES>"], ["*CC"])["hit_top1"] == 0.0
+def test_molecules_without_an_inchi_share_the_empty_one_unless_smiles_are_read_strictly():
+    # InChI has no attachment points: officially every '*' part has the empty InChI, so all of them match
+    # (utils/metrics.py get_molecule_id); strictly they are keyed by canonical SMILES.
+    assert parse_molecule("*CC").keys == parse_molecule("*CCC").keys == frozenset({""})
+    assert parse_molecule("*C.CCO").keys == parse_molecule("*CC.OCC").keys != parse_molecule("*C").keys
+    assert sample_stats("forward_synthesis", ["<SMILES> *CCC </SMILES>"], ["*CC"])["hit_top1"] == 1.0
+    with scoring(strict_smiles=True):
+        assert parse_molecule("*CC").keys == parse_molecule("CC*").keys == frozenset({"smiles:*CC"})
+        assert parse_molecule("*CC").keys != parse_molecule("*CCC").keys
+        assert sample_stats("forward_synthesis", ["<SMILES> CC* </SMILES>"], ["*CC"])["hit_top1"] == 1.0
+        assert sample_stats("forward_synthesis", ["<SMILES> *CCC </SMILES>"], ["*CC"])["hit_top1"] == 0.0
+    assert parse_molecule("*CC").keys == frozenset({""})  # the caches hold one reading at a time
 
 
 def test_a_number_answer_of_up_to_1000_characters_is_read_and_a_longer_one_is_no_number():
@@ -726,12 +751,14 @@ def test_a_yes_no_answer_to_a_sample_without_a_yes_no_gold_is_wrong_and_not_inva
     assert (metrics["tp"], metrics["fp"], metrics["tn"], metrics["fn"]) == (0, 0, 0, 0)
 
 
-def test_boolean_answers_accept_case_spaces_and_one_trailing_period_only():
+def test_boolean_answers_accept_case_and_spaces_and_leniently_one_trailing_period():
     from llasmol.metrics.families import parse_boolean
 
-    assert parse_boolean(" YES ") == "Yes" and parse_boolean("no.") == "No" and parse_boolean("No .") == "No"
-    assert parse_boolean("yes..") is None and parse_boolean("y") is None and parse_boolean(None) is None
-    assert parse_boolean("Yes") == "Yes"  # no period: nothing cut
+    assert parse_boolean(" YES ") == "Yes" and parse_boolean("No\n") == "No"
+    assert parse_boolean("no.") is parse_boolean("No .") is parse_boolean("Yes!") is None  # as officially
+    assert parse_boolean("no.", True) == "No" and parse_boolean("No .", True) == "No"
+    assert parse_boolean("yes..", True) is None and parse_boolean("y") is None and parse_boolean(None) is None
+    assert parse_boolean("Yes", True) == "Yes"  # no period: nothing cut
 
 
 def test_iupac_parts_drop_empty_parts_and_an_empty_name_is_no_name():
@@ -751,14 +778,15 @@ def test_bleu2_and_bleu4_are_the_orders_their_names_say():
     assert metrics["bleu4"] == pytest.approx(0.0, abs=1e-9)
 
 
-def test_use_scoring_defaults_to_the_official_formula_syntax_and_takes_a_lenient_setting():
+def test_use_scoring_defaults_to_the_official_readings_and_takes_each_other_one():
+    from llasmol.metrics import molecules
     from llasmol.metrics.families import FAMILIES, use_scoring
 
     try:
-        use_scoring({"lenient_formulas": True})
-        assert FAMILIES["formula"].lenient is True
+        use_scoring({"lenient_formulas": True, "lenient_booleans": True, "strict_smiles": True})
+        assert FAMILIES["formula"].lenient is FAMILIES["boolean"].lenient is molecules.STRICT_SMILES is True
         use_scoring({})  # not said: official
-        assert FAMILIES["formula"].lenient is False
+        assert FAMILIES["formula"].lenient is FAMILIES["boolean"].lenient is molecules.STRICT_SMILES is False
         use_scoring({"lenient_formulas": True})
         use_scoring(None)
         assert FAMILIES["formula"].lenient is False
@@ -913,8 +941,11 @@ def test_molecule_parsing_edges_and_whole_molecule_fingerprints():
 
     assert parse_molecule("C") is not None and parse_molecule("[Na+]") is not None
     assert parse_molecule("CCO;O") == parse_molecule("O.CCO") != parse_molecule("CCO")
-    for bad in (None, "", "CC O", "CCO.", "C1CC", 7):
+    for bad in (None, "", "CCO.", "C1CC", 7, "  ", " CC O", "CCO. O x"):
         assert parse_molecule(bad) is None and molecule_keys(bad) is None, bad
+    # RDKit's reading, as officially: up to a part's first whitespace, unless the part starts with it
+    assert parse_molecule("CC O").keys == parse_molecule("CC").keys == parse_molecule("CC\tethane").keys
+    assert parse_molecule("CCO (ethanol).O", fingerprints=True) == parse_molecule("CCO.O", fingerprints=True)
     assert molecule_keys("OCC") == parse_molecule("CCO").keys == frozenset({"InChI=1S/C2H6O/c1-2-3/h3H,2H2,1H3"})
     assert parse_molecule("CCO").fingerprints is None
     whole = Chem.MolFromSmiles("CCO.c1ccccc1")

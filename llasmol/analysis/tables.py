@@ -19,9 +19,8 @@ from llasmol.analysis.paper import NOT_TRANSCRIBED, PAPER_MODEL_OF_BASE, PAPER_M
 from llasmol.analysis.runs import Run, Validation
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import TASKS, get_task
-from llasmol.metrics.extract import extract_answer
 from llasmol.metrics.families import CATEGORIES, COUNTS, FAMILIES, METRIC_ORDER, TOPK
-from llasmol.metrics.scoring import as_list, is_skipped, judge, record_golds
+from llasmol.metrics.scoring import as_list, given_answers, is_skipped, judge, record_answers, record_golds
 
 Cell = Union[str, int, float, None]
 
@@ -203,11 +202,13 @@ def topk_table(source: Union[Run, Validation], validation=None) -> Table:
 # --------------------------------------------------------------------------- per-sample judgement
 
 
-def judge_sample(task: str, predictions: Sequence[str], golds: Sequence[str]) -> tuple[str, Optional[float]]:
+def judge_sample(task: str, predictions: Sequence[str], golds: Sequence[str],
+                 answers=None) -> tuple[str, Optional[float]]:
     """The failure category (`FAILURE_CATEGORIES`, except ``skipped``) of one sample's top-1 answer,
     and a per-sample score where one exists: Morgan Tanimoto similarity to the closest gold for
-    SMILES tasks, absolute error for ESOL/Lipo, METEOR for captions (None otherwise)."""
-    return judge(task, list(predictions), list(golds))
+    SMILES tasks, absolute error for ESOL/Lipo, METEOR for captions (None otherwise). `answers`: a base
+    model's rule answers (`llasmol.metrics.scoring.given_answers`), scored as they are."""
+    return judge(task, list(predictions), list(golds), answers=answers)
 
 
 def judged_samples(source: Union[Run, Validation], validation=None) -> list[dict]:
@@ -219,15 +220,16 @@ def judged_samples(source: Union[Run, Validation], validation=None) -> list[dict
     for record, golds in zip(records, record_golds(records)):
         task = record["task"]
         predictions = as_list(record.get("predictions"))
+        answers = record_answers(record)
         if is_skipped(record):
             category, score = "skipped", None
         else:
-            category, score = judge_sample(task, predictions, golds)
+            category, score = judge_sample(task, predictions, golds, given_answers(record))
         out.append(
             {
                 **record,
                 "gold": golds,
-                "answer": extract_answer(task, predictions[0]) if predictions else None,
+                "answer": answers[0] if answers else None,
                 "category": category,
                 "score": score,
             }

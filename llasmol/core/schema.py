@@ -212,6 +212,8 @@ class IntervalsSchema:
 @dataclass
 class ScoringSchema:
     lenient_formulas: bool
+    lenient_booleans: bool = setting()
+    strict_smiles: bool = setting()
 
 
 @dataclass

@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 from llasmol.core.errors import UserError
 from llasmol.core.files import write_text
 from llasmol.metrics.families import COUNTS, LOWER_IS_BETTER
-from llasmol.metrics.scoring import judge
+from llasmol.metrics.scoring import given_answers, judge
 from llasmol.finetune.lightning_private import (
     CSVLoggerWithWriter, WandbLoggerWithoutAnonymous, WriterKeepingFile, wandb_run_started,
 )
@@ -108,7 +108,8 @@ def finish_wandb_runs(trainer, stopped: bool = False) -> None:
 
 def _correct(record: dict):
     """Whether the top-1 answer is right, by the metric's own rule; None where a metric is not a yes/no."""
-    category, _ = judge(record["task"], record["predictions"], record["gold"], record.get("skipped", False))
+    category, _ = judge(record["task"], record["predictions"], record["gold"], record.get("skipped", False),
+                        given_answers(record))
     return None if category == "scored" else category == "correct"
 
 

@@ -7,9 +7,12 @@ extraction rule set of `llasmol.metrics.base_extraction`. The in-context example
 from the training split's samples of the same task with `numpy.random.default_rng([seed, i])`: the same
 examples whatever the order, batch or subset of the evaluated samples.
 
-A record of such a run keeps the raw outputs as `responses`, the query as `query`, the extracted answers as
-`answers`, and as `predictions` those answers in the task's tags, so re-scoring the predictions file gives
-the same numbers.
+A record of such a run keeps the outputs as generated (not stripped) as `predictions`, the query as `query`,
+the rule set's name as `extraction` and its answers as `answers`. The scorer scores those answers exactly as
+the rule gave them (`llasmol.metrics.scoring.given_answers`), as the official pipeline scores the output of
+`prediction_extraction.py`'s `extract_pred` (an answer holding the task's tags is scored whole, not re-read
+between them), so re-scoring the predictions file gives the same numbers as the official scorer on the same
+answers.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import numpy as np
 from llasmol.core.errors import UserError
 from llasmol.data.base_prompts import STYLES, Example, galactica_query, icl_query, molinst_query
 from llasmol.metrics.base_extraction import TEXT_WITH_PROMPT, check_rules, extract_base_answer
-from llasmol.metrics.extract import wrap_answer
 
 DATASET = "dataset"  # SMolInstruct's own queries and tag extraction
 
@@ -96,22 +98,19 @@ def build_queries(protocol: Protocol, split, indices: list[int], train=None) -> 
 
 
 def read_answers(protocol: Protocol, records: list[dict], queries: dict[int, str]) -> list[dict]:
-    """`records` with the rule set's answers: raw outputs kept as `responses`, answers in tags as `predictions`."""
+    """`records` with the rule set's answers (`answers`) of their outputs as generated (`predictions`)."""
     for record in records:
         query, task = queries[record["index"]], record["task"]
         record["query"], record["extraction"] = query, protocol.rules
         responses = record["predictions"]
         if responses is None:  # skipped: the prompt was over the token limit
             continue
-        answers = [extract_base_answer(protocol.rules, task, _read_text(protocol, query, r)) for r in responses]
-        record.update(responses=responses, answers=answers,
-                      predictions=[wrap_answer(task, a or "") for a in answers])
+        record["answers"] = [extract_base_answer(protocol.rules, task, _read_text(protocol, query, r))
+                             for r in responses]
     return records
 
 
 def _read_text(protocol: Protocol, query: str, response: str) -> str:
-    """What the rule set reads: the response, or (Galactica, Molinst) the query followed by it."""
-    if protocol.rules not in TEXT_WITH_PROMPT:
-        return response
-    # generation strips the response, so the space a model writes after e.g. "Answer:" is put back
-    return query + ("" if not query or query[-1].isspace() else " ") + response
+    """What the rule set reads: the response, or (Galactica, Molinst) the query followed by it, as the official
+    outputs held the prompt and the text generated after it, unstripped (Galactica's rules cut at newlines)."""
+    return query + response if protocol.rules in TEXT_WITH_PROMPT else response

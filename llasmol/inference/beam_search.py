@@ -63,6 +63,9 @@ class BeamGenerator:
         self.batch_size = batch_size
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.lockstep = forward_is_collective(model)  # see the module docstring
+        # Responses are stripped, as the official LlaSMol generation strips them (general_prompter.py
+        # get_response); a base model's extraction rules read them as generated (`strip = False`).
+        self.strip = True
 
     def encode(self, query: str) -> list[int]:
         return self.formatter.prompt_ids(query)
@@ -129,4 +132,6 @@ class BeamGenerator:
         )
         texts = self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
         k = settings.num_return_sequences
-        return [[t.strip() for t in texts[row * k : (row + 1) * k]] for row in range(len(prompts))]
+        if self.strip:
+            texts = [t.strip() for t in texts]
+        return [texts[row * k : (row + 1) * k] for row in range(len(prompts))]

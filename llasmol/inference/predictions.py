@@ -14,11 +14,8 @@ that folder (or one of its files), ``output`` is read as ``predictions``, ``inpu
 ``input_text`` as ``input``; golds are pooled across samples of one input by the same rule as ours
 (`llasmol.metrics.scoring.record_golds`), so the file scores as the paper's `compute_metrics.py` does.
 Its outputs were decoded with the special tokens kept (generation.py:106, ``skip_special_tokens=False``),
-so they end in ``</s>`` and padding's ``<unk>``. They are read as the official `extract_prediction.py` reads
-them: for a task without answer tags (captioning) both strings are removed wherever they are and the
-text stripped (lines 15-17, TASK_TAGS of config.py:130); a tagged answer is taken from between its tags
-(lines 20-28), which `extract_answer` does with the text as it is (a tag pair leaves the trailing tokens out,
-and a ``<unk>`` inside the tags stays there, as the official reader leaves it).
+so they end in ``</s>`` and padding's ``<unk>``. They are kept as they are: the scorer's `extract_answer`
+reads every prediction as the official `extract_prediction.py` reads them, whichever file they come from.
 """
 
 from __future__ import annotations
@@ -39,7 +36,7 @@ from llasmol.metrics.scoring import GoldPool, is_skipped
 class Prediction:
     """One line of a predictions file, its fields in the order they are written. ``target`` (SIDER's side
     effect) is left out when None; ``extra`` holds the fields other writers add (a base-model protocol's
-    ``query``, ``extraction``, ``responses``; LLM4Chem's ``input_text``), written after the others."""
+    ``query`` and ``extraction``; LLM4Chem's ``input_text``), written after the others."""
 
     task: str
     index: Optional[int]  # the sample's index in its split (None: another system's file)
@@ -83,17 +80,6 @@ def make_record(index: int, sample: dict, golds: GoldPool, predictions: Optional
         answers=None if predictions is None else [extract_answer(task, p) for p in predictions],
         skipped=predictions is None,
     ).to_dict()
-
-
-# What LLM4Chem's extract_prediction.py:16 removes from an untagged output (end of sequence, padding).
-OFFICIAL_DIRECT_STRIP = ("<unk>", "</s>")
-
-
-def official_direct(text: str) -> str:
-    """An untagged LLM4Chem output as extract_prediction.py's 'direct' mode leaves it."""
-    for token in OFFICIAL_DIRECT_STRIP:
-        text = text.replace(token, "")
-    return text.strip()
 
 
 def _texts(value, what: str, where: str, allow_none: bool = False) -> list[str]:
@@ -216,7 +202,5 @@ def _read_file(path: Path) -> list[dict]:
             record["skipped"] = is_skipped(record)
             record["gold"] = _texts(record["gold"], "gold", where)
             record["predictions"] = _texts(record["predictions"], "predictions", where, allow_none=True)
-            if official and get_task(record["task"]).answer_tag is None:
-                record["predictions"] = [official_direct(p) for p in record["predictions"]]
             records.append(record)
     return records

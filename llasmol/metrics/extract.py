@@ -8,7 +8,9 @@ SMolInstruct responses wrap the answer in a tag pair with spaces inside, e.g.
   ``"<SMILES> a <SMILES> b </SMILES>"`` the answer is ``"b"``: a pair never contains a tag);
 - the text is stripped of surrounding whitespace; tags are matched exactly (case-sensitive);
 - no complete pair, or an empty pair, means no answer (``None``);
-- molecule_captioning has no tag: the whole response, stripped, is the answer (empty -> ``None``);
+- molecule_captioning has no tag: the whole response is the answer, with every ``<unk>`` and ``</s>`` taken
+  out and stripped (empty -> ``None``), as the official `extract_prediction.py` reads an untagged output
+  (lines 15-17: its outputs were decoded with the end-of-sequence and padding tokens kept);
 - a leading ``<think>...</think>`` block (a reasoning model's thoughts; Qwen3 writes an empty one when asked
   without its block in the prompt) is not part of the answer, and a think block left open holds no answer.
   SMolInstruct responses never start with one, so the paper's scoring is unchanged.
@@ -23,6 +25,8 @@ from llasmol.core.tasks import TASKS, get_task
 
 # The tags any answer may sit in: the task table's, and SELFIES for `data.representation=selfies`.
 ANSWER_TAGS: tuple[str, ...] = tuple(dict.fromkeys(t.answer_tag for t in TASKS if t.answer_tag)) + ("SELFIES",)
+# What the official reader takes out of an untagged answer: end of sequence and padding (extract_prediction.py:16).
+UNTAGGED_DROP: tuple[str, ...] = ("<unk>", "</s>")
 # A reasoning model's thoughts, before its answer (Qwen3's chat template writes them so).
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -37,8 +41,9 @@ def extract_answer(task: str, text: str) -> str | None:
         return None
     text = _after_reasoning(text)
     if tag is None:
-        answer = text.strip()
-        return answer or None
+        for token in UNTAGGED_DROP:
+            text = text.replace(token, "")
+        return text.strip() or None
     return _between(text, tag)
 
 

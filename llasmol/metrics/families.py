@@ -5,7 +5,9 @@ A task's family is in the task table (`llasmol.core.tasks`); `llasmol.metrics.sc
 each sample's task. Adding a family is one class here and one entry in `FAMILIES`.
 
 Definitions (LlaSMol App. A.4, as its scorer computes them); `answers` are the extracted answers of a
-sample's predictions, best first (`extract_answer`), `golds` its gold answers:
+sample's predictions, best first (`extract_answer`, or a base model's rule answers as given), `golds` its gold
+answers; an answer is none when it is missing or empty (yes/no and captions: empty once stripped), as the
+official scorer counts it:
 
 - smiles (FS, RS, MG, NC-I2S): ``exact_match`` = share of all samples whose top-1 answer is the same
   molecule set as a gold (`llasmol.metrics.molecules`); ``top{k}_exact_match`` for k in 1, 3, 5, 10 =
@@ -27,7 +29,8 @@ sample's predictions, best first (`extract_answer`), `golds` its gold answers:
   its answer; ``num_valid`` + ``num_invalid`` + ``num_invalid_gold`` + ``num_no_answer`` = ``num_samples``;
   RMSE with no valid answer is NaN.
 - boolean (BBBP, ClinTox, HIV, SIDER): the top-1 answer is ``yes``/``no`` case-insensitively, after
-  stripping whitespace and one trailing period; ``accuracy`` = correct / *all* samples (a missing or
+  stripping whitespace (``Yes.`` is invalid, as officially; ``scoring.lenient_booleans`` drops one trailing
+  period); an answer of whitespace only is no answer; ``accuracy`` = correct / *all* samples (a missing or
   non-yes/no answer is wrong); ``f1`` (positive class Yes) and ``mcc`` from the confusion counts ``tp fp
   tn fn`` of the yes/no answers only, as the paper's code computes them, so ``tp + fp + tn + fn +
   num_invalid + num_no_answer = num_samples``; with a division by zero f1 and mcc are 0.0 (scikit-learn's
@@ -44,7 +47,6 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from llasmol.core.errors import UserError
 from llasmol.metrics.formula import formula_key
 from llasmol.metrics.molecules import FINGERPRINTS, molecule_keys, parse_gold_molecule, tanimoto, too_complex
 from llasmol.metrics.text import bleu_from_stats, caption_stats  # loads NLTK/WordNet itself, when captions are scored
@@ -78,6 +80,10 @@ class Family:
 
     def all_stats(self) -> tuple[str, ...]:
         return COMMON_STATS + self.stats
+
+    def no_answer(self, answer: Optional[str]) -> bool:
+        """Whether `answer` counts as none: no text or the empty one (utils/metrics.py: ``item == ''``)."""
+        return answer is None or answer == ""
 
     def fill(self, answers: list[Optional[str]], golds: list[str], stats: dict[str, float]) -> None:
         """Add this sample's statistics to `stats` (already zeroed, `num_*` common ones set)."""
@@ -267,11 +273,13 @@ class NumberFamily(Family):
         return "invalid", None
 
 
-def parse_boolean(text: Optional[str]) -> Optional[str]:
+def parse_boolean(text: Optional[str], lenient: bool = False) -> Optional[str]:
+    """``Yes``/``No`` for a yes/no answer, case-insensitively and stripped (utils/metrics.py:473), else None;
+    `lenient` (``scoring.lenient_booleans``): one trailing period is dropped first (``Yes.`` is yes)."""
     if text is None:
         return None
     word = text.strip()
-    if word.endswith("."):
+    if lenient and word.endswith("."):
         word = word[:-1].strip()
     return {"yes": "Yes", "no": "No"}.get(word.lower())
 
@@ -282,10 +290,14 @@ class BooleanFamily(Family):
     metric_names = ("accuracy", "f1", "mcc", "num_invalid", "tp", "fp", "tn", "fn")
     counts = frozenset({"num_invalid", "tp", "fp", "tn", "fn"})
     lower_is_better = frozenset({"num_invalid"})
+    lenient: bool = False  # scoring.lenient_booleans; set once per process by `use_scoring`
+
+    def no_answer(self, answer):
+        return answer is None or not answer.strip()  # stripped before the official check (utils/metrics.py:473)
 
     def fill(self, answers, golds, stats):
         gold_labels = {parse_boolean(g) for g in golds} - {None}
-        predicted = parse_boolean(answers[0]) if answers else None
+        predicted = parse_boolean(answers[0], self.lenient) if answers else None
         if predicted is None:
             if answers and answers[0] is not None:
                 stats["num_invalid"] = 1.0
@@ -324,6 +336,9 @@ class CaptionFamily(Family):
     metric_names = ("meteor", "bleu2", "bleu4", "rouge1", "rouge2", "rougeL", "num_scored", "tokenizer_scibert")
     counts = frozenset({"num_scored"})
 
+    def no_answer(self, answer):
+        return answer is None or not answer.strip()  # stripped before the official check (utils/metrics.py:391)
+
     def fill(self, answers, golds, stats):
         stats.update(caption_stats(answers[0] if answers else None, golds))
 
@@ -348,13 +363,15 @@ FAMILIES: dict[str, Family] = {
 
 
 def use_scoring(settings) -> None:
-    """Apply the `scoring` config group (conf/scoring/) to this process's scorer; a command calls it once at
-    start, before anything is scored (each DDP process runs the command's start too)."""
-    lenient = (settings or {}).get("lenient_formulas", False)
-    if not isinstance(lenient, bool):
-        raise UserError(f"scoring.lenient_formulas={lenient!r} must be true or false (false: the official "
-                        "scorer's formula syntax, as the paper scored)")
-    FAMILIES["formula"].lenient = lenient
+    """Apply the `scoring` config group (conf/scoring/, checked by the schema) to this process's scorer; a
+    command calls it once at start, before anything is scored (each DDP process runs the command's start
+    too). A setting not given is the official scorer's reading."""
+    from llasmol.metrics.molecules import use_strict_smiles
+
+    settings = settings or {}
+    FAMILIES["formula"].lenient = bool(settings.get("lenient_formulas", False))
+    FAMILIES["boolean"].lenient = bool(settings.get("lenient_booleans", False))
+    use_strict_smiles(bool(settings.get("strict_smiles", False)))
 
 
 COUNTS: frozenset[str] = COMMON_COUNTS.union(*(f.counts for f in FAMILIES.values()))

@@ -1,22 +1,26 @@
 """SMILES parsing, molecule identity and fingerprint similarity (RDKit).
 
-Rules (LlaSMol paper, Appendix A.4):
+Rules (LlaSMol paper, Appendix A.4), as the official scorer (LLM4Chem utils/metrics.py) reads an answer:
 
-- ``';'`` is read as ``'.'``; the answer is split on ``'.'`` into parts, each stripped.  The
-  answer is *valid* when every part parses with RDKit (with sanitisation, i.e. valence rules)
-  into a molecule with at least one atom.  An empty part (``"CCO..O"``, ``"CCO."``), a part
-  with whitespace inside (RDKit would silently read ``"CC O"`` as ``"CC"`` named ``"O"``) or an
-  answer longer than `MAX_SMILES_CHARS` is invalid.
-- Identity: the set of standard InChI strings of the parts (a part whose InChI RDKit cannot
-  make, e.g. with dummy atoms, is keyed by its canonical SMILES instead).  So Kekulé vs
-  aromatic spelling, fragment order, repeated fragments and the tautomers and protonation
-  states standard InChI merges (2-pyridone and 2-hydroxypyridine; zwitterionic and neutral
-  glycine) do not matter; stereo and net charge do.  A part is first put in the official form
-  (`llasmol.data.smiles`) where that changes the molecule, for identity and fingerprints alike, as
-  the official scorer does: it canonicalises every answer and gold (LLM4Chem utils/metrics.py lines
-  158 and 170) by rebuilding each atom from its element and charge (utils/smiles_canonicalization.py
-  lines 16-17) before comparing InChI (utils/metrics.py lines 57-62), so ``[13CH4]`` is methane and
-  the radical ``[CH2]C`` is ethane there.
+- ``';'`` is read as ``'.'`` (config.py `TASKS_WITH_SEMICOLON_REPLACE`: every SMILES task); the answer is
+  split on ``'.'`` into parts. The answer is *valid* when every part parses with RDKit (with sanitisation,
+  i.e. valence rules) into a molecule with at least one atom. Each part goes to RDKit as it is, as the
+  official `canonicalize_molecule_smiles` passes it (smiles_canonicalization.py line 73): RDKit reads up to
+  the first whitespace and takes the rest as the molecule's name, so ``"CCO (ethanol)"`` is ethanol (but
+  ``" CCO (ethanol)"``, with a leading space, is unreadable, `_read_part`). An empty part (``"CCO..O"``,
+  ``"CCO."``), a whitespace-only one or an answer longer than `MAX_SMILES_CHARS` is invalid.
+- Identity: the set of standard InChI strings of the parts (utils/metrics.py `get_molecule_id`). A part
+  RDKit can write no InChI for (dummy atoms ``*``) has the empty InChI, so ``*C`` and ``*CC`` match there.
+  So Kekulé vs aromatic spelling, fragment order, repeated fragments and the tautomers and protonation
+  states standard InChI merges (2-pyridone and 2-hydroxypyridine; zwitterionic and neutral glycine) do
+  not matter; stereo and net charge do. A part is first put in the official form (`llasmol.core.smiles`)
+  where that changes the molecule, for identity and fingerprints alike, as the official scorer does: it
+  canonicalises every answer and gold (utils/metrics.py lines 158 and 170) by rebuilding each atom from its
+  element and charge (utils/smiles_canonicalization.py lines 16-17) before comparing InChI
+  (utils/metrics.py lines 57-62), so ``[13CH4]`` is methane and the radical ``[CH2]C`` is ethane there.
+- `scoring.strict_smiles=true` (off by default, `use_strict_smiles`) is the stricter reading: whitespace
+  inside a part makes the answer invalid (``"CC O"`` is no SMILES), and a part without an InChI is keyed by
+  its canonical SMILES, so ``*C`` and ``*CC`` differ.
 - Fingerprints are of the whole (dotted) molecule: Morgan radius 2 unfolded count fingerprint
   (rdFingerprintGenerator's sparse count fingerprint, the same as the legacy
   ``GetMorganFingerprint(mol, 2)``), MACCS keys, and ``RDKFingerprint``; similarity is
@@ -59,6 +63,18 @@ MAX_SUBGRAPHS = 50_000
 FINGERPRINTS: tuple[str, ...] = ("morgan", "maccs", "rdk")
 
 _MORGAN = rdFingerprintGenerator.GetMorganGenerator(radius=2)
+
+STRICT_SMILES = False  # scoring.strict_smiles; set once per process by `use_strict_smiles`
+
+
+def use_strict_smiles(strict: bool) -> None:
+    """Read SMILES answers strictly (see the module docstring) or as the official scorer does; the parse
+    caches are emptied, as they hold the other reading's results."""
+    global STRICT_SMILES
+    if strict != STRICT_SMILES:
+        STRICT_SMILES = strict
+        parse_gold_molecule.cache_clear()
+        molecule_keys.cache_clear()
 
 
 class Molecule(NamedTuple):
@@ -118,14 +134,29 @@ def too_complex(text: str | None) -> bool:
         return False
     mols = []
     for part in text.replace(";", ".").split("."):
-        try:
-            mol = Chem.MolFromSmiles(part.strip()) if part.strip() else None
-        except Exception:
-            mol = None
+        mol = _read_part(part)
         if mol is None:
             return False
         mols.append(mol)
     return _too_complex(mols)
+
+
+def _read_part(part: str) -> Chem.Mol | None:
+    """One '.'-free part as RDKit reads it (None: not a molecule). Officially the part goes to RDKit as it is:
+    RDKit skips leading whitespace, reads up to the next whitespace and takes the rest as a name, unless the
+    part started with whitespace (then a name makes it unreadable: ``" CCO x"``). Strictly
+    (`STRICT_SMILES`), the part is stripped and whitespace left inside it makes it no SMILES."""
+    if STRICT_SMILES:
+        part = part.strip()
+        if any(ch.isspace() for ch in part):
+            return None
+    if not part.strip():
+        return None  # officially an empty part is an error, a whitespace-only one unreadable
+    try:
+        mol = Chem.MolFromSmiles(part)
+    except Exception:
+        return None
+    return mol if mol is not None and mol.GetNumAtoms() > 0 else None
 
 
 def _needs_official_rebuild(mol: Chem.Mol) -> bool:
@@ -147,8 +178,8 @@ def _part_key(mol: Chem.Mol) -> str:
         inchi = Chem.MolToInchi(mol)
     except Exception:
         inchi = ""
-    if inchi:
-        return inchi
+    if inchi or not STRICT_SMILES:
+        return inchi  # officially every part without an InChI has the same, empty one
     return "smiles:" + Chem.MolToSmiles(mol)
 
 
@@ -164,17 +195,13 @@ def parse_molecule(text: str | None, fingerprints: bool = False) -> Molecule | N
     """Parse a SMILES answer; ``None`` when it is not valid (see the module docstring)."""
     if not isinstance(text, str) or not text or len(text) > MAX_SMILES_CHARS:
         return None
-    parts = [part.strip() for part in text.replace(";", ".").split(".")]
     mols, texts = [], []
-    for part in parts:
-        if not part or any(ch.isspace() for ch in part):
+    for part in text.replace(";", ".").split("."):
+        mol = _read_part(part)
+        if mol is None:
             return None
-        try:
-            mol = Chem.MolFromSmiles(part)
-        except Exception:
-            return None
-        if mol is None or mol.GetNumAtoms() == 0:
-            return None
+        if any(ch.isspace() for ch in part):
+            part = Chem.MolToSmiles(mol)  # what RDKit read: the whole answer's fingerprint is made from the parts
         if _needs_official_rebuild(mol):
             try:
                 part = _canonical_part(part)  # the official form: the official scorer scores that molecule

@@ -15,7 +15,7 @@ import torch
 from torchmetrics import Metric
 
 from llasmol.core.tasks import check_tasks
-from llasmol.metrics.scoring import STATS, finalize, sample_stats
+from llasmol.metrics.scoring import STATS, finalize, record_stats
 
 
 def state_name(task: str, stat: str) -> str:
@@ -77,6 +77,6 @@ def reduced_metrics(records: list[dict], tasks: list[str], device) -> dict[str, 
     record's `gold` is taken as it is (already pooled over the split)."""
     metric = ChemistryMetrics(tasks).to(device)
     for record in records:
-        stats = sample_stats(record["task"], record["predictions"], record["gold"], record["skipped"])
+        stats = record_stats(record)
         metric.update([record["task"]], [stats])
     return metric.compute()

@@ -5,8 +5,9 @@ and processes (DDP) and still give exactly the corpus-level metric. What each fa
 `llasmol.metrics.families`; which family a task has, in the task table (`llasmol.core.tasks`).
 
 - `STATS[task]`: the names of the task's statistics, in a fixed order.
-- `sample_stats(task, predictions, golds, skipped)`: statistics of one sample; `predictions` are its raw
-  generated texts, best first (answers are extracted inside); `golds` its gold answers (`GoldPool`).
+- `sample_stats(task, predictions, golds, skipped, answers)`: statistics of one sample; `predictions` are its
+  raw generated texts, best first (answers are extracted inside, unless a base model's rule already read
+  them: `answers`, `given_answers`); `golds` its gold answers (`GoldPool`); `record_stats(record)` for a record.
 - `finalize(task, stats)`: metric values from summed statistics; every task reports ``num_samples``,
   ``num_no_answer`` (top-1 prediction with no extractable answer) and ``num_skipped`` (not generated: the
   prompt was over the token limit; also counted as no answer).
@@ -25,6 +26,7 @@ from typing import Iterable, Optional
 import numpy as np
 
 from llasmol.core.tasks import TASKS, get_task
+from llasmol.metrics.base_extraction import RULES
 from llasmol.metrics.extract import extract_answer
 from llasmol.metrics.families import COMMON_STATS, FAMILIES, Family
 
@@ -44,10 +46,15 @@ def as_list(value) -> list:
     return list(value)
 
 
-def sample_stats(task: str, predictions, golds, skipped: bool = False) -> dict[str, float]:
-    """Additive statistics (every name in ``STATS[task]``) of one sample. Model output never raises."""
+def sample_stats(task: str, predictions, golds, skipped: bool = False, answers=None) -> dict[str, float]:
+    """Additive statistics (every name in ``STATS[task]``) of one sample. Model output never raises.
+
+    `answers`: what an extraction rule already read from each prediction (`given_answers`), scored as
+    they are; without them each prediction's answer is the text between its tags (`extract_answer`)."""
     fam = family(task)
-    answers = [extract_answer(task, p) for p in as_list(predictions)]
+    if answers is None:
+        answers = [extract_answer(task, p) for p in as_list(predictions)]
+    answers = [None if not isinstance(a, str) or fam.no_answer(a) else a for a in answers]
     golds = [g.strip() for g in as_list(golds) if isinstance(g, str)]
     stats = dict.fromkeys(STATS[task], 0.0)
     stats["num_samples"] = 1.0
@@ -56,6 +63,28 @@ def sample_stats(task: str, predictions, golds, skipped: bool = False) -> dict[s
         stats["num_no_answer"] = 1.0
     fam.fill(answers, golds, stats)
     return stats
+
+
+def given_answers(record: dict) -> Optional[list]:
+    """The answers a base model's extraction rule read (`record["extraction"]` names the rule set,
+    `llasmol.metrics.base_extraction`), which are scored exactly as the rule gave them, as the official
+    scorer scores them; None for a record whose answers are read from between its predictions' tags."""
+    answers = record.get("answers")
+    if record.get("extraction") in RULES and isinstance(answers, list):
+        return answers
+    return None
+
+
+def record_answers(record: dict) -> list[Optional[str]]:
+    """What is scored of a record: its rule's answers (`given_answers`), else each prediction's tagged answer."""
+    given = given_answers(record)
+    return given if given is not None else [extract_answer(record["task"], p) for p in as_list(record.get("predictions"))]
+
+
+def record_stats(record: dict, golds=None) -> dict[str, float]:
+    """`sample_stats` of one prediction record (its own `gold` unless `golds` is given)."""
+    return sample_stats(record["task"], record.get("predictions"), record["gold"] if golds is None else golds,
+                        is_skipped(record), given_answers(record))
 
 
 def is_skipped(record: dict) -> bool:
@@ -77,13 +106,13 @@ def finalize(task: str, stats: dict[str, float]) -> dict[str, float]:
     return {**{name: stats[name] for name in COMMON_STATS}, **fam.metrics(stats)}
 
 
-def judge(task: str, predictions, golds, skipped: bool = False) -> tuple[str, Optional[float]]:
+def judge(task: str, predictions, golds, skipped: bool = False, answers=None) -> tuple[str, Optional[float]]:
     """The outcome category of one sample's top-1 answer (`families.CATEGORIES`) and its per-sample score
     where one exists: Morgan similarity to the closest gold (SMILES), absolute error (ESOL/Lipo), METEOR
     (captions). Judged from the sample's own statistics, so the counts agree with the metrics."""
     if skipped:
         return "skipped", None
-    stats = sample_stats(task, predictions, golds)
+    stats = sample_stats(task, predictions, golds, answers=answers)
     if stats["num_no_answer"]:
         return "no_answer", None
     return family(task).judge(stats)
@@ -159,7 +188,7 @@ def per_sample_statistics(records: Iterable[dict]) -> dict[str, TaskSample]:
     keys: dict[str, list] = defaultdict(list)
     for record, golds in zip(records, record_golds(records)):
         task = record["task"]
-        stats = sample_stats(task, record.get("predictions"), golds, is_skipped(record))
+        stats = record_stats(record, golds)
         rows[task].append([stats[name] for name in STATS[task]])
         keys[task].append(gold_key(record) if get_task(task).pooled else len(keys[task]))
     out = {}
