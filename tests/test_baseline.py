@@ -21,7 +21,7 @@ from llasmol import analysis
 from llasmol.baseline import baseline
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import get_task
-from llasmol.data.smiles import canonical_kekule
+from llasmol.core.smiles import canonical_kekule
 from llasmol.data.source import SMolInstructSource
 from llasmol.evaluate import evaluate
 from llasmol.inference.beam_search import task_settings

@@ -22,7 +22,7 @@ import pytest
 from rdkit import Chem, RDLogger
 
 from llasmol.core.tasks import get_task
-from llasmol.data.smiles import canonical_kekule
+from llasmol.core.smiles import canonical_kekule
 
 RDLogger.DisableLog("rdApp.*")
 

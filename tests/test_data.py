@@ -14,7 +14,7 @@ from llasmol.core.defaults import MAX_LENGTH, SEED
 from llasmol.data.datamodule import SMolInstructDataModule
 from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter, resolve_prompt_template
 from llasmol.data.sampler import PADDING, ShardedShuffleSampler
-from llasmol.data.smiles import canonical_kekule
+from llasmol.core.smiles import canonical_kekule
 from llasmol.data.smolinstruct import SMolInstructSplit
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import TASK_NAMES

@@ -746,7 +746,7 @@ def _evaluate_into(folder: Path, run_dir: Path, extra=()) -> dict:
 def test_a_stopped_evaluation_continues_to_the_uninterrupted_result(run_dir, tmp_path, monkeypatch, caplog):
     import logging
 
-    from llasmol.evaluate import Stopped
+    from llasmol.core.errors import Stopped
     from llasmol.inference.partial import PartialPredictions
 
     caplog.set_level(logging.INFO)
@@ -888,14 +888,14 @@ def test_a_run_config_of_up_to_a_million_bytes_is_read_and_one_byte_more_is_refu
 def test_generation_stops_on_ctrl_c_or_sigterm_even_where_the_shell_ignored_them(signum):
     """A background job starts with SIGINT ignored; inside the stoppable part both signals raise, and the
     handlers before it are back after it."""
-    from llasmol.evaluate import _stoppable, _Terminated
+    from llasmol.inference.jobs import _Terminated, stoppable
 
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         with pytest.raises(KeyboardInterrupt if signum == signal.SIGINT else _Terminated):
-            with _stoppable():
+            with stoppable():
                 signal.raise_signal(signum)
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN and signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
     finally:
@@ -918,18 +918,18 @@ def test_beam_search_pads_with_the_pad_token_or_else_the_end_of_sequence_token()
 def test_the_continue_command_repeats_the_command_and_pins_its_own_folder(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
 
-    from llasmol.evaluate import _continue_command
+    from llasmol.inference.jobs import continue_command
 
     cfg = OmegaConf.create({"paths": {"output_dir": str(tmp_path / "dated")}})
     monkeypatch.setattr(sys, "argv", ["/x/llasmol/evaluate.py", "ckpt=run", "data.split=test"])
     # Its answers went to this command's own dated folder: the next run must find that folder again.
-    assert _continue_command(tmp_path / "dated", cfg) == (
+    assert continue_command(tmp_path / "dated", cfg) == (
         f"python -m llasmol.evaluate ckpt=run data.split=test hydra.run.dir={tmp_path / 'dated'}")
     # Kept with the run (another folder), or the folder already given: the command as it was.
-    assert _continue_command(tmp_path / "run", cfg) == "python -m llasmol.evaluate ckpt=run data.split=test"
+    assert continue_command(tmp_path / "run", cfg) == "python -m llasmol.evaluate ckpt=run data.split=test"
     for given in ("hydra.run.dir=here", "+hydra.run.dir=here"):
         monkeypatch.setattr(sys, "argv", ["evaluate.py", "ckpt=a b", given])
-        assert _continue_command(tmp_path / "dated", cfg) == f"python -m llasmol.evaluate 'ckpt=a b' {given}"
+        assert continue_command(tmp_path / "dated", cfg) == f"python -m llasmol.evaluate 'ckpt=a b' {given}"
 
 
 def test_the_evaluate_command_prints_the_metrics_their_intervals_and_the_file(monkeypatch, capsys, caplog):
@@ -1148,14 +1148,14 @@ def test_generation_outside_the_main_thread_leaves_the_signals_alone():
     """Signal handlers can be set from the main thread only: elsewhere (a notebook's worker) nothing is set."""
     import threading
 
-    from llasmol.evaluate import _stoppable
+    from llasmol.inference.jobs import stoppable
 
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     errors = []
 
     def work():
         try:
-            with _stoppable():
+            with stoppable():
                 pass
         except Exception as err:  # noqa: BLE001  (reported below)
             errors.append(err)

@@ -86,7 +86,7 @@ def test_the_kekule_form_is_the_official_functions_on_hundreds_of_molecules():
     """utils/smiles_canonicalization.py canonicalize_molecule_smiles (defaults), run once on each input:
     radicals, charges, isotopes, stereo, salts, aromatic heterocycles, atom maps, the bundled data's
     SMILES in Kekulé, aromatic and random spellings, and inputs it refuses (None)."""
-    from llasmol.data.smiles import canonical_kekule
+    from llasmol.core.smiles import canonical_kekule
 
     cases = _load("kekule_official.json")
     assert len(cases) > 500 and sum(c["official"] is None for c in cases) == 10
@@ -103,7 +103,7 @@ def test_the_kekule_form_is_the_official_functions_on_hundreds_of_molecules():
     ("c1cc[nH]c1", "C1=CNC=C1"),
 ])
 def test_radicals_and_isotopes_take_the_official_form(smiles, official):
-    from llasmol.data.smiles import canonical_kekule
+    from llasmol.core.smiles import canonical_kekule
 
     assert canonical_kekule(smiles) == official
 
@@ -225,19 +225,19 @@ def test_split_golds_come_first_then_the_files_own_and_only_for_pooled_tasks(tmp
     """pool_golds=split: a pooled task's record gets every gold the split gives its input, in the split's order,
     then any gold of its own the split lacks; a task whose golds do not pool keeps its record as it is."""
     from llasmol.core.tasks import get_task
-    from llasmol.evaluate import _with_split_golds
+    from llasmol.inference.jobs import with_split_golds
 
     data, first, other = _data_with_a_second_gold(tmp_path / "data")
     cfg = compose_config([f"data.path={data}", f"paths.output_dir={tmp_path}", "pool_golds=split"], "evaluate")
     assert get_task("forward_synthesis").pooled and not get_task("property_prediction-bbbp").pooled
     records = [{"task": "forward_synthesis", "input": first["input"], "gold": [other, "CCCCCCCC"], "predictions": []},
                {"task": "property_prediction-bbbp", "input": "not in the split", "gold": ["Yes"], "predictions": []}]
-    out = _with_split_golds(records, cfg)
+    out = with_split_golds(records, cfg)
     assert [r["gold"] for r in out] == [[first["output"], other, "CCCCCCCC"], ["Yes"]]
     # The default data (the bundled excerpt, named by an interpolation) is found as the command finds it.
     default = compose_config([f"paths.output_dir={tmp_path}", "pool_golds=split"], "evaluate")
     record = {"task": "forward_synthesis", "input": first["input"], "gold": ["CCCCCCCC"], "predictions": []}
-    assert _with_split_golds([record], default)[0]["gold"] == [first["output"], "CCCCCCCC"]
+    assert with_split_golds([record], default)[0]["gold"] == [first["output"], "CCCCCCCC"]
 
 
 @pytest.mark.parametrize("smiles, official", [
@@ -247,7 +247,7 @@ def test_split_golds_come_first_then_the_files_own_and_only_for_pooled_tasks(tmp
     ("[C@H](F)(Cl)Br", "F[C@@H](Cl)Br"),
 ])
 def test_a_chiral_tag_is_copied_only_where_the_rebuilt_atom_can_be_a_centre(smiles, official):
-    from llasmol.data.smiles import canonical_kekule
+    from llasmol.core.smiles import canonical_kekule
 
     assert canonical_kekule(smiles) == official
 

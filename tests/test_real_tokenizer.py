@@ -52,6 +52,33 @@ def test_the_paper_bases_encode_the_prompt_as_the_released_models_were_trained(t
     assert pieces[1] == ("\u2581[" if files_legacy else "[")
 
 
+def test_tokenizer_legacy_false_gives_the_current_encoding_and_is_checked(tmp_path, monkeypatch):
+    """`model.tokenizer_legacy=false` on Mistral's real SentencePiece model: '[' after '<s>' whatever the files
+    say; a tokenizer that does not take the setting (here its argument dropped, so legacy files keep '▁[')
+    is refused, not run with the other encoding."""
+    import transformers
+
+    from llasmol.core.errors import UserError
+
+    folders = {legacy: mistral_tokenizer_folder(tmp_path, legacy=legacy) for legacy in (True, False)}
+    for folder in folders.values():
+        cfg = compose_config(["model=mistral", f"model.path={folder}", "model.tokenizer_legacy=false"]).model
+        tok = load_tokenizer(cfg)
+        assert tok.convert_ids_to_tokens(tok("<s>[INST] CCO", add_special_tokens=False)["input_ids"])[:3] == [
+            "<s>", "[", "INST"]
+    real = transformers.AutoTokenizer.from_pretrained
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda *args, legacy=None, **kwargs: real(*args, **kwargs))
+    legacy_files = compose_config(["model=mistral", f"model.path={folders[True]}"]).model
+    for asked, refused in ((False, True), (True, False)):
+        legacy_files.tokenizer_legacy = asked
+        if refused:
+            with pytest.raises(UserError, match="model.tokenizer_legacy=false"):
+                load_tokenizer(legacy_files)
+        else:
+            load_tokenizer(legacy_files)
+
+
 def test_a_tokenizer_that_cannot_honour_the_pinned_encoding_is_one_line(tmp_path):
     from llasmol.core.errors import UserError
     from llasmol.model.base import TINY_TOKENIZER_DIR

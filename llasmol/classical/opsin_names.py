@@ -1,6 +1,6 @@
 """`method=opsin`: IUPAC names parsed by OPSIN (through py2opsin, which bundles the OPSIN jar and needs Java):
 the rule-based name parser the field uses as the reference for name-to-structure. Answers
-name_conversion-i2s with the structure in SMolInstruct's SMILES form (`llasmol.data.smiles`) and
+name_conversion-i2s with the structure in SMolInstruct's SMILES form (`llasmol.core.smiles`) and
 name_conversion-i2f with its RDKit formula. A name OPSIN cannot parse gets no answer."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from llasmol.classical.common import Baseline, Examples
 from llasmol.classical.rdkit_formula import smiles_formula
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import Task, get_task
-from llasmol.data.smiles import canonical_kekule
+from llasmol.core.smiles import canonical_kekule
 
 log = logging.getLogger(__name__)
 

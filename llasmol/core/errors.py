@@ -13,6 +13,14 @@ class UserError(Exception):
     """Bad input or an unavailable resource; the message names the bad value and the fix."""
 
 
+class Stopped(Exception):
+    """Ctrl-C or SIGTERM during a long job: what was kept, how to continue, and the exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def report_user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn a `UserError` raised by `fn` into one line on stderr and exit status 2.
 

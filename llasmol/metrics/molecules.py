@@ -161,7 +161,7 @@ def _read_part(part: str) -> Chem.Mol | None:
 
 def _needs_official_rebuild(mol: Chem.Mol) -> bool:
     """Whether the official scorer's canonicalisation changes `mol`'s structure: it rebuilds every atom from
-    element and charge (`llasmol.data.smiles`), so isotope labels go, radicals close and a bracket atom's
+    element and charge (`llasmol.core.smiles`), so isotope labels go, radicals close and a bracket atom's
     stated hydrogens give way to its default valence's (aromatic ``[nH]`` keeps its own; a stereocentre's
     ``[C@H]`` gets the same one back)."""
     for atom in mol.GetAtoms():
