@@ -45,10 +45,9 @@ def count_trainable(cfg: DictConfig) -> dict:
 
 def base_weight_bytes(cfg: DictConfig) -> dict:
     """The base's weight memory in `model.dtype`, quantised as `cfg.quantization` says (meta device)."""
-    from llasmol.model.base import quantization_config, torch_dtype
+    from llasmol.model.base import torch_dtype
     from llasmol.model.memory import weight_bytes
 
-    quantization_config(cfg.get("quantization"))  # a bad quantization setting is one line here too
     return weight_bytes(_meta_base(cfg), torch_dtype(cfg.model.dtype), cfg.get("quantization"))
 
 

@@ -229,8 +229,9 @@ BOUNDS = [
     (S.LoraSchema, "r", [1, 16, 65536], [0, 65537], "an integer >= 1 and <= 65536 (the paper's LoRA rank is 16)"),
     (S.LoraSchema, "alpha", [1e-9, 0.5, 16, 1e6], [0, -1, 1000001], "a number > 0 and <= 1000000"),
     (S.LoraSchema, "dropout", [0, 0.05, 0.999], [-0.01, 1, 1.0], "a number >= 0 and < 1"),
-    (S.QuantizationSchema, "bits", [None, 4, 8], [0, 5, 9, 16], "one of 4, 8 or null (or null for an unquantised base)"),
-    (S.QuantizationSchema, "quant_type", ["nf4", "fp4"], ["int4"], "one of nf4, fp4"),
+    (S.QuantizationSchema, "bits", [None, 8], [0, 5, 9, 16], "one of 4, 8 or null (or null for an unquantised base)"),
+    (S.QuantizationSchema, "quant_type", ["nf4", "fp4"], ["int4"],
+     "one of nf4, fp4 (bitsandbytes' 4-bit data types; QLoRA's is nf4)"),
     (S.DataSchema, "max_length", [16, 512, 1048576], [15, 1048577],
      "an integer >= 16 and <= 1048576 (the paper's is 512 tokens; shorter than a prompt trains on nothing)"),
     (S.DataSchema, "micro_batch_size", [1, 65536], [0, 65537], "an integer >= 1 and <= 65536"),
@@ -558,3 +559,13 @@ def test_a_new_setting_of_several_types_is_bounded_only_as_a_number():
     assert refusal({"size": 11}, Later) == "size=11 must be an integer or a string >= 1 and <= 10"
     assert refusal({"beams": None}, Later) is None
     assert refusal({"beams": {"x": {"num_beams": 0}}}, Later) == "beams.x.num_beams=0 must be an integer >= 1 and <= 256"
+
+
+def test_a_4bit_base_needs_every_4bit_setting_and_the_library_restates_none():
+    four = {"bits": 4, "quant_type": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}
+    assert refusal(four, S.QuantizationSchema) is None and refusal({"bits": 8}, S.QuantizationSchema) is None
+    for key in ("quant_type", "double_quant", "compute_dtype"):
+        assert refusal({k: v for k, v in four.items() if k != key}, S.QuantizationSchema) == (
+            f"quantization.bits=4 needs quantization.{key}: use quantization=4bit (nf4, double quantisation, "
+            "bfloat16 compute, as QLoRA) and override from there")
+

@@ -131,12 +131,23 @@ class LoraSchema:
     base: Optional[str] = setting()  # the one base a variant means (lora=large: Llama-2-13B)
 
 
+def _four_bit_settings(cfg: dict) -> Optional[str]:
+    """A 4-bit base is built from all of conf/quantization/4bit.yaml's settings (the library restates none)."""
+    missing = [k for k in ("quant_type", "double_quant", "compute_dtype") if cfg.get(k) is None]
+    if cfg.get("bits") == 4 and missing:
+        return (f"quantization.bits=4 needs quantization.{missing[0]}: use quantization=4bit (nf4, double "
+                "quantisation, bfloat16 compute, as QLoRA) and override from there")
+    return None
+
+
 @dataclass
 class QuantizationSchema:
     bits: Optional[int] = setting(choices=(4, 8), hint="or null for an unquantised base")
-    quant_type: str = setting(choices=("nf4", "fp4"))
+    quant_type: str = setting(choices=("nf4", "fp4"), hint="bitsandbytes' 4-bit data types; QLoRA's is nf4")
     double_quant: bool = setting()
     compute_dtype: str = setting()
+
+    RULES = (_four_bit_settings,)
 
 
 def _split_caps(caps) -> Optional[str]:

@@ -188,11 +188,9 @@ def build_meta_model(model_cfg, vocab_size: Optional[int] = None):
         return AutoModelForCausalLM.from_config(arch_config(model_cfg.arch, **overrides))
 
 
-QUANT_TYPES = ("nf4", "fp4")  # bitsandbytes' 4-bit data types; QLoRA's is NF4 (normal-float)
-
-
 def quantization_config(quant_cfg):
-    """bitsandbytes settings for `quantization=8bit|4bit`; None for `none`.
+    """bitsandbytes settings for `quantization=8bit|4bit`; None for `none`. The settings come checked
+    (`core.schema.QuantizationSchema`: the bits, the 4-bit data type, a 4-bit base's every setting).
 
     bitsandbytes (>= 0.49) runs its 4-bit and 8-bit layers and its 8-bit optimizers on a CPU as well as on
     CUDA, so a quantised base needs no GPU: only paged optimizers do (`check_optimizer`).
@@ -200,24 +198,15 @@ def quantization_config(quant_cfg):
     bits = quant_cfg.get("bits") if quant_cfg else None
     if bits is None:
         return None
-    if isinstance(bits, bool) or bits not in (4, 8):
-        raise UserError(f"quantization.bits={bits!r} is not supported: use quantization=none, 8bit or 4bit")
     from transformers import BitsAndBytesConfig
 
     if bits == 8:
         return BitsAndBytesConfig(load_in_8bit=True)
-    quant_type = quant_cfg.get("quant_type", "nf4")
-    if quant_type not in QUANT_TYPES:
-        raise UserError(f"quantization.quant_type={quant_type!r} is not a 4-bit data type of bitsandbytes: "
-                        f"use {' or '.join(QUANT_TYPES)} (QLoRA's is nf4)")
-    double_quant = quant_cfg.get("double_quant", True)
-    if not isinstance(double_quant, bool):
-        raise UserError(f"quantization.double_quant={double_quant!r} must be true or false (QLoRA's is true)")
     return BitsAndBytesConfig(
         load_in_4bit=True,
-        bnb_4bit_quant_type=quant_type,
-        bnb_4bit_use_double_quant=double_quant,
-        bnb_4bit_compute_dtype=torch_dtype(quant_cfg.get("compute_dtype", "bfloat16"), "quantization.compute_dtype"),
+        bnb_4bit_quant_type=quant_cfg["quant_type"],
+        bnb_4bit_use_double_quant=quant_cfg["double_quant"],
+        bnb_4bit_compute_dtype=torch_dtype(quant_cfg["compute_dtype"], "quantization.compute_dtype"),
     )
 
 

@@ -45,7 +45,7 @@ def weight_bytes(model: torch.nn.Module, dtype: torch.dtype, quant_cfg: Optional
     `training`: with the unquantised parameters in fp32, as PEFT prepares a quantised base for training.
     """
     bits = quant_cfg.get("bits") if quant_cfg else None
-    double_quant = bool(quant_cfg.get("double_quant", True)) if quant_cfg else True
+    double_quant = bits == 4 and quant_cfg["double_quant"]  # 8-bit layers keep one plain fp32 scale a row
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     quantized, counted = 0, set()
     if bits:
@@ -65,8 +65,8 @@ def describe(sizes: dict[str, int], dtype_name: str, quant_cfg: Optional[Any] = 
     bits = quant_cfg.get("bits") if quant_cfg else None
     if not bits:
         return f"weights: {sizes['total'] / gib:.2f} GiB in {dtype_name}"
-    kind = "8-bit" if bits == 8 else f"4-bit {quant_cfg.get('quant_type', 'nf4')}" + (
-        ", double-quantised" if quant_cfg.get("double_quant", True) else "")
+    kind = "8-bit" if bits == 8 else f"4-bit {quant_cfg['quant_type']}" + (
+        ", double-quantised" if quant_cfg["double_quant"] else "")
     return (f"weights: {sizes['total'] / gib:.2f} GiB ({kind}: {sizes['quantized'] / gib:.2f} GiB in the quantised "
             f"layers, {sizes['other'] / gib:.2f} GiB of embeddings, norms and head in {dtype_name}); "
             f"{sizes['training'] / gib:.2f} GiB when training (the unquantised parts cast to fp32)")
