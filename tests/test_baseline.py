@@ -266,6 +266,7 @@ def _train_labels(task: str) -> list[str]:
 
 def test_fingerprint_forests_beat_a_constant_predictor(tmp_path):
     tasks = "data.tasks=[property_prediction-esol,property_prediction-bbbp]"
+    gc.collect()  # what earlier tests in this process left unclosed is theirs, not this run's
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
         metrics = run_method(tmp_path / "a", "method=fingerprint", tasks)

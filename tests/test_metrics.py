@@ -335,9 +335,10 @@ def test_a_nan_gold_is_an_invalid_gold_not_an_invalid_answer():
     assert score(task, [([tagged(task, "-1.5")], ["nan", "-1.0"])])["rmse"] == pytest.approx(0.5)
 
 
-def test_errors_too_large_to_square_and_sum_are_counted_and_silent():
-    """Three answers of 1e154 each have a finite squared error whose sum is inf: once an RMSE of inf (null in
-    JSON) beside num_valid=3, with numpy overflow warnings from the bootstrap. They are counted instead."""
+def test_the_rmse_of_finite_errors_is_finite_exact_and_silent():
+    """Three answers of 1e154 each have a finite squared error whose plain sum is inf: once an RMSE of inf
+    (null in JSON), then counted as overflows. Summed in two scales, their RMSE is theirs, with no warning
+    from the scorer or the bootstrap."""
     import warnings
 
     from llasmol.metrics.intervals import bootstrap_intervals, per_sample_statistics
@@ -350,12 +351,21 @@ def test_errors_too_large_to_square_and_sum_are_counted_and_silent():
         warnings.simplefilter("error")
         metrics = score_records(records)[task]
         intervals = bootstrap_intervals(per_sample_statistics(records), resamples=50)[task]
-    assert metrics["num_overflow"] == 3 and metrics["num_invalid"] == 3 and metrics["num_valid"] == 1
-    assert metrics["rmse"] == pytest.approx(0.5) and intervals["rmse"] == pytest.approx([0.5, 0.5])
-    # The largest error still summed: 1e100 (its square 1e200 sums finitely over any number of samples).
-    big = score(task, [([tagged(task, "1e100")], ["0"])] * 3)
-    assert big["num_valid"] == 3 and big["rmse"] == pytest.approx(1e100)
-    assert score(task, [([tagged(task, "2e100")], ["0"])])["num_overflow"] == 1
+    # Each square is finite (1e308), only their plain sum overflows: the RMSE is finite, as the errors are.
+    assert metrics["num_overflow"] == 0 and metrics["num_invalid"] == 0 and metrics["num_valid"] == 4
+    assert metrics["rmse"] == pytest.approx(1e154 * math.sqrt(3 / 4), rel=1e-12)  # the 2.5 is below its precision
+    assert math.isfinite(intervals["rmse"][0]) and math.isfinite(intervals["rmse"][1])
+    three = score(task, [([tagged(task, "1.2e154")], ["0"])] * 3)
+    assert three["num_valid"] == 3 and three["rmse"] == pytest.approx(1.2e154, rel=1e-12)
+    # Small and large errors together, and the largest float: exact to rounding, never inf.
+    mixed = score(task, [([tagged(task, "3")], ["0"]), ([tagged(task, "4e200")], ["0"])])
+    assert mixed["rmse"] == pytest.approx(4e200 / math.sqrt(2), rel=1e-12)  # the 9 is below its precision
+    assert score(task, [([tagged(task, "1.7e308")], ["0"])] * 5)["rmse"] == pytest.approx(1.7e308, rel=1e-12)
+    small = score(task, [([tagged(task, "3")], ["0"]), ([tagged(task, "4")], ["0"])])
+    assert small["rmse"] == pytest.approx(math.sqrt(12.5), rel=1e-15)
+    # Only a difference float64 cannot hold is counted apart.
+    overflow = score(task, [([tagged(task, "1.7e308")], ["-1.7e308"])])
+    assert overflow["num_overflow"] == 1 and overflow["num_invalid"] == 1 and overflow["num_valid"] == 0
 
 
 def test_rmse_closest_gold_and_no_valid():

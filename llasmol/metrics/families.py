@@ -23,9 +23,9 @@ official scorer counts it:
 - iupac (NC-S2I): ``exact_match``/``top{k}_exact_match`` when the sets of non-empty ``';'``-separated
   parts, each stripped, are equal (case and inner spacing matter).
 - number (ESOL, Lipo): ``rmse`` over top-1 answers that parse as finite numbers (Python ``float``,
-  Unicode minus accepted; ``nan``/``inf``/``1e999`` do not parse), each against the closest gold; an answer
-  further than `MAX_ABS_ERROR` from it is invalid and counted in ``num_overflow`` (so the summed squares stay
-  finite); a sample whose golds are not numbers (``NaN``) is ``num_invalid_gold``, left out of RMSE whatever
+  Unicode minus accepted; ``nan``/``inf``/``1e999`` do not parse), each against the closest gold; every finite error counts,
+  and the RMSE of finite errors is finite (squares summed in two scales, `SMALL_ERROR`); an answer whose
+  difference from the gold is past float64's range is invalid and counted in ``num_overflow``; a sample whose golds are not numbers (``NaN``) is ``num_invalid_gold``, left out of RMSE whatever
   its answer; ``num_valid`` + ``num_invalid`` + ``num_invalid_gold`` + ``num_no_answer`` = ``num_samples``;
   RMSE with no valid answer is NaN.
 - boolean (BBBP, ClinTox, HIV, SIDER): the top-1 answer is ``yes``/``no`` case-insensitively, after
@@ -224,14 +224,24 @@ def parse_number(text: Optional[str]) -> Optional[float]:
     return value if math.isfinite(value) else None
 
 
-# Absolute errors past this are counted (`num_overflow`), not summed: squares of up to 1e100 add up without
-# overflowing float64 for any number of samples, where three errors of 1e154 already sum to inf.
-MAX_ABS_ERROR = 1e100
+# Squares are summed in two additive statistics so that the RMSE of finite errors stays finite and exact: an
+# error up to `SMALL_ERROR` adds its square (at most 2^512: billions of them sum finitely), a larger one adds
+# its square scaled by `BIG_SCALE`^2 (three errors of 1.2e154 have finite squares, 1.44e308, whose plain sum
+# overflows). Only an error that is itself not finite (a difference past float64's range) is `num_overflow`.
+SMALL_ERROR = 2.0 ** 256
+BIG_SCALE = 2.0 ** -600
+
+
+def _rmse(small: float, big: float, n: float) -> float:
+    """sqrt((small + big / BIG_SCALE^2) / n), without forming the overflowing sum."""
+    if big <= 0:
+        return math.sqrt(small / n)
+    return math.sqrt(small * BIG_SCALE * BIG_SCALE / n + big / n) / BIG_SCALE
 
 
 class NumberFamily(Family):
     name = "number"
-    stats = ("num_valid", "num_invalid", "num_overflow", "num_invalid_gold", "sq_err_sum")
+    stats = ("num_valid", "num_invalid", "num_overflow", "num_invalid_gold", "sq_err_sum", "sq_err_big_sum")
     metric_names = ("rmse", "num_valid", "num_invalid", "num_overflow", "num_invalid_gold")
     counts = frozenset({"num_valid", "num_invalid", "num_overflow", "num_invalid_gold"})
     lower_is_better = frozenset({"rmse", "num_invalid", "num_overflow", "num_invalid_gold"})
@@ -249,16 +259,19 @@ class NumberFamily(Family):
             stats["num_invalid"] = 1.0
             return
         error = min(abs(value - gold) for gold in gold_values)
-        if not error <= MAX_ABS_ERROR:
-            stats["num_invalid"] = stats["num_overflow"] = 1.0  # counted, never summed into an inf RMSE
+        if not math.isfinite(error):
+            stats["num_invalid"] = stats["num_overflow"] = 1.0  # 1e308 against -1e308: no float64 difference
             return
         stats["num_valid"] = 1.0
-        stats["sq_err_sum"] = error * error
+        if error <= SMALL_ERROR:
+            stats["sq_err_sum"] = error * error
+        else:
+            stats["sq_err_big_sum"] = (error * BIG_SCALE) ** 2
 
     def metrics(self, stats):
         valid = stats["num_valid"]
         return {
-            "rmse": math.sqrt(stats["sq_err_sum"] / valid) if valid > 0 else math.nan,
+            "rmse": _rmse(stats["sq_err_sum"], stats["sq_err_big_sum"], valid) if valid > 0 else math.nan,
             "num_valid": valid,
             "num_invalid": stats["num_invalid"],
             "num_overflow": stats["num_overflow"],
@@ -267,7 +280,7 @@ class NumberFamily(Family):
 
     def judge(self, stats):
         if stats["num_valid"]:
-            return "scored", math.sqrt(stats["sq_err_sum"])  # the absolute error
+            return "scored", _rmse(stats["sq_err_sum"], stats["sq_err_big_sum"], 1.0)  # the absolute error
         if stats["num_invalid_gold"]:
             return "scored", None  # the answer may be fine; its gold is not a number
         return "invalid", None
