@@ -206,6 +206,8 @@ def _run(args) -> list[Path]:
 
 
 def _report(args) -> list[Path]:
+    if args.worst < 0:
+        raise UserError(f"--worst {args.worst} must be a whole number >= 0 (worst examples per task; 0: none)")
     if len(args.path) > 2:
         raise UserError(f"{len(args.path)} paths given: give one run or multirun directory, or two runs to compare")
     for given in args.path:

@@ -909,6 +909,10 @@ def test_the_report_command_passes_its_options_on(run_dir, tmp_path, monkeypatch
     assert calls[-1] == (run_dir, None, None, 5, False)  # the defaults: latest validation, 5 worst, headlines
     report_main([str(run_dir), "--validation", "val-step2", "--worst", "2", "--all-metrics", "--out", "x"])
     assert calls[-1] == (run_dir, "x", "val-step2", 2, True)
+    with pytest.raises(SystemExit) as refused:
+        report_main([str(run_dir), "--worst", "-3"])
+    assert refused.value.code == 2 and len(calls) == 2  # refused before any work
+    assert capsys.readouterr().err == "error: --worst -3 must be a whole number >= 0 (worst examples per task; 0: none)\n"
     with pytest.raises(SystemExit) as help_exit:
         report_main(["--help"])
     assert help_exit.value.code == 0

@@ -392,6 +392,21 @@ def test_a_broken_sample_list_is_one_line_naming_the_file(tmp_path, text):
         _read_sample_list(path, "task", None)
 
 
+@pytest.mark.parametrize("key, value", [("idx", "true"), ("idx", '"3"'), ("idx", "1.5"), ("idx", str(2 ** 63)),
+                                        ("template_id", "false"), ("template_id", "null"), ("template_id", str(2 ** 31))])
+def test_a_line_number_that_is_no_whole_number_is_named_not_read(tmp_path, key, value):
+    """`true` was read as line 1 and `"3"` as a missing field: each is one line naming the field and its value."""
+    from llasmol.data.smolinstruct import _read_sample_list
+
+    sample = {"idx": "0", "template_id": "0", key: value}
+    path = tmp_path / "task.json"
+    path.write_text('{"samples": [{"idx": 0, "template_id": 0}, {' + ", ".join(f'"{k}": {v}' for k, v in sample.items())
+                    + "}]}")
+    with pytest.raises(UserError) as err:
+        _read_sample_list(path, "task", None)
+    assert str(err.value) == f"sample 1 of {path}: {key}={value} must be a whole number: re-extract the sample lists"
+
+
 def test_raw_line_index_equals_a_line_by_line_scan(tmp_path):
     import random
 

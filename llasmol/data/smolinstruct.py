@@ -169,11 +169,17 @@ def _read_sample_list(path: Path, task: str, limit: Optional[int]) -> tuple[dict
 
     def add(sample: Any) -> None:
         nonlocal targets
-        try:
-            idx.append(sample["idx"])
-            template_id.append(sample["template_id"])
-        except (KeyError, TypeError):
-            raise UserError(f"sample {n} of {path} lacks idx or template_id: re-extract the sample lists") from None
+        if not isinstance(sample, dict) or "idx" not in sample or "template_id" not in sample:
+            raise UserError(f"sample {n} of {path} lacks idx or template_id: re-extract the sample lists")
+        # `true` would be read as line 1, "3" and 1.5 are no line numbers; a negative or too large one is named
+        # with the raw file or the templates it misses, below
+        for key, bits in (("idx", 63), ("template_id", 31)):
+            value = sample[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not -2 ** bits <= value < 2 ** bits:
+                raise UserError(f"sample {n} of {path}: {key}={json.dumps(value)[:40]} must be a whole number: "
+                                "re-extract the sample lists")
+        idx.append(sample["idx"])
+        template_id.append(sample["template_id"])
         target = sample.get("target")
         if target is not None and targets is None:
             targets = [None] * (len(idx) - 1)  # only multi-target tasks keep a list
