@@ -20,7 +20,7 @@ from llasmol.analysis.runs import Run, Validation
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import TASKS, get_task
 from llasmol.metrics.families import CATEGORIES, COUNTS, FAMILIES, METRIC_ORDER, TOPK
-from llasmol.metrics.scoring import as_list, given_answers, is_skipped, judge, record_answers, record_golds
+from llasmol.metrics.scoring import as_list, is_skipped, judge, record_answers, record_golds
 
 Cell = Union[str, int, float, None]
 
@@ -206,8 +206,8 @@ def judge_sample(task: str, predictions: Sequence[str], golds: Sequence[str],
                  answers=None) -> tuple[str, Optional[float]]:
     """The failure category (`FAILURE_CATEGORIES`, except ``skipped``) of one sample's top-1 answer,
     and a per-sample score where one exists: Morgan Tanimoto similarity to the closest gold for
-    SMILES tasks, absolute error for ESOL/Lipo, METEOR for captions (None otherwise). `answers`: a base
-    model's rule answers (`llasmol.metrics.scoring.given_answers`), scored as they are."""
+    SMILES tasks, absolute error for ESOL/Lipo, METEOR for captions (None otherwise). `answers`: what is
+    scored of each prediction when already read (`llasmol.metrics.scoring.record_answers`)."""
     return judge(task, list(predictions), list(golds), answers=answers)
 
 
@@ -224,7 +224,7 @@ def judged_samples(source: Union[Run, Validation], validation=None) -> list[dict
         if is_skipped(record):
             category, score = "skipped", None
         else:
-            category, score = judge_sample(task, predictions, golds, given_answers(record))
+            category, score = judge_sample(task, predictions, golds, answers)
         out.append(
             {
                 **record,

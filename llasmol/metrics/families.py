@@ -23,10 +23,11 @@ official scorer counts it:
 - iupac (NC-S2I): ``exact_match``/``top{k}_exact_match`` when the sets of non-empty ``';'``-separated
   parts, each stripped, are equal (case and inner spacing matter).
 - number (ESOL, Lipo): ``rmse`` over top-1 answers that parse as finite numbers (Python ``float``,
-  Unicode minus accepted; ``nan``/``inf``/``1e999`` do not parse), each against the closest gold; every finite error counts,
-  and the RMSE of finite errors is finite (squares summed in two scales, `SMALL_ERROR`); an answer whose
-  difference from the gold is past float64's range is invalid and counted in ``num_overflow``; a sample whose golds are not numbers (``NaN``) is ``num_invalid_gold``, left out of RMSE whatever
-  its answer; ``num_valid`` + ``num_invalid`` + ``num_invalid_gold`` + ``num_no_answer`` = ``num_samples``;
+  Unicode minus accepted; ``nan``/``inf``/``1e999`` do not parse), each against the closest gold; every
+  finite error counts, and the RMSE of finite errors is finite (squares summed in two scales, `SMALL_ERROR`);
+  an answer whose difference from the gold is past float64's range is invalid and counted in
+  ``num_overflow``; a sample whose golds are not numbers (``NaN``) is ``num_invalid_gold``, left out of RMSE
+  whatever its answer; ``num_valid`` + ``num_invalid`` + ``num_invalid_gold`` + ``num_no_answer`` = ``num_samples``;
   RMSE with no valid answer is NaN.
 - boolean (BBBP, ClinTox, HIV, SIDER): the top-1 answer is ``yes``/``no`` case-insensitively, after
   stripping whitespace (``Yes.`` is invalid, as officially; ``scoring.lenient_booleans`` drops one trailing
