@@ -17,7 +17,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
-from llasmol.core.config import compose_config  # noqa: E402,F401  (after the offline settings above)
+from llasmol.core.config import CONFIG_DIR, compose_config  # noqa: E402,F401  (after the offline settings above)
+
+
+def _paper_setting(group_file: str, key: str):
+    """A value as conf/ states it (its one home), read without composing: the paper's seed and token length."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.load(CONFIG_DIR / group_file)[key]
+
+
+SEED = _paper_setting("shared.yaml", "seed")
+MAX_LENGTH = _paper_setting("data/smolinstruct.yaml", "max_length")
 
 
 def machine() -> dict:

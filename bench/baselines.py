@@ -30,13 +30,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, write_result  # noqa: E402
+from _common import ROOT, SEED, write_result  # noqa: E402
 
 from llasmol.classical.common import Examples  # noqa: E402
 from llasmol.classical.morgan import morgan_packed, top_k_similar  # noqa: E402
 from llasmol.classical.nearest import NearestNeighbor  # noqa: E402
 from llasmol.classical.opsin_names import opsin_smiles  # noqa: E402
-from llasmol.core.defaults import SEED  # noqa: E402
 from llasmol.core.tasks import TASKS, get_task  # noqa: E402
 
 BUNDLED = ROOT / "llasmol" / "data" / "bundled"

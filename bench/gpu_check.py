@@ -21,9 +21,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import compose_config  # noqa: E402  (sets offline mode before transformers loads)
+from _common import MAX_LENGTH, compose_config  # noqa: E402  (sets offline mode before transformers loads)
 
-from llasmol.core.defaults import MAX_LENGTH  # noqa: E402
 
 # Dense bf16 peak, TFLOP/s, by device-name fragment (vendor datasheets, without sparsity).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0, "L4": 121.0}

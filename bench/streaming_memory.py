@@ -65,13 +65,14 @@ torch.set_num_threads(1)
 sys.path.insert(0, {bench!r})
 from _common import compose_config
 from llasmol.model.base import load_tokenizer
-from llasmol.data.datamodule import SMolInstructDataModule
-cfg = compose_config()
+import hydra
+cfg = compose_config(["data.path={root}", "data.tasks={tasks}", "data.micro_batch_size=8",
+                      "data.effective_batch_size=8"])
 tok = load_tokenizer(cfg.model)
 rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 before = rss()
 t0 = time.perf_counter()
-dm = SMolInstructDataModule(tok, path={root!r}, tasks={tasks!r}, micro_batch_size=8, effective_batch_size=8)
+dm = hydra.utils.instantiate(cfg.data, tokenizer=tok, _convert_="all")
 dm.setup("fit")
 setup_s = time.perf_counter() - t0
 after_setup = rss()

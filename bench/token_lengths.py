@@ -19,9 +19,8 @@ import statistics
 import sys
 import tempfile
 
-from _common import ROOT, WHEEL_TOKENIZERS, compose_config, mistral_tokenizer_folder, wheel_tokenizer_folder, write_result
+from _common import ROOT, WHEEL_TOKENIZERS, compose_config, MAX_LENGTH, SEED, mistral_tokenizer_folder, wheel_tokenizer_folder, write_result
 
-from llasmol.core.defaults import MAX_LENGTH, SEED
 from llasmol.data.formatting import PromptFormatter
 from llasmol.data.smolinstruct import SMolInstructSplit
 from llasmol.inference.beam_search import task_settings

@@ -28,8 +28,7 @@ from datetime import date
 import numpy as np
 import torch
 
-from _common import ROOT, compose_config  # offline settings first
-from llasmol.core.defaults import SEED
+from _common import ROOT, SEED, compose_config  # offline settings first
 from llasmol.data.collate import PackCollator
 from llasmol.data.sampler import ShardedShuffleSampler
 from llasmol.model.base import load_tokenizer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
@@ -21,15 +22,39 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from pathlib import Path
 
 import pytest
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from smolinstruct_fixture import write_smolinstruct
 
-from llasmol.core.config import compose_config  # noqa: F401  (tests import it from here)
+from llasmol.core.config import CONFIG_DIR, compose_config  # noqa: F401  (tests import it from here)
 
 # Every command a test starts does bounded work (a few steps of the tiny model, a handful of samples), so a
 # time limit there only catches a hang: it is an hour, far above the slowest such command seen on 2 cores
 # shared with other work (a multirun of three jobs: 10 minutes at load 2-12). LLASMOL_TEST_TIMEOUT sets it.
 HANG_TIMEOUT = int(os.environ.get("LLASMOL_TEST_TIMEOUT", 3600))
+
+# The paper's seed and token length as conf/ states them (their one home), for tests that compare against them.
+SEED = OmegaConf.load(CONFIG_DIR / "shared.yaml").seed
+MAX_LENGTH = OmegaConf.load(CONFIG_DIR / "data" / "smolinstruct.yaml").max_length
+
+
+@functools.lru_cache(maxsize=None)
+def _data_settings() -> tuple:
+    data = OmegaConf.to_container(compose_config(["paths.output_dir=/unused"]).data, resolve=True)
+    return tuple((k, v) for k, v in data.items() if k != "_target_")
+
+
+def make_datamodule(tokenizer, **settings):
+    """The DataModule the `data` group builds (conf/data/smolinstruct.yaml), with `settings` in place of some."""
+    from llasmol.data.datamodule import SMolInstructDataModule
+
+    return SMolInstructDataModule(tokenizer, **{**dict(_data_settings()), **settings})
+
+
+# A training run as short as a command-line test needs: two steps of the tiny model, each validated on a
+# sample of each of two tasks with answers of at most 4 tokens.
+TWO_TASKS = "data.tasks=[name_conversion-s2f,property_prediction-esol]"
+QUICK = ["trainer.max_steps=2", "val_every_n_steps=1", "logger=csv", "trainer.enable_progress_bar=false",
+         "callbacks.generation_evaluator.samples_per_task=1", "generation.max_new_tokens_limit=4"]
 
 
 def free_port() -> int:

@@ -4,9 +4,7 @@ refused without running, the conversion command writes safetensors, and adapter 
 from __future__ import annotations
 
 import logging
-import os
 import pickle
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +14,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import HANG_TIMEOUT, compose_config
+from refusals import error_line, refused, run_cli
+
 from llasmol.convert_adapter import convert
-from llasmol.core.errors import UserError
 from llasmol.inference.loading import load_model
 from llasmol.model.adapters import WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS
 from llasmol.model.base import load_base_model, load_tokenizer
@@ -93,16 +92,12 @@ def test_a_crafted_pickle_is_refused_in_one_line_and_nothing_runs(cfg, twins, tm
         torch.save(payload, evil / WEIGHTS_PICKLE)
     else:
         (evil / WEIGHTS_PICKLE).write_bytes(pickle.dumps(payload))
-    with pytest.raises(UserError, match=rf"{WEIGHTS_PICKLE} is not a plain tensor file .*nothing in it was run"):
+    with refused(evil / WEIGHTS_PICKLE, "nothing in it was run"):
         load_model(cfg.model, str(evil))
     assert not marker.exists()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    env.pop("HYDRA_FULL_ERROR", None)
-    proc = subprocess.run([sys.executable, "-m", "llasmol.generate", "What is <SMILES> CCO </SMILES> ?",
-                           f"ckpt={evil}"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=HANG_TIMEOUT)
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1 and str(evil / WEIGHTS_PICKLE) in errors[0], proc.stderr[-800:]
-    assert "Traceback" not in proc.stderr and not marker.exists()
+    proc = run_cli(["llasmol.generate", "What is <SMILES> CCO </SMILES> ?", f"ckpt={evil}"], tmp_path)
+    error_line(proc, evil / WEIGHTS_PICKLE)
+    assert not marker.exists()
 
 
 def test_the_conversion_command_writes_safetensors_that_load_without_the_bin(cfg, twins, tmp_path):
@@ -118,7 +113,7 @@ def test_the_conversion_command_writes_safetensors_that_load_without_the_bin(cfg
     (folder / WEIGHTS_PICKLE).unlink()
     assert load_file(str(folder / WEIGHTS_SAFETENSORS)).keys() == load_file(str(new / WEIGHTS_SAFETENSORS)).keys()
     assert greedy_tokens(cfg, folder) == greedy_tokens(cfg, new)
-    with pytest.raises(UserError, match=f"has no {WEIGHTS_PICKLE} to convert .*has {WEIGHTS_SAFETENSORS} already"):
+    with refused(folder, WEIGHTS_PICKLE, f"{WEIGHTS_SAFETENSORS} already"):
         convert(folder)
 
 
@@ -128,12 +123,12 @@ def test_conversion_copies_every_tensor_and_names_a_folder_it_cannot_convert(tmp
 
     folder = tmp_path / "adapter"
     folder.mkdir()
-    with pytest.raises(UserError, match=f"{folder} is not an adapter folder \\(no adapter_config.json\\)"):
+    with refused(folder, "adapter_config.json"):
         convert(folder)
     (folder / "adapter_config.json").write_text("{}")
-    with pytest.raises(UserError) as err:
+    with refused(folder, WEIGHTS_PICKLE) as seen:
         convert(folder)
-    assert str(err.value) == f"{folder} has no {WEIGHTS_PICKLE} to convert"  # and no safetensors either
+    assert WEIGHTS_SAFETENSORS not in seen.message  # there is no safetensors either
     weights = {"a.lora_A.weight": torch.arange(6.0).reshape(2, 3).t(), "a.lora_B.weight": torch.ones(1, 2)}
     torch.save(weights, folder / WEIGHTS_PICKLE)  # the transposed tensor is not contiguous: saved as it reads
     main([str(folder)])
@@ -164,16 +159,15 @@ def test_adapter_keys_must_fit_the_model_and_are_named(cfg, twins, tmp_path, cha
         weights["base_model.model.model.layers.0.self_attn.q_proj.lora_C.weight"] = torch.zeros(2, 2)
         needle = "1 not in the model, e.g. base_model.model.model.layers.0.self_attn.q_proj.lora_C.weight"
     save_file(weights, str(folder / WEIGHTS_SAFETENSORS))
-    with pytest.raises(UserError, match="does not fit model") as err:
+    with refused(folder, needle):
         load_model(cfg.model, str(folder))
-    assert needle in str(err.value)
 
 
 @pytest.mark.parametrize("damage,needle", [
-    ("truncated", "adapter_model.safetensors is not a readable safetensors file"),
-    ("rank_zero", "`r` should be a positive integer value but the value passed is 0"),
-    ("foreign_targets", "Target modules {'nope_proj'} not found in the base model"),
-    ("config_not_json", "adapter_config.json is not valid JSON"),
+    ("truncated", "adapter_model.safetensors"),
+    ("rank_zero", "the value passed is 0"),
+    ("foreign_targets", "{'nope_proj'}"),
+    ("config_not_json", "adapter_config.json"),
 ])
 def test_a_damaged_adapter_is_one_line_naming_the_bad_value(cfg, twins, tmp_path, damage, needle):
     import json
@@ -194,17 +188,16 @@ def test_a_damaged_adapter_is_one_line_naming_the_bad_value(cfg, twins, tmp_path
         (folder / "adapter_config.json").write_text("{not json")
     from llasmol.inference.loading import resolve_checkpoint
 
-    with pytest.raises(UserError) as err:
+    with refused(folder, needle):
         model_cfg, adapter, _ = resolve_checkpoint(str(folder), cfg)
         load_model(model_cfg, adapter)
-    assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
 def test_a_hub_adapter_offline_and_not_cached_is_one_line(cfg, monkeypatch):
     import llasmol.core.offline
 
     monkeypatch.setattr(llasmol.core.offline, "hub_unreachable", lambda: "HF_HUB_OFFLINE is set")
-    with pytest.raises(UserError, match=r"adapter someone/old-lora is not available offline .*hf download someone/old-lora"):
+    with refused("someone/old-lora", "HF_HUB_OFFLINE is set", "hf download someone/old-lora"):
         load_model(cfg.model, "someone/old-lora")
 
 
@@ -221,7 +214,7 @@ def test_a_merged_adapter_generates_as_the_separate_one(cfg, twins):
         assert torch.allclose(merged(input_ids=ids).logits, separate(input_ids=ids).logits, atol=1e-5)
     assert greedy_tokens(cfg, new, merge=True) == greedy_tokens(cfg, new)
     assert compose_config([], "evaluate").merge_adapter is True and compose_config([], "generate").merge_adapter is True
-    with pytest.raises(UserError, match="merge_adapter='maybe' must be true or false"):
+    with refused("merge_adapter='maybe'"):
         load_model(cfg.model, str(new), merge="maybe")
 
 
@@ -253,8 +246,7 @@ def test_adapter_weights_say_which_format_they_came_from(tmp_path):
         got, was_pickled = adapter_weights(folder)
         assert was_pickled is pickled and got.keys() == weights.keys() and torch.equal(got[next(iter(got))],
                                                                                        torch.ones(2, 3))
-    with pytest.raises(UserError, match=rf"^{tmp_path} has adapter_config.json but no {WEIGHTS_SAFETENSORS} or "
-                                        rf"{WEIGHTS_PICKLE}: copy the weights too$"):
+    with refused(tmp_path, "adapter_config.json", WEIGHTS_SAFETENSORS, WEIGHTS_PICKLE):
         adapter_weights(tmp_path)
 
 
@@ -264,9 +256,8 @@ def test_a_pickle_that_is_not_names_to_tensors_is_no_adapter(tmp_path, content, 
 
     path = tmp_path / WEIGHTS_PICKLE
     torch.save(content, path)
-    with pytest.raises(UserError) as err:
+    with refused(path, f"a {kind}"):
         read_pickled_weights(path)
-    assert str(err.value) == f"{path} holds a {kind}, not a name -> tensor mapping: it is not a PEFT adapter"
 
 
 def test_an_unreadable_pickle_is_one_line_with_the_first_120_characters_of_why(tmp_path, monkeypatch):
@@ -274,15 +265,13 @@ def test_an_unreadable_pickle_is_one_line_with_the_first_120_characters_of_why(t
 
     path = tmp_path / WEIGHTS_PICKLE
     path.write_bytes(b"not a pickle at all")
-    tail = f"; nothing in it was run: use an adapter saved as {WEIGHTS_SAFETENSORS}, or one from a source you trust"
-    with pytest.raises(UserError, match=rf"^{path} is not a plain tensor file \(.+\){re.escape(tail)}$"):
+    with refused(path, "nothing in it was run", WEIGHTS_SAFETENSORS):
         read_pickled_weights(path)
     for error, reason in ((RuntimeError("  " + "x" * 130 + "\nsecond line"), "x" * 120),
                           (RuntimeError("  "), "RuntimeError")):
         monkeypatch.setattr(torch, "load", lambda *args, error=error, **kwargs: (_ for _ in ()).throw(error))
-        with pytest.raises(UserError) as err:
+        with refused(path, f"({reason})", "nothing in it was run"):  # the first 120 characters, no more
             read_pickled_weights(path)
-        assert str(err.value) == f"{path} is not a plain tensor file ({reason}){tail}"
 
 
 class _Saver:
@@ -310,11 +299,9 @@ def test_an_adapter_save_writes_its_card_and_step_and_a_failed_one_leaves_nothin
     assert adapter_step(target) == 7 and readable_adapter(target) == target
     save_adapter_atomically(_Saver(), target)  # no card, no step: none written
     assert sorted(p.name for p in target.iterdir()) == ["adapter_config.json"] and adapter_step(target) is None
-    for error, raised in ((OSError(errno.ENOSPC, "No space left on device"), UserError), (ValueError("bug"), ValueError)):
-        with pytest.raises(raised) as err:
+    for error in (OSError(errno.ENOSPC, "No space left on device"), ValueError("bug")):
+        with refused(target, "no space left on device") if isinstance(error, OSError) else pytest.raises(ValueError):
             save_adapter_atomically(_Saver(error), target)
-        if raised is UserError:
-            assert str(err.value).startswith(f"cannot write {target}: no space left on device (")
         assert sorted(p.name for p in target.parent.iterdir()) == ["best.adapter"]  # the temporary went
     # A folder that was never saved, with no stepped-aside copy: itself.
     assert readable_adapter(tmp_path / "never.adapter") == tmp_path / "never.adapter"

@@ -11,16 +11,15 @@ import io
 import json
 import math
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import HANG_TIMEOUT
+from refusals import refused, refused_cli
+
 from llasmol import analysis
 from llasmol.analysis.paper import PAPER_RESULTS, PAPER_TRAINABLE
-from llasmol.core.errors import UserError
 from llasmol.core.files import write_json, write_jsonl
 from llasmol.metrics.scoring import score_records
 from llasmol.report import main as report_main
@@ -289,9 +288,7 @@ def test_report_errors(tmp_path, capsys):
 
 
 def test_report_command_line_error(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "llasmol.report", str(tmp_path)], capture_output=True, text=True)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1
+    refused_cli(["llasmol.report", str(tmp_path)], REPO, tmp_path, untouched=tmp_path)
 
 
 def test_report_on_hand_made_run(run_dir, capsys):
@@ -490,7 +487,7 @@ def test_the_notebooks_default_to_the_newest_run_and_sweep(real_sweep, tmp_path)
     shutil.copytree(real_sweep, root / "multirun" / "sweep")
     assert analysis.newest(root) == root / "new"
     assert analysis.newest(root, multirun=True) == root / "multirun" / "sweep"
-    with pytest.raises(UserError, match="no run directory under"):
+    with refused("no run directory", tmp_path / "nothing"):
         analysis.newest(tmp_path / "nothing")
 
 
@@ -692,16 +689,16 @@ def test_a_run_reads_its_splits_validations_losses_and_time_exactly(tmp_path):
     assert (test.name, test.step, test.split) == ("test", None, "test")
     assert test.metrics_path == run.path / "metrics" / "test.json"
     assert test.predictions_path == run.path / "predictions" / "test.jsonl" and test.predictions() == []
-    with pytest.raises(UserError, match=r"has no dev results \(has: test\)$"):
+    with refused(run.path, "no dev results", "has: test"):
         run.evaluation("dev")
     # Validations: the latest unless told, by position, by name, by step, by file name.
     assert run.validation().name == "val-step10" and run.validation(None).step == 10
     assert run.validation(0).name == "val-step2" and run.validation(-1).name == "val-step10"
     assert run.validation("step2").step == 2 and run.validation("val-step2.json").step == 2
     assert run.validation("val-step10").predictions_path == run.path / "predictions" / "val-step10.jsonl"
-    with pytest.raises(UserError, match="has 2 validations; no index 2$"):
+    with refused(run.path, "2 validations", "index 2"):
         run.validation(2)
-    with pytest.raises(UserError, match="has no validation 'val-step3'; it has: val-step2, val-step10$"):
+    with refused(run.path, "'val-step3'", "val-step2, val-step10"):
         run.validation("val-step3")
     # The CSV log: numbers as floats, empty, 'nan' and text cells as None; the last of each loss.
     rows = read_csv_log(run.path / "csv" / "metrics.csv")
@@ -717,7 +714,7 @@ def test_a_run_without_a_log_result_or_splits_has_none_of_them(tmp_path):
     run = analysis.load_run(write_run(tmp_path / "run"))
     assert (run.val_loss, run.train_loss, run.seconds, run.loss_curves()) == (
         None, None, None, {"train/loss": [], "val/loss": []})
-    with pytest.raises(UserError, match=r"has no test results \(has: none\)$"):
+    with refused(run.path, "no test results", "has: none"):
         run.evaluation("test")
     write_json(run.path / "result.json", {"best_checkpoint": None})  # written, but without a time
     assert analysis.load_run(run.path).seconds is None
@@ -743,7 +740,7 @@ def test_a_baseline_or_outside_systems_folder_reads_its_split_and_its_label(tmp_
     assert run.validation().name == "dev"  # no test split: the first by name
     write_json(base / "metrics" / "test.json", {"name_conversion-s2f": {"exact_match": 1.0}})
     assert analysis.load_run(base).validation().name == "test"  # the test split, where there is one
-    with pytest.raises(UserError, match="has no validation yet"):
+    with refused(base, "no validation yet"):
         analysis.load_run(base).validation(0)
 
     system = tmp_path / "gpt"
@@ -769,7 +766,7 @@ def test_validations_are_in_step_order_whatever_order_the_folder_lists_them(tmp_
 
 def test_a_metrics_file_that_is_not_an_object_is_one_line(tmp_path):
     write_json(tmp_path / "run" / "metrics" / "val-step3.json", [1, 2])
-    with pytest.raises(UserError, match=r"val-step3.json is not a \{task: \{metric: value\}\} object"):
+    with refused(tmp_path / "run" / "metrics" / "val-step3.json", "{task: {metric: value}}"):
         analysis.load_run(tmp_path / "run")
 
 
@@ -787,13 +784,13 @@ def test_a_multirun_folder_lists_its_numbered_run_folders_in_job_order(tmp_path)
     assert analysis.is_multirun_dir(sweep) and not analysis.is_multirun_dir(sweep / "2_tiny_lite")
     assert not analysis.is_multirun_dir(sweep / "3_empty") and not analysis.is_multirun_dir(sweep / "multirun.yaml")
     assert not analysis.is_run_dir(sweep / "3_empty") and not analysis.is_run_dir(sweep / "multirun.yaml")
-    with pytest.raises(UserError, match="is not a multirun directory"):
+    with refused(sweep / "3_empty", "multirun directory"):
         analysis.load_sweep(sweep / "3_empty")
-    with pytest.raises(UserError, match="missing is not a directory$"):
+    with refused(tmp_path / "missing", "not a directory"):
         analysis.load_sweep(tmp_path / "missing")
-    with pytest.raises(UserError, match="missing is not a directory$"):
+    with refused(tmp_path / "missing", "not a directory"):
         analysis.load_run(tmp_path / "missing")
-    with pytest.raises(UserError, match=r"3_empty is not a run directory \(no params.json"):
+    with refused(sweep / "3_empty", "run directory", "params.json"):
         analysis.load_run(sweep / "3_empty")
 
 

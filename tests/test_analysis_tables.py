@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from refusals import refused
+
 from llasmol.analysis.paper import PAPER_RESULTS, PAPER_SOURCES
 from llasmol.analysis.runs import Run, Validation
 from llasmol.analysis.tables import (Table, evaluation_note, evaluation_table, format_cell, headline_table,
                                      metric_lines, metric_table, metric_trends, worst_examples, worst_table)
-from llasmol.core.errors import UserError
 
 
 def validation(records=None, metrics=None, step=10) -> Validation:
@@ -170,9 +171,9 @@ TEST = {"forward_synthesis": {"exact_match": 0.5, "validity": 1.0, "num_samples"
 
 
 def test_a_run_without_test_results_names_the_splits_it_has():
-    with pytest.raises(UserError, match=r"has no test results \(has: none\)"):
+    with refused("/runs/demo", "no test results", "has: none", "data.split=test"):
         evaluation_table(run_of())
-    with pytest.raises(UserError, match=r"has no test results \(has: dev, val\)"):
+    with refused("/runs/demo", "no test results", "has: dev, val"):
         evaluation_table(run_of(evaluations={"val": TEST, "dev": TEST}))
     assert evaluation_table(run_of(evaluations={"dev": TEST}), split="dev").title == "demo: dev results"
 

@@ -14,13 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import HANG_TIMEOUT, compose_config
+from refusals import error_line, refused, refused_cli
 from smolinstruct_fixture import MOLECULES, RELATED_TASKS, TASKS, add_record, name_of, split_of, write_smolinstruct
 
 from llasmol.leakage import checks, sample_keys, summary_lines
 from llasmol.audit import exit_status, run_audit
 from llasmol.audit import main as command
 from llasmol.core.config import check_overrides
-from llasmol.core.errors import UserError
 from llasmol.core.tasks import PAPER_TOTALS
 from llasmol.core.tasks import TASKS as TASK_TABLE
 from llasmol.core.smiles import canonical_kekule
@@ -176,13 +176,12 @@ def test_worker_processes_find_the_same(copy, tmp_path, monkeypatch):
 
 
 def test_bad_input_is_one_line(copy, tmp_path):
-    with pytest.raises(UserError, match="is not a folder"):
+    with refused(f"data.path={tmp_path / 'nowhere'}", "not a folder"):
         audit(tmp_path / "nowhere", tmp_path / "out")
     raw = copy / "raw" / "test" / "property_prediction-esol.jsonl"
     raw.write_text(raw.read_text() + "[1, 2]\n")
     # The rule training applies at start-up: every raw line is an object with input and output.
-    with pytest.raises(UserError, match=r"property_prediction-esol.jsonl line 9 is not a JSON object with input "
-                                        r"and output \(it is list\): fix the line, or set data.skip_bad_lines=true"):
+    with refused("property_prediction-esol.jsonl line 9", "it is list", "data.skip_bad_lines=true"):
         audit(copy, tmp_path / "out")
     raw.write_text(raw.read_text() + "{not json\n" + json.dumps({"input": "CCO"}) + "\n")
     skipped = audit(copy, tmp_path / "out", "data.skip_bad_lines=true")
@@ -191,11 +190,11 @@ def test_bad_input_is_one_line(copy, tmp_path):
         (9, "is not a JSON object with input and output (it is list)"),
         (10, "is not valid JSON (Expecting property name enclosed in double quotes)"),
         (11, "is not a JSON object with input and output (it is dict)")]
-    with pytest.raises(UserError, match="held_out lists 'dev'"):
+    with refused("held_out", "'dev'"):
         audit(copy, tmp_path / "out", "held_out=[dev]")
-    with pytest.raises(UserError, match=r"^workers=0 must be an integer >= 1 and <= 1024 or null"):
+    with refused("workers=0"):
         audit(copy, tmp_path / "out", "workers=0")
-    with pytest.raises(UserError, match=r"^held_outt is not a setting of llasmol.audit: check the spelling"):
+    with refused("held_outt", "llasmol.audit"):
         check_overrides("audit", ["held_outt=[test]"])  # what the command checks before Hydra starts
 
 
@@ -228,10 +227,7 @@ def test_the_command_exits_1_on_leakage_and_2_on_bad_input(copy, tmp_path):
     assert "LEAK shared_reaction: forward_synthesis / train ↔ retrosynthesis / test: 1" in leak.stdout
     assert "SMILES Parse Error" not in leak.stdout + leak.stderr  # RDKit's log is silenced
     assert (tmp_path / "run" / "audit.md").is_file()
-    missing = run(f"data.path={tmp_path / 'nowhere'}")
-    assert missing.returncode == 2
-    assert missing.stderr.strip().splitlines() == [f"error: data.path={tmp_path / 'nowhere'} is not a folder: "
-                                                   "point it at the root of a SMolInstruct copy"]
+    error_line(run(f"data.path={tmp_path / 'nowhere'}"), f"data.path={tmp_path / 'nowhere'}", "SMolInstruct")
 
 
 @pytest.mark.parametrize("cpus,expected", [(64, 8), (3, 3)])
@@ -252,14 +248,8 @@ def test_the_command_refuses_a_run_folder_it_cannot_make_before_hydra_starts(tmp
     """A run folder under a regular file cannot be made (even by root): one line, exit 2, nothing written."""
     blocker = tmp_path / "notes.txt"
     blocker.write_text("a file, not a folder\n")
-    proc = subprocess.run([sys.executable, "-m", "llasmol.audit", f"hydra.run.dir={blocker / 'run'}"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=HANG_TIMEOUT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines() == [
-        f"error: {blocker} is not a folder, so the run folder {blocker / 'run'} cannot be made there: give the run a "
-        "folder with hydra.run.dir=<folder>"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    refused_cli(["llasmol.audit", f"hydra.run.dir={blocker / 'run'}"], tmp_path, f"{blocker} is not a folder",
+                blocker / "run", "hydra.run.dir=", untouched=tmp_path, env={"PYTHONPATH": str(ROOT)})
 
 
 def test_a_reaction_in_train_rs_whose_reactants_are_exactly_test_fs_ones_is_found(copy, tmp_path):
@@ -395,7 +385,7 @@ def test_examples_stop_at_the_number_asked_and_long_values_are_cut_at_160_charac
     assert len(by_check["duplicate"]["examples"]) == 2 and by_check["duplicate"]["fails"] is True
     assert [s["line"] for s in default["skipped_lines"]["examples"]] == [9, 10]
     assert default["held_out"] == ["validation", "test"] and default["summary"]["workers"] == 1
-    with pytest.raises(UserError, match=r"^workers=0: give at least 1 \(or null for one per CPU\)$"):
+    with refused("workers=0", "null"):
         checks.audit(SMolInstructSource(path=str(copy)), workers=0)
 
     # No examples at all: the report says so where it would show the first one.
@@ -475,8 +465,7 @@ def test_a_file_slower_than_5_s_says_its_progress_at_info(esol_copy, monkeypatch
 
 
 def test_two_splits_read_from_one_raw_folder_are_refused(tmp_path):
-    with pytest.raises(UserError, match=r"^data.splits maps validation and another split to raw/test: an audit "
-                                        r"compares different splits"):
+    with refused("data.splits", "validation", "raw/test"):
         audit(None, tmp_path / "out", "data.splits.validation=test")
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from llasmol.core.errors import UserError
+from refusals import refused
+
 from llasmol.core.tasks import TASK_NAMES
 from llasmol.metrics.base_extraction import RULES, extract_base_answer
 
@@ -62,7 +63,7 @@ def test_missing_title_is_no_answer_not_a_crash():
 
 
 def test_unknown_rule_set_names_the_choices():
-    with pytest.raises(UserError, match="prompting.rules='gpt'.*llama, codellama, mistral, gal, mol"):
+    with refused("prompting.rules='gpt'", "llama, codellama, mistral, gal, mol"):
         extract_base_answer("gpt", "forward_synthesis", "CCO")
 
 

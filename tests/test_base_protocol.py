@@ -7,14 +7,27 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import SEED, compose_config
 from omegaconf import OmegaConf
+from refusals import refused
 
-from conftest import compose_config
-from llasmol.core.defaults import SEED
-from llasmol.core.errors import UserError
 from llasmol.core.tasks import TASK_NAMES
-from llasmol.data.base_prompts import GALACTICA, ICL, MOLINST, Example, galactica_query, icl_query, molinst_query
-from llasmol.inference.base_protocol import Protocol, build_queries, draw_examples, protocol_for, read_answers
+from llasmol.data.base_prompts import (
+    GALACTICA,
+    ICL,
+    MOLINST,
+    Example,
+    galactica_query,
+    icl_query,
+    molinst_query,
+)
+from llasmol.inference.base_protocol import (
+    Protocol,
+    build_queries,
+    draw_examples,
+    protocol_for,
+    read_answers,
+)
 from llasmol.metrics.base_extraction import extract_base_answer
 
 MODELS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "model").glob("*.yaml"))
@@ -88,7 +101,7 @@ def test_one_shot_examples_come_from_the_training_split_of_the_same_task_seeded(
 
 def test_more_shots_than_training_samples_is_one_error():
     train = _bundled("train")
-    with pytest.raises(UserError, match="100000-shot prompts need 100000 training samples of forward_synthesis"):
+    with refused("100000-shot", "forward_synthesis", "prompting.shots"):
         draw_examples(train, 0, "forward_synthesis", 100000, 13)
 
 
@@ -101,8 +114,7 @@ def test_a_task_missing_from_the_training_split_has_no_examples_to_draw():
             return {"raw_input": f"in{i}", "raw_output": f"out{i}", "target": None}
 
     assert len(draw_examples(OneTask(), 0, "forward_synthesis", 2, 13)) == 2
-    with pytest.raises(UserError, match="1-shot prompts need 1 training samples of retrosynthesis; the training "
-                                        "split has 0: lower prompting.shots"):
+    with refused("1-shot", "retrosynthesis", "has 0", "prompting.shots"):
         draw_examples(OneTask(), 0, "retrosynthesis", 1, 13)
 
 
@@ -165,16 +177,23 @@ def test_the_setting_composes_for_every_base_with_the_papers_protocol(model):
     assert protocol_for(k.prompting, bare=True).shots == 5
 
 
-@pytest.mark.parametrize("overrides,message", [
-    ({"style": "icll"}, "prompting.style=icll is not a style: choose from dataset, icl, galactica, molinst"),
-    ({"shots": -1}, "prompting.shots=-1 must be a whole number >= 0"),
-    ({"style": "galactica", "rules": "gal", "shots": 1}, "only the icl style has in-context examples"),
-    ({"rules": "gpt4"}, "prompting.rules='gpt4' is not an extraction rule set"),
+@pytest.mark.parametrize("overrides,named", [
+    ({"style": "icll"}, ("prompting.style=icll", "dataset, icl, galactica, molinst")),
+    ({"shots": -1}, ("prompting.shots=-1", ">= 0")),
+    ({"shots": True}, ("prompting.shots=True",)),
+    ({"style": "galactica", "rules": "gal", "shots": 1},
+     ("prompting.shots=1", "prompting.style=galactica", "prompting.shots=0")),
+    ({"rules": "gpt4"}, ("prompting.rules='gpt4'",)),
 ])
-def test_bad_prompting_settings_are_one_error(overrides, message):
-    prompting = {"style": "icl", "shots": 1, "rules": "mistral", "bare_only": True, "seed": 0, **overrides}
-    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        protocol_for(prompting, bare=True)
+def test_bad_prompting_settings_are_one_error(overrides, named):
+    """The command's check (the schema) and then the protocol it asks for, as `evaluate` meets them."""
+    from llasmol.core.schema import check_config
+
+    cfg = compose_config(["paths.output_dir=/x", "prompting=mistral",
+                          *(f"prompting.{k}={v}" for k, v in overrides.items())], "evaluate")
+    with refused(*named):
+        check_config(cfg)
+        protocol_for(cfg.prompting, bare=True)
 
 
 def test_evaluate_ckpt_none_one_shot_on_the_tiny_model(tmp_path, monkeypatch):
@@ -261,7 +280,7 @@ def test_a_protocol_row_is_labelled_and_set_beside_the_papers_row(tmp_path, mode
 def test_a_mistyped_prompting_choice_is_one_error():
     from llasmol.core.config import check_overrides
 
-    with pytest.raises(UserError, match="prompting=mistrall is not a choice of prompting: pick one of .*molinst"):
+    with refused("prompting=mistrall", "molinst"):
         check_overrides("evaluate", ["ckpt=none", "prompting=mistrall"])
 
 
@@ -270,5 +289,5 @@ def test_base_protocols_refuse_selfies_data_before_loading_a_model(tmp_path):
 
     cfg = compose_config([f"paths.output_dir={tmp_path}", "ckpt=none", "data.representation=selfies",
                           "model.path=/nonexistent"], "evaluate")
-    with pytest.raises(UserError, match="prompting.style=icl writes the paper's SMILES queries.*prompting=dataset"):
+    with refused("prompting.style=icl", "data.representation=selfies", "prompting=dataset"):
         evaluate(cfg)

@@ -6,13 +6,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import MAX_LENGTH, compose_config
+from refusals import refused
+from test_real_tokenizer import samples
 
-from conftest import compose_config
-from llasmol.core.defaults import MAX_LENGTH
-from llasmol.core.errors import UserError
 from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter
 from llasmol.model.base import load_tokenizer
-from test_real_tokenizer import samples
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -85,14 +84,14 @@ def test_generation_prompts_come_from_the_chat_template():
 
 def test_a_tokenizer_without_a_chat_template_stops_with_one_line(mistral_v03):
     mistral_v03.chat_template = None
-    with pytest.raises(UserError, match="has no chat template .*use model.prompt_template=llasmol"):
+    with refused("model.prompt_template=chat_template", "model.prompt_template=llasmol"):
         PromptFormatter(mistral_v03, "chat_template")
 
 
 def test_a_template_that_rewrites_the_prompt_in_the_conversation_is_refused():
     tok = chatml_tokenizer()
     tok.chat_template = CHATML_TEMPLATE.replace("<|im_start|>assistant\n{% endif %}", "<|im_start|>model\n{% endif %}")
-    with pytest.raises(UserError, match="prompt followed by the answer"):
+    with refused("model.prompt_template=chat_template", "model.prompt_template=llasmol"):
         PromptFormatter(tok, "chat_template").encode("q", "a")
 
 

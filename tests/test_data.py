@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import hydra
 import pytest
 import torch
+from conftest import MAX_LENGTH, QUICK, SEED, TWO_TASKS, compose_config, make_datamodule
+from refusals import error_line, refused, run_cli
+from smolinstruct_fixture import TASKS, write_smolinstruct
 
-from conftest import compose_config
-from llasmol.core.defaults import MAX_LENGTH, SEED
-from llasmol.data.datamodule import SMolInstructDataModule
-from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter, resolve_prompt_template
-from llasmol.data.sampler import PADDING, ShardedShuffleSampler
 from llasmol.core.smiles import canonical_kekule
-from llasmol.data.smolinstruct import SMolInstructSplit
-from llasmol.core.errors import UserError
 from llasmol.core.tasks import TASK_NAMES
+from llasmol.data.datamodule import SMolInstructDataModule
+from llasmol.data.formatting import (
+    IGNORE_INDEX,
+    PromptFormatter,
+    resolve_prompt_template,
+)
+from llasmol.data.sampler import PADDING, ShardedShuffleSampler
+from llasmol.data.smolinstruct import SMolInstructSplit
 from llasmol.model.base import load_tokenizer
-from smolinstruct_fixture import TASKS
 
 FIXTURE_TASKS = list(TASKS)
 
@@ -30,7 +34,8 @@ def tokenizer():
 
 
 def make_dm(tokenizer, root, **kw) -> SMolInstructDataModule:
-    return SMolInstructDataModule(tokenizer, path=str(root), tasks=kw.pop("tasks", FIXTURE_TASKS), **kw)
+    return make_datamodule(tokenizer, path=None if root is None else str(root), tasks=kw.pop("tasks", FIXTURE_TASKS),
+                           **kw)
 
 
 def test_samples_render_templates_with_core_tags(smol_root):
@@ -148,16 +153,29 @@ def test_two_fresh_datamodules_with_one_seed_serve_the_same_batches(tokenizer, s
     assert served(SEED + 1) != first and sorted(sum(served(SEED + 1), [])) == sorted(sum(first, []))
 
 
-def test_the_library_defaults_are_what_the_configs_pass(tokenizer, smol_root):
-    """A datamodule, sampler or formatter built without settings behaves as the commands' configs ask
-    (`core/defaults.py` for Python, `conf/` for the commands): seed, token budget, the paper's prompt."""
+def test_the_data_group_builds_the_paper_setup_and_the_library_restates_no_setting(tokenizer, smol_root):
+    """conf/ is the one home of a setting: the data group's DataModule has the paper's seed, token budget and
+    prompt; the DataModule and the evaluation callback take every setting from their config group, and a
+    shuffled order or a drawn subset needs the seed given."""
+    import inspect
+
+    from llasmol.finetune.validation import GenerationEvaluator
+    from llasmol.inference.pipeline import Samples
+
     cfg = compose_config(["paths.output_dir=/tmp/unused"])
-    assert (cfg.seed, cfg.data.max_length, cfg.generation.max_prompt_tokens) == (SEED, MAX_LENGTH, MAX_LENGTH)
+    assert (cfg.seed, cfg.data.max_length, cfg.generation.max_prompt_tokens) == (SEED, MAX_LENGTH, MAX_LENGTH) == (13, 512, 512)
     dm = make_dm(tokenizer, smol_root)
-    alone = PromptFormatter(tokenizer)
-    assert dm.seed == ShardedShuffleSampler(10, rank=0, world_size=1).seed == SEED
-    assert dm.formatter.max_length == alone.max_length == MAX_LENGTH
-    assert dm.formatter.prompt_template == alone.prompt_template == resolve_prompt_template(cfg.model.prompt_template)
+    assert dm.seed == SEED and dm.formatter.max_length == MAX_LENGTH
+    assert dm.formatter.prompt_template == resolve_prompt_template(cfg.model.prompt_template)
+    for built, group in ((SMolInstructDataModule, cfg.data), (GenerationEvaluator, cfg.callbacks.generation_evaluator)):
+        restated = [name for name, p in inspect.signature(built).parameters.items()
+                    if name in group and p.default is not inspect.Parameter.empty]
+        assert restated in ([], ["output_dir", "intervals"]), restated  # a run folder and intervals: optional
+    with pytest.raises(ValueError, match="seed"):
+        ShardedShuffleSampler(10, rank=0, world_size=1)
+    with pytest.raises(ValueError, match="seed"):
+        Samples.of(dm.source, "validation", 2)
+    assert PromptFormatter(tokenizer).max_length is None  # a formatter alone cuts nothing
 
 
 def test_batches_pad_right_and_mask_padding(tokenizer, smol_root):
@@ -174,18 +192,18 @@ def test_gradient_accumulation_is_computed_from_the_effective_batch(tokenizer, s
     dm = make_dm(tokenizer, smol_root, micro_batch_size=4, effective_batch_size=512)
     assert dm.gradient_accumulation(1) == 128
     assert dm.gradient_accumulation(4) == 32
-    with pytest.raises(UserError, match="data.effective_batch_size=512 is not a multiple"):
+    with refused("data.effective_batch_size=512", "data.micro_batch_size=4", "3 device(s)"):
         dm.gradient_accumulation(3)
 
 
 def test_unknown_task_is_named(tokenizer, smol_root):
-    with pytest.raises(UserError, match="unknown task 'forward_synthesys'"):
+    with refused("forward_synthesys", "data.tasks"):
         make_dm(tokenizer, smol_root, tasks=["forward_synthesys"])
 
 
 def test_missing_task_file_is_named(tokenizer, smol_root):
     dm = make_dm(tokenizer, smol_root, tasks=["molecule_captioning"])
-    with pytest.raises(UserError, match="molecule_captioning"):
+    with refused("molecule_captioning.json", "data.path"):
         dm.split("train")
 
 
@@ -270,7 +288,7 @@ def test_hub_archive_is_fetched_once_and_read_like_a_local_copy(tokenizer, smol_
     monkeypatch.setattr(llasmol.core.offline, "hub_unreachable", lambda: None)  # as if online
     monkeypatch.setenv("LLASMOL_CACHE", str(tmp_path / "cache"))
     for _ in range(2):
-        dm = SMolInstructDataModule(tokenizer, path=None, tasks=FIXTURE_TASKS)
+        dm = make_dm(tokenizer, None)
         dm.prepare_data()
         local = make_dm(tokenizer, smol_root)
         assert [dm.split("validation")[i] for i in range(5)] == [local.split("validation")[i] for i in range(5)]
@@ -279,12 +297,12 @@ def test_hub_archive_is_fetched_once_and_read_like_a_local_copy(tokenizer, smol_
     main = tmp_path / "cache" / "osunlp--SMolInstruct@main"
     assert len(list(main.iterdir())) == 1
     # Another revision is cached apart; offline, the newest extraction of a revision is used.
-    SMolInstructDataModule(tokenizer, path=None, revision="v1.0.0", tasks=FIXTURE_TASKS).prepare_data()
+    make_dm(tokenizer, None, revision="v1.0.0").prepare_data()
     assert calls[-1] == ("osunlp/SMolInstruct", "data.zip", "dataset", "v1.0.0")
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
         "osunlp--SMolInstruct@main", "osunlp--SMolInstruct@v1.0.0"]
     monkeypatch.setattr(llasmol.core.offline, "hub_unreachable", lambda: "HF_HUB_OFFLINE is set")
-    offline = SMolInstructDataModule(tokenizer, path=None, tasks=FIXTURE_TASKS)
+    offline = make_dm(tokenizer, None)
     offline.prepare_data()
     assert len(calls) == 3 and Path(offline.path).is_relative_to(main)
 
@@ -306,14 +324,14 @@ def test_the_test_subset_reads_its_samples_from_the_full_test_split(tokenizer, s
     whole = make_dm(tokenizer, smol_root)
     assert whole.source.pooling_split("test") is whole.split("test")
     missing = make_dm(tokenizer, smol_root, splits={"train": "train", "validation": "dev", "test": "dev_subset"})
-    with pytest.raises(UserError, match=r"split 'dev_subset' not found.*v1\.2\.0 \(data\.revision\)"):
+    with refused("dev_subset", "v1.2.0", "data.revision"):
         missing.split("test")
 
 
 def test_unreachable_hub_says_how_to_use_a_local_copy(tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("LLASMOL_CACHE", str(tmp_path / "cache"))
-    dm = SMolInstructDataModule(tokenizer, path=None, hub_id="osunlp/SMolInstruct", tasks=FIXTURE_TASKS)
-    with pytest.raises(UserError, match=r"cannot fetch dataset osunlp/SMolInstruct .*data.path="):
+    dm = make_dm(tokenizer, None, hub_id="osunlp/SMolInstruct")
+    with refused("osunlp/SMolInstruct", "data.path="):
         dm.prepare_data()
 
 
@@ -388,7 +406,7 @@ def test_a_broken_sample_list_is_one_line_naming_the_file(tmp_path, text):
 
     path = tmp_path / "task.json"
     path.write_text(text)
-    with pytest.raises(UserError, match=re.escape(str(path))):
+    with refused(path):
         _read_sample_list(path, "task", None)
 
 
@@ -402,9 +420,8 @@ def test_a_line_number_that_is_no_whole_number_is_named_not_read(tmp_path, key, 
     path = tmp_path / "task.json"
     path.write_text('{"samples": [{"idx": 0, "template_id": 0}, {' + ", ".join(f'"{k}": {v}' for k, v in sample.items())
                     + "}]}")
-    with pytest.raises(UserError) as err:
+    with refused("sample 1", path, f"{key}={value}"):
         _read_sample_list(path, "task", None)
-    assert str(err.value) == f"sample 1 of {path}: {key}={value} must be a whole number: re-extract the sample lists"
 
 
 def test_raw_line_index_equals_a_line_by_line_scan(tmp_path):
@@ -469,12 +486,8 @@ def test_a_broken_sample_names_the_line_it_is_on_in_the_file(tmp_path, monkeypat
     path = tmp_path / "task.json"
     path.write_text('{"split": "train",\n  "samples": [\n' + ",\n".join(samples) + "\n  ]\n}\n")
     assert path.read_text().splitlines()[line - 1].strip().rstrip(",") == broken
-    with pytest.raises(UserError) as err:
+    with refused(path, *(["sample 7 of"] if why is None else [f"({why}", f"at line {line})"])):
         _read_sample_list(path, "task", None)
-    if why is None:
-        assert "sample 7 of" in str(err.value)
-    else:
-        assert f"({why}" in str(err.value) and f"at line {line})" in str(err.value), str(err.value)
 
 
 def test_a_split_closes_the_raw_files_it_opened_and_reopens_them_when_read_again(smol_root):
@@ -576,15 +589,15 @@ def test_even_shares_drop_the_remainder_and_uneven_shares_cover_every_sample():
     assert [list(s) for s in three] == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, PADDING]]
     alone = ShardedShuffleSampler(11, shuffle=False, rank=0, world_size=1, even=False)
     assert list(alone) == list(range(11)) and len(alone) == 11  # one process: nothing to pad
-    assert [len(ShardedShuffleSampler(11, rank=r, world_size=3)) for r in range(3)] == [3, 3, 3]
+    assert [len(ShardedShuffleSampler(11, seed=3, rank=r, world_size=3)) for r in range(3)] == [3, 3, 3]
     # The order array is int32 while it fits (half the memory of int64).
-    assert ShardedShuffleSampler(100, rank=0, world_size=1)._order().dtype == np.int32
+    assert ShardedShuffleSampler(100, seed=3, rank=0, world_size=1)._order().dtype == np.int32
 
 
 @pytest.mark.parametrize("rank,world", [(2, 2), (-1, 2), (1, 1)])
 def test_a_rank_outside_its_world_is_refused(rank, world):
     with pytest.raises(ValueError, match=f"rank {rank} outside world of size {world}"):
-        ShardedShuffleSampler(10, rank=rank, world_size=world)
+        ShardedShuffleSampler(10, seed=3, rank=rank, world_size=world)
 
 
 def test_rank_and_world_come_from_the_process_group_when_one_is_running(monkeypatch):
@@ -691,7 +704,7 @@ def test_selfies_encoded_on_the_fly_cover_smiles_answers_too(smol_root):
 
 
 def test_unknown_representation_is_refused(smol_root):
-    with pytest.raises(UserError, match="unknown data.representation 'inchi'"):
+    with refused("data.representation", "inchi"):
         SMolInstructSplit(smol_root, "train", ["forward_synthesis"], representation="inchi")
 
 
@@ -699,18 +712,17 @@ def test_unknown_representation_is_refused(smol_root):
 def test_a_template_lacking_its_placeholder_is_refused(own_root, side, text):
     task = "name_conversion-s2f"
     _edit_json(own_root / "template" / "instruction_tuning" / f"{task}.json", lambda t: t[1].update({side: text}))
-    with pytest.raises(UserError, match=re.escape(
-            f"template 1 of {task} in template/instruction_tuning/{task}.json lacks <INPUT> or <OUTPUT>")):
+    with refused("template 1", f"template/instruction_tuning/{task}.json", "<INPUT>", "<OUTPUT>"):
         SMolInstructSplit(own_root, "train", [task])
 
 
 def test_a_template_id_past_the_last_template_is_refused(own_root):
     task = "name_conversion-s2f"  # two templates: ids 0 and 1
     _edit_json(_samples(own_root, "train", task), lambda r: r["samples"][3].update(template_id=2))
-    with pytest.raises(UserError, match=re.escape(f"template_id 2 of {task} has no template (2 exist)")):
+    with refused("template_id 2", task, "2 exist"):
         SMolInstructSplit(own_root, "train", [task])
     _edit_json(_samples(own_root, "train", task), lambda r: r["samples"][3].update(template_id=-1))
-    with pytest.raises(UserError, match=re.escape(f"template_id -1 of {task} has no template (ids start at 0)")):
+    with refused("template_id -1", task, "ids start at 0"):
         SMolInstructSplit(own_root, "train", [task])
 
 
@@ -719,7 +731,7 @@ def test_a_sample_index_outside_the_raw_file_is_refused(own_root, bad):
     task = "name_conversion-s2f"
     assert len((own_root / "raw" / "train" / f"{task}.jsonl").read_text().splitlines()) == 24
     _edit_json(_samples(own_root, "train", task), lambda r: r["samples"][3].update(idx=bad))
-    with pytest.raises(UserError, match=rf"^sample index {bad} in .* \(24 lines\)"):
+    with refused(f"sample index {bad}", f"{task}.jsonl", "24 lines"):
         SMolInstructSplit(own_root, "train", [task])
 
 
@@ -747,12 +759,11 @@ def test_a_raw_line_changed_after_the_split_was_opened_is_named(own_root):
     raw = own_root / "raw" / "train" / f"{task}.jsonl"
     lines = raw.read_text().splitlines()
     raw.write_text("\n".join(['{"input": "CCO"}', *lines[1:]]) + "\n")
-    with pytest.raises(UserError, match=re.escape(f"{raw} line 1 is not a JSON object with input and output: "
-                                                  "the file changed")):
+    with refused(f"{raw} line 1", "the file changed"):
         split[0]
     raw.write_text("\n".join(['{"input": ', *lines[1:]]) + "\n")
     split.close()
-    with pytest.raises(UserError, match=re.escape(f"{raw} line 1 is not valid JSON")):
+    with refused(f"{raw} line 1", "not valid JSON"):
         split[0]
     split.close()
 
@@ -771,7 +782,7 @@ def test_core_tags_are_pairs_of_strings_or_nulls(tmp_path):
                 {"input": ["<A>", "</A>", "x"], "output": ["<B>", "</B>"]},
                 {"input": ["<A>", 5], "output": ["<B>", "</B>"]}, {"input": ["<A>", "</A>"]}):
         path.write_text(json.dumps(bad))
-        with pytest.raises(UserError, match=r"core_tag/t\.json is not"):
+        with refused("core_tag/t.json"):
             read_core_tags(tmp_path, "t")
 
 
@@ -887,7 +898,7 @@ def test_the_readers_own_errors_name_their_line(tmp_path, monkeypatch, window, t
     monkeypatch.setattr(_JSONReader.__init__, "__defaults__", (window,))
     path = tmp_path / "task.json"
     path.write_text(text)
-    with pytest.raises(UserError, match=re.escape(f"{path} is not valid JSON ({message})")):
+    with refused(path, message):
         _read_sample_list(path, "task", None)
 
 
@@ -897,3 +908,149 @@ def test_a_raw_line_nested_too_deeply_is_a_bad_line(tmp_path):
     path = tmp_path / "raw.jsonl"
     path.write_text('{"input": "C", "output": "C"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
     assert _line_offsets(path)[2] == {1: "line 2 is not valid JSON (nested too deeply)"}
+
+
+@pytest.fixture
+def broken_root(tmp_path) -> Path:
+    return write_smolinstruct(tmp_path / "data")
+
+
+
+def corrupt_template(root: Path) -> str:
+    path = root / "template" / "instruction_tuning" / "name_conversion-s2f.json"
+    templates = json.loads(path.read_text())
+    templates[1]["input"] = "formula please"
+    path.write_text(json.dumps(templates))
+    return "template 1 of name_conversion-s2f"
+
+
+
+def corrupt_raw_line(root: Path, split: str = "dev") -> str:
+    path = root / "raw" / split / "name_conversion-s2f.jsonl"
+    lines = path.read_text().splitlines()
+    lines[2] = '{"input": "CCO", "output": '
+    path.write_text("\n".join(lines) + "\n")
+    return f"{path} line 3 is not valid JSON"
+
+
+
+def corrupt_train_line(root: Path) -> str:
+    # Found when the index is built, before the first step, not when a batch first reads the line.
+    return corrupt_raw_line(root, "train")
+
+
+
+def missing_task_file(root: Path) -> str:
+    (root / "raw" / "train" / "property_prediction-esol.jsonl").unlink()
+    return "missing raw data file"
+
+
+
+def missing_template(root: Path) -> str:
+    (root / "template" / "instruction_tuning" / "name_conversion-s2f.json").unlink()
+    return "name_conversion-s2f.json"
+
+
+
+def index_beyond_raw(root: Path) -> str:
+    path = root / "sample" / "instruction_tuning" / "train" / "name_conversion-s2f.json"
+    record = json.loads(path.read_text())
+    record["samples"][0]["idx"] = 999
+    path.write_text(json.dumps(record))
+    return "sample index 999"
+
+
+
+def missing_split(root: Path) -> str:
+    import shutil
+
+    shutil.rmtree(root / "sample" / "instruction_tuning" / "dev")
+    return "split 'dev' not found"
+
+
+
+def non_object_raw_line(root: Path) -> str:
+    # Valid JSON, but not a record: found at start-up, not hours later when a batch reads it.
+    path = root / "raw" / "train" / "name_conversion-s2f.jsonl"
+    lines = path.read_text().splitlines()
+    lines[1] = '["CCO", "C2H6O"]'
+    path.write_text("\n".join(lines) + "\n")
+    return f"{path} line 2 is not a JSON object with input and output (it is list)"
+
+
+
+def record_without_output(root: Path) -> str:
+    path = root / "raw" / "train" / "name_conversion-s2f.jsonl"
+    lines = path.read_text().splitlines()
+    lines[0] = '{"input": "CCO"}'
+    path.write_text("\n".join(lines) + "\n")
+    return f"{path} line 1 is not a JSON object with input and output (it is dict)"
+
+
+
+def templates_not_a_list(root: Path) -> str:
+    path = root / "template" / "instruction_tuning" / "name_conversion-s2f.json"
+    path.write_text(json.dumps({"input": "<INPUT>", "output": "<OUTPUT>"}))
+    return "template/instruction_tuning/name_conversion-s2f.json is not a list of"
+
+
+
+def template_not_strings(root: Path) -> str:
+    path = root / "template" / "instruction_tuning" / "name_conversion-s2f.json"
+    templates = json.loads(path.read_text())
+    templates[0]["input"] = ["<INPUT>"]
+    path.write_text(json.dumps(templates))
+    return "template/instruction_tuning/name_conversion-s2f.json is not a list of"
+
+
+
+def core_tag_wrong_shape(root: Path) -> str:
+    path = root / "core_tag" / "name_conversion-s2f.json"
+    path.write_text(json.dumps({"input": "<SMILES>", "output": ["<MOLFORMULA>", "</MOLFORMULA>"]}))
+    return "core_tag/name_conversion-s2f.json is not"
+
+
+
+def deeply_nested_template(root: Path) -> str:
+    path = root / "template" / "instruction_tuning" / "name_conversion-s2f.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    return "is nested too deeply"
+
+
+
+def latin1_template(root: Path) -> str:
+    path = root / "template" / "instruction_tuning" / "name_conversion-s2f.json"
+    path.write_bytes('[{"input": "caf\xe9 <INPUT>", "output": "<OUTPUT>"}]'.encode("latin-1"))
+    return "is not UTF-8 text"
+
+
+
+@pytest.mark.parametrize("corrupt", [non_object_raw_line, record_without_output, templates_not_a_list,
+                                     template_not_strings, core_tag_wrong_shape, deeply_nested_template,
+                                     latin1_template, corrupt_train_line, index_beyond_raw])
+def test_data_of_the_wrong_shape_is_named_when_the_split_is_opened(broken_root, corrupt):
+    with refused(corrupt(broken_root)):
+        SMolInstructSplit(broken_root, "train", ["name_conversion-s2f", "property_prediction-esol"])
+
+
+
+@pytest.mark.parametrize("corrupt", [corrupt_template, corrupt_raw_line, corrupt_train_line, index_beyond_raw,
+                                     missing_split, missing_task_file, missing_template, non_object_raw_line])
+@pytest.mark.slow
+def test_bad_data_ends_with_one_line_naming_it(broken_root, tmp_path, corrupt):
+    needle = corrupt(broken_root)
+    proc = run_cli(["llasmol.train", f"data.path={broken_root}", TWO_TASKS, f"hydra.run.dir={tmp_path / 'run'}", *QUICK],
+                   tmp_path)
+    error_line(proc, needle)
+    assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before any training step
+
+
+
+def test_malformed_lines_can_be_skipped_and_counted(broken_root):
+    whole = len(SMolInstructSplit(broken_root, "dev", ["name_conversion-s2f"]))
+    needle = corrupt_raw_line(broken_root)
+    with refused(needle):
+        SMolInstructSplit(broken_root, "dev", ["name_conversion-s2f"])  # at once, not when the line is read
+    lenient = SMolInstructSplit(broken_root, "dev", ["name_conversion-s2f"], skip_bad_lines=True)
+    assert len(lenient) == whole - 1 and lenient.skipped == {"name_conversion-s2f": 1}
+    assert all(lenient[i]["raw_input"] for i in range(len(lenient)))

@@ -8,14 +8,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from llasmol.core.errors import UserError
+from conftest import compose_config, make_datamodule
+from refusals import refused
+
 from llasmol.data.collate import PackCollator
-from llasmol.data.datamodule import SMolInstructDataModule
 from llasmol.data.formatting import IGNORE_INDEX, PROMPT_TEMPLATES, PromptFormatter, resolve_prompt_template
 from llasmol.data.resumable_loader import ResumableDataLoader
 from llasmol.data.sampler import ShardedShuffleSampler
 from llasmol.data.source import BUNDLED_DATA, DEFAULT_SPLITS, SMolInstructSource
-from smolinstruct_fixture import TASKS
 
 
 class CharTokenizer:
@@ -91,14 +91,13 @@ def test_templates_resolve_by_name_or_placeholder_and_a_tokenizer_must_name_eos(
     assert resolve_prompt_template("llasmol") == "[INST] {input} [/INST]"
     assert resolve_prompt_template("chat_template") == "chat_template"
     assert resolve_prompt_template("<{input}>") == "<{input}>"
-    with pytest.raises(UserError, match=r"model.prompt_template='\[INST\]' is neither a template name \(llasmol, "
-                                        r"alpaca, plain\)"):
+    with refused("model.prompt_template='[INST]'", "llasmol, alpaca, plain"):
         resolve_prompt_template("[INST]")
     tok = CharTokenizer()
     tok.eos_token = None
-    with pytest.raises(UserError, match="the tokenizer defines no EOS token"):
+    with refused("EOS token", "model.arch"):
         PromptFormatter(tok)
-    with pytest.raises(UserError, match="this tokenizer has no chat template"):
+    with refused("model.prompt_template=chat_template", "model.prompt_template=llasmol"):
         PromptFormatter(CharTokenizer(), "chat_template")
     PromptFormatter(CharTokenizer(), "llasmol")  # no chat template needed for a string template
 
@@ -112,16 +111,19 @@ def test_the_chat_template_renders_the_user_turn_without_thinking_and_masks_it()
     assert tok.calls[-1] == {"tokenize": False, "add_generation_prompt": False, "enable_thinking": False}
     enc = fmt.encode("q", "a")
     assert enc.labels == [IGNORE_INDEX] * len("U:q|A:") + codes("a;")
-    with pytest.raises(UserError, match="does not render the conversation as its prompt followed by the answer"):
+    with refused("model.prompt_template=chat_template", "model.prompt_template=llasmol"):
         PromptFormatter(CharTokenizer(chat=True, broken=True), "chat_template").full_text("q", "a")
 
 
 # --------------------------------------------------------------------------- the DataModule
 
 
-def test_a_datamodule_built_without_settings_takes_the_documented_defaults(smol_root):
-    dm = SMolInstructDataModule(CharTokenizer(), path=str(smol_root), tasks=["name_conversion-s2f"])
-    assert (dm.micro_batch_size, dm.effective_batch_size, dm.eval_batch_size) == (4, 512, 4)
+def test_the_data_groups_datamodule_takes_the_configs_settings(smol_root):
+    data = compose_config(["paths.output_dir=/tmp/unused"]).data  # the default job's (the CPU demo's batches)
+    dm = make_datamodule(CharTokenizer(), path=str(smol_root), tasks=["name_conversion-s2f"])
+    assert data.eval_batch_size is None  # null: as the micro-batch
+    assert (dm.micro_batch_size, dm.effective_batch_size, dm.eval_batch_size) == (
+        data.micro_batch_size, data.effective_batch_size, data.micro_batch_size)
     assert dm.num_workers == 0 and dm.group_by_length is True and dm.formatter.train_on_inputs is True
     assert dm.collate.pad_token_id == CharTokenizer.eos_token_id  # no pad token: padded with EOS
     assert dm.train_collate is dm.collate  # packing off
@@ -130,29 +132,29 @@ def test_a_datamodule_built_without_settings_takes_the_documented_defaults(smol_
     item = dm.dataset("train")[1]
     assert item["index"] == 1 and item["truncated"] is False and item["labels"] == item["input_ids"]
     assert len(dm.dataset("train")) == len(dm.split("train"))
-    dm = SMolInstructDataModule(CharTokenizer(pad_token_id=0), path=str(smol_root), tasks=["name_conversion-s2f"],
-                                micro_batch_size=2, eval_batch_size=6, packing=True)
+    dm = make_datamodule(CharTokenizer(pad_token_id=0), path=str(smol_root), tasks=["name_conversion-s2f"],
+                         micro_batch_size=2, eval_batch_size=6, packing=True)
     assert dm.collate.pad_token_id == 0 and dm.eval_batch_size == 6 and isinstance(dm.train_collate, PackCollator)
 
 
 @pytest.mark.parametrize("micro, effective, ok", [(1, 1, True), (0, 4, False), (4, 0, False), (-1, 4, False)])
-def test_batch_sizes_of_one_are_accepted_and_below_one_refused(smol_root, micro, effective, ok):
-    make = lambda: SMolInstructDataModule(CharTokenizer(), path=str(smol_root), micro_batch_size=micro,  # noqa: E731
-                                          effective_batch_size=effective)
+def test_batch_sizes_of_one_are_accepted_and_below_one_refused(micro, effective, ok):
+    from llasmol.core.schema import check_config
+
+    cfg = compose_config(["paths.output_dir=/tmp/unused", f"data.micro_batch_size={micro}",
+                          f"data.effective_batch_size={effective}"])
     if ok:
-        assert make().gradient_accumulation(1) == 1
+        check_config(cfg)
     else:
-        with pytest.raises(UserError, match=f"batch sizes must be positive: data.micro_batch_size={micro}, "
-                                            f"data.effective_batch_size={effective}"):
-            make()
+        with refused(f"data.micro_batch_size={micro}" if micro < 1 else f"data.effective_batch_size={effective}"):
+            check_config(cfg)
 
 
 def test_an_effective_batch_that_does_not_divide_names_the_nearest_multiple(smol_root):
-    dm = SMolInstructDataModule(CharTokenizer(), path=str(smol_root), micro_batch_size=4, effective_batch_size=10)
-    with pytest.raises(UserError, match=r"set data.effective_batch_size=8 \(or another multiple of 4\)"):
+    dm = make_datamodule(CharTokenizer(), path=str(smol_root), micro_batch_size=4, effective_batch_size=10)
+    with refused("data.effective_batch_size=10", "data.effective_batch_size=8", "multiple of 4"):
         dm.gradient_accumulation(1)
-    with pytest.raises(UserError,
-                       match=r"× 2 device\(s\): set data.effective_batch_size=8 \(or another multiple of 8\)"):
+    with refused("2 device(s)", "data.effective_batch_size=8", "multiple of 8"):
         dm.gradient_accumulation(2)  # under one step's worth: the step itself
     dm.effective_batch_size = 24
     assert dm.gradient_accumulation(2) == 3 and dm.gradient_accumulation(3) == 2
@@ -161,7 +163,7 @@ def test_an_effective_batch_that_does_not_divide_names_the_nearest_multiple(smol
 @pytest.mark.parametrize("stage, built", [("fit", ["train", "validation"]), ("validate", ["validation"]),
                                           ("test", ["test"]), (None, ["train", "validation", "test"])])
 def test_setup_builds_the_datasets_its_stage_reads(smol_root, stage, built):
-    dm = SMolInstructDataModule(CharTokenizer(), path=str(smol_root), tasks=["name_conversion-s2f"])
+    dm = make_datamodule(CharTokenizer(), path=str(smol_root), tasks=["name_conversion-s2f"])
     dm.prepare_data()
     dm.setup(stage)
     assert sorted(dm.datasets) == sorted(built)
@@ -169,14 +171,14 @@ def test_setup_builds_the_datasets_its_stage_reads(smol_root, stage, built):
 
 
 def test_the_training_loader_is_shuffled_resumable_and_grouped_by_length(smol_root):
-    dm = SMolInstructDataModule(CharTokenizer(), path=str(smol_root), tasks=["name_conversion-s2f"], micro_batch_size=2)
+    dm = make_datamodule(CharTokenizer(), path=str(smol_root), tasks=["name_conversion-s2f"], micro_batch_size=2)
     loader = dm.train_dataloader()
     assert isinstance(loader, ResumableDataLoader) and loader.batch_size == 2
     assert loader.sampler.shuffle is True and loader.sampler.lengths is not None
     assert dm.state_dict() == {"train_position": loader.state_dict()}
     plain = dm.dataloader("train", shuffle=False, batch_size=3, rank=0, world_size=1)
     assert type(plain) is DataLoader and plain.sampler.lengths is None and plain.collate_fn is dm.collate
-    ungrouped = SMolInstructDataModule(CharTokenizer(), path=str(smol_root), tasks=["name_conversion-s2f"],
+    ungrouped = make_datamodule(CharTokenizer(), path=str(smol_root), tasks=["name_conversion-s2f"],
                                        group_by_length=False).dataloader("train", True, 2, rank=0, world_size=1)
     assert ungrouped.sampler.lengths is None
 
@@ -214,7 +216,7 @@ def test_a_sources_splits_open_once_and_an_unknown_split_is_named(smol_root):
     raw = source.raw_file("validation", "name_conversion-s2f")
     assert raw == smol_root / "raw" / "dev" / "name_conversion-s2f.jsonl"
     assert source.sample_count("test", "name_conversion-s2f") == len(test)
-    with pytest.raises(UserError, match=r"unknown split 'dev': data.splits defines \['test', 'train', 'validation'\]"):
+    with refused("'dev'", "data.splits", "['test', 'train', 'validation']"):
         source.split("dev")
     test[0]
     opened = list(test._handles.values())  # the raw files a read opened
@@ -245,7 +247,7 @@ def test_a_copy_lacking_tasks_names_the_missing_ones_in_table_order(smol_root, c
 
 
 def test_a_folder_without_any_task_is_named(tmp_path):
-    with pytest.raises(UserError, match=r"holds no SMolInstruct task \(no core_tag/<task>.json\)"):
+    with refused(tmp_path, "core_tag/<task>.json"):
         SMolInstructSource(path=str(tmp_path)).task_names()
 
 
@@ -281,7 +283,7 @@ def test_a_resumed_loader_serves_the_rest_of_the_epoch_and_counts_what_it_served
 
 def test_a_saved_position_of_other_data_is_refused_naming_what_changed():
     state = _loader().state_dict()
-    with pytest.raises(UserError, match=r"the training data changed \(batch_size 2 -> 5, seed 3 -> 4\); resume"):
+    with refused("batch_size 2 -> 5", "seed 3 -> 4"):
         _loader(batch_size=5, seed=4).load_state_dict(state)
     with pytest.raises(TypeError, match="needs a ShardedShuffleSampler"):
         ResumableDataLoader(list(range(4)), batch_size=2)

@@ -10,9 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import free_port
-
-from llasmol.core.defaults import SEED
+from conftest import SEED, free_port
 
 TESTS = Path(__file__).resolve().parent
 

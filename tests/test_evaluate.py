@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import HANG_TIMEOUT, compose_config
-from llasmol.core.errors import UserError
+from refusals import error_line, refused, refused_cli, run_cli
+
 from llasmol.data.source import SMolInstructSource
 from llasmol.evaluate import evaluate
 from llasmol.generate import SMILES_CLOSE, canonicalize_query
@@ -47,12 +48,6 @@ def run_dir(tmp_path_factory) -> Path:
     OmegaConf.save(cfg, out / ".hydra" / "config.yaml")
     (out / "callback_metrics.json").write_text(json.dumps(result["metrics"]))
     return out
-
-
-def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=HANG_TIMEOUT)
 
 
 def test_each_validation_writes_predictions_and_metrics(run_dir):
@@ -147,88 +142,80 @@ def test_numeric_golds_and_skipped_lines_in_a_predictions_file(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "content,needle",
+    "content,named",
     [
-        (None, "does not exist"),
-        ("", "is empty"),
-        ('{"task": "forward_synthesis", "input": "a", "gold": "C"}\n', "line 1 lacks predictions"),
-        ('{"task": "forward_synthesis", "gold": "C", "predictions": []}\n', "line 1 lacks input"),
-        ('{"task": "forward_synth", "input": "a", "gold": "C", "predictions": []}\n', "unknown task 'forward_synth'"),
-        ('{"task": "forward_synthesis", "input": "a", "gold": "C", "predictions": []}\nnot json\n', "line 2 is not valid JSON"),
-        ('{"task": "forward_synthesis", "input": "a", "gold": {"x": 1}, "predictions": []}\n', "gold must be a string"),
-        ('{"task": "forward_synthesis", "input": "a", "gold": "C", "predictions": [null]}\n', "predictions must be a string"),
+        (None, ()),
+        ("", ("empty",)),
+        ('{"task": "forward_synthesis", "input": "a", "gold": "C"}\n', ("line 1", "predictions")),
+        ('{"task": "forward_synthesis", "gold": "C", "predictions": []}\n', ("line 1", "input")),
+        ('{"task": "forward_synth", "input": "a", "gold": "C", "predictions": []}\n', ("'forward_synth'",)),
+        ('{"task": "forward_synthesis", "input": "a", "gold": "C", "predictions": []}\nnot json\n', ("line 2", "JSON")),
+        ('{"task": "forward_synthesis", "input": "a", "gold": {"x": 1}, "predictions": []}\n', ("line 1", "gold", '{"x": 1}')),
+        ('{"task": "forward_synthesis", "input": "a", "gold": "C", "predictions": [null]}\n', ("line 1", "predictions", "null")),
     ],
 )
-def test_bad_predictions_files_end_with_one_line(tmp_path, content, needle):
+def test_bad_predictions_files_end_with_one_line(tmp_path, content, named):
     path = tmp_path / "p.jsonl"
     if content is not None:
         path.write_text(content)
     proc = run_cli(["llasmol.evaluate", f"predictions={path}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
-    assert proc.returncode == 2
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and needle in errors[0] and "Traceback" not in proc.stderr, proc.stderr[-1500:]
+    error_line(proc, path, *named)
 
 
 GOOD = {"task": "forward_synthesis", "input": "a", "gold": "C", "predictions": ["<SMILES> C </SMILES>"]}
 
 
-@pytest.mark.parametrize("content,needle", [
-    (b'\xff\xfe{"task": 1}\n', "line 1 is not UTF-8 text"),
+@pytest.mark.parametrize("content,named", [
+    (b'\xff\xfe{"task": 1}\n', ("line 1", "UTF-8")),
     (json.dumps(GOOD).encode() + b"\n" + json.dumps({**GOOD, "input": "caf\u00e9"}).encode().replace(
-        b"\\u00e9", b"\xe9") + b"\n", "line 2 is not UTF-8 text"),
-    (json.dumps({**GOOD, "input": ["a", "b"]}).encode(), "line 1: input must be a string, not list"),
-    (json.dumps({**GOOD, "raw_input": {"smiles": "C"}}).encode(), "line 1: raw_input must be a string or null, not dict"),
-    (json.dumps({**GOOD, "target": 3}).encode(), "line 1: target must be a string or null, not int"),
-    (json.dumps({**GOOD, "skipped": "no"}).encode(), 'line 1: skipped must be true or false, not "no"'),
-    (json.dumps({**GOOD, "task": ["forward_synthesis"]}).encode(), "line 1: task must be a task name"),
+        b"\\u00e9", b"\xe9") + b"\n", ("line 2", "UTF-8")),
+    (json.dumps({**GOOD, "input": ["a", "b"]}).encode(), ("line 1", "input", "list")),
+    (json.dumps({**GOOD, "raw_input": {"smiles": "C"}}).encode(), ("line 1", "raw_input", "dict")),
+    (json.dumps({**GOOD, "target": 3}).encode(), ("line 1", "target", "int")),
+    (json.dumps({**GOOD, "skipped": "no"}).encode(), ("line 1", "skipped", '"no"')),
+    (json.dumps({**GOOD, "task": ["forward_synthesis"]}).encode(), ("line 1", "task", '["forward_synthesis"]')),
     (b'{"task": "forward_synthesis", "input": "a", "gold": ' + b"[" * 50_000 + b"]" * 50_000 + b', "predictions": []}',
-     "line 1 cannot be read (nested too deeply)"),
+     ("line 1", "nested too deeply")),
     (b'{"task": "forward_synthesis", "input": "a", "gold": ' + b"9" * 5000 + b', "predictions": []}',
-     "line 1 cannot be read (Exceeds the limit"),
-    (b"[1, 2]\n", "line 1 lacks task, input, gold, predictions"),
+     ("line 1", "Exceeds the limit")),
+    (b"[1, 2]\n", ("line 1", "task, input, gold, predictions")),
     # Escaped lone surrogates parse as JSON but are no text: every later write of them would fail.
     (b'{"task": "forward_synthesis", "input": "x\\ud800", "gold": "C", "predictions": ["C"]}',
-     "line 1: input holds '\\ud800', half of a UTF-16 pair and not text"),
+     ("line 1", "input", "'\\ud800'", "UTF-16")),
     (b'{"task": "forward_synthesis", "input": "x", "gold": "C", "predictions": ["C", "<SMILES> C\\udc00 </SMILES>"]}',
-     "line 1: predictions[1] holds '\\udc00'"),
+     ("line 1", "predictions[1]", "'\\udc00'")),
     (b'{"task": "forward_synthesis", "input": "x", "gold": "C", "predictions": ["C"], "meta": {"\\ud83d": 1}}',
-     "line 1: a key of meta holds '\\ud83d'"),
+     ("line 1", "a key of meta", "'\\ud83d'")),
 ])
-def test_predictions_files_of_the_wrong_kind_are_named(tmp_path, content, needle):
-    from llasmol.core.errors import UserError
+def test_predictions_files_of_the_wrong_kind_are_named(tmp_path, content, named):
     from llasmol.inference.predictions import read_predictions
 
     path = tmp_path / "p.jsonl"
     path.write_bytes(content)
-    with pytest.raises(UserError) as err:
+    with refused(path, *named):
         read_predictions(path)
-    assert needle in str(err.value) and str(path) in str(err.value), str(err.value)
 
 
 def test_a_directory_or_pipe_given_as_the_predictions_file_is_named(tmp_path):
-    from llasmol.core.errors import UserError
     from llasmol.inference.predictions import read_predictions
 
-    with pytest.raises(UserError, match="holds no .jsonl files: pass predictions=<file.jsonl> or a folder"):
+    with refused(tmp_path, ".jsonl", "predictions="):
         read_predictions(tmp_path)
     fifo = tmp_path / "p.jsonl"
     os.mkfifo(fifo)
-    with pytest.raises(UserError, match="is not a regular file"):
+    with refused(fifo, "regular file"):
         read_predictions(fifo)  # never opened: reading a pipe nobody writes would block forever
-    with pytest.raises(UserError, match="does not exist"):
+    with refused(tmp_path / "missing.jsonl"):
         read_predictions(tmp_path / "missing.jsonl")
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps(GOOD) + "\n")
     proc = run_cli(["llasmol.evaluate", f"predictions={good}", f"output={tmp_path}", f"hydra.run.dir={tmp_path / 'h'}"],
                    tmp_path)
-    assert proc.returncode == 2 and f"error: output={tmp_path} is a directory: name the metrics file" in proc.stderr
+    error_line(proc, f"output={tmp_path}", "directory")
     # A pipe (or a device) as the output is refused before scoring, not swapped for a JSON file at the end.
     proc = run_cli(["llasmol.evaluate", f"predictions={good}", f"output={fifo}", f"hydra.run.dir={tmp_path / 'h'}"],
                    tmp_path)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
-        f"error: output={fifo} is a named pipe (FIFO), not a regular file: llasmol writes only regular files "
-        "(replaced whole) or new paths; name a new file"]
+    error_line(proc, f"output={fifo}", "named pipe (FIFO)")
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and not (tmp_path / "good.metrics.json").exists()
 
 
@@ -261,11 +248,11 @@ def test_generate_extracts_the_answer_as_the_scorer_does():
     assert answer_of(nested, "forward_synthesis") == extract_answer("forward_synthesis", nested) == "CCO"
     assert answer_of("It is <NUMBER> -1.2 </NUMBER> mol/L") == "-1.2"  # no task: the first tagged span
     proc = run_cli(["llasmol.generate", "What is <SMILES> CCO </SMILES> ?", "task=forward_synth"], Path.cwd())
-    assert proc.returncode == 2 and "unknown task 'forward_synth' in task=" in proc.stderr and "Traceback" not in proc.stderr
+    error_line(proc, "'forward_synth'", "task=")
     # A mistyped choice is the one line of the checks before Hydra, not Hydra's own error.
     proc = run_cli(["llasmol.generate", "What is <SMILES> CCO </SMILES> ?", "model=mistrall"], Path.cwd())
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-800:]
-    assert proc.stderr.startswith("error: ") and "model=mistrall" in proc.stderr
+    error_line(proc, "model=mistrall")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-800:]
 
 
 def test_query_smiles_are_canonicalised_as_the_official_generation_does():
@@ -348,20 +335,18 @@ def test_an_adapter_of_another_base_model_is_refused_with_the_fix(run_dir, tmp_p
     config = json.loads((adapter / "adapter_config.json").read_text())
     (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "mistralai/Mistral-7B-v0.1"}))
     proc = run_cli(["llasmol.evaluate", f"ckpt={adapter}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-1500:]
-    assert "trained on mistralai/Mistral-7B-v0.1" in errors[0] and "pass model=mistral" in errors[0]
+    error_line(proc, adapter, "mistralai/Mistral-7B-v0.1", "model=mistral")
 
 
 @pytest.mark.parametrize(
-    "config,weights,needle",
+    "config,weights,named",
     [
-        ("{not json", True, "adapter_config.json is not valid JSON"),
-        ("{}", True, "not a PEFT adapter config"),
-        (None, False, "no adapter_model.safetensors"),
+        ("{not json", True, ("adapter_config.json", "JSON")),
+        ("{}", True, ("adapter_config.json", "PEFT")),
+        (None, False, ("adapter_model.safetensors",)),
     ],
 )
-def test_a_broken_adapter_folder_is_one_line(run_dir, tmp_path, config, weights, needle):
+def test_a_broken_adapter_folder_is_one_line(run_dir, tmp_path, config, weights, named):
     import shutil
 
     adapter = tmp_path / "adapter"
@@ -371,9 +356,7 @@ def test_a_broken_adapter_folder_is_one_line(run_dir, tmp_path, config, weights,
     if not weights:
         (adapter / "adapter_model.safetensors").unlink()
     proc = run_cli(["llasmol.evaluate", f"ckpt={adapter}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1 and needle in errors[0], proc.stderr[-1500:]
-    assert "Traceback" not in proc.stderr
+    error_line(proc, adapter, *named)
 
 
 def test_a_run_directory_may_only_build_our_datamodule(run_dir, tmp_path):
@@ -387,16 +370,15 @@ def test_a_run_directory_may_only_build_our_datamodule(run_dir, tmp_path):
     cfg.data._target_ = "os.system"
     OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
     proc = run_cli(["llasmol.evaluate", f"ckpt={run}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
-    assert proc.returncode == 2 and "data._target_=os.system" in proc.stderr and "Traceback" not in proc.stderr
+    error_line(proc, "data._target_=os.system")
 
 
 @pytest.mark.parametrize("ckpt", ["outputs/train/nope", "./nope", "../nope"])
 def test_a_relative_path_that_does_not_exist_is_not_taken_for_a_hub_id(ckpt):
-    from llasmol.core.errors import UserError
     from llasmol.inference.loading import resolve_checkpoint
 
     cfg = compose_config(["paths.output_dir=/tmp/unused"], "evaluate")
-    with pytest.raises(UserError, match=f"ckpt={re.escape(ckpt)} holds no adapter"):
+    with refused(f"ckpt={ckpt}", "adapter"):
         resolve_checkpoint(ckpt, cfg)
     assert resolve_checkpoint("osunlp/LlaSMol-Mistral-7B", cfg)[1] == "osunlp/LlaSMol-Mistral-7B"
 
@@ -418,14 +400,13 @@ def test_an_adapter_trained_from_a_relative_local_folder_is_not_compared_with_th
 
 def test_a_path_without_an_adapter_is_named(tmp_path):
     proc = run_cli(["llasmol.evaluate", f"ckpt={tmp_path}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path)
-    assert proc.returncode == 2 and f"ckpt={tmp_path} holds no adapter" in proc.stderr
+    error_line(proc, f"ckpt={tmp_path}", "adapter")
 
 
 def test_saved_adapters_name_their_base_and_carry_a_real_model_card(run_dir):
     """Shareable as they are: adapter_config.json names the base, README.md says what the adapter is."""
     import json as _json
 
-    from llasmol.core.errors import UserError
     from llasmol.inference.loading import resolve_checkpoint
     from llasmol.model.lora import TINY_BASE
 
@@ -440,7 +421,7 @@ def test_saved_adapters_name_their_base_and_carry_a_real_model_card(run_dir):
     assert "| val/loss |" not in card and "optimizer step 4" in card
     best = [p for p in (run_dir / "checkpoints").glob("step*.adapter")]
     assert best and "| val/loss |" in (best[0] / "README.md").read_text()  # saved at a validation: its metrics
-    with pytest.raises(UserError, match="trained on the embedded tiny model, .* pass model=tiny"):
+    with refused(adapter, "embedded tiny model", "model=mistral", "model=tiny"):
         resolve_checkpoint(str(adapter), compose_config(["model=mistral"], "evaluate"))
 
 
@@ -488,14 +469,13 @@ def test_a_run_directory_cannot_switch_on_remote_code(run_dir, tmp_path):
     OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
     for args in (["llasmol.evaluate", f"ckpt={run}"], ["llasmol.generate", "What is <SMILES> CCO </SMILES> ?", f"ckpt={run}"]):
         proc = run_cli(args, tmp_path)
-        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-        assert proc.returncode == 2 and len(errors) == 1 and "trust_remote_code" in errors[0], proc.stderr[-1500:]
+        error_line(proc, "model.trust_remote_code=true")
     assert not marker.exists()
     cfg.model.trust_remote_code = False
     cfg.model["_target_"] = "os.system"  # a field train never writes
     OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
     proc = run_cli(["llasmol.evaluate", f"ckpt={run}"], tmp_path)
-    assert proc.returncode == 2 and "model._target_=" in proc.stderr and "llasmol.train does not write" in proc.stderr
+    error_line(proc, "model._target_='os.system'")
 
 
 def test_a_question_is_taken_literally(run_dir, tmp_path):
@@ -510,7 +490,7 @@ def test_a_question_is_taken_literally(run_dir, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "llasmol.generate", b"bad \xff bytes", f"ckpt={run_dir}"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=HANG_TIMEOUT,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert proc.returncode == 2 and "not UTF-8" in proc.stderr and "Traceback" not in proc.stderr
+    error_line(proc, "UTF-8")
 
 
 def llm4chem_folder(tmp_path) -> tuple[Path, dict, list[dict]]:
@@ -582,12 +562,11 @@ def test_the_bare_base_model_is_evaluated_with_ckpt_none(tmp_path):
 
 
 def test_prompt_templates_by_name_or_literal():
-    from llasmol.core.errors import UserError
     from llasmol.data.formatting import resolve_prompt_template
 
     assert resolve_prompt_template("llasmol") == "[INST] {input} [/INST]"
     assert resolve_prompt_template("Q: {input} A:") == "Q: {input} A:"
-    with pytest.raises(UserError, match=r"model.prompt_template='alpacca' is neither a template name \(llasmol, alpaca, plain\)"):
+    with refused("model.prompt_template='alpacca'", "llasmol, alpaca, plain"):
         resolve_prompt_template("alpacca")
 
 
@@ -614,7 +593,7 @@ def test_evaluate_writes_bootstrap_intervals_beside_the_metrics(tmp_path):
     assert re.search(r"accuracy=0\.7500 \[0\.6\d+, 0\.8\d+\]", proc.stdout), proc.stdout
     assert re.search(r"mcc=\S+ \[", proc.stdout) and "num_no_answer=0" in proc.stdout
     bad = run_cli(["llasmol.evaluate", f"predictions={path}", "intervals.level=95"], tmp_path)
-    assert bad.returncode == 2 and "intervals.level=95" in bad.stderr and "0.95 for 95% intervals" in bad.stderr
+    error_line(bad, "intervals.level=95", "0.95")
 
 
 def test_another_systems_predictions_become_a_named_report_row(tmp_path, capsys):
@@ -666,75 +645,65 @@ def test_a_question_holding_an_equals_sign_is_a_question():
         assert _split_query(["generate", *args], settings) == (["generate", *rest], question), args
 
 
-@pytest.mark.parametrize("content, needle", [
-    ('{"best_checkpoint": "/x/epoch0', "is not JSON (truncated or overwritten?)"),
-    ("[1, 2]", "holds a JSON list, not the object llasmol.train writes"),
-    ('{"best_checkpoint": 5}', "best_checkpoint is 5, not a checkpoint path"),
-    ('{"best_checkpoint": {"a": 1}}', 'best_checkpoint is {"a": 1}, not a checkpoint path'),
-    (b"\xff\xfe", "is not JSON"),
+@pytest.mark.parametrize("content, named", [
+    ('{"best_checkpoint": "/x/epoch0', ("JSON",)),
+    ("[1, 2]", ("JSON list",)),
+    ('{"best_checkpoint": 5}', ("best_checkpoint is 5",)),
+    ('{"best_checkpoint": {"a": 1}}', ('best_checkpoint is {"a": 1}',)),
+    (b"\xff\xfe", ("JSON",)),
 ])
-def test_a_run_directorys_result_json_is_read_as_data(tmp_path, content, needle):
-    from llasmol.core.errors import UserError
+def test_a_run_directorys_result_json_is_read_as_data(tmp_path, content, named):
     from llasmol.inference.loading import _best_adapter
 
     result = tmp_path / "result.json"
     result.write_bytes(content if isinstance(content, bytes) else content.encode())
-    with pytest.raises(UserError) as err:
+    with refused(result, *named):
         _best_adapter(tmp_path)
-    assert str(err.value).startswith(str(result)) and needle in str(err.value), str(err.value)
-    assert str(err.value).endswith("repair or remove it (then the run's last adapter is taken)")
 
 
-@pytest.mark.parametrize("field, value, expected", [
-    ("r", "16", "a whole number (the LoRA rank)"), ("r", True, "a whole number (the LoRA rank)"),
-    ("lora_alpha", [16], "a number"), ("target_modules", 5, "a list of module names"),
-    ("base_model_name_or_path", 7, "a model id or folder"), ("fan_in_fan_out", "no", "true or false"),
+@pytest.mark.parametrize("field, value", [
+    ("r", "16"), ("r", True), ("lora_alpha", [16]), ("target_modules", 5), ("base_model_name_or_path", 7),
+    ("fan_in_fan_out", "no"),
 ])
-def test_an_adapter_config_with_a_field_of_the_wrong_type_is_one_line(tmp_path, field, value, expected):
+def test_an_adapter_config_with_a_field_of_the_wrong_type_is_one_line(tmp_path, field, value):
     from omegaconf import OmegaConf
 
-    from llasmol.core.errors import UserError
     from llasmol.inference.loading import _check_adapter_base
 
     config = {"peft_type": "LORA", "base_model_name_or_path": "llasmol/tiny", "r": 8, "lora_alpha": 16,
               "target_modules": ["q_proj"], "fan_in_fan_out": False, field: value}
     (tmp_path / "adapter_config.json").write_text(json.dumps(config))
     (tmp_path / "adapter_model.safetensors").write_bytes(b"")
-    with pytest.raises(UserError) as err:
+    with refused(f"{tmp_path}/adapter_config.json", f"{field} is {json.dumps(value)}"):
         _check_adapter_base(tmp_path, OmegaConf.create({"name": "tiny", "random_init": True}))
-    assert str(err.value) == (f"{tmp_path}/adapter_config.json: {field} is {json.dumps(value)}, not {expected}: "
-                              "save the adapter again")
 
 
 ALIAS_BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
     f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
 
 
-@pytest.mark.parametrize("content, needle", [
-    ("model:\n  name: tiny\nmodel:\n  name: x\n", "found duplicate key"),
-    ("model: !!python/object/apply:os.system [ls]\n", "line 1 has the YAML tag tag:yaml.org,2002:python/object/apply:os.system"),
-    ("model: !foo 1\n", "line 1 has the YAML tag !foo"),
-    (ALIAS_BOMB, "line 2 uses a YAML alias (*a), which llasmol.train never writes"),
-    ("- 1\n- 2\n", "holds a YAML list, not the mapping"),
-    ("model: [unclosed\n", "is not the YAML llasmol.train writes"),
-    (b"model: \xff\n", "is not UTF-8 text"),
-    ("x: " + "a" * 1_000_001 + "\n", "bytes, far more than llasmol.train writes"),
+@pytest.mark.parametrize("content, named", [
+    ("model:\n  name: tiny\nmodel:\n  name: x\n", ("duplicate key model",)),
+    ("model: !!python/object/apply:os.system [ls]\n", ("line 1", "tag:yaml.org,2002:python/object/apply:os.system")),
+    ("model: !foo 1\n", ("line 1", "!foo")),
+    (ALIAS_BOMB, ("line 2", "(*a)")),
+    ("- 1\n- 2\n", ("YAML list",)),
+    ("model: [unclosed\n", ("YAML", "[unclosed")),
+    (b"model: \xff\n", ("UTF-8",)),
+    ("x: " + "a" * 1_000_001 + "\n", ("1,000,005 bytes",)),
 ])
-def test_a_run_directorys_config_is_read_as_data_in_bounded_time(tmp_path, content, needle):
+def test_a_run_directorys_config_is_read_as_data_in_bounded_time(tmp_path, content, named):
     import time
 
-    from llasmol.core.errors import UserError
     from llasmol.inference.loading import resolve_checkpoint
 
     (tmp_path / ".hydra").mkdir()
     path = tmp_path / ".hydra" / "config.yaml"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     start = time.monotonic()
-    with pytest.raises(UserError) as err:
+    with refused(path, *named):
         resolve_checkpoint(str(tmp_path), compose_config(["paths.output_dir=/x"], "evaluate"))
     assert time.monotonic() - start < 30
-    assert str(err.value).startswith(str(path)) and needle in str(err.value), str(err.value)
-    assert str(err.value).endswith("evaluate only run directories written by llasmol.train")
 EVAL_SMALL = ["data.split=test", "data.max_samples_per_task={test:3}", "generation.max_new_tokens_limit=8",
               "generation.batch_size=2"]
 
@@ -796,8 +765,7 @@ def test_a_stopped_evaluation_continues_only_under_the_same_settings(run_dir, tm
     partial.parent.mkdir(parents=True)
     settings = {"ckpt": str(run_dir), "generation": {"batch_size": 3}}
     partial.write_text(json.dumps({"settings": settings}) + "\n")
-    with pytest.raises(UserError, match=r"test.jsonl.partial holds the answers of a stopped evaluation with "
-                                        r"adapter=None, not '.*': run it again with the same settings"):
+    with refused(partial, "adapter=None"):
         _evaluate_into(tmp_path, run_dir)
 
 
@@ -866,21 +834,21 @@ def test_a_command_stopped_by_a_mistake_leaves_no_timestamped_run_folder(tmp_pat
     user named keeps its log, error included."""
     missing = tmp_path / "missing.jsonl"
     proc = run_cli(["llasmol.evaluate", f"predictions={missing}"], tmp_path)
-    assert proc.returncode == 2 and f"predictions file {missing} does not exist" in proc.stderr
+    error_line(proc, "predictions", missing)
     assert list((tmp_path / "outputs" / "evaluate").iterdir()) == []
     proc = run_cli(["llasmol.evaluate", f"predictions={missing}", f"hydra.run.dir={tmp_path / 'named'}"], tmp_path)
-    assert proc.returncode == 2 and "does not exist" in (tmp_path / "named" / "evaluate.log").read_text()
+    line = error_line(proc, "predictions", missing)
+    assert line.removeprefix("error: ") in (tmp_path / "named" / "evaluate.log").read_text()
 
 
 def test_a_run_config_of_up_to_a_million_bytes_is_read_and_one_byte_more_is_refused(tmp_path):
-    from llasmol.core.errors import UserError
     from llasmol.inference.loading import read_run_config
 
     path = tmp_path / "config.yaml"
     path.write_text("x: " + "a" * (1_000_000 - 4) + "\n")
     assert len(read_run_config(path).x) == 999_996
     path.write_text("x: " + "a" * (1_000_001 - 4) + "\n")
-    with pytest.raises(UserError, match=r"is 1,000,001 bytes, far more than llasmol.train writes"):
+    with refused(path, "1,000,001 bytes"):
         read_run_config(path)
 
 
@@ -1027,25 +995,18 @@ def test_an_adapters_base_is_checked_against_the_model_before_anything_loads(tmp
         return _check_adapter_base(_fake_adapter(tmp_path / "a", config, weights), model)
 
     a = tmp_path / "a"
-    with pytest.raises(UserError) as err:
+    with refused(a, "mistralai/Mistral-7B-v0.1", "model=llama2", "model=mistral"):
         check("mistralai/Mistral-7B-v0.1")
-    assert str(err.value) == (f"adapter {a} was trained on mistralai/Mistral-7B-v0.1, but model=llama2 is "
-                              "meta-llama/Llama-2-7b-hf: pass model=mistral")
-    with pytest.raises(UserError) as err:
+    with refused(a, "model=tiny", "embedded tiny model", "model=mistral"):
         check("mistralai/Mistral-7B-v0.1", OmegaConf.create({"name": "tiny", "hf_id": None}))
-    assert str(err.value).endswith("but model=tiny is the embedded tiny model: pass model=mistral")
-    with pytest.raises(UserError) as err:
+    with refused(a, "someone/unknown-7b", "model.hf_id=someone/unknown-7b"):
         check("someone/unknown-7b")
-    assert str(err.value).endswith("pass model.hf_id=someone/unknown-7b with a model config of its architecture")
-    with pytest.raises(UserError) as err:
+    with refused(a, "embedded tiny model", "model=llama2", "model=tiny"):
         check(TINY_BASE)
-    assert str(err.value) == (f"adapter {a} was trained on the embedded tiny model, but model=llama2 is "
-                              "meta-llama/Llama-2-7b-hf: pass model=tiny")
-    with pytest.raises(UserError, match=f"^{re.escape(str(a))} has adapter_config.json but no "
-                                        "adapter_model.safetensors: copy the weights too$"):
+    with refused(a, "adapter_model.safetensors"):
         (a / "adapter_model.safetensors").unlink()
         check("meta-llama/Llama-2-7b-hf", weights=None)
-    with pytest.raises(UserError, match="adapter_config.json is not a PEFT adapter config"):
+    with refused(tmp_path / "list", "adapter_config.json", "PEFT"):
         _check_adapter_base(_fake_adapter(tmp_path / "list", ["LORA"]), llama)
     # Nothing to compare against, or the same base: accepted (an old adapter's .bin weights too).
     monkeypatch.chdir(tmp_path)
@@ -1060,8 +1021,7 @@ def test_a_run_directory_gives_its_best_adapter_else_its_last(tmp_path, caplog):
     from llasmol.inference.loading import _best_adapter
 
     run = tmp_path / "run"
-    with pytest.raises(UserError, match=f"^run directory {re.escape(str(run))} has no adapter checkpoint yet "
-                                        rf"\(looked for {re.escape(str(run))}/checkpoints/last.adapter\)$"):
+    with refused(run, f"{run}/checkpoints/last.adapter"):
         _best_adapter(run)
     last = _fake_adapter(run / "checkpoints" / "last.adapter", {"peft_type": "LORA"})
     with caplog.at_level("INFO", logger="llasmol.inference.loading"):
@@ -1104,7 +1064,7 @@ def test_the_device_setting(monkeypatch):
     assert pick_device("auto") == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert pick_device("auto") == torch.device("cuda")
-    with pytest.raises(UserError, match="^device=gpu0 is not a device: use auto, cpu, cuda or cuda:<n>$"):
+    with refused("device=gpu0"):
         pick_device("gpu0")
 
 
@@ -1133,14 +1093,14 @@ def test_a_hub_adapter_is_fetched_config_and_weights_only_then_checked(tmp_path,
     monkeypatch.setattr(llasmol.core.offline, "cached_on_disk", lambda repo, name: True)
     assert _fetch_adapter("someone/lora", llama) == folder and calls[-1][1]["local_files_only"] is True
     # What was fetched is checked as a local folder is.
-    with pytest.raises(UserError, match="was trained on meta-llama/Llama-2-7b-hf, but model=mistral"):
+    with refused("meta-llama/Llama-2-7b-hf", "model=mistral"):
         _fetch_adapter("someone/lora", OmegaConf.create({"name": "mistral", "hf_id": "mistralai/Mistral-7B-v0.1"}))
 
     def fail(repo_id, **kwargs):
         raise RuntimeError("gated")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fail)
-    with pytest.raises(UserError, match=r"^cannot fetch adapter someone/lora from the Hugging Face Hub \(RuntimeError\)"):
+    with refused("someone/lora", "RuntimeError"):
         _fetch_adapter("someone/lora", llama)
 
 
@@ -1171,10 +1131,9 @@ def test_a_yaml_error_in_a_run_config_is_cut_to_160_characters(tmp_path):
 
     path = tmp_path / "config.yaml"
     path.write_text("model:\n  name: tiny\n  name: " + "x" * 300 + "\n")  # a duplicate key, quoted at length
-    with pytest.raises(UserError) as err:
+    with refused(path, "while constructing a mapping") as seen:
         read_run_config(path)
-    why = str(err.value).split(" is not the YAML llasmol.train writes (", 1)[1]
-    why = why.rsplit("): evaluate only run directories written by llasmol.train", 1)[0]
+    why = seen.message.split(" (", 1)[1].rsplit("): ", 1)[0]  # the YAML reason, in parentheses
     assert len(why) == 160 and why.startswith("while constructing a mapping") and why.endswith("name: xxxxx")
 
 
@@ -1215,16 +1174,15 @@ def test_generate_asks_the_canonical_question_with_the_task_on_the_chosen_device
     command.generate(cfg)  # the question from the configuration; no task: ""
     assert asked[-1][:2] == ("What is <SMILES> C </SMILES> ?", "")  # one space after the tag, as officially
     answer[0] = None  # the prompt did not fit
-    with pytest.raises(UserError, match=rf"^the query is longer than generation.max_prompt_tokens="
-                                        rf"{cfg.generation.max_prompt_tokens} tokens$"):
+    with refused(f"generation.max_prompt_tokens={cfg.generation.max_prompt_tokens}"):
         command.generate(cfg)
     cfg.query = ""
-    with pytest.raises(UserError, match="^no query: run python -m llasmol.generate"):
+    with refused("query", "python -m llasmol.generate"):
         command.generate(cfg)
-    with pytest.raises(UserError, match="^the question holds bytes that are not UTF-8 text"):
+    with refused("UTF-8"):
         command.generate(cfg, "bad \udcff bytes")
     cfg.task = "forward_synth"  # the configuration is checked before anything is asked
-    with pytest.raises(UserError, match="^unknown task 'forward_synth' in task="):
+    with refused("'forward_synth'", "task="):
         command.generate(cfg, "Q?")
     assert len(asked) == 3
 
@@ -1243,15 +1201,15 @@ def test_a_run_directorys_model_section_is_read_as_data(tmp_path):
 
     assert OmegaConf.to_container(read(model)) == model
     for section in (None, {}, "tiny"):  # no section, an empty one, not a mapping: one line, not a traceback
-        with pytest.raises(UserError, match=f"^{re.escape(where)} has no model section"):
+        with refused(where, "model section"):
             read(section)
-    with pytest.raises(UserError, match=f"^{re.escape(where)} has model.foo='x', which llasmol.train does not write"):
+    with refused(where, "model.foo='x'"):
         read({**model, "foo": "x"})
-    with pytest.raises(UserError, match=f"^{re.escape(where)} has a model.tokenizer llasmol.train does not write$"):
+    with refused(where, "model.tokenizer"):
         read({**model, "tokenizer": "/somewhere/else"})
-    with pytest.raises(UserError, match=f"^{re.escape(where)} has model.name"):
+    with refused(where, "model.name=['tiny']"):
         read({**model, "name": ["tiny"]})  # of the wrong type for the model schema
-    with pytest.raises(UserError, match="sets model.trust_remote_code=true: remote code runs only when asked for"):
+    with refused(where, "model.trust_remote_code=true"):
         read({**model, "trust_remote_code": True})
     cfg.model.trust_remote_code = True  # asked for on this command line
     assert read({**model, "trust_remote_code": True}).trust_remote_code is True
@@ -1299,7 +1257,7 @@ def test_the_adapter_is_merged_only_when_asked_and_never_into_a_quantised_base(t
         assert kind(str(folder), OmegaConf.create({"bits": 4}), merge=True) == "adapted"
     assert caplog.messages[-1] == "adapter kept separate on the 4-bit base (merging would re-round its weights)"
     assert kind(str(folder), OmegaConf.create({"bits": 4})) == "adapted"
-    with pytest.raises(UserError, match="^merge_adapter='yes' must be true or false"):
+    with refused("merge_adapter='yes'"):
         kind(str(folder), merge="yes")
 
 
@@ -1312,12 +1270,17 @@ def test_the_commands_silence_the_known_library_noise_and_nothing_else(tmp_path)
     noise = "MatMul8bitLt: inputs will be cast from torch.float32 to float16 during quantization"
     nothing = compose_config([f"paths.output_dir={tmp_path}"], "evaluate")
     no_query = compose_config(["model=tiny"], "generate")
-    for command, cfg, why in [(evaluate, nothing, "nothing to evaluate"), (generate, no_query, "no query")]:
+    for command, cfg, why in [(evaluate, nothing, ("ckpt=", "predictions=")), (generate, no_query, ("query",))]:
         with warnings.catch_warnings():
             warnings.resetwarnings()  # whatever an earlier test left
-            with pytest.raises(UserError, match=f"^{why}"):
+            with refused(*why):
                 command(cfg)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.warn(noise)
                 warnings.warn("another warning")
         assert [str(w.message) for w in caught] == ["another warning"], command
+
+
+def test_missing_checkpoint_path_is_named(tmp_path):
+    refused_cli(["llasmol.evaluate", "ckpt=/nonexistent/run", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path,
+                "ckpt=/nonexistent/run")

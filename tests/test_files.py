@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from refusals import error_line, refused, refused_cli, run_cli
 
 from llasmol.core import files
 
@@ -84,9 +88,6 @@ def test_records_are_written_as_readable_utf8_and_a_full_disk_names_the_free_spa
     import shutil
     from collections import namedtuple
 
-    import pytest
-
-    from llasmol.core.errors import UserError
     from llasmol.core.files import write_jsonl
 
     write_jsonl(tmp_path / "p.jsonl", [{"caption": "café, 5 µM"}])
@@ -95,7 +96,7 @@ def test_records_are_written_as_readable_utf8_and_a_full_disk_names_the_free_spa
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10e9, 8.5e9, 1.5e9))
     monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
-    with pytest.raises(UserError, match=r"no space left on device \(1\.50 GB free there\)"):
+    with refused(tmp_path / "q.jsonl", "no space left on device", "1.50 GB free"):
         write_jsonl(tmp_path / "q.jsonl", [{"a": 1}])
 
 
@@ -123,16 +124,12 @@ def _special_nodes(tmp_path: Path) -> dict[str, Path]:
 def test_atomic_writes_never_replace_a_node_that_is_not_a_regular_file(tmp_path, writer):
     import stat
 
-    from llasmol.core.errors import UserError
-
     nodes = _special_nodes(tmp_path)
     before = {path: os.lstat(path) for path in nodes.values()}
     data, _ = WRITERS[writer]
     for kind, path in nodes.items():
-        with pytest.raises(UserError) as err:
+        with refused(f"{path} is {kind}", "regular file"):
             getattr(files, writer)(path, data)
-        assert str(err.value) == (f"{path} is {kind}, not a regular file: llasmol writes only regular files "
-                                  "(replaced whole) or new paths; name a new file")
     for path, st in before.items():
         now = os.lstat(path)
         assert (now.st_ino, stat.S_IFMT(now.st_mode)) == (st.st_ino, stat.S_IFMT(st.st_mode)), path
@@ -158,3 +155,209 @@ def test_appended_records_are_whole_strict_lines_pushed_to_the_disk(tmp_path, mo
         # fsynced once, with both lines already written through (flushed) when it was asked
         assert synced == [(fh.fileno(), '{"a": 1.5, "b": null}\n{"c": "é"}\n'.encode("utf-8"))]
     assert files.complete_jsonl(path) == [{"a": 1.5, "b": None}, {"c": "é"}]
+
+
+WRITER = """
+import sys, time
+from llasmol.core.files import write_jsonl
+def records():
+    for i in range(10**6):
+        if i == 50:
+            print("writing", flush=True)
+        time.sleep(0.001)
+        yield {"i": i, "text": "x" * 100}
+write_jsonl(sys.argv[1], records())
+"""
+
+
+
+def test_a_kill_while_writing_predictions_leaves_the_old_file_whole(tmp_path):
+    target = tmp_path / "predictions" / "val.jsonl"
+    target.parent.mkdir()
+    target.write_text('{"old": true}\n')
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    assert target.read_text() == '{"old": true}\n'
+    # The partial data only ever lived in a hidden temporary file, never under the real name.
+    assert [p.name for p in target.parent.iterdir() if not p.name.startswith(".")] == ["val.jsonl"]
+
+
+
+def test_checkpoints_are_written_through_a_rename_in_their_own_folder(tmp_path, monkeypatch):
+    from llasmol.finetune.checkpointing import AtomicCheckpointIO
+
+    io = AtomicCheckpointIO()
+    target = tmp_path / "checkpoints" / "last.ckpt"
+    io.save_checkpoint({"w": torch.ones(2)}, target)
+    before = target.read_bytes()
+
+    def dies_halfway(obj, fh):
+        fh.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", dies_halfway)
+    with pytest.raises(OSError, match="disk full"):
+        io.save_checkpoint({"w": torch.zeros(2)}, target)
+    assert target.read_bytes() == before  # the old checkpoint, whole
+    assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]  # no temporary left behind
+
+
+
+def test_written_files_and_adapter_folders_respect_the_umask(tmp_path):
+    """Atomic writes go through mkstemp/mkdtemp (0600/0700); under a 022 umask a plain open gives 0644."""
+    import stat
+
+    from llasmol.core.files import write_json
+    from llasmol.model.adapters import save_adapter_atomically
+
+    class Saver:
+        def save_pretrained(self, folder, state_dict=None, **kwargs):
+            (Path(folder) / "adapter_config.json").write_text("{}")
+
+    old = os.umask(0o022)
+    try:
+        write_json(tmp_path / "m.json", {"a": 1})
+        save_adapter_atomically(Saver(), tmp_path / "x.adapter")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "m.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "x.adapter").stat().st_mode) == 0o755
+
+
+
+def _mounted_tmpfs(folder: Path, options: str) -> None:
+    folder.mkdir(parents=True)
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a small file system here ({mount.stderr.decode().strip()[:80]})")
+
+
+
+@pytest.mark.slow
+def test_a_full_disk_ends_training_with_one_line_naming_the_file(tmp_path):
+    small = tmp_path / "small"
+    _mounted_tmpfs(small, "size=700k")  # room for the run's logs and an adapter, not for a checkpoint
+    try:
+        run = small / "run"
+        proc = run_cli(["llasmol.train", f"hydra.run.dir={run}", "logger=csv", "trainer.enable_progress_bar=false",
+                        "trainer.max_steps=2", "val_every_n_steps=1000"], tmp_path)
+        line = error_line(proc, f"{run}/checkpoints/last.ckpt", "no space left", "0.00 GB free", "hydra.run.dir=")
+        assert line in (run / "train.log").read_text()  # the log says why the run ended
+        assert not [p.name for p in (run / "checkpoints").iterdir()]  # no temporaries, no adapter without its .ckpt
+    finally:
+        subprocess.run(["umount", str(small)])
+
+
+
+@pytest.mark.slow
+def test_a_read_only_run_folder_is_one_line_before_hydra_writes(tmp_path):
+    frozen = tmp_path / "frozen"
+    _mounted_tmpfs(frozen, "size=100k,ro")
+    try:
+        for command in ("llasmol.train", "llasmol.evaluate", "llasmol.audit"):
+            refused_cli([command, f"hydra.run.dir={frozen}/run"], tmp_path, f"{frozen}/run", "read-only")
+    finally:
+        subprocess.run(["umount", str(frozen)])
+
+
+
+def _fill(folder: Path) -> None:
+    """Take every free byte of the file system `folder` is on."""
+    with open(folder / "filler", "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+
+
+
+@pytest.mark.slow
+def test_every_command_meets_a_full_disk_with_one_line(tmp_path):
+    """Hydra writes the run's config before any of our code runs: a full disk is refused before that, for
+    every command with a run folder; report's files go through the atomic writer and name the file."""
+    from test_analysis import write_run
+
+    full = tmp_path / "full"
+    _mounted_tmpfs(full, "size=300k")
+    run = write_run(tmp_path / "run")
+    try:
+        _fill(full)
+        for command in (["llasmol.train"], ["llasmol.evaluate", f"predictions={tmp_path}/none.jsonl"],
+                        ["llasmol.baseline", "method=rdkit"], ["llasmol.audit"]):
+            refused_cli([*command, f"hydra.run.dir={full}/run"], tmp_path, f"{full}/run", "no space left", "0.00 GB free")
+            assert not (full / "run").exists()
+        refused_cli(["llasmol.report", str(run), "--out", str(full / "report")], tmp_path, f"{full}/report/",
+                    "no space left", "--out")
+        assert [p.name for p in (full / "report").iterdir()] == []  # no half-written file
+    finally:
+        subprocess.run(["umount", str(full)])
+
+
+
+def test_report_out_naming_a_file_is_one_line(tmp_path, capsys):
+    from test_analysis import write_run
+
+    from llasmol.report import main as report_main
+
+    run = write_run(tmp_path / "run")
+    taken = tmp_path / "taken.md"
+    taken.write_text("mine")
+    for out in (taken, taken / "sub" / "report"):  # a folder under a file cannot be made either
+        with pytest.raises(SystemExit) as stop:
+            report_main([str(run), "--out", str(out)])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: ") and f"--out {out} " in err and f"{taken} is a file" in err
+    assert taken.read_text() == "mine"
+    assert report_main([str(run), "--out", str(tmp_path / "again")])  # a fresh folder: written
+    assert report_main([str(run), "--out", str(tmp_path / "again")])  # an existing report: overwritten cleanly
+
+
+
+def test_temporaries_of_dead_writers_are_removed_and_those_of_live_ones_kept(tmp_path):
+    from llasmol.core.files import remove_stale_temporaries, write_json
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid, live_pid = int(dead.stdout), os.getpid()
+    (tmp_path / "checkpoints" / f".last.adapter.{dead_pid}.ab_c1234").mkdir(parents=True)
+    (tmp_path / "checkpoints" / f".last.adapter.{dead_pid}.ab_c1234" / "adapter_model.safetensors").write_bytes(b"x" * 10)
+    (tmp_path / "checkpoints" / f".last.ckpt.{dead_pid}.q1w2e3r4.tmp").write_bytes(b"y" * 5)
+    (tmp_path / "predictions").mkdir()
+    (tmp_path / "predictions" / f".val.jsonl.{live_pid}.q1w2e3r4.tmp").write_text("live")
+    # A number no process can have (os.kill overflows) is not known dead: its file stays.
+    kept = ["notes.txt", ".hidden", f".last.ckpt.{dead_pid}.tmp", "last.ckpt",
+            ".last.ckpt.99999999999999999999.q1w2e3r4.tmp"]
+    for name in kept:
+        (tmp_path / "checkpoints" / name).write_text("mine")
+    write_json(tmp_path / "metrics.json", {"a": 1})  # a finished write leaves no temporary
+
+    removed, size = remove_stale_temporaries(tmp_path)
+    assert sorted(p.name for p in removed) == [f".last.adapter.{dead_pid}.ab_c1234", f".last.ckpt.{dead_pid}.q1w2e3r4.tmp"]
+    assert size == 15
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == sorted(kept)
+    assert (tmp_path / "predictions" / f".val.jsonl.{live_pid}.q1w2e3r4.tmp").read_text() == "live"
+
+
+
+def test_a_full_disk_or_read_only_folder_is_a_user_error_naming_the_file(tmp_path, monkeypatch):
+    import errno
+
+    from llasmol.core.files import write_json
+
+    for code, words in ((errno.ENOSPC, "no space left on device ("), (errno.EROFS, "read-only file system;"),
+                        (errno.EDQUOT, "disk quota exceeded (")):
+        def full(fd, code=code):
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(os, "fsync", full)
+        with refused(tmp_path / "m.json", words):
+            write_json(tmp_path / "m.json", {"a": 1})
+        assert list(tmp_path.iterdir()) == []  # the temporary went with the error
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    with pytest.raises(OSError, match="I/O error"):  # a failing disk is not a user's mistake: it stays loud
+        write_json(tmp_path / "m.json", {"a": 1})

@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import HANG_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,3 +180,20 @@ def test_the_configs_sit_at_the_top_of_the_checkout():
     assert not (PACKAGE / "conf").exists()
     assert CONFIG_DIR == ROOT / "conf"
     assert (CONFIG_DIR / "train.yaml").is_file()
+
+
+def test_the_package_never_evaluates_text():
+    pattern = re.compile(r"(?<![\w.])(eval|exec)\s*\(")
+    offenders = [f"{p}:{n}" for p in (ROOT / "llasmol").rglob("*.py")
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
+
+
+
+def test_remote_code_is_off_and_weights_load_from_safetensors():
+    from conftest import compose_config
+
+    for model in ("mistral", "llama2", "llama2_13b", "codellama", "galactica", "tiny"):
+        assert compose_config([f"model={model}", "paths.output_dir=/x"]).model.trust_remote_code is False
+    source = (ROOT / "llasmol" / "model" / "base.py").read_text()
+    assert "use_safetensors=True" in source

@@ -6,7 +6,8 @@ import warnings
 
 import pytest
 
-from llasmol.core.errors import UserError
+from refusals import refused
+
 from llasmol.metrics import add_stats, finalize, sample_stats
 from llasmol.metrics import text as textmod
 
@@ -116,7 +117,7 @@ def test_bad_scibert_path_is_a_user_error(monkeypatch, tmp_path):
     monkeypatch.setenv(textmod.SCIBERT_ENV, str(tmp_path / "missing"))
     textmod._tokenizer.cache_clear()
     try:
-        with pytest.raises(UserError, match="LLASMOL_SCIBERT"):
+        with refused("LLASMOL_SCIBERT=", tmp_path / "missing"):
             textmod.tokenizer_name()
     finally:
         monkeypatch.delenv(textmod.SCIBERT_ENV)

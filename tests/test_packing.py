@@ -7,8 +7,9 @@ import csv
 import pytest
 import torch
 
+from refusals import refused
+
 from llasmol.data.collate import PackCollator, PadCollator
-from llasmol.core.errors import UserError
 from llasmol.finetune.module import LoRACausalLM
 from test_lora import tiny_peft_model
 
@@ -49,7 +50,7 @@ def test_packed_loss_equals_the_padded_loss(family):
 def test_packing_refuses_a_base_whose_positions_come_from_the_mask(cfg_factory):
     from llasmol.train import train
 
-    with pytest.raises(UserError, match="data.packing=true needs a Llama- or Mistral-family base; model=galactica"):
+    with refused("data.packing=true", "model=galactica", "data.packing=false"):
         train(cfg_factory("model=galactica", "data.packing=true"))
 
 

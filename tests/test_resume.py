@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import HANG_TIMEOUT
+from refusals import refused, run_cli
+
 from llasmol.data.resumable_loader import ResumableDataLoader
 from llasmol.data.sampler import ShardedShuffleSampler
-from llasmol.core.errors import UserError
 from llasmol.finetune.resume import resolve_resume
 
 TESTS = Path(__file__).resolve().parent
@@ -51,13 +53,10 @@ def test_a_checkpoint_llasmol_train_did_not_write_is_named_and_never_run(tmp_pat
         from safetensors.torch import save_file
 
         save_file({"w": torch.ones(2)}, str(path))
-    with pytest.raises(UserError) as err:
+    with refused(f"ckpt_path={path}", "llasmol.train", *(["nothing in it was run"] if kind == "crafted_pickle" else []),
+                 untouched=tmp_path) as seen:
         resolve_resume(str(path), tmp_path / "run", "tiny", "full")
-    message = str(err.value)
-    assert message.startswith(f"ckpt_path={path} is not a checkpoint of llasmol.train: ")
-    assert "weights_only=False" not in message and not marker.exists()
-    if kind == "crafted_pickle":
-        assert "nothing in it was run" in message
+    assert "weights_only=False" not in seen.message and not marker.exists()
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -97,9 +96,9 @@ def test_a_state_for_another_epoch_skips_nothing():
 
 def test_changed_data_or_devices_cannot_resume_at_a_position():
     state = _loader(world=2).state_dict()
-    with pytest.raises(UserError, match="world_size 2 -> 1"):
+    with refused("world_size 2 -> 1"):
         _loader(world=1).load_state_dict(state)
-    with pytest.raises(UserError, match="num_samples 50 -> 40"):
+    with refused("num_samples 50 -> 40"):
         _loader(n=40, world=2).load_state_dict(state)
 
 
@@ -132,11 +131,11 @@ def test_ckpt_path_last_finds_this_run_then_the_newest_run_of_the_same_variant(t
     assert resolve_resume(None, current, "tiny", "full") is None
     assert resolve_resume("auto", current, "tiny", "full") is None  # nothing here yet: start fresh
     assert resolve_resume("auto", older, "tiny", "full") == str(older / "checkpoints" / "last.ckpt")
-    with pytest.raises(UserError, match="ckpt_path=last: no checkpoints/last.ckpt .* tiny\\+attn"):
+    with refused("ckpt_path=last", "checkpoints/last.ckpt", current, "tiny+attn"):
         resolve_resume("last", current, "tiny", "attn")
-    with pytest.raises(UserError, match="ckpt_path=/nope/x.ckpt does not exist"):
+    with refused("ckpt_path=/nope/x.ckpt"):
         resolve_resume("/nope/x.ckpt", current, "tiny", "full")
-    with pytest.raises(UserError, match="is a folder without"):
+    with refused(f"ckpt_path={current}", "checkpoints/last.ckpt"):
         resolve_resume(str(current), current, "tiny", "full")
 
 
@@ -154,15 +153,13 @@ def test_ckpt_path_last_passes_over_an_empty_or_truncated_checkpoint(tmp_path):
     assert resolve_resume("last", other, "tiny", "full") == str(good)  # from a sibling run too
     good.write_bytes(good.read_bytes()[:40])  # truncated
     for ckpt_path in ("last", "auto"):
-        with pytest.raises(UserError, match=rf"ckpt_path={broken} is not a checkpoint of llasmol.train: it is not a "
-                                            "file torch.save wrote"):
+        with refused(f"ckpt_path={broken}", "llasmol.train", "torch.save"):
             resolve_resume(ckpt_path, run, "tiny", "full")
-    with pytest.raises(UserError, match="ckpt_path=last: no checkpoints/last.ckpt"):
+    with refused("ckpt_path=last", "checkpoints/last.ckpt", other):
         resolve_resume("last", other, "tiny", "full")  # a sibling's broken files are passed over
 
 
 def test_a_checkpoint_resumes_only_on_the_number_of_processes_and_the_kind_of_trainer_it_was_saved_from(tmp_path):
-    from llasmol.core.errors import UserError
     from llasmol.finetune.resume import check_same_launch, checkpoint_launch
 
     path = tmp_path / "last.ckpt"
@@ -170,18 +167,14 @@ def test_a_checkpoint_resumes_only_on_the_number_of_processes_and_the_kind_of_tr
                 "llasmol_fsdp2": True}, path)
     assert checkpoint_launch(str(path)) == (4, True)
     check_same_launch(str(path), 4, sharded=True)
-    with pytest.raises(UserError) as err:
+    with refused(f"ckpt_path={path}", "4 process(es)", "has 2"):
         check_same_launch(str(path), 2, sharded=True)
-    assert str(err.value).startswith(f"ckpt_path={path} was saved by a run of 4 process(es) and this one has 2 ")
-    with pytest.raises(UserError) as err:  # trainer=fsdp keys its optimizer state otherwise than DDP
-        check_same_launch(str(path), 4, sharded=False)
-    assert str(err.value).startswith(f"ckpt_path={path} was saved under trainer=fsdp and this run is under another "
-                                     "trainer: their optimizer states are laid out differently; resume with the "
-                                     "trainer=fsdp it was saved with")
+    with refused(f"ckpt_path={path}", "saved under trainer=fsdp", "resume with the trainer=fsdp"):
+        check_same_launch(str(path), 4, sharded=False)  # trainer=fsdp keys its optimizer state otherwise than DDP
     torch.save(_TRAINING_STATE, path)  # saved before the first batch, by an earlier version: nothing to continue
     assert checkpoint_launch(str(path)) == (None, False)
     check_same_launch(str(path), 2, sharded=False)
-    with pytest.raises(UserError, match="was saved under another trainer and this run is under trainer=fsdp"):
+    with refused(f"ckpt_path={path}", "run is under trainer=fsdp"):
         check_same_launch(str(path), 2, sharded=True)
 
 
@@ -302,6 +295,7 @@ def _assert_same_training(combined: dict[int, list[dict]], expected: dict[int, l
 def _reference_run(root: Path, run: list[str], steps: int) -> Path:
     """An uninterrupted run (its result and step records in `root`) that interrupted ones are compared with."""
     from conftest import compose_config
+
     from llasmol.train import train
 
     result = train(compose_config([*run, f"paths.output_dir={root / 'run'}",
@@ -467,7 +461,7 @@ def test_resuming_another_lora_variant_stops_in_one_line(tmp_path, cfg_factory):
     train(cfg_factory(*quick, f"paths.output_dir={tmp_path / 'full'}"))
     ckpt = tmp_path / "full" / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()
-    with pytest.raises(UserError, match="adapters do not match this model .* model= and lora="):
+    with refused("adapters", "model=", "lora="):
         train(cfg_factory(*quick, "lora=lite", f"ckpt_path={ckpt}", f"paths.output_dir={tmp_path / 'lite'}"))
 
 
@@ -613,7 +607,7 @@ def test_a_ckpt_file_given_is_resumed_as_it_is_and_a_run_without_params_is_no_si
             (run / "params.json").unlink()
         else:
             (run / "params.json").write_text(params)
-        with pytest.raises(UserError, match="ckpt_path=last: no checkpoints/last.ckpt"):
+        with refused("ckpt_path=last", "checkpoints/last.ckpt", here):
             resolve_resume("last", here, "tiny", "full")
 
 
@@ -682,3 +676,373 @@ def test_under_ddp_any_ranks_signal_stops_every_rank_and_an_exception_restores_t
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 1), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_saves_a_checkpoint_that_resumes(tmp_path, cfg_factory, sig, code):
+    """Ctrl-C, or SIGTERM as a cluster sends before it preempts a job: a resumable checkpoint and a
+    failing exit status (Lightning's own SIGTERM exit is 0, which a scheduler reads as done). Stopped in the
+    first job of a multirun, the command also says how to run the jobs that had not started (#28 item 8)."""
+    sweep = tmp_path / "sweep"
+    run = sweep / "0_tiny_full"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llasmol.train", "--multirun", "lora=full,lite,attn", f"hydra.sweep.dir={sweep}",
+         "trainer.max_steps=100000", "val_every_n_steps=1000", "logger=csv", "trainer.enable_progress_bar=false",
+         "trainer.log_every_n_steps=1"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    metrics = run / "csv" / "metrics.csv"
+    deadline = time.time() + HANG_TIMEOUT
+    while time.time() < deadline and (not metrics.is_file() or len(metrics.read_text().splitlines()) < 4):
+        time.sleep(0.5)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=HANG_TIMEOUT)
+    assert proc.returncode == code, err[-2000:]
+    ckpt = run / "checkpoints" / "interrupted.ckpt"
+    assert ckpt.is_file(), err[-2000:]
+    given = "trainer.max_steps=100000 val_every_n_steps=1000 logger=csv trainer.enable_progress_bar=false " \
+            "trainer.log_every_n_steps=1"
+    assert err.rstrip().splitlines()[-3:] == [  # the jobs' own lines go to their train.log only
+        "multirun stopped in job 0",
+        f"  continue it with: python -m llasmol.train lora=full {given} hydra.run.dir={run} ckpt_path=last",
+        "  the jobs that had not started run into the same folder with: python -m llasmol.train --multirun "
+        f"lora=lite,attn {given} hydra.sweep.dir={sweep.resolve()} first_job=1"], err[-2000:]
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0_tiny_full"]  # nothing else started
+    assert (run / "checkpoints" / "interrupted.adapter" / "adapter_model.safetensors").is_file()
+    step = torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"]
+    assert step >= 1
+    from llasmol.train import train
+
+    resumed = train(cfg_factory(f"ckpt_path={ckpt}", f"trainer.max_steps={step + 2}", "val_every_n_steps=1000",
+                                "trainer.enable_progress_bar=false"))
+    assert resumed["global_step"] == step + 2
+
+
+
+def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypatch, caplog):
+    from llasmol.finetune.checkpointing import AtomicCheckpointIO
+    from llasmol.train import train
+
+    caplog.set_level(logging.INFO)
+    monkeypatch.delenv("PL_SEED_WORKERS", raising=False)  # an earlier run in this process set it: this one must
+    written = []
+    original = AtomicCheckpointIO.save_checkpoint
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint",
+                        lambda self, ckpt, path, storage_options=None: (written.append(Path(path).name),
+                                                                         original(self, ckpt, path))[1])
+    result = train(cfg_factory("trainer.max_steps=3", "val_every_n_steps=3", "trainer.enable_progress_bar=false",
+                               "checkpoint_every_n_steps=2",
+                               "callbacks.generation_evaluator.samples_per_task=1", "generation.max_new_tokens_limit=2",
+                               "data.max_samples_per_task={validation:2}"))
+    # last.ckpt every checkpoint_every_n_steps (2) and at the last step (3), the best checkpoint once (its validation).
+    assert written.count("last.ckpt") == 2 and len([name for name in written if name.startswith("step")]) == 1, written
+    # What train.log says of the run's shape: the threads and how they wait, the batch arithmetic.
+    said = [r.getMessage() for r in caplog.records]
+    # Seeded as the config says, dataloader workers included, without Lightning's own "Seed set to" line.
+    assert os.environ.get("PL_SEED_WORKERS") == "1" and not any(m.startswith("Seed set to") for m in said), said
+    assert any(m.startswith("CPU: ") and "intra-op thread(s), OpenMP threads wait passive" in m for m in said), said
+    assert any(m.startswith("effective batch ") and m.endswith("× 1 process(es)") for m in said), said
+    # The run ended by max_steps in its first epoch: last.ckpt is saved at the end of that step, with the
+    # epoch still open, so a resume to a higher max_steps trains on through the rest of the epoch's data (saved
+    # once Lightning has ended fit, it would count the epoch as done and skip the rest).
+    ckpt = torch.load(Path(result["output_dir"]) / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 3
+    assert ckpt["loops"]["fit_loop"]["epoch_progress"]["current"]["completed"] == 0
+    # Each adapter's model card says how it was made; a validation's numbers only on the checkpoint saved after
+    # that validation (the best one), not on last.adapter, saved at the step's end before it.
+    checkpoints = Path(result["output_dir"]) / "checkpoints"
+    last_card = (checkpoints / "last.adapter" / "README.md").read_text()
+    assert "# tiny + LoRA `full` on SMolInstruct" in last_card and "optimizer step 3" in last_card
+    assert "- recipe: AdamW lr 0.003, cosine schedule" in last_card  # the demo recipe's optimizer, by its class name
+    assert "Validation at this step" not in last_card
+    best_card = (next(checkpoints.glob("step3-*.adapter")) / "README.md").read_text()
+    assert "optimizer step 3" in best_card and "| val/loss |" in best_card
+
+
+
+def test_an_adapter_save_stopped_between_its_renames_leaves_the_previous_one_readable(tmp_path, monkeypatch):
+    from conftest import compose_config
+    from transformers import AutoModelForCausalLM
+
+    from llasmol.model.adapters import readable_adapter, save_adapter_atomically
+    from llasmol.model.base import arch_config
+    from llasmol.model.lora import apply_lora
+
+    cfg = compose_config(["paths.output_dir=/tmp/unused"])
+    model = apply_lora(AutoModelForCausalLM.from_config(arch_config(cfg.model.arch, vocab_size=64)), cfg.model, cfg.lora)
+    target = tmp_path / "checkpoints" / "last.adapter"
+    save_adapter_atomically(model, target)
+    first = (target / "adapter_model.safetensors").read_bytes()
+
+    real_rename = Path.rename
+
+    def stop_before_the_new_one_is_in(self, dest):
+        if self.name.startswith(".last.adapter.") and not self.name.endswith(".old"):
+            raise KeyboardInterrupt  # the old adapter has stepped aside, the new one is not in place
+        return real_rename(self, dest)
+
+    monkeypatch.setattr(Path, "rename", stop_before_the_new_one_is_in)
+    with pytest.raises(KeyboardInterrupt):
+        save_adapter_atomically(model, target)
+    monkeypatch.undo()
+    assert not target.exists()
+    found = readable_adapter(target)
+    assert (found / "adapter_model.safetensors").read_bytes() == first  # the previous adapter, whole
+    save_adapter_atomically(model, target)  # the next save puts things right
+    assert readable_adapter(target) == target
+    assert sorted(p.name for p in target.parent.iterdir()) == ["last.adapter"]
+
+
+
+STALLING_TRAIN = """
+import runpy, sys, time
+import llasmol.core.files as files
+
+real, saves = files._atomic_write, []
+
+
+def atomic_write(path, write, binary=False):
+    if path.name == "last.ckpt":
+        saves.append(path)
+        if len(saves) == 2:  # the second last.ckpt: stall half-way through, to be killed there
+            def stalled(fh):
+                fh.write(b"half a checkpoint")
+                (path.parents[1] / "stalled").write_text("")
+                time.sleep(600)
+            return real(path, stalled, binary)
+    return real(path, write, binary)
+
+
+files._atomic_write = atomic_write
+sys.argv = ["llasmol.train", *sys.argv[1:]]
+runpy.run_module("llasmol.train", run_name="__main__", alter_sys=True)
+"""
+
+
+
+@pytest.mark.slow
+def test_a_kill_during_a_checkpoint_write_keeps_adapter_and_checkpoint_of_one_step(tmp_path):
+    """SIGKILL while last.ckpt is being written (no handler runs): last.adapter and last.ckpt stay a pair of
+    one step, and the next start in the folder removes what the killed writes left."""
+    from llasmol.finetune.resume import checkpoint_step
+    from llasmol.model.adapters import adapter_step
+
+    run = tmp_path / "run"
+    args = [f"hydra.run.dir={run}", "logger=csv", "trainer.enable_progress_bar=false", "checkpoint_every_n_steps=2",
+            "val_every_n_steps=1000", "trainer.max_steps=6"]
+    proc = subprocess.Popen([sys.executable, "-c", STALLING_TRAIN, *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        deadline = time.time() + HANG_TIMEOUT
+        while time.time() < deadline and proc.poll() is None and not (run / "stalled").exists():
+            time.sleep(0.1)
+        assert (run / "stalled").exists(), proc.stderr.read()[-2000:] if proc.poll() is not None else "timeout"
+    finally:
+        proc.kill()
+        proc.wait()
+    checkpoints = run / "checkpoints"
+    last, adapter = checkpoints / "last.ckpt", checkpoints / "last.adapter"
+    assert checkpoint_step(str(last)) == adapter_step(adapter) == 2  # the step-4 pair was never half-installed
+    left = sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("."))
+    assert [n for n in left if n.startswith(".last.ckpt.") and n.endswith(".tmp")], left  # the killed writes'
+    assert [n for n in left if n.startswith(".last.adapter.")], left
+
+    resumed = run_cli(["llasmol.train", *args, "ckpt_path=last"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert re.search(r"removed 2 temporary file\(s\) left by writes a stop interrupted", (run / "train.log").read_text())
+    assert not [p.name for p in checkpoints.iterdir() if p.name.startswith(".")]
+    assert checkpoint_step(str(last)) == adapter_step(adapter) == 6
+
+
+
+def test_the_next_start_brings_back_a_stepped_aside_adapter_and_names_a_split_pair(tmp_path):
+    from llasmol.core.files import write_torch
+    from llasmol.finetune.checkpointing import tidy_run_dir
+
+    checkpoints = tmp_path / "checkpoints"
+    (checkpoints / ".last.adapter.old").mkdir(parents=True)  # stopped between the two renames of a save
+    (checkpoints / ".last.adapter.old" / "adapter_config.json").write_text("{}")
+    (checkpoints / ".last.adapter.old" / "trainer_state.json").write_text('{"global_step": 4}')
+    write_torch(checkpoints / "last.ckpt", {"global_step": 4})
+    (checkpoints / "best.adapter").mkdir()
+    (checkpoints / "best.adapter" / "trainer_state.json").write_text('{"global_step": 9}')
+    write_torch(checkpoints / "best.ckpt", {"global_step": 8})
+
+    notes = tidy_run_dir(tmp_path)
+    assert notes == ["restored last.adapter (its replacement was stopped between two renames)",
+                     "best.adapter holds step 9 but best.ckpt step 8 (a stop between their final renames); "
+                     "the next save under this name writes both again"]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["best.adapter", "best.ckpt", "last.adapter", "last.ckpt"]
+    assert tidy_run_dir(tmp_path) == [notes[1]]  # in order now, but for the pair that only a new save mends
+
+
+
+def test_an_adapter_stepped_aside_is_dropped_when_its_place_is_taken_or_it_is_incomplete(tmp_path):
+    """Only a whole adapter (its adapter_config.json there) whose place is empty comes back; any other
+    `.X.adapter.old` is a leftover and goes, without a note."""
+    from llasmol.finetune.checkpointing import tidy_run_dir
+
+    checkpoints = tmp_path / "checkpoints"
+    for name in ("last", "best"):
+        (checkpoints / f".{name}.adapter.old").mkdir(parents=True)
+    (checkpoints / ".last.adapter.old" / "adapter_config.json").write_text("{}")
+    (checkpoints / "last.adapter").mkdir()  # the replacement made it in
+    (checkpoints / "last.adapter" / "adapter_config.json").write_text('{"new": 1}')
+    assert tidy_run_dir(tmp_path) == []  # best's has no adapter_config.json: not an adapter to bring back
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["last.adapter"]
+    assert (checkpoints / "last.adapter" / "adapter_config.json").read_text() == '{"new": 1}'
+    assert tidy_run_dir(tmp_path / "elsewhere") == []  # no checkpoints folder: nothing to put in order
+    # Pairs it cannot compare are not named: an adapter of an earlier version (no step recorded), a checkpoint
+    # that is a folder (a distributed checkpoint, which llasmol does not write), a damaged one (named where it is used).
+    from llasmol.core.files import write_torch
+
+    write_torch(checkpoints / "early.ckpt", {"global_step": 3})
+    (checkpoints / "early.adapter").mkdir()
+    for name in ("sharded", "damaged"):
+        (checkpoints / f"{name}.adapter").mkdir()
+        (checkpoints / f"{name}.adapter" / "trainer_state.json").write_text('{"global_step": 2}')
+    (checkpoints / "sharded.ckpt").mkdir()
+    (checkpoints / "damaged.ckpt").write_bytes(b"not a checkpoint")
+    assert tidy_run_dir(tmp_path) == []
+
+
+
+def test_a_stop_at_a_step_boundary_saves_interrupted_ckpt_and_says_how_to_continue(tmp_path, monkeypatch, caplog):
+    """Ctrl-C or SIGTERM raised by `StopAtStepBoundary` (marked `at_step_boundary`) saves interrupted.ckpt on the
+    resume checkpoint only; any other exception, or a stop elsewhere, saves nothing (last.ckpt resumes)."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from llasmol.finetune.checkpointing import AdapterModelCheckpoint
+
+    def stop(kind, at_boundary=True):
+        exc = kind()
+        if at_boundary is not None:
+            exc.at_step_boundary = at_boundary
+        return exc
+
+    def saves(callback, exception, rank_zero=True):
+        saved = []
+        monkeypatch.setattr(callback, "save_now", lambda trainer, path: saved.append(path))
+        trainer = SimpleNamespace(is_global_zero=rank_zero, global_step=5, default_root_dir=str(tmp_path))
+        callback.on_exception(trainer, None, exception)
+        return saved
+
+    resume = AdapterModelCheckpoint(dirpath=str(tmp_path / "checkpoints"), resume=True)
+    interrupted = str(tmp_path / "checkpoints" / "interrupted.ckpt")
+    with caplog.at_level("WARNING", logger="llasmol.finetune.checkpointing"):
+        assert saves(resume, stop(KeyboardInterrupt)) == [interrupted]
+    assert caplog.messages == [f"interrupted at step 5, saved {interrupted}; continue with:\n  "
+                               f"python -m llasmol.train hydra.run.dir={tmp_path} ckpt_path=last"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="llasmol.finetune.checkpointing"):
+        assert saves(resume, stop(SIGTERMException)) == [interrupted]
+        assert saves(resume, stop(KeyboardInterrupt), rank_zero=False) == [interrupted]  # every rank saves
+    assert len(caplog.messages) == 1  # rank 0 alone says so
+    assert saves(resume, stop(KeyboardInterrupt, at_boundary=False)) == []  # the second Ctrl-C: at once
+    assert saves(resume, stop(KeyboardInterrupt, at_boundary=None)) == []  # Lightning's own handling
+    assert saves(resume, stop(ValueError)) == []  # a failure is no stop on purpose
+    assert AdapterModelCheckpoint().resume is False  # the best-checkpoint instance by default
+    assert saves(AdapterModelCheckpoint(dirpath=str(tmp_path)), stop(KeyboardInterrupt)) == []
+    assert saves(AdapterModelCheckpoint(resume=True), stop(KeyboardInterrupt)) == []  # no folder to save into
+
+
+
+def test_the_resume_checkpoint_saves_the_step_reaching_max_steps_and_the_end_of_training(monkeypatch):
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from llasmol.finetune.checkpointing import AdapterModelCheckpoint
+
+    monkeypatch.setattr(ModelCheckpoint, "on_train_batch_end", lambda self, *args: None)
+    monkeypatch.setattr(ModelCheckpoint, "on_train_end", lambda self, *args: None)
+
+    def saved_at_batch_end(resume, max_steps, step):
+        callback = AdapterModelCheckpoint(resume=resume)
+        saved = []
+        monkeypatch.setattr(callback, "save_last_unless_saved", lambda trainer: saved.append(trainer.global_step))
+        callback.on_train_batch_end(SimpleNamespace(max_steps=max_steps, global_step=step), None, None, None, 0)
+        return saved == [step]
+
+    assert saved_at_batch_end(True, 3, 3) and saved_at_batch_end(True, 3, 4) and saved_at_batch_end(True, 1, 1)
+    assert not saved_at_batch_end(True, 3, 2)  # before max_steps: the periodic saves only
+    assert not saved_at_batch_end(True, -1, 5) and not saved_at_batch_end(True, 0, 5)  # no step limit
+    assert not saved_at_batch_end(False, 3, 3)  # the best-checkpoint instance never writes last.ckpt
+    for resume in (True, False):
+        callback = AdapterModelCheckpoint(resume=resume)
+        saved = []
+        monkeypatch.setattr(callback, "save_last_unless_saved", lambda trainer: saved.append(trainer))
+        callback.on_train_end("trainer", None)
+        assert saved == (["trainer"] if resume else [])
+
+
+
+def test_an_adapter_is_committed_with_its_checkpoint_dropped_without_it_and_removed_with_it(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from llasmol.finetune import checkpointing
+    from llasmol.finetune.checkpointing import AdapterModelCheckpoint
+
+    committed = []
+    monkeypatch.setattr(checkpointing, "commit_adapter", lambda staged, target: committed.append((staged, target)))
+    callback = AdapterModelCheckpoint(dirpath=str(tmp_path))
+    staged = {}
+    for name in ("a", "b"):
+        staged[name] = tmp_path / f".{name}.adapter.staged"
+        staged[name].mkdir()
+        callback._staged[str(tmp_path / f"{name}.ckpt")] = staged[name]
+    callback.after_save(None, str(tmp_path / "a.ckpt"), saved=True)
+    assert committed == [(staged["a"], tmp_path / "a.adapter")]
+    callback.after_save(None, str(tmp_path / "b.ckpt"), saved=False)  # the .ckpt write failed
+    assert not staged["b"].exists() and len(committed) == 1
+    callback.after_save(None, str(tmp_path / "c.ckpt"), saved=True)  # nothing staged (not rank 0): nothing to do
+    assert len(committed) == 1 and callback._staged == {}
+
+    (tmp_path / "old.adapter").mkdir()
+    callback.after_remove(SimpleNamespace(is_global_zero=False), str(tmp_path / "old.ckpt"))
+    assert (tmp_path / "old.adapter").is_dir()  # rank 0 alone removes
+    callback.after_remove(SimpleNamespace(is_global_zero=True), str(tmp_path / "old.ckpt"))
+    assert not (tmp_path / "old.adapter").exists()
+    callback.after_remove(SimpleNamespace(is_global_zero=True), str(tmp_path / "old.ckpt"))  # no adapter: no error
+    callback._staged[str(tmp_path / "d.ckpt")] = tmp_path / "gone"
+    callback.after_save(None, str(tmp_path / "d.ckpt"), saved=False)  # nothing left to drop: no error either
+
+
+
+def test_an_adapters_card_holds_a_validation_only_at_the_step_it_was_made(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from llasmol.finetune import checkpointing
+    from llasmol.finetune.checkpointing import AdapterModelCheckpoint
+
+    cards, staged = [], []
+    monkeypatch.setattr(checkpointing, "adapter_card", lambda facts, metrics, step: cards.append((facts, metrics, step))
+                        or "CARD")
+    monkeypatch.setattr(checkpointing, "stage_adapter",
+                        lambda model, target, state, card, step: staged.append((model, target, state, card, step))
+                        or tmp_path / "staged")
+    module = SimpleNamespace(model="peft", last_validated_step=4,
+                             adapter_state_dict=lambda state: {k[len("model."):]: v for k, v in state.items()
+                                                               if k == "model.w"})
+
+    def save(step, rank_zero=True, facts=None):
+        callback = AdapterModelCheckpoint(dirpath=str(tmp_path))
+        callback.card_facts = facts
+        strategy = SimpleNamespace(lightning_module_state_dict=lambda: {"model.w": 1, "model.frozen": 2})
+        trainer = SimpleNamespace(lightning_module=module, strategy=strategy, is_global_zero=rank_zero, global_step=step,
+                                  callback_metrics={"val/loss": torch.tensor(0.5), "train/loss": torch.tensor(1.0)})
+        callback.before_save(trainer, str(tmp_path / "x.ckpt"))
+        return callback._staged
+
+    assert save(4, facts={"base": "b"}) == {str(tmp_path / "x.ckpt"): tmp_path / "staged"}
+    assert cards == [({"base": "b"}, {"val/loss": 0.5}, 4)]  # val/ numbers only, as floats
+    assert staged == [("peft", tmp_path / "x.adapter", {"w": 1}, "CARD", 4)]
+    save(5, facts={"base": "b"})  # saved at step 5's end, before any validation of step 5
+    assert cards[-1] == ({"base": "b"}, {}, 5)
+    save(6)  # no facts (not trained by `train`): no card
+    assert staged[-1][3] is None and len(cards) == 2
+    assert save(4, rank_zero=False, facts={"base": "b"}) == {} and len(staged) == 3  # rank 0 alone writes

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from conftest import compose_config
+from refusals import refused
+
 from llasmol.model.blocks import clean_name
 from llasmol.finetune.distributed import FSDP2Strategy, mixed_precision, shard_model
-from llasmol.core.errors import UserError
 from llasmol.core.schema import check_config
 from llasmol.model.blocks import compile_blocks, decoder_layer_types, enable_gradient_checkpointing
 from test_lora import tiny_peft_model
@@ -59,25 +60,20 @@ def test_accumulation_follows_devices_times_nodes():
     assert dm.gradient_accumulation(trainer.world_size) == 16  # 512 = micro-batch 4 × 16 × 8 processes
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["quantization=4bit", "trainer=fsdp"], "quantization=4bit does not shard under trainer=fsdp (bitsandbytes' "
-     "quantised weights keep their scales outside the tensor FSDP2 splits): use trainer=ddp with quantization=4bit"),
-    (["quantization=8bit", "trainer=fsdp", "trainer.accelerator=cpu"], "quantization=8bit does not shard under "
-     "trainer=fsdp"),
-    (["+trainer.strategy=deepspeed"], "trainer.strategy='deepspeed' must be auto or ddp or trainer=fsdp's "
-     "llasmol.finetune.distributed.FSDP2Strategy: llasmol runs trainer=ddp (data parallel) and trainer=fsdp (sharded, "
-     "FSDP2); DeepSpeed and Lightning's FSDP1 are not supported"),
-    (["trainer=ddp", "trainer.strategy=fsdp"], "trainer.strategy='fsdp' must be auto or ddp"),
+@pytest.mark.parametrize("overrides, names", [
+    (["quantization=4bit", "trainer=fsdp"], ["quantization=4bit", "trainer=fsdp", "trainer=ddp"]),
+    (["quantization=8bit", "trainer=fsdp", "trainer.accelerator=cpu"], ["quantization=8bit", "trainer=fsdp"]),
+    (["+trainer.strategy=deepspeed"], ["trainer.strategy='deepspeed'", "llasmol.finetune.distributed.FSDP2Strategy",
+                                       "DeepSpeed"]),
+    (["trainer=ddp", "trainer.strategy=fsdp"], ["trainer.strategy='fsdp'"]),
     (["trainer=fsdp", "trainer.strategy._target_=lightning.pytorch.strategies.FSDPStrategy"],
-     "trainer.strategy={'_target_': 'lightning.pytorch.strategies.FSDPStrategy'"),
+     ["trainer.strategy={'_target_': 'lightning.pytorch.strategies.FSDPStrategy'"]),
     (["model=mistral", "trainer=fsdp", "optimizer._target_=bitsandbytes.optim.AdamW8bit"],
-     "optimizer._target_=bitsandbytes.optim.AdamW8bit cannot update trainer=fsdp's sharded parameters (bitsandbytes "
-     "has no rule for FSDP2's DTensors): use optimizer._target_=torch.optim.AdamW"),
+     ["optimizer._target_=bitsandbytes.optim.AdamW8bit", "trainer=fsdp", "optimizer._target_=torch.optim.AdamW"]),
 ])
-def test_a_strategy_llasmol_does_not_run_is_refused_in_one_line(overrides, message):
-    with pytest.raises(UserError) as err:
+def test_a_strategy_llasmol_does_not_run_is_refused_in_one_line(overrides, names):
+    with refused(*names):
         check_config(compose_config([*overrides, "paths.output_dir=/x"]))
-    assert str(err.value).startswith(message)
 
 
 @pytest.mark.parametrize("overrides", [["trainer=fsdp"], ["trainer=ddp"], ["trainer=fsdp", "quantization=none"],
@@ -253,7 +249,7 @@ def test_multirun_through_the_submitit_launcher(tmp_path):
     """The launcher the SLURM preset builds on, in its local mode: each variant a job of its own process."""
     import json
 
-    from test_train import run_cli
+    from refusals import run_cli
 
     sweep = tmp_path / "sweep"
     proc = run_cli(["llasmol.train", "--multirun", "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep}",
@@ -302,26 +298,24 @@ def test_compile_blocks_compiles_each_block_and_only_the_blocks():
         decoder_layer_types(torch.nn.Linear(2, 2))
 
 
-@pytest.mark.parametrize("target, accelerator, cuda, refused", [
+@pytest.mark.parametrize("target, accelerator, cuda, refuses", [
     ("bitsandbytes.optim.PagedAdamW8bit", "gpu", True, False),
     ("bitsandbytes.optim.PagedAdamW8bit", "gpu", False, True),
     ("bitsandbytes.optim.PagedAdamW8bit", "cpu", True, True),
     ("bitsandbytes.optim.AdamW8bit", "cpu", False, False),
     ("torch.optim.AdamW", "cpu", False, False),
 ])
-def test_a_paged_optimizer_needs_a_gpu(target, accelerator, cuda, refused, monkeypatch):
+def test_a_paged_optimizer_needs_a_gpu(target, accelerator, cuda, refuses, monkeypatch):
     from llasmol.finetune.distributed import check_optimizer
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     trainer = {"accelerator": accelerator}
-    if not refused:
+    if not refuses:
         check_optimizer({"_target_": target}, trainer)
         return
-    with pytest.raises(UserError) as err:
+    with refused(f"optimizer._target_={target}", f"trainer.accelerator={accelerator}",
+                 "optimizer._target_=bitsandbytes.optim.AdamW8bit"):
         check_optimizer({"_target_": target}, trainer)
-    assert str(err.value) == (f"optimizer._target_={target} pages its state through CUDA memory and this run has no GPU "
-                              f"(trainer.accelerator={accelerator}): use optimizer._target_=bitsandbytes.optim.AdamW8bit "
-                              "(the same update, unpaged)")
 
 
 def test_no_optimizer_config_is_no_paged_optimizer():

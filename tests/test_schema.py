@@ -6,14 +6,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import subprocess
-import sys
 import typing
 
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import HANG_TIMEOUT, compose_config
+from conftest import compose_config
+from refusals import refused, refused_cli
 
 from llasmol.core import schema
 from llasmol.core.errors import UserError
@@ -96,90 +95,89 @@ def test_every_field_of_the_schemas_is_a_setting_some_config_holds():
         assert not stale, f"{cls.__name__} names settings no config has: {stale}"
 
 
-@pytest.mark.parametrize("command,override,expected", [
+@pytest.mark.parametrize("command,override,named", [
     # Sizes that cannot fit: one line before any allocation.
-    ("train", "lora.r=1099511627776", "lora.r=1099511627776 must be an integer >= 1 and <= 65536"),
-    ("evaluate", "generation.default.num_beams=200000", "generation.default.num_beams=200000 must be an integer >= 1"),
-    ("train", "data.max_length=1e9", "data.max_length=1000000000.0 must be an integer >= 16"),
-    ("evaluate", "intervals.resamples=2000000000", "intervals.resamples=2000000000 must be an integer >= 0 and <= 100000"),
+    ("train", "lora.r=1099511627776", "lora.r=1099511627776"),
+    ("evaluate", "generation.default.num_beams=200000", "generation.default.num_beams=200000"),
+    ("train", "data.max_length=1e9", "data.max_length=1000000000.0"),
+    ("evaluate", "intervals.resamples=2000000000", "intervals.resamples=2000000000"),
     # Strict types: a boolean is a boolean, a list is not read letter by letter.
-    ("train", "scoring.lenient_formulas=maybe", "scoring.lenient_formulas='maybe' must be true or false"),
-    ("evaluate", "merge_adapter=1", "merge_adapter=1 must be true or false"),
-    ("train", "data.tasks=forward_synthesis", "data.tasks='forward_synthesis' must be a list of strings"),
-    ("audit", "held_out=test", "held_out='test' must be a list of strings"),
-    ("train", "lora.targets=q", "lora.targets='q' must be a list of strings"),
-    ("train", "data.tasks=[forward_synthesis,nope]", "unknown task 'nope' in data.tasks"),
-    ("evaluate", "+generation.tasks.nope={num_beams: 2}", "unknown task 'nope' in generation.tasks"),
-    ("generate", "task=nope", "unknown task 'nope' in task="),
+    ("train", "scoring.lenient_formulas=maybe", "scoring.lenient_formulas='maybe'"),
+    ("evaluate", "merge_adapter=1", "merge_adapter=1"),
+    ("train", "data.tasks=forward_synthesis", "data.tasks='forward_synthesis'"),
+    ("audit", "held_out=test", "held_out='test'"),
+    ("train", "lora.targets=q", "lora.targets='q'"),
+    ("train", "data.tasks=[forward_synthesis,nope]", ["'nope'", "data.tasks"]),
+    ("evaluate", "+generation.tasks.nope={num_beams: 2}", ["'nope'", "generation.tasks"]),
+    ("generate", "task=nope", ["'nope'", "task="]),
     # Counts that only make sense non-negative, and a run that would train nothing.
-    ("evaluate", "+data.max_samples_per_task={test: -1}", "data.max_samples_per_task={'test': -1} must give each split"),
-    ("train", "+trainer.limit_train_batches=0", "trainer.limit_train_batches=0 must be a count >= 1 or a fraction"),
+    ("evaluate", "+data.max_samples_per_task={test: -1}", "data.max_samples_per_task={'test': -1}"),
+    ("train", "+trainer.limit_train_batches=0", "trainer.limit_train_batches=0"),
     # The validation callback's copies of the groups are checked as the groups are.
     ("train", "callbacks.generation_evaluator.intervals={resamples: 2000000000, seed: 0, level: 0.95}",
-     "callbacks.generation_evaluator.intervals.resamples=2000000000 must be an integer >= 0 and <= 100000"),
-    ("train", "callbacks.generation_evaluator.seed=-5", "callbacks.generation_evaluator.seed=-5 must be an integer >= 0"),
-    ("train", "generation.default.early_stopping=never", "generation.default.early_stopping='never' must be true or false"),
-    ("train", "+trainer.limit_train_batches=1.5", "trainer.limit_train_batches=1.5 must be a count >= 1"),
+     "callbacks.generation_evaluator.intervals.resamples=2000000000"),
+    ("train", "callbacks.generation_evaluator.seed=-5", "callbacks.generation_evaluator.seed=-5"),
+    ("train", "generation.default.early_stopping=never", "generation.default.early_stopping='never'"),
+    ("train", "+trainer.limit_train_batches=1.5", "trainer.limit_train_batches=1.5"),
     # Lightning's own refusals, before any model is loaded.
-    ("train", "trainer.devices=0", "trainer.devices=0 must be a count of devices >= 1"),
-    ("train", "+trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches=0 must be an integer >= 1"),
-    ("train", "trainer.log_every_n_steps=0", "trainer.log_every_n_steps=0 must be an integer >= 1"),  # Lightning: % 0
+    ("train", "trainer.devices=0", "trainer.devices=0"),
+    ("train", "+trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches=0"),
+    ("train", "trainer.log_every_n_steps=0", "trainer.log_every_n_steps=0"),  # Lightning: % 0
     # A setting of several types names each.
-    ("train", "trainer.devices=1.5", "trainer.devices=1.5 must be an integer or a string or a list of integers ([a,b])"),
+    ("train", "trainer.devices=1.5", "trainer.devices=1.5"),
     # A setting that may be null says so, and what null means.
-    ("train", "callbacks.generation_evaluator.samples_per_task=-1", "callbacks.generation_evaluator.samples_per_task=-1 "
-     "must be an integer >= 0 and <= 1073741824 or null (null: every validation sample)"),
-    ("train", "trainer.precision=7", "trainer.precision=7 must be one of transformer-engine"),
-    ("train", "trainer.accelerator=gpux", "trainer.accelerator='gpux' must be one of auto, cpu, gpu"),
-    ("evaluate", "pool_golds=both", "pool_golds='both' must be one of file, split"),
+    ("train", "callbacks.generation_evaluator.samples_per_task=-1", "callbacks.generation_evaluator.samples_per_task=-1"),
+    ("train", "trainer.precision=7", "trainer.precision=7"),
+    ("train", "trainer.accelerator=gpux", "trainer.accelerator='gpux'"),
+    ("evaluate", "pool_golds=both", "pool_golds='both'"),
     ("train", "quantization=4bit", None),  # the quantised settings of a real option pass
     ("train", "trainer.devices=auto", None),
     ("evaluate", "generation.tasks.forward_synthesis={num_beams: 5, num_return_sequences: 5}", None),  # all beams
     # Lightning reads a string of digits as the count it spells.
-    ("train", 'trainer.devices="0"', "trainer.devices='0' must be a count of devices >= 1"),
-    ("train", 'trainer.devices="-5"', "trainer.devices='-5' must be a count of devices >= 1"),
-    ("train", "trainer.devices=[]", "trainer.devices=[] must list at least one device id"),
+    ("train", 'trainer.devices="0"', "trainer.devices='0'"),
+    ("train", 'trainer.devices="-5"', "trainer.devices='-5'"),
+    ("train", "trainer.devices=[]", "trainer.devices=[]"),
     ("train", 'trainer.devices="2"', None),
     ("train", 'trainer.devices="0,1"', None),
     ("train", "trainer.devices=[0,2]", None),  # GPU ids: 0 is the first
-    ("train", 'trainer.devices="gpu"', "trainer.devices='gpu' must be auto, a count or ids"),
+    ("train", 'trainer.devices="gpu"', "trainer.devices='gpu'"),
     # The two size bounds every length and count shares: 2^20 tokens, 2^30 steps or samples (each allowed itself).
-    ("train", "data.max_length=1048577", "data.max_length=1048577 must be an integer >= 16 and <= 1048576"),
+    ("train", "data.max_length=1048577", "data.max_length=1048577"),
     ("train", "data.max_length=1048576", None),
-    ("train", "trainer.max_steps=1073741825", "trainer.max_steps=1073741825 must be an integer >= 1 and <= 1073741824"),
+    ("train", "trainer.max_steps=1073741825", "trainer.max_steps=1073741825"),
     ("train", "trainer.max_steps=1073741824", None),
-    ("train", "trainer.devices=[0,-1]", "trainer.devices=[0, -1] must list device ids >= 0"),
+    ("train", "trainer.devices=[0,-1]", "trainer.devices=[0, -1]"),
     ("train", "+trainer.limit_train_batches=0.25", None),
+    # LoRA roles: what lora.targets chooses and model.lora_targets maps are among q, k, v, o, gate, up, down.
+    ("train", "lora.targets=[q,qq]", ["lora.targets", "'qq'", "gate"]),
+    ("params", "+model.lora_targets.query=x", ["model.lora_targets", "'query'"]),
 ])
-def test_a_hostile_setting_is_one_line_naming_it(command, override, expected):
+def test_a_hostile_setting_is_one_line_naming_it(command, override, named):
     extra = [] if command == "generate" else ["paths.output_dir=/x"]
     cfg = compose_config([override, *extra], command)
-    if expected is None:
+    if named is None:
         check_config(cfg)
         return
-    with pytest.raises(UserError) as err:
+    with refused(*([named] if isinstance(named, str) else named)):
         check_config(cfg)
-    message = str(err.value)
-    assert message.startswith(expected) and "\n" not in message, message
 
 
-@pytest.mark.parametrize("override,expected", [
-    ("lora.r=${oc.env:LLASMOL_TEST_UNSET}", "lora.r=${oc.env:LLASMOL_TEST_UNSET} cannot be resolved"),
-    ("+me=${me}", "me=${me} cannot be resolved (Recursive interpolation detected)"),
-    ("lora.alpha=${no.such.key}", "lora.alpha=${no.such.key} cannot be resolved (Interpolation key 'no.such.key'"),
-    ("lora.r=???", "lora.r is not set (???)"),
+@pytest.mark.parametrize("override,named", [
+    ("lora.r=${oc.env:LLASMOL_TEST_UNSET}", ["lora.r=${oc.env:LLASMOL_TEST_UNSET}"]),
+    ("+me=${me}", ["me=${me}", "Recursive interpolation"]),
+    ("lora.alpha=${no.such.key}", ["lora.alpha=${no.such.key}", "'no.such.key'"]),
+    ("lora.r=???", ["lora.r", "???"]),
 ])
-def test_an_interpolation_that_cannot_resolve_is_one_line_naming_its_key(override, expected):
+def test_an_interpolation_that_cannot_resolve_is_one_line_naming_its_key(override, named):
     os.environ.pop("LLASMOL_TEST_UNSET", None)
-    with pytest.raises(UserError) as err:
+    with refused(*named):
         check_config(compose_config([override, "paths.output_dir=/x"]))
-    assert str(err.value).startswith(expected), str(err.value)
 
 
 def test_bounds_apply_to_the_resolved_value(monkeypatch):
     monkeypatch.setenv("LLASMOL_TEST_RANK", "1099511627776")
     cfg = compose_config(["lora.r='${oc.decode:${oc.env:LLASMOL_TEST_RANK}}'", "paths.output_dir=/x"])
-    with pytest.raises(UserError, match=r"^lora\.r=1099511627776 must be an integer >= 1 and <= 65536"):
+    with refused("lora.r=1099511627776"):
         check_config(cfg)
     monkeypatch.setenv("LLASMOL_TEST_RANK", "8")
     assert resolved(cfg)["lora"]["r"] == 8
@@ -195,17 +193,13 @@ def test_before_hydra_runs_the_run_folder_is_left_unresolved_not_refused():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["train", "evaluate", "baseline", "audit"])
-def test_the_command_line_is_checked_before_hydra_writes_the_run_folder(tmp_path, command):
-    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "LLASMOL_TEST_UNSET")}
+def test_the_command_line_is_checked_before_hydra_writes_the_run_folder(tmp_path, monkeypatch, command):
+    monkeypatch.delenv("LLASMOL_TEST_UNSET", raising=False)
     setting = {"train": "lora.r", "evaluate": "intervals.level", "baseline": "n_jobs", "audit": "examples"}[command]
     extra = ["method=rdkit"] if command == "baseline" else []
-    proc = subprocess.run([sys.executable, "-m", f"llasmol.{command}", *extra, f"{setting}=${{oc.env:LLASMOL_TEST_UNSET}}",
-                           f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=tmp_path, env=env,
-                          timeout=HANG_TIMEOUT)
-    assert proc.returncode == 2, proc.stderr[-800:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {setting}=${{oc.env:LLASMOL_TEST_UNSET}} cannot be resolved")
-    assert not (tmp_path / "run").exists()
+    refused_cli([f"llasmol.{command}", *extra, f"{setting}=${{oc.env:LLASMOL_TEST_UNSET}}",
+                 f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, f"{setting}=${{oc.env:LLASMOL_TEST_UNSET}}",
+                untouched=tmp_path)
 
 
 # --------------------------------------------------------------------------- each bound, both sides, checked directly
@@ -497,31 +491,28 @@ def test_check_config_resolves_drops_hydras_node_and_returns_the_values():
     cfg = OmegaConf.create({"task_name": "audit", "examples": "${n}", "n": 3, "held_out": ["test"],
                             "hydra": {"run": {"dir": "/x"}}})
     assert check_config(cfg) == {"task_name": "audit", "examples": 3, "n": 3, "held_out": ["test"]}
-    with pytest.raises(UserError, match=r"^examples=-1 must be an integer >= 0 and <= 1073741824$"):
+    with refused("examples=-1"):
         check_config(OmegaConf.create({"task_name": "audit", "examples": -1}))
-    with pytest.raises(UserError) as err:
+    with refused("task_name='nope'", "train, params, evaluate, generate, baseline, audit"):
         check_config(OmegaConf.create({"task_name": "nope"}))
-    assert str(err.value) == ("task_name='nope' names no llasmol command: one of train, params, evaluate, generate, "
-                              "baseline, audit")
 
 
 def test_resolved_names_the_setting_that_cannot_resolve():
     assert resolved(OmegaConf.create({"a": [1, "${b}", {"c": "${b}"}], "b": 2})) == {"a": [1, 2, {"c": 2}], "b": 2}
-    with pytest.raises(UserError) as err:
+    with refused("g.a", "???", "g.a=<value>"):
         resolved(OmegaConf.create({"g": {"a": "???"}}))
-    assert str(err.value) == "g.a is not set (???): give it a value, g.a=<value>"
     # A setting that refers to a `???`: the `???` one is named, not the one referring to it.
-    with pytest.raises(UserError) as err:
+    with refused("m.name", "???", "m.name=<value>") as seen:
         resolved(OmegaConf.create({"x": "${m.name}", "m": {"name": "???"}}))
-    assert str(err.value) == "m.name is not set (???): give it a value, m.name=<value>"
+    assert "x=" not in seen.message and "${m.name}" not in seen.message
     # OmegaConf's reason is its first line, cut at 160 characters.
     name = "LLASMOL_TEST_UNSET_" + "X" * 200
     os.environ.pop(name, None)
     raw = "${oc.env:" + name + "}"
-    with pytest.raises(UserError) as err:
+    whole = f"KeyError raised while resolving interpolation: \"Environment variable '{name}' not found\""
+    with refused(f"a={raw}", whole[:160]) as seen:
         resolved(OmegaConf.create({"a": raw}))
-    reason = f"KeyError raised while resolving interpolation: \"Environment variable '{name}' not found\""[:160]
-    assert str(err.value) == f"a={raw} cannot be resolved ({reason}): give a a value, or fix the interpolation"
+    assert whole not in seen.message  # cut
 
 
 def test_once_hydra_runs_the_run_folder_is_resolved_and_checked():

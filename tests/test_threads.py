@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import HANG_TIMEOUT, compose_config
-from llasmol.core.errors import UserError
+from refusals import refused
 from llasmol.core.schema import check_config
 from llasmol.core.threads import thread_count, usable_cores
 
@@ -79,12 +79,13 @@ def test_a_set_count_and_a_launchers_count():
     assert thread_count(2, {"OMP_NUM_THREADS": "3"}) == 2
 
 
-@pytest.mark.parametrize("override,named", [("cpu.threads=0", "cpu.threads=0"), ("cpu.threads=-2", "cpu.threads=-2"),
-                                            ("cpu.threads=1025", "cpu.threads=1025 must be an integer >= 1 and <= 1024"),
-                                            ("cpu.wait_policy=spin", "cpu.wait_policy='spin'")])
+@pytest.mark.parametrize("override,named", [("cpu.threads=0", ("cpu.threads=0",)),
+                                            ("cpu.threads=-2", ("cpu.threads=-2",)),
+                                            ("cpu.threads=1025", ("cpu.threads=1025", "<= 1024")),
+                                            ("cpu.wait_policy=spin", ("cpu.wait_policy='spin'",))])
 @pytest.mark.parametrize("command", ["train", "evaluate", "generate"])
 def test_a_bad_cpu_setting_is_one_line(command, override, named):
-    with pytest.raises(UserError, match=named.replace(".", r"\.")):
+    with refused(*named):
         check_config(compose_config([override], command))
     check_config(compose_config(["cpu.threads=1024"], command))  # the bound itself is allowed
 

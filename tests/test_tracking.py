@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import HANG_TIMEOUT
+from refusals import refused, refused_cli
+
 from llasmol.train import train
 
 FAKE_KEY = "local-0123456789abcdef0123456789abcdef0123456789ab"
@@ -330,23 +331,20 @@ def test_every_loggers_rows_are_numbered_by_the_optimizer_steps_completed():
     assert given == {"val/loss": 0.5, "epoch": 2}  # the caller's dict is not changed
 
 
-@pytest.mark.parametrize("logger_cfg, message", [
+@pytest.mark.parametrize("logger_cfg, named", [
     ({"wandb": {"_target_": "llasmol.finetune.tracking.WandbLogger", "log_model": "all", "offline": True}},
-     "logger.wandb.log_model=all uploads checkpoints as W&B artifacts and needs an online run: set "
-     "logger.wandb.offline=false (or WANDB_MODE=online), or log_model=false"),
+     ("logger.wandb.log_model=all", "logger.wandb.offline=false", "log_model=false")),
     ({"tb": {"_target_": "lightning.pytorch.loggers.TensorBoardLogger"}},
-     "logger=tb needs the tensorboard package: pip install tensorboard, or drop logger=tb"),
+     ("logger=tb", "pip install tensorboard")),
 ])
-def test_logger_settings_that_would_fail_mid_run_are_one_line_before_it(logger_cfg, message, monkeypatch):
+def test_logger_settings_that_would_fail_mid_run_are_one_line_before_it(logger_cfg, named, monkeypatch):
     import importlib.util
 
-    from llasmol.core.errors import UserError
     from llasmol.finetune.tracking import check_loggers
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # neither tensorboard nor tensorboardX
-    with pytest.raises(UserError) as err:
+    with refused(*named):
         check_loggers(logger_cfg)
-    assert str(err.value) == message
 
 
 def test_logger_settings_that_can_run_pass_the_check(monkeypatch):
@@ -445,3 +443,21 @@ def test_each_metrics_best_is_the_min_of_losses_and_errors_and_the_max_of_scores
     assert logger.experiment.summary["val/loss_best"] == 1.0
     assert logger.experiment.summary["val/t/exact_match_best"] == 0.5
     assert logger.experiment.summary["val/t/accuracy_best"] == 0.75
+
+
+@pytest.mark.slow
+def test_wandb_artifacts_without_an_online_run_end_with_one_line(tmp_path):
+    refused_cli(["llasmol.train", "logger.wandb.log_model=true", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
+                "logger.wandb.log_model=True", "logger.wandb.offline=false")
+    assert not (tmp_path / "run" / "wandb").exists()  # refused before a W&B run was started
+
+
+
+@pytest.mark.slow
+def test_tensorboard_without_its_package_ends_with_one_line(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
+        pytest.skip("tensorboard is installed here")
+    refused_cli(["llasmol.train", "logger=tensorboard", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
+                "logger=tensorboard", "pip install tensorboard")

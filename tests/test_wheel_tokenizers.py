@@ -12,13 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import MAX_LENGTH, compose_config
+from test_real_tokenizer import (
+    BUNDLED_TASKS,
+    official_string,
+    official_tokenize,
+    samples,
+)
 
-from conftest import compose_config
-from llasmol.core.defaults import MAX_LENGTH
 from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter
 from llasmol.inference.beam_search import task_settings
 from llasmol.model.base import arch_facts, load_tokenizer
-from test_real_tokenizer import BUNDLED_TASKS, official_string, official_tokenize, samples
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))

@@ -101,6 +101,24 @@ def _arch_given(model: dict) -> Optional[str]:
     return None
 
 
+# The LoRA roles: what `lora.targets` chooses and `model.lora_targets` maps to a base's module names.
+ROLES = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def _roles_mapped(model: dict) -> Optional[str]:
+    unknown = [role for role in model.get("lora_targets") or {} if role not in ROLES]
+    if unknown:
+        return f"model.lora_targets names {unknown[0]!r}, which is no LoRA role: the roles are {', '.join(ROLES)}"
+    return None
+
+
+def _roles_chosen(lora: dict) -> Optional[str]:
+    unknown = [role for role in lora.get("targets") or () if role not in ROLES]
+    if unknown:
+        return f"lora.targets names {unknown[0]!r}, which is no LoRA role: use some of {', '.join(ROLES)}"
+    return None
+
+
 @dataclass
 class ModelSchema:
     name: str
@@ -117,7 +135,7 @@ class ModelSchema:
     head: str = setting()
     lora_targets: Optional[Dict[str, Optional[str]]] = setting()  # null: read from the base's module names
 
-    RULES = (_arch_given,)
+    RULES = (_arch_given, _roles_mapped)
 
 
 @dataclass
@@ -129,6 +147,8 @@ class LoraSchema:
     dropout: float = setting(0, below=1)
     train_head: bool = setting()
     base: Optional[str] = setting()  # the one base a variant means (lora=large: Llama-2-13B)
+
+    RULES = (_roles_chosen,)
 
 
 def _four_bit_settings(cfg: dict) -> Optional[str]:
@@ -229,7 +249,7 @@ class ScoringSchema:
 
 @dataclass
 class PromptingSchema:
-    style: str
+    style: str  # one of llasmol.data.base_prompts.STYLES, checked with the shots it allows where they are read
     shots: int = setting(0, 64)
     rules: str = setting()
     bare_only: bool = setting()

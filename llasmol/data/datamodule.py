@@ -7,10 +7,9 @@ from typing import Any, Optional
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
-from llasmol.core.defaults import MAX_LENGTH, SEED
 from llasmol.core.errors import UserError
 from llasmol.data.collate import PackCollator, PadCollator
-from llasmol.data.formatting import DEFAULT_PROMPT_TEMPLATE, IGNORE_INDEX, PromptFormatter
+from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter
 from llasmol.data.resumable_loader import ResumableDataLoader
 from llasmol.data.sampler import PADDING, ShardedShuffleSampler
 from llasmol.data.smolinstruct import SMolInstructSplit
@@ -47,29 +46,26 @@ class SMolInstructDataModule(L.LightningDataModule):
     def __init__(
         self,
         tokenizer,
-        prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
-        max_length: int = MAX_LENGTH,
-        train_on_inputs: bool = True,
-        micro_batch_size: int = 4,
-        effective_batch_size: int = 512,
-        eval_batch_size: Optional[int] = None,
-        num_workers: int = 0,
-        seed: int = SEED,
-        group_by_length: bool = True,
-        packing: bool = False,
+        *,
+        prompt_template: str,
+        max_length: int,
+        train_on_inputs: bool,
+        micro_batch_size: int,
+        effective_batch_size: int,
+        eval_batch_size: Optional[int],
+        num_workers: int,
+        seed: int,
+        group_by_length: bool,
+        packing: bool,
         **source: Any,
     ) -> None:
-        """`source`: where the data is and how splits open (path, hub_id, revision, tasks, splits, ...:
-        the fields and defaults of `SMolInstructSource`)."""
+        """The settings of the `data` group (conf/data/smolinstruct.yaml states their values; the schema has
+        checked them). `source`: where the data is and how splits open (path, hub_id, revision, tasks,
+        splits, ...: the fields and defaults of `SMolInstructSource`)."""
         super().__init__()
         self.tokenizer = tokenizer
         self.source = SMolInstructSource(**source)
         self.formatter = PromptFormatter(tokenizer, prompt_template, max_length, train_on_inputs)
-        if micro_batch_size < 1 or effective_batch_size < 1:
-            raise UserError(
-                f"batch sizes must be positive: data.micro_batch_size={micro_batch_size}, "
-                f"data.effective_batch_size={effective_batch_size}"
-            )
         self.micro_batch_size = micro_batch_size
         self.effective_batch_size = effective_batch_size
         self.eval_batch_size = eval_batch_size or micro_batch_size

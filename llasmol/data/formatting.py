@@ -17,8 +17,8 @@ conversation, so the same mask, truncation and packing apply.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
-from llasmol.core.defaults import MAX_LENGTH
 from llasmol.core.errors import UserError
 
 IGNORE_INDEX = -100
@@ -70,7 +70,7 @@ class PromptFormatter:
         self,
         tokenizer,
         prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
-        max_length: int = MAX_LENGTH,
+        max_length: Optional[int] = None,
         train_on_inputs: bool = True,
     ) -> None:
         prompt_template = resolve_prompt_template(prompt_template)
@@ -135,4 +135,4 @@ class PromptFormatter:
         else:
             n_prompt = min(len(self.prompt_ids(query)), len(ids))
             labels = [IGNORE_INDEX] * n_prompt + ids[n_prompt:]
-        return Encoded(input_ids=ids, labels=labels, truncated=len(full) > self.max_length)
+        return Encoded(input_ids=ids, labels=labels, truncated=len(ids) < len(full))

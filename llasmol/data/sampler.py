@@ -14,7 +14,6 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from llasmol.core.defaults import SEED
 
 PADDING = -1  # the position that pads an evaluation share to the others' length (no sample, no loss)
 
@@ -38,7 +37,7 @@ class ShardedShuffleSampler(Sampler[int]):
     def __init__(
         self,
         num_samples: int,
-        seed: int = SEED,
+        seed: Optional[int] = None,
         shuffle: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
@@ -51,6 +50,8 @@ class ShardedShuffleSampler(Sampler[int]):
             rank, world_size = _dist_rank_world()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world of size {world_size}")
+        if shuffle and seed is None:
+            raise ValueError("a shuffled order needs a seed (the config's `seed`)")
         self.num_samples = num_samples
         self.seed = seed
         self.shuffle = shuffle

@@ -21,7 +21,6 @@ from typing import Optional
 
 from lightning.pytorch.callbacks import Callback
 
-from llasmol.core.defaults import SEED
 from llasmol.core.run_dir import validation_name
 from llasmol.core.tasks import get_task
 from llasmol.inference.beam_search import BeamGenerator
@@ -36,8 +35,9 @@ log = logging.getLogger("llasmol.train")
 
 
 class GenerationEvaluator(Callback):
-    def __init__(self, generation: dict, samples_per_task: Optional[int] = 20, seed: int = SEED,
+    def __init__(self, generation: dict, *, samples_per_task: Optional[int], seed: int,
                  output_dir: Optional[str] = None, intervals: Optional[dict] = None) -> None:
+        """The settings of `callbacks.generation_evaluator` (conf/callbacks/default.yaml states their values)."""
         self.generation = generation
         self.intervals = intervals  # None: none
         self.samples_per_task = samples_per_task

@@ -45,19 +45,17 @@ class Protocol:
 def protocol_for(prompting, bare: bool) -> Optional[Protocol]:
     """The protocol `prompting` asks for, or None for SMolInstruct's own queries. A base's default protocol
     (`bare_only`) applies to the bare base (ckpt=none) only: a tuned checkpoint gets the queries it learnt."""
-    style = str(prompting.get("style", DATASET))
-    if style == DATASET or (prompting.get("bare_only") and not bare):
+    style = str(prompting["style"])
+    if style == DATASET or (prompting["bare_only"] and not bare):
         return None
+    # The styles are this layer's table, so the style and the shots it allows are checked here; the schema has
+    # checked the count itself.
     if style not in STYLES:
         raise UserError(f"prompting.style={style} is not a style: choose from {DATASET}, {', '.join(STYLES)}")
-    shots = prompting.get("shots")
-    shots = 0 if shots is None else shots
-    if not isinstance(shots, int) or isinstance(shots, bool) or shots < 0:
-        raise UserError(f"prompting.shots={shots} must be a whole number >= 0 (the paper: 0, 1, 3 or 5)")
-    if shots and style != "icl":
-        raise UserError(f"prompting.shots={shots} with prompting.style={style}: only the icl style has in-context "
-                        "examples (the paper asked Galactica and Molinst zero-shot); set prompting.shots=0")
-    return Protocol(style, shots, check_rules(str(prompting.get("rules"))), int(prompting.get("seed", 0)))
+    if prompting["shots"] and style != "icl":
+        raise UserError(f"prompting.shots={prompting['shots']} with prompting.style={style}: only the icl style has "
+                        "in-context examples (the paper asked Galactica and Molinst zero-shot); set prompting.shots=0")
+    return Protocol(style, prompting["shots"], check_rules(str(prompting["rules"])), prompting["seed"])
 
 
 def draw_examples(train, index: int, task: str, shots: int, seed: int) -> list[Example]:

@@ -18,7 +18,6 @@ from typing import Iterator, Optional
 import torch
 import torch.distributed as dist
 
-from llasmol.core.defaults import MAX_LENGTH
 from llasmol.model.blocks import is_sharded
 
 
@@ -55,7 +54,9 @@ def most_of_any_rank(count: int, device: torch.device) -> int:
 class BeamGenerator:
     """Generates responses for many queries of one task at a time."""
 
-    def __init__(self, model, tokenizer, formatter, max_prompt_tokens: int = MAX_LENGTH, batch_size: int = 8) -> None:
+    def __init__(self, model, tokenizer, formatter, max_prompt_tokens: Optional[int] = None, batch_size: int = 8) -> None:
+        """`max_prompt_tokens`: longer prompts are skipped (None: none is; the commands pass
+        `generation.max_prompt_tokens`)."""
         self.model = model
         self.tokenizer = tokenizer
         self.formatter = formatter
@@ -66,6 +67,9 @@ class BeamGenerator:
         # Responses are stripped, as the official LlaSMol generation strips them (general_prompter.py
         # get_response); a base model's extraction rules read them as generated (`strip = False`).
         self.strip = True
+
+    def _fits(self, ids: list[int]) -> bool:
+        return self.max_prompt_tokens is None or len(ids) <= self.max_prompt_tokens
 
     def encode(self, query: str) -> list[int]:
         return self.formatter.prompt_ids(query)
@@ -84,7 +88,7 @@ class BeamGenerator:
 
     def count_batches(self, queries: list[str]) -> int:
         """How many `generate` calls `generate_batches(queries, ...)` makes (the skipped prompts make none)."""
-        kept = sum(len(self.encode(q)) <= self.max_prompt_tokens for q in queries)
+        kept = sum(self._fits(self.encode(q)) for q in queries)
         return -(-kept // self.batch_size)
 
     @torch.no_grad()
@@ -101,10 +105,10 @@ class BeamGenerator:
         (None) first. The batches depend only on the queries' prompt lengths, so the queries left after the
         first batches of a call form the same later batches when given alone (a continued evaluation)."""
         encoded = [self.encode(q) for q in queries]
-        skipped = [i for i, ids in enumerate(encoded) if len(ids) > self.max_prompt_tokens]
+        skipped = [i for i, ids in enumerate(encoded) if not self._fits(ids)]
         if skipped:
             yield skipped, [None] * len(skipped)
-        todo = sorted((i for i, ids in enumerate(encoded) if len(ids) <= self.max_prompt_tokens),
+        todo = sorted((i for i, ids in enumerate(encoded) if self._fits(ids)),
                       key=lambda i: len(encoded[i]), reverse=True)
         for start in range(0, len(todo), self.batch_size):
             rows = todo[start : start + self.batch_size]

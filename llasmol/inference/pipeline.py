@@ -26,7 +26,6 @@ from typing import Callable, Optional, Protocol
 import numpy as np
 import torch.distributed as dist
 
-from llasmol.core.defaults import SEED
 from llasmol.core.files import write_json, write_jsonl
 from llasmol.core.run_dir import METRICS, PREDICTIONS, intervals_file
 from llasmol.inference.beam_search import BeamGenerator, most_of_any_rank, task_settings
@@ -70,9 +69,11 @@ class Samples:
     golds: GoldPool
 
     @classmethod
-    def of(cls, source, name: str, per_task: Optional[int] = None, seed: int = SEED) -> "Samples":
+    def of(cls, source, name: str, per_task: Optional[int] = None, seed: Optional[int] = None) -> "Samples":
         """Split `name` of `source` (a `SMolInstructSource`): up to `per_task` samples of each task, drawn
-        from `seed` (all when None)."""
+        from `seed` (all when None, and then no seed is needed)."""
+        if per_task is not None and seed is None:
+            raise ValueError("a subset of each task is drawn from a seed: pass the config's `seed`")
         split = source.split(name)
         return cls(split, balanced_subset(split, per_task, seed), split_golds(source.pooling_split(name)))
 

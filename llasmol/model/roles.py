@@ -9,10 +9,9 @@ import re
 from typing import Optional
 
 from llasmol.core.errors import UserError
+from llasmol.core.schema import ROLES  # checked there: a config's role names are roles
 
 log = logging.getLogger(__name__)
-
-ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 
 # The naming schemes of transformers' implementations, as roles -> module names (a name matches a module
 # whose qualified name is it or ends in "." + it, as PEFT's target_modules do). None: the family has no such
@@ -73,10 +72,6 @@ def role_map(model_cfg) -> dict[str, Optional[str]]:
     """Role -> module name for `model_cfg`: its `lora_targets`, or inferred from its base's module names."""
     given = model_cfg.get("lora_targets")
     if given is not None:
-        unknown = [role for role in given if role not in ROLES]
-        if unknown:
-            raise UserError(f"model.lora_targets names {unknown[0]!r}, which is no LoRA role: the roles are "
-                            f"{', '.join(ROLES)}")
         return {role: given.get(role) for role in ROLES}
     arch = str(model_cfg.arch)
     if arch not in _INFERRED:

@@ -1,0 +1,296 @@
+"""The one place a refusal's wording is checked: each message docs/troubleshooting.md lists is what the code says.
+
+The page quotes each message with `…` for what varies; every row below produces that message in process (the
+cheapest way there) and the quote, read as a pattern, must match it. Elsewhere tests say only which names and
+values a refusal holds (tests/refusals.py), so rewording a message means changing the page and this table.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import re
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import compose_config
+from llasmol.core.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = " ".join((ROOT / "docs" / "troubleshooting.md").read_text().split())  # a quote may wrap
+
+
+def _config(*overrides: str, name: str = "train"):
+    from llasmol.core.schema import check_config
+
+    check_config(compose_config(list(overrides), config_name=name))
+
+
+def _offline():
+    from llasmol.model.base import _offline_error
+
+    raise _offline_error(OmegaConf.create({"hf_id": "mistralai/Mistral-7B-v0.1", "path": None}), "base weights")
+
+
+def _batch():
+    from llasmol.data.datamodule import SMolInstructDataModule
+
+    datamodule = object.__new__(SMolInstructDataModule)
+    datamodule.micro_batch_size, datamodule.effective_batch_size = 3, 8
+    datamodule.gradient_accumulation(1)
+
+
+def _task():
+    from llasmol.core.tasks import get_task
+
+    get_task("forward_synthesiss", "data.tasks")
+
+
+def _method(name):
+    from llasmol.classical import get_method
+
+    get_method(name)
+
+
+def _cannot_answer():
+    from llasmol.classical import get_method
+    from llasmol.classical.runner import choose_tasks
+
+    source = SimpleNamespace(task_names=lambda: ["name_conversion-s2i"])
+    choose_tasks(get_method("rdkit")(), source, named=True)
+
+
+def _no_java(monkeypatch):
+    import shutil
+
+    from llasmol.classical import opsin_names
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    opsin_names.opsin_smiles(["ethanol"])
+
+
+def _no_py2opsin(monkeypatch):
+    import shutil
+
+    from llasmol.classical import opsin_names
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/java")
+    monkeypatch.setitem(sys.modules, "py2opsin", None)
+    opsin_names.opsin_smiles(["ethanol"])
+
+
+def _lacks(tmp_path):
+    from llasmol.inference.predictions import read_predictions
+
+    (tmp_path / "p.jsonl").write_text(json.dumps({"task": "forward_synthesis", "input": "CCO"}) + "\n")
+    read_predictions(tmp_path / "p.jsonl")
+
+
+def _no_adapter(tmp_path):
+    from llasmol.inference.loading import resolve_checkpoint
+
+    resolve_checkpoint(str(tmp_path), compose_config([], config_name="evaluate"))
+
+
+def _trained_on(tmp_path):
+    from llasmol.inference.loading import _check_adapter_base
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA",
+                                                              "base_model_name_or_path": "mistralai/Mistral-7B-v0.1"}))
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    _check_adapter_base(tmp_path, OmegaConf.create({"name": "llama2", "hf_id": "meta-llama/Llama-2-7b-hf"}))
+
+
+def _not_plain(tmp_path):
+    from llasmol.model.adapters import read_pickled_weights
+
+    torch.save({"w": torch.zeros(1), "f": SimpleNamespace()}, tmp_path / "adapter_model.bin")
+    read_pickled_weights(tmp_path / "adapter_model.bin")
+
+
+def _does_not_fit(tmp_path):
+    from llasmol.model.adapters import load_adapter
+
+    class Base(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj = torch.nn.Linear(2, 2)
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 1, "lora_alpha": 1,
+                                                              "target_modules": ["q_proj"]}))
+    from safetensors.torch import save_file
+
+    save_file({"base_model.model.k_proj.lora_A.weight": torch.zeros(1, 2)}, tmp_path / "adapter_model.safetensors")
+    load_adapter(Base(), tmp_path)
+
+
+def _unwritable(code):
+    def make(tmp_path):
+        from llasmol.core.files import raise_if_unwritable
+
+        raise_if_unwritable(OSError(code, "x"), tmp_path / "last.ckpt")
+    return make
+
+
+def _read_only(tmp_path, monkeypatch):
+    import os
+
+    from llasmol.core.config import check_writable
+
+    monkeypatch.setattr(os, "access", lambda *a: False)
+    monkeypatch.setattr(os, "statvfs", lambda p: SimpleNamespace(f_flag=os.ST_RDONLY))
+    check_writable(tmp_path / "run")
+
+
+def _busy(tmp_path):
+    from llasmol.core.run_lock import LOCK, _busy
+
+    (tmp_path / LOCK).write_text(json.dumps({"pid": 12, "host": "node7", "started": 0}))
+    raise _busy(tmp_path)
+
+
+def _fresh_start(tmp_path):
+    from llasmol.core.run_lock import check_fresh_start
+
+    (tmp_path / "result.json").write_text("{}")
+    check_fresh_start(tmp_path, None, False)
+
+
+def _command_line(*args):
+    def make():
+        from llasmol.core.config import check_overrides
+
+        check_overrides("train", list(args))
+    return make
+
+
+def _logger(*overrides):
+    def make():
+        from llasmol.finetune.tracking import check_loggers
+
+        check_loggers(compose_config(list(overrides)).logger)
+    return make
+
+
+def _no_tensorboard(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    _logger("logger=tensorboard")()
+
+
+def _paged():
+    from llasmol.finetune.distributed import check_optimizer
+
+    check_optimizer({"_target_": "bitsandbytes.optim.PagedAdamW8bit"}, {"accelerator": "cpu"})
+
+
+def _no_last(tmp_path):
+    from llasmol.finetune.resume import Resume
+
+    (tmp_path / "run").mkdir()
+    Resume.plan("last", tmp_path / "run", "tiny", "attn")
+
+
+def _data_position():
+    from llasmol.data.resumable_loader import ResumableDataLoader
+
+    loader = object.__new__(ResumableDataLoader)
+    loader._shape = lambda: {"num_samples": 8, "batch_size": 2, "world_size": 1, "seed": 4, "group_by_length": False}
+    loader.load_state_dict({"num_samples": 8, "batch_size": 2, "world_size": 1, "seed": 3, "group_by_length": False})
+
+
+def _launch(world, sharded):
+    def make(tmp_path):
+        from llasmol.finetune.resume import check_same_launch
+
+        torch.save({"dm": {"train_position": {"world_size": 2}}}, tmp_path / "x.ckpt")
+        check_same_launch(str(tmp_path / "x.ckpt"), world, sharded)
+    return make
+
+
+def _not_in_split(tmp_path, smol_root):
+    from llasmol.inference.jobs import with_split_golds
+
+    cfg = compose_config([f"data.path={smol_root}"], config_name="evaluate")
+    with_split_golds([{"task": "forward_synthesis", "input": "CCCCCCCCCCCC", "gold": ["C"]}], cfg)
+
+
+def _nan_loss():
+    from test_train import _batch as batch
+    from test_train import _module
+
+    module = _module(loss=float("nan"), gradient_clip_val=None, checkpoint_callbacks=[])
+    module.training_step(batch(), 0)
+
+
+# (the quote as the page has it, what produces it)
+ROWS = [
+    ("… are not available offline …", _offline),
+    ("data.effective_batch_size=… is not a multiple of …", _batch),
+    ("unknown task …", _task),
+    ("unknown method=…", lambda: _method("nope")),
+    ("no method given", lambda: _method(None)),
+    ("morgan.n_bits=100 must be … a multiple of 8", lambda: _config("method=morgan", "morgan.n_bits=100",
+                                                                    name="baseline")),
+    ("method=… cannot answer <task>", _cannot_answer),
+    ("method=opsin … no java is on PATH", _no_java),
+    ("… needs the py2opsin package", _no_py2opsin),
+    ("<file> line … lacks …", _lacks),
+    ("ckpt=… holds no adapter", _no_adapter),
+    ("adapter … was trained on …", _trained_on),
+    ("… adapter_model.bin is not a plain tensor file", _not_plain),
+    ("adapter … does not fit model", _does_not_fit),
+    ("cannot write <file>: no space left on device (… GB free there)", _unwritable(errno.ENOSPC)),
+    ("disk quota exceeded", _unwritable(errno.EDQUOT)),
+    ("… is on a read-only file system, so the run folder … cannot be written", _read_only),
+    ("… already holds a run, and starting fresh there would replace its checkpoints, result and config …",
+     _fresh_start),
+    ("… is in use by another llasmol.train (pid … on …)", _busy),
+    ("logger.wandb.log_model=… needs an online run", _logger("logger=wandb", "logger.wandb.offline=true",
+                                                             "logger.wandb.log_model=true")),
+    ("logger=tensorboard needs the tensorboard package", _no_tensorboard),
+    ("optimizer._target_=bitsandbytes.optim.PagedAdamW8bit pages its state through CUDA memory …", _paged),
+    ("trainer.strategy='deepspeed' must be auto or ddp …", lambda: _config("trainer=ddp", "trainer.strategy=deepspeed")),
+    ("quantization=4bit does not shard under trainer=fsdp …", lambda: _config("model=mistral", "quantization=4bit",
+                                                                              "trainer=fsdp")),
+    ("optimizer._target_=bitsandbytes.optim.AdamW8bit cannot update trainer=fsdp's sharded parameters …",
+     lambda: _config("trainer=fsdp", "optimizer._target_=bitsandbytes.optim.AdamW8bit")),
+    ("ckpt_path=last: no checkpoints/last.ckpt …", _no_last),
+    ("cannot resume at the checkpoint's data position …", _data_position),
+    ("ckpt_path=… was saved by a run of 2 process(es) and this one has 1 …", _launch(1, False)),
+    ("… was saved under another trainer and this run is under trainer=fsdp …", _launch(2, True)),
+    ("lora=large means model=llama2_13b, but model=… was given", lambda: _config("lora=large", "model=mistral")),
+    ("… input … of the predictions is not in data.split=…", _not_in_split),
+    ("training loss became nan …", _nan_loss),
+    ("model=mistrall is not a choice of model: pick one of …", _command_line("model=mistrall")),
+    ("trainer.max_stepz is not a setting of llasmol.train: check the spelling …", _command_line("trainer.max_stepz=3")),
+]
+
+
+def _pattern(quote: str) -> re.Pattern:
+    """The quote as a pattern: `…` and a `<placeholder>` (with the spaces beside them) stand for any text."""
+    return re.compile(".*?".join(map(re.escape, re.split(r"\s*(?:…|<[a-z]+>)\s*", quote))))
+
+
+@pytest.mark.filterwarnings("ignore:Found missing adapter keys")
+@pytest.mark.parametrize("quote, produce", ROWS, ids=[q for q, _ in ROWS])
+def test_each_listed_message_is_what_the_code_says(quote, produce, request):
+    assert f"`{quote}`" in PAGE, f"docs/troubleshooting.md does not quote `{quote}`"
+    wanted = {name: request.getfixturevalue(name) for name in produce.__code__.co_varnames[
+        :produce.__code__.co_argcount]}
+    with pytest.raises(UserError) as err:
+        produce(**wanted)
+    message = str(err.value)
+    assert "\n" not in message
+    assert _pattern(quote).search(message), f"the page quotes `{quote}`; the code says:\n{message}"
+
+
+def test_a_quote_the_code_does_not_say_fails():
+    assert not _pattern("ckpt=… holds no adapter").search("ckpt=x has no adapter")
+    assert _pattern("cannot write <file>: no space").search("cannot write /a/b.json: no space left")
