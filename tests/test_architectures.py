@@ -128,18 +128,17 @@ def test_the_meta_model_takes_the_vocabulary_size_asked_or_the_architectures():
     assert build_meta_model(cfg.model).get_input_embeddings().weight.shape[0] == arch_facts("tiny-mistral")["vocab_size"]
 
 
-def test_the_random_base_seed_defaults_to_zero():
-    """A model setting without init_seed rebuilds the base of init_seed=0 (conf/model/tiny.yaml's)."""
+def test_the_random_base_is_rebuilt_from_its_init_seed():
+    """Every model config states init_seed (0, conf/model_family/base.yaml); the same seed, the same base."""
     import torch
-    from omegaconf import OmegaConf
 
     from llasmol.model.base import load_base_model, load_tokenizer
 
     cfg = compose_config(["paths.output_dir=/tmp/unused"]).model
+    assert cfg.init_seed == 0 and compose_config(["model=mistral", "paths.output_dir=/x"]).model.init_seed == 0
     tok = load_tokenizer(cfg)
     seeded = load_base_model(cfg, tok).model.layers[0].mlp.up_proj.weight
-    unseeded = OmegaConf.create({k: v for k, v in OmegaConf.to_container(cfg).items() if k != "init_seed"})
-    assert torch.equal(load_base_model(unseeded, tok).model.layers[0].mlp.up_proj.weight, seeded)
+    assert torch.equal(load_base_model(cfg, tok).model.layers[0].mlp.up_proj.weight, seeded)
     cfg.init_seed = 1
     assert not torch.equal(load_base_model(cfg, tok).model.layers[0].mlp.up_proj.weight, seeded)
 

@@ -1205,7 +1205,7 @@ def test_a_run_directorys_model_section_is_read_as_data(tmp_path):
             read(section)
     with refused(where, "model.foo='x'"):
         read({**model, "foo": "x"})
-    with refused(where, "model.tokenizer"):
+    with refused(where, "model.tokenizer='/somewhere/else'"):
         read({**model, "tokenizer": "/somewhere/else"})
     with refused(where, "model.name=['tiny']"):
         read({**model, "name": ["tiny"]})  # of the wrong type for the model schema

@@ -341,12 +341,10 @@ def test_a_base_is_loaded_from_its_folder_with_its_own_weights_and_a_pad_token(t
     special = folder / "special_tokens_map.json"
     if special.is_file():
         special.write_text(json.dumps({k: v for k, v in json.loads(special.read_text()).items() if k != "pad_token"}))
-    cfg = OmegaConf.create({"name": "someone/base", "hf_id": "someone/base", "path": str(folder), "arch": str(folder),
-                            "dtype": "float32", "random_init": False, "tokenizer_legacy": None})
-    cfg.tokenizer_legacy = "maybe"
-    with refused("model.tokenizer_legacy='maybe'"):
-        load_tokenizer(cfg)
-    cfg.tokenizer_legacy = None
+    given = ["model=hf", f"model.path={folder}", "model.name=someone/base", "model.dtype=float32"]
+    with refused("model.tokenizer_legacy='maybe'"):  # the schema's check, before anything is loaded
+        check_config(compose_config([*given, "model.tokenizer_legacy=maybe"], "params"))
+    cfg = compose_config(given, "params").model
     tok = load_tokenizer(cfg)
     assert tok.pad_token == tok.unk_token == "<unk>"
     model = load_base_model(cfg, tok)

@@ -74,12 +74,13 @@ class PromptFormatter:
         train_on_inputs: bool = True,
     ) -> None:
         prompt_template = resolve_prompt_template(prompt_template)
+        named = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__  # the files it was read from
         if tokenizer.eos_token is None:
-            raise UserError("the tokenizer defines no EOS token and the base's config.json names none: "
+            raise UserError(f"the tokenizer {named} defines no EOS token and the base's config.json names none: "
                             "set model.arch to a config with eos_token_id")
         if prompt_template == CHAT_TEMPLATE and not getattr(tokenizer, "chat_template", None):
-            raise UserError("model.prompt_template=chat_template, but this tokenizer has no chat template (a base "
-                            "checkpoint's usually has none): use model.prompt_template=llasmol, the paper's format")
+            raise UserError(f"model.prompt_template=chat_template, but the tokenizer {named} has no chat template (a "
+                            "base checkpoint's usually has none): use model.prompt_template=llasmol, the paper's format")
         self.tokenizer = tokenizer
         self.prompt_template = prompt_template
         self.chat = prompt_template == CHAT_TEMPLATE

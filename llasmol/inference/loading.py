@@ -106,9 +106,12 @@ def _run_model(run_dir: Path, run_cfg: DictConfig, cfg: DictConfig) -> DictConfi
     try:
         check_group(model, ModelSchema, "model.")
     except UserError as err:
-        raise UserError(f"{where} has {err}: evaluate only run directories written by llasmol.train") from None
+        raise UserError(f"{where} is not a run's config ({err}): evaluate only run directories written by "
+                        "llasmol.train") from None
     if model.get("tokenizer") not in (None, "tiny"):
-        raise UserError(f"{where} has a model.tokenizer llasmol.train does not write")
+        raise UserError(f"{where} has model.tokenizer={str(model['tokenizer'])[:80]!r}, which llasmol.train does not "
+                        "write (its runs name no tokenizer but the tiny one): evaluate only run directories written "
+                        "by llasmol.train")
     if model.get("trust_remote_code") and not cfg.model.get("trust_remote_code"):
         raise UserError(f"{where} sets model.trust_remote_code=true: remote code runs only when asked for on the "
                         "command line (add model.trust_remote_code=true if you trust this run's model folder)")

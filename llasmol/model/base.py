@@ -127,13 +127,11 @@ def load_tokenizer(model_cfg):
     if model_cfg.get("tokenizer") == "tiny":
         return PreTrainedTokenizerFast.from_pretrained(str(TINY_TOKENIZER_DIR))
     local_only = _local_only(model_cfg, "the tokenizer files")
-    legacy = model_cfg.get("tokenizer_legacy")
-    if legacy is not None and not isinstance(legacy, bool):
-        raise UserError(f"model.tokenizer_legacy={legacy!r} must be true, false or null")
+    legacy = model_cfg.tokenizer_legacy  # true, false or null: the schema has checked it
     try:
         tok = AutoTokenizer.from_pretrained(
             _weights_source(model_cfg),
-            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+            trust_remote_code=model_cfg.trust_remote_code,
             local_files_only=local_only,
             # Beside a tekken.json transformers would pick mistral_common's backend, which reads `<s>` in
             # text as three characters: the paper's string needs its special tokens matched in text.
@@ -219,7 +217,7 @@ def _random_base(model_cfg, tokenizer, dtype: torch.dtype):
     config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
     config.pad_token_id = tokenizer.pad_token_id
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(model_cfg.get("init_seed", 0)))
+        torch.manual_seed(model_cfg.init_seed)
         return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
@@ -252,7 +250,7 @@ def load_base_model(model_cfg, tokenizer, quant_cfg=None):
     `quant_cfg`) for the others."""
     from transformers import AutoModelForCausalLM
 
-    dtype = torch_dtype(model_cfg.get("dtype", "float32"))
+    dtype = torch_dtype(model_cfg.dtype)
     quantization = quantization_config(quant_cfg)
     if model_cfg.get("random_init"):
         if quantization is None:
@@ -267,7 +265,7 @@ def load_base_model(model_cfg, tokenizer, quant_cfg=None):
                 dtype=dtype,
                 quantization_config=quantization,
                 use_safetensors=True,  # never unpickle downloaded weights
-                trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+                trust_remote_code=model_cfg.trust_remote_code,
             )
         except (OSError, ValueError) as err:
             raise _offline_error(model_cfg, "base weights") from err
