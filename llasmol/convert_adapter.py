@@ -29,7 +29,7 @@ def convert(folder: str | Path) -> Path:
                         + (f" (it has {WEIGHTS_SAFETENSORS} already)" if (folder / WEIGHTS_SAFETENSORS).is_file() else ""))
     weights = read_pickled_weights(folder / WEIGHTS_PICKLE)
     target = folder / WEIGHTS_SAFETENSORS
-    write_bytes(target, save({k: v.contiguous() for k, v in weights.items()}, metadata={"format": "pt"}))
+    write_bytes(target, save(weights, metadata={"format": "pt"}))
     return target
 
 

@@ -136,6 +136,15 @@ def test_conversion_copies_every_tensor_and_names_a_folder_it_cannot_convert(tmp
     copied = load_file(str(folder / WEIGHTS_SAFETENSORS))
     assert copied.keys() == weights.keys() and all(torch.equal(copied[k], weights[k]) for k in weights)
     assert (folder / WEIGHTS_PICKLE).is_file()  # the .bin stays
+    # Views of one buffer, and one tensor under two names (a tied pair): each gets its own copy.
+    buffer = torch.arange(8.0)
+    shared = {"a.lora_A.weight": buffer[:6].view(2, 3), "a.lora_B.weight": buffer[6:].view(1, 2)}
+    shared["b.lora_A.weight"] = shared["a.lora_A.weight"]
+    torch.save(shared, folder / WEIGHTS_PICKLE)
+    main([str(folder)])
+    capsys.readouterr()
+    copied = load_file(str(folder / WEIGHTS_SAFETENSORS))
+    assert copied.keys() == shared.keys() and all(torch.equal(copied[k], shared[k]) for k in shared)
     with pytest.raises(SystemExit) as done:
         main(["--help"])
     help_text = capsys.readouterr().out

@@ -380,7 +380,7 @@ def _os_facing(monkeypatch, folder, writable=True, read_only=False, free_bytes=1
     mine = str(folder)
     monkeypatch.setattr(os, "access", lambda p, mode: writable if str(p) == mine else real_access(p, mode))
     monkeypatch.setattr(os, "statvfs", lambda p: SimpleNamespace(
-        f_flag=os.ST_RDONLY if read_only else 0, f_bavail=free_bytes // 4096, f_frsize=4096)
+        f_flag=os.ST_RDONLY if read_only else 0, f_bavail=free_bytes // 4096, f_frsize=4096, f_blocks=1 << 20)
         if str(p) == mine else real_statvfs(p))
     monkeypatch.setattr(shutil, "disk_usage", lambda p: SimpleNamespace(free=1 << 40) if str(p) == mine
                         else real_usage(p))
@@ -634,7 +634,6 @@ def test_an_argument_hydra_cannot_parse_is_named_whatever_hydras_parser_says(arg
 def test_a_mistyped_choice_or_setting_is_one_line_before_anything_runs(tmp_path, args, named):
     refused_cli(["llasmol.train", *args, f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
                 tmp_path, *named, untouched=tmp_path)  # no job started
-
 
 
 def test_good_command_lines_pass_the_check():

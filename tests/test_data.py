@@ -915,14 +915,12 @@ def broken_root(tmp_path) -> Path:
     return write_smolinstruct(tmp_path / "data")
 
 
-
 def corrupt_template(root: Path) -> str:
     path = root / "template" / "instruction_tuning" / "name_conversion-s2f.json"
     templates = json.loads(path.read_text())
     templates[1]["input"] = "formula please"
     path.write_text(json.dumps(templates))
     return "template 1 of name_conversion-s2f"
-
 
 
 def corrupt_raw_line(root: Path, split: str = "dev") -> str:
@@ -933,23 +931,19 @@ def corrupt_raw_line(root: Path, split: str = "dev") -> str:
     return f"{path} line 3 is not valid JSON"
 
 
-
 def corrupt_train_line(root: Path) -> str:
     # Found when the index is built, before the first step, not when a batch first reads the line.
     return corrupt_raw_line(root, "train")
 
 
-
 def missing_task_file(root: Path) -> str:
     (root / "raw" / "train" / "property_prediction-esol.jsonl").unlink()
-    return "missing raw data file"
-
+    return "property_prediction-esol.jsonl does not exist"
 
 
 def missing_template(root: Path) -> str:
     (root / "template" / "instruction_tuning" / "name_conversion-s2f.json").unlink()
     return "name_conversion-s2f.json"
-
 
 
 def index_beyond_raw(root: Path) -> str:
@@ -960,13 +954,11 @@ def index_beyond_raw(root: Path) -> str:
     return "sample index 999"
 
 
-
 def missing_split(root: Path) -> str:
     import shutil
 
     shutil.rmtree(root / "sample" / "instruction_tuning" / "dev")
     return "split 'dev' not found"
-
 
 
 def non_object_raw_line(root: Path) -> str:
@@ -978,7 +970,6 @@ def non_object_raw_line(root: Path) -> str:
     return f"{path} line 2 is not a JSON object with input and output (it is list)"
 
 
-
 def record_without_output(root: Path) -> str:
     path = root / "raw" / "train" / "name_conversion-s2f.jsonl"
     lines = path.read_text().splitlines()
@@ -987,12 +978,10 @@ def record_without_output(root: Path) -> str:
     return f"{path} line 1 is not a JSON object with input and output (it is dict)"
 
 
-
 def templates_not_a_list(root: Path) -> str:
     path = root / "template" / "instruction_tuning" / "name_conversion-s2f.json"
     path.write_text(json.dumps({"input": "<INPUT>", "output": "<OUTPUT>"}))
     return "template/instruction_tuning/name_conversion-s2f.json is not a list of"
-
 
 
 def template_not_strings(root: Path) -> str:
@@ -1003,12 +992,10 @@ def template_not_strings(root: Path) -> str:
     return "template/instruction_tuning/name_conversion-s2f.json is not a list of"
 
 
-
 def core_tag_wrong_shape(root: Path) -> str:
     path = root / "core_tag" / "name_conversion-s2f.json"
     path.write_text(json.dumps({"input": "<SMILES>", "output": ["<MOLFORMULA>", "</MOLFORMULA>"]}))
     return "core_tag/name_conversion-s2f.json is not"
-
 
 
 def deeply_nested_template(root: Path) -> str:
@@ -1017,12 +1004,10 @@ def deeply_nested_template(root: Path) -> str:
     return "is nested too deeply"
 
 
-
 def latin1_template(root: Path) -> str:
     path = root / "template" / "instruction_tuning" / "name_conversion-s2f.json"
     path.write_bytes('[{"input": "caf\xe9 <INPUT>", "output": "<OUTPUT>"}]'.encode("latin-1"))
     return "is not UTF-8 text"
-
 
 
 @pytest.mark.parametrize("corrupt", [non_object_raw_line, record_without_output, templates_not_a_list,
@@ -1031,7 +1016,6 @@ def latin1_template(root: Path) -> str:
 def test_data_of_the_wrong_shape_is_named_when_the_split_is_opened(broken_root, corrupt):
     with refused(corrupt(broken_root)):
         SMolInstructSplit(broken_root, "train", ["name_conversion-s2f", "property_prediction-esol"])
-
 
 
 @pytest.mark.parametrize("corrupt", [corrupt_template, corrupt_raw_line, corrupt_train_line, index_beyond_raw,
@@ -1043,7 +1027,6 @@ def test_bad_data_ends_with_one_line_naming_it(broken_root, tmp_path, corrupt):
                    tmp_path)
     error_line(proc, needle)
     assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before any training step
-
 
 
 def test_malformed_lines_can_be_skipped_and_counted(broken_root):

@@ -32,7 +32,6 @@ def test_a_user_error_inside_a_dataloader_worker_is_still_one_line(capsys):
     assert err == "error: raw/train/x.jsonl line 3 is not valid JSON: fix the line\n"
 
 
-
 @pytest.mark.slow
 def test_a_command_stopped_by_a_mistake_leaves_no_empty_run_folder(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -44,7 +43,6 @@ def test_a_command_stopped_by_a_mistake_leaves_no_empty_run_folder(tmp_path):
     assert leftovers == []
     # The log that said why went with the folder; the console still says it.
     refused_cli(["llasmol.train", "data.micro_batch_size=3", "logger=csv"], tmp_path, "data.effective_batch_size=6")
-
 
 
 def test_the_user_error_wrapper_passes_results_and_bugs_through_and_finds_a_wrapped_user_error(
@@ -122,7 +120,6 @@ def test_the_user_error_wrapper_passes_results_and_bugs_through_and_finds_a_wrap
     assert _find_user_error(a) is None
 
 
-
 def _as_hydra_run(folder, overrides=()):
     from hydra.conf import HydraConf
     from hydra.core.hydra_config import HydraConfig
@@ -131,7 +128,6 @@ def _as_hydra_run(folder, overrides=()):
     hydra = OmegaConf.structured(HydraConf)
     hydra.runtime.output_dir, hydra.job.name, hydra.overrides.hydra = str(folder), "train", list(overrides)
     HydraConfig.instance().set_config(OmegaConf.create({"hydra": hydra}))
-
 
 
 @pytest.mark.parametrize("named", [False, True])

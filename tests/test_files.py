@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import compose_config
 from refusals import error_line, refused, refused_cli, run_cli
 
 from llasmol.core import files
@@ -120,6 +121,54 @@ def _special_nodes(tmp_path: Path) -> dict[str, Path]:
     return nodes
 
 
+def _readers(root: Path) -> dict:
+    """Each place a file is read where a regular one is expected: (the path it reads, how to read it)."""
+    from llasmol.data.smolinstruct import SMolInstructSplit
+    from llasmol.finetune.resume import resolve_resume
+    from llasmol.inference.predictions import read_predictions
+
+    tasks = ["name_conversion-s2f"]
+    return {
+        "raw data file": (root / "raw" / "train" / "name_conversion-s2f.jsonl",
+                          lambda: SMolInstructSplit(root, "train", tasks)),
+        "template": (root / "template" / "instruction_tuning" / "name_conversion-s2f.json",
+                     lambda: SMolInstructSplit(root, "train", tasks)),
+        "sample list": (root / "sample" / "instruction_tuning" / "train" / "name_conversion-s2f.json",
+                        lambda: SMolInstructSplit(root, "train", tasks)),
+        "predictions file": (root / "p.jsonl", lambda: read_predictions(root / "p.jsonl")),
+        "ckpt_path": (root / "x.ckpt", lambda: resolve_resume(str(root / "x.ckpt"), root / "run", "tiny", "attn")),
+    }
+
+
+@pytest.mark.parametrize("reader", ["raw data file", "template", "sample list", "predictions file", "ckpt_path"])
+@pytest.mark.parametrize("node", ["fifo", "device", "loop", "dangling", "missing"])
+def test_a_file_that_is_not_a_regular_one_is_named_for_what_it_is(tmp_path, reader, node):
+    """A FIFO or /dev/zero would block or never end where a file is read, a symbolic link loop is no missing
+    file: each is one line saying what the path is, and nothing is opened."""
+    from smolinstruct_fixture import write_smolinstruct
+
+    root = write_smolinstruct(tmp_path / "smol")
+    path, read = _readers(root)[reader]
+    path.unlink(missing_ok=True)
+    if node == "fifo":
+        os.mkfifo(path)
+        said = "is a named pipe (FIFO), not a regular file"
+    elif node == "device":
+        path.symlink_to("/dev/zero")
+        said = "is a character device (through a symbolic link), not a regular file"
+    elif node == "loop":
+        path.symlink_to(path.with_name("other"))
+        path.with_name("other").symlink_to(path)
+        said = "is a symbolic link loop"
+    elif node == "dangling":
+        path.symlink_to(tmp_path / "gone")
+        said = f"is a symbolic link to {tmp_path / 'gone'}, which does not exist"
+    else:
+        said = "does not exist"
+    with refused(path, said):
+        read()
+
+
 @pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_atomic_writes_never_replace_a_node_that_is_not_a_regular_file(tmp_path, writer):
     import stat
@@ -170,7 +219,6 @@ write_jsonl(sys.argv[1], records())
 """
 
 
-
 def test_a_kill_while_writing_predictions_leaves_the_old_file_whole(tmp_path):
     target = tmp_path / "predictions" / "val.jsonl"
     target.parent.mkdir()
@@ -183,7 +231,6 @@ def test_a_kill_while_writing_predictions_leaves_the_old_file_whole(tmp_path):
     assert target.read_text() == '{"old": true}\n'
     # The partial data only ever lived in a hidden temporary file, never under the real name.
     assert [p.name for p in target.parent.iterdir() if not p.name.startswith(".")] == ["val.jsonl"]
-
 
 
 def test_checkpoints_are_written_through_a_rename_in_their_own_folder(tmp_path, monkeypatch):
@@ -203,7 +250,6 @@ def test_checkpoints_are_written_through_a_rename_in_their_own_folder(tmp_path, 
         io.save_checkpoint({"w": torch.zeros(2)}, target)
     assert target.read_bytes() == before  # the old checkpoint, whole
     assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]  # no temporary left behind
-
 
 
 def test_written_files_and_adapter_folders_respect_the_umask(tmp_path):
@@ -227,13 +273,11 @@ def test_written_files_and_adapter_folders_respect_the_umask(tmp_path):
     assert stat.S_IMODE((tmp_path / "x.adapter").stat().st_mode) == 0o755
 
 
-
 def _mounted_tmpfs(folder: Path, options: str) -> None:
     folder.mkdir(parents=True)
     mount = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
     if mount.returncode != 0:
         pytest.skip(f"cannot mount a small file system here ({mount.stderr.decode().strip()[:80]})")
-
 
 
 @pytest.mark.slow
@@ -251,7 +295,6 @@ def test_a_full_disk_ends_training_with_one_line_naming_the_file(tmp_path):
         subprocess.run(["umount", str(small)])
 
 
-
 @pytest.mark.slow
 def test_a_read_only_run_folder_is_one_line_before_hydra_writes(tmp_path):
     frozen = tmp_path / "frozen"
@@ -263,7 +306,6 @@ def test_a_read_only_run_folder_is_one_line_before_hydra_writes(tmp_path):
         subprocess.run(["umount", str(frozen)])
 
 
-
 def _fill(folder: Path) -> None:
     """Take every free byte of the file system `folder` is on."""
     with open(folder / "filler", "wb") as fh:
@@ -273,7 +315,6 @@ def _fill(folder: Path) -> None:
                 fh.flush()
         except OSError:
             pass
-
 
 
 @pytest.mark.slow
@@ -298,7 +339,6 @@ def test_every_command_meets_a_full_disk_with_one_line(tmp_path):
         subprocess.run(["umount", str(full)])
 
 
-
 def test_report_out_naming_a_file_is_one_line(tmp_path, capsys):
     from test_analysis import write_run
 
@@ -316,7 +356,6 @@ def test_report_out_naming_a_file_is_one_line(tmp_path, capsys):
     assert taken.read_text() == "mine"
     assert report_main([str(run), "--out", str(tmp_path / "again")])  # a fresh folder: written
     assert report_main([str(run), "--out", str(tmp_path / "again")])  # an existing report: overwritten cleanly
-
 
 
 def test_temporaries_of_dead_writers_are_removed_and_those_of_live_ones_kept(tmp_path):
@@ -343,7 +382,6 @@ def test_temporaries_of_dead_writers_are_removed_and_those_of_live_ones_kept(tmp
     assert (tmp_path / "predictions" / f".val.jsonl.{live_pid}.q1w2e3r4.tmp").read_text() == "live"
 
 
-
 def test_a_full_disk_or_read_only_folder_is_a_user_error_naming_the_file(tmp_path, monkeypatch):
     import errno
 
@@ -361,3 +399,54 @@ def test_a_full_disk_or_read_only_folder_is_a_user_error_naming_the_file(tmp_pat
     monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
     with pytest.raises(OSError, match="I/O error"):  # a failing disk is not a user's mistake: it stays loud
         write_json(tmp_path / "m.json", {"a": 1})
+
+
+def _statvfs_saying(monkeypatch, folder: Path, **facts) -> None:
+    """`os.statvfs(folder)` as a read-only, full or virtual file system would answer (others: the real one)."""
+    from types import SimpleNamespace
+
+    real = os.statvfs
+    said = {"f_flag": 0, "f_bavail": 1 << 30, "f_frsize": 4096, "f_blocks": 1 << 30, **facts}
+    said.setdefault("f_bfree", said["f_bavail"])  # shutil.disk_usage reads it
+    monkeypatch.setattr(os, "statvfs", lambda p: SimpleNamespace(**said) if str(p) == str(folder) else real(p))
+
+
+@pytest.mark.parametrize("case, named", [
+    ("virtual", ["/proc/x.json", "virtual file system"]),
+    ("under a file", ["notes.txt", "not a folder"]),
+    ("full", ["out/m.json", "no space left", "0.00 GB free"]),
+    ("read-only", ["out/m.json", "read-only file system"]),
+    ("fifo", ["m.json", "named pipe (FIFO)"]),
+])
+def test_an_evaluation_target_that_cannot_be_written_is_refused_before_any_scoring(tmp_path, monkeypatch, case,
+                                                                                   named):
+    """`evaluate output=<full disk>` once scored 3,000 captions for 130 s before failing: every file the
+    evaluation will write is checked first (space, permission, kind), and the scorer never runs."""
+    from llasmol.evaluate import evaluate
+    from llasmol.inference import pipeline
+
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text(json.dumps({"task": "forward_synthesis", "input": "CCO", "gold": "CCO",
+                                       "predictions": ["CCO"]}) + "\n")
+    (tmp_path / "out").mkdir()
+    output = tmp_path / "out" / "m.json"
+    if case == "virtual":
+        output = Path("/proc/x.json")
+    elif case == "under a file":
+        (tmp_path / "notes.txt").write_text("mine")
+        output = tmp_path / "notes.txt" / "m.json"
+    elif case == "full":
+        _statvfs_saying(monkeypatch, tmp_path / "out", f_bavail=10)
+    elif case == "read-only":
+        _statvfs_saying(monkeypatch, tmp_path / "out", f_flag=os.ST_RDONLY)
+        monkeypatch.setattr(os, "access", lambda p, mode, real=os.access: False if str(p) == str(tmp_path / "out")
+                            else real(p, mode))
+    else:
+        os.mkfifo(output)
+    scored = []
+    monkeypatch.setattr(pipeline.Evaluation, "finish", lambda self, records: scored.append(records))
+    cfg = compose_config([f"predictions={predictions}", f"output={output}", f"paths.output_dir={tmp_path / 'run'}"],
+                         "evaluate")
+    with refused(*named):
+        evaluate(cfg)
+    assert scored == []

@@ -397,3 +397,18 @@ def test_a_probe_that_never_answers_cannot_keep_the_command_from_exiting(probe_h
         assert len(probes) == 1 and probes[0].is_alive() and probes[0].daemon
     finally:
         hold.set()
+
+
+@pytest.mark.parametrize("key, value, shown", [("intermediate_size", 1 << 41, "2199023255552"),
+                                               ("num_hidden_layers", "2", '"2"'), ("hidden_size", -1, "-1"),
+                                               ("num_attention_heads", True, "true"), ("vocab_size", 2.5, "2.5")])
+def test_a_config_json_with_a_size_no_base_has_is_one_line_naming_it(tmp_path, key, value, shown):
+    """Taken unchecked, 2^41 took 35 s to end in "Storage size calculation overflowed", "2" a traceback."""
+    from llasmol.params import count_trainable
+
+    folder = write_base(tmp_path / "odd", "llama", weights=False)
+    facts = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**facts, key: value}))
+    with refused(folder / "config.json", f"{key}={shown}"):
+        count_trainable(compose_config(_hf(folder), "params"))
+

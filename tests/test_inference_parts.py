@@ -451,6 +451,7 @@ def test_predictions_read_numbers_as_their_text_skip_blank_lines_and_keep_other_
     ("gold", True, "true"),
     ("predictions", [False], "false"),
     ("predictions", [["a"]], '["a"]'),
+    ("gold", [], "empty list"),  # nothing to score against: not a wrong answer
 ])
 def test_predictions_and_golds_must_be_text_or_numbers(tmp_path, field, value, shown):
     from llasmol.inference.predictions import read_predictions

@@ -189,7 +189,6 @@ def test_the_package_never_evaluates_text():
     assert offenders == []
 
 
-
 def test_remote_code_is_off_and_weights_load_from_safetensors():
     from conftest import compose_config
 

@@ -277,3 +277,14 @@ def test_applying_lora_shows_no_deprecation_the_user_cannot_act_on():
         get_peft_model(AutoModelForCausalLM.from_config(arch_config(arch, **dims)), lora_config(cfg.model, cfg.lora))
     if not [w for w in bare if "is_gradient_checkpointing" in str(w.message)]:
         pytest.skip("this PEFT/transformers pair no longer warns: nothing for the filter to hide")
+
+
+@pytest.mark.parametrize("model", ["tiny", "mistral"])
+def test_a_role_mapped_to_a_module_the_base_lacks_is_one_line_not_a_smaller_count(model):
+    """PEFT would adapt the names that match and skip the rest: a misspelt map would count and train less."""
+    from llasmol.params import count_trainable
+
+    cfg = compose_config(["paths.output_dir=/x", f"model={model}", "model.lora_targets.q=bogus_proj"])
+    with refused("model.lora_targets.q=bogus_proj", model, "self_attn.q_proj"):
+        count_trainable(cfg)
+

@@ -720,7 +720,6 @@ def test_ctrl_c_or_sigterm_saves_a_checkpoint_that_resumes(tmp_path, cfg_factory
     assert resumed["global_step"] == step + 2
 
 
-
 def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypatch, caplog):
     from llasmol.finetune.checkpointing import AtomicCheckpointIO
     from llasmol.train import train
@@ -761,7 +760,6 @@ def test_training_checkpoints_go_through_the_atomic_writer(cfg_factory, monkeypa
     assert "optimizer step 3" in best_card and "| val/loss |" in best_card
 
 
-
 def test_an_adapter_save_stopped_between_its_renames_leaves_the_previous_one_readable(tmp_path, monkeypatch):
     from conftest import compose_config
     from transformers import AutoModelForCausalLM
@@ -795,7 +793,6 @@ def test_an_adapter_save_stopped_between_its_renames_leaves_the_previous_one_rea
     assert sorted(p.name for p in target.parent.iterdir()) == ["last.adapter"]
 
 
-
 STALLING_TRAIN = """
 import runpy, sys, time
 import llasmol.core.files as files
@@ -819,7 +816,6 @@ files._atomic_write = atomic_write
 sys.argv = ["llasmol.train", *sys.argv[1:]]
 runpy.run_module("llasmol.train", run_name="__main__", alter_sys=True)
 """
-
 
 
 @pytest.mark.slow
@@ -856,7 +852,6 @@ def test_a_kill_during_a_checkpoint_write_keeps_adapter_and_checkpoint_of_one_st
     assert checkpoint_step(str(last)) == adapter_step(adapter) == 6
 
 
-
 def test_the_next_start_brings_back_a_stepped_aside_adapter_and_names_a_split_pair(tmp_path):
     from llasmol.core.files import write_torch
     from llasmol.finetune.checkpointing import tidy_run_dir
@@ -876,7 +871,6 @@ def test_the_next_start_brings_back_a_stepped_aside_adapter_and_names_a_split_pa
                      "the next save under this name writes both again"]
     assert sorted(p.name for p in checkpoints.iterdir()) == ["best.adapter", "best.ckpt", "last.adapter", "last.ckpt"]
     assert tidy_run_dir(tmp_path) == [notes[1]]  # in order now, but for the pair that only a new save mends
-
 
 
 def test_an_adapter_stepped_aside_is_dropped_when_its_place_is_taken_or_it_is_incomplete(tmp_path):
@@ -906,7 +900,6 @@ def test_an_adapter_stepped_aside_is_dropped_when_its_place_is_taken_or_it_is_in
     (checkpoints / "sharded.ckpt").mkdir()
     (checkpoints / "damaged.ckpt").write_bytes(b"not a checkpoint")
     assert tidy_run_dir(tmp_path) == []
-
 
 
 def test_a_stop_at_a_step_boundary_saves_interrupted_ckpt_and_says_how_to_continue(tmp_path, monkeypatch, caplog):
@@ -950,7 +943,6 @@ def test_a_stop_at_a_step_boundary_saves_interrupted_ckpt_and_says_how_to_contin
     assert saves(AdapterModelCheckpoint(resume=True), stop(KeyboardInterrupt)) == []  # no folder to save into
 
 
-
 def test_the_resume_checkpoint_saves_the_step_reaching_max_steps_and_the_end_of_training(monkeypatch):
     from types import SimpleNamespace
 
@@ -978,7 +970,6 @@ def test_the_resume_checkpoint_saves_the_step_reaching_max_steps_and_the_end_of_
         monkeypatch.setattr(callback, "save_last_unless_saved", lambda trainer: saved.append(trainer))
         callback.on_train_end("trainer", None)
         assert saved == (["trainer"] if resume else [])
-
 
 
 def test_an_adapter_is_committed_with_its_checkpoint_dropped_without_it_and_removed_with_it(tmp_path, monkeypatch):
@@ -1010,7 +1001,6 @@ def test_an_adapter_is_committed_with_its_checkpoint_dropped_without_it_and_remo
     callback.after_remove(SimpleNamespace(is_global_zero=True), str(tmp_path / "old.ckpt"))  # no adapter: no error
     callback._staged[str(tmp_path / "d.ckpt")] = tmp_path / "gone"
     callback.after_save(None, str(tmp_path / "d.ckpt"), saved=False)  # nothing left to drop: no error either
-
 
 
 def test_an_adapters_card_holds_a_validation_only_at_the_step_it_was_made(tmp_path, monkeypatch):

@@ -26,7 +26,6 @@ time.sleep(600)
 """
 
 
-
 def test_a_run_directory_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
     from llasmol.core.run_lock import check_run_lock, hold_run_lock
 
@@ -43,7 +42,6 @@ def test_a_run_directory_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
     check_run_lock(run)
     hold_run_lock(run)  # free again
     hold_run_lock(run)  # and taking it twice in one process is not a conflict
-
 
 
 @pytest.mark.slow
@@ -68,7 +66,6 @@ def test_a_second_run_into_a_busy_directory_stops_before_touching_it(tmp_path):
         first.wait()
 
 
-
 def test_claiming_a_run_folder_locks_it_and_clears_what_a_killed_run_left(tmp_path, caplog):
     """What train does first (in-process): the folder is this process's alone, and a dead writer's temporary
     is gone with a line in the log."""
@@ -87,14 +84,12 @@ def test_claiming_a_run_folder_locks_it_and_clears_what_a_killed_run_left(tmp_pa
     assert other.returncode != 0 and f"{tmp_path / 'run'}" in other.stderr and f"(pid {os.getpid()}" in other.stderr
 
 
-
 def _finished_run(folder: Path) -> Path:
     """What a finished training leaves that a fresh start would replace (no training: the check reads names)."""
     (folder / "checkpoints").mkdir(parents=True)
     (folder / "checkpoints" / "last.ckpt").write_bytes(b"old")
     (folder / "result.json").write_text('{"global_step": 800}')
     return folder
-
 
 
 def test_a_fresh_start_in_a_folder_holding_a_run_is_refused_unless_asked(tmp_path):
@@ -137,7 +132,6 @@ def test_a_fresh_start_in_a_folder_holding_a_run_is_refused_unless_asked(tmp_pat
                                                                                      "overwrite": True}
 
 
-
 def test_a_multirun_into_a_sweep_folder_holding_its_first_job_is_refused_before_hydra_starts(tmp_path):
     """The check runs in the command's first lines (rank 0 only), with `first_job` 0 unless given: job 0's
     finished run is not replaced by a new sweep into its folder. (--cfg job: were the check passed, Hydra
@@ -153,7 +147,6 @@ def test_a_multirun_into_a_sweep_folder_holding_its_first_job_is_refused_before_
     # (--cfg job cannot go with --multirun: the check reads the same line either way)
     proc = run_cli(["llasmol.train", f"hydra.sweep.dir={sweep}", "lora=attn", "first_job=1", "--cfg", "job"], tmp_path)
     assert proc.returncode == 0 and "first_job: 1" in proc.stdout, proc.stderr[-2000:]
-
 
 
 @pytest.mark.slow
@@ -172,7 +165,6 @@ def test_train_into_a_finished_run_stops_before_hydra_writes_there(tmp_path):
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
-
 def _open_fds(path) -> int:
     """This process's open descriptors of `path` (others' threads may open and close files meanwhile)."""
     count = 0
@@ -182,7 +174,6 @@ def _open_fds(path) -> int:
         except OSError:  # closed since it was listed
             pass
     return count
-
 
 
 def test_a_lock_held_by_an_unnamed_holder_is_refused_in_one_line_without_leaking(tmp_path, monkeypatch):
@@ -220,7 +211,6 @@ def test_a_lock_held_by_an_unnamed_holder_is_refused_in_one_line_without_leaking
     assert not (tmp_path / "new").exists()
 
 
-
 def test_a_taken_lock_names_this_process_in_a_file_readable_by_all(tmp_path, monkeypatch):
     """A longer text left in the lock file by an earlier holder is replaced whole; the file is created
     rw-rw-rw- less the umask, like any file the package writes."""
@@ -246,7 +236,6 @@ def test_a_taken_lock_names_this_process_in_a_file_readable_by_all(tmp_path, mon
         os.close(fd)
 
 
-
 def test_a_fresh_start_counts_every_job_folder_by_default_or_for_a_sweep_of_first_jobs(tmp_path):
     from llasmol.core.run_lock import check_fresh_start
 
@@ -256,7 +245,6 @@ def test_a_fresh_start_counts_every_job_folder_by_default_or_for_a_sweep_of_firs
         with refused(sweep / "0_tiny_attn"):
             check_fresh_start(sweep, None, False, *args)
     check_fresh_start(sweep, None, False, 1)
-
 
 
 def test_only_rank_0_locks_and_tidies_the_run_folder(tmp_path, monkeypatch):
@@ -274,7 +262,6 @@ def test_only_rank_0_locks_and_tidies_the_run_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(rank_zero_only, "rank", 0)
     preflight.claim_run_dir(tmp_path / "a" / "run")
     assert done == [("lock", tmp_path / "a" / "run"), ("tidy", tmp_path / "a" / "run")]
-
 
 
 @pytest.mark.parametrize("override, message", [

@@ -150,6 +150,8 @@ def test_every_field_of_the_schemas_is_a_setting_some_config_holds():
     ("train", "+trainer.limit_train_batches=0.25", None),
     # LoRA roles: what lora.targets chooses and model.lora_targets maps are among q, k, v, o, gate, up, down.
     ("train", "lora.targets=[q,qq]", ["lora.targets", "'qq'", "gate"]),
+    ("train", "optimizer.lr=1e300", ["optimizer.lr=1e+300", "<= 1000000"]),
+    ("train", "optimizer.lr=1e6", None),
     ("params", "+model.lora_targets.query=x", ["model.lora_targets", "'query'"]),
 ])
 def test_a_hostile_setting_is_one_line_naming_it(command, override, named):

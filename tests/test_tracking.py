@@ -452,7 +452,6 @@ def test_wandb_artifacts_without_an_online_run_end_with_one_line(tmp_path):
     assert not (tmp_path / "run" / "wandb").exists()  # refused before a W&B run was started
 
 
-
 @pytest.mark.slow
 def test_tensorboard_without_its_package_ends_with_one_line(tmp_path):
     import importlib.util

@@ -7,7 +7,6 @@ import itertools
 import os
 import re
 import shlex
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -22,7 +21,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from llasmol.core.errors import UserError, report_user_errors
-from llasmol.core.files import nearest_existing
+from llasmol.core.files import folder_problem, nearest_existing
 from llasmol.core.schema import check_config, is_fsdp2
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -336,31 +335,21 @@ def command_line_values(argv: list[str], defaults: dict[str, Any]) -> dict[str, 
     return values
 
 
-# Hydra writes the run's config and log (tens of KB) before any of our code runs, and its own error on a full disk
-# is a traceback: below this much free space the run folder is refused up front.
-MIN_FREE_BYTES = 256 << 10
-
-
 def check_writable(folder: Path) -> None:
     """A `UserError` when `folder` (or, while it does not exist yet, the nearest folder above it) cannot
-    be written: a read-only file system, a folder the user may not write to, or a full disk or quota."""
+    be written: a read-only or virtual file system, a folder the user may not write to, or a full disk or quota."""
 
     existing = nearest_existing(folder)
     if not existing.is_dir():  # hydra.run.dir=notes.txt/run: no folder can be made under a file
         raise UserError(f"{existing} is not a folder, so the run folder {folder} cannot be made there: give the run a "
                         "folder with hydra.run.dir=<folder>")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
-        why = "is on a read-only file system" if read_only else "is not writable by this user"
-        raise UserError(f"{existing} {why}, so the run folder {folder} cannot be written there: give the run a "
+    problem = folder_problem(existing)
+    if problem and "no space" in problem:
+        raise UserError(f"cannot write the run folder {folder}: {existing} {problem}; free space there (old runs' "
+                        "checkpoints/) or write the run elsewhere with hydra.run.dir=...")
+    if problem:
+        raise UserError(f"{existing} {problem}, so the run folder {folder} cannot be written there: give the run a "
                         "writable folder with hydra.run.dir=<folder> (or run from a writable directory)")
-    stats = os.statvfs(existing)
-    # f_bavail: what an unprivileged writer may use; a quota shows as the same shortage when it is enforced here.
-    free = min(shutil.disk_usage(existing).free, stats.f_bavail * stats.f_frsize)
-    if free < MIN_FREE_BYTES:
-        raise UserError(f"cannot write the run folder {folder}: no space left on device ({free / 1e9:.2f} GB free "
-                        "there); free space there (old runs' checkpoints/) or write the run elsewhere with "
-                        "hydra.run.dir=...")
 
 
 def check_command_line(config_name: str, run_folder: bool = False, check: Optional[Callable] = None) -> None:

@@ -82,6 +82,64 @@ def not_a_regular_file(path: str | os.PathLike) -> str | None:
     return f"{kind} (through a symbolic link)" if os.path.islink(path) else kind
 
 
+def unreadable(path: str | os.PathLike) -> str | None:
+    """What keeps `path` from being read as a regular file, said after its name ("does not exist", "is a
+    symbolic link loop", "is a named pipe (FIFO), not a regular file"); None for a regular file. A FIFO or a
+    device would block or never end where a file is expected, so it is named, not opened."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "is a symbolic link loop (each link points back into the chain)"
+        if err.errno in (errno.ENOENT, errno.ENOTDIR) and os.path.islink(path):
+            return f"is a symbolic link to {os.readlink(path)}, which does not exist"
+        if err.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "does not exist"
+        return f"cannot be read ({os.strerror(err.errno) if err.errno else err})"
+    if stat.S_ISREG(mode):
+        return None
+    return f"is {not_a_regular_file(path)}, not a regular file"
+
+
+# Hydra writes a run's config and log (tens of KB) before any of our code runs, and its own error on a full disk
+# is a traceback: below this much free space a folder is refused up front.
+MIN_FREE_BYTES = 256 << 10
+
+
+def folder_problem(folder: str | os.PathLike) -> str | None:
+    """Why no file can be made in the existing folder `folder`, said after its name ("is on a read-only file
+    system"), or None. Asked before the work, so an hour of scoring does not end in a write that fails."""
+    try:
+        stats = os.statvfs(folder)
+    except OSError as err:
+        return f"cannot be examined ({os.strerror(err.errno) if err.errno else err})"
+    if getattr(stats, "f_blocks", 1) == 0:  # /proc, /sys: a kernel's view, no room for files at all
+        return "is on a virtual file system (such as /proc or /sys), where no file can be made"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "is on a read-only file system" if stats.f_flag & os.ST_RDONLY else "is not writable by this user"
+    # f_bavail: what an unprivileged writer may use; a quota shows as the same shortage when it is enforced here.
+    free = min(shutil.disk_usage(folder).free, stats.f_bavail * stats.f_frsize)
+    if free < MIN_FREE_BYTES:
+        return f"has no space left on device ({free / 1e9:.2f} GB free there)"
+    return None
+
+
+def check_writable_file(path: str | os.PathLike, setting: str | None = None) -> None:
+    """A `UserError` now when `path` could not be written when the work is done: not a regular file (a FIFO,
+    a device), under a file, or in a folder that is read-only, foreign, virtual or full. `setting` names the
+    option that chose the path."""
+    check_target(path, setting)
+    what = f"{setting}={path}" if setting else str(path)
+    folder = nearest_existing(Path(path).parent)
+    if not folder.is_dir():
+        raise UserError(f"{what} cannot be written: {folder} is {not_a_regular_file(folder) or 'a file'}, not a "
+                        "folder; name a path in a folder")
+    problem = folder_problem(folder)
+    if problem:
+        fix = "free space there or name" if "no space" in problem else "name"
+        raise UserError(f"{what} cannot be written: {folder} {problem}; {fix} a path elsewhere")
+
+
 def check_target(path: str | os.PathLike, setting: str | None = None) -> None:
     """A `UserError` when `path` exists and is not a regular file: an atomic write replaces the node itself, so
     `output=/dev/null` would swap the system's device for a JSON file. `setting` names the option that chose

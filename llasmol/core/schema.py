@@ -258,7 +258,10 @@ class PromptingSchema:
 
 @dataclass
 class OptimizerSchema:
-    lr: float = setting(above=0, hint="the paper's is 1e-4")  # a huge one diverges: the non-finite loss check says so
+    # AdamW moves each weight by about lr a step, so any lr past 1 wrecks a base in a step or two and the
+    # non-finite loss check says so; past float32's range (3.4e38) the update itself overflows first, a
+    # traceback. A million is far past any use and far below that.
+    lr: float = setting(above=0, high=1e6, hint="the paper's is 1e-4")
     weight_decay: float = setting(0)
 
 

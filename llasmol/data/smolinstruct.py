@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from llasmol.core.errors import UserError
+from llasmol.core.files import unreadable
 from llasmol.core.tasks import Task, get_task
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,9 @@ class _TaskTable:
 
 
 def _read_json(path: Path, what: str) -> Any:
-    if not path.is_file():
-        raise UserError(f"missing {what} file {path}: is data.path the root of a SMolInstruct copy?")
+    problem = unreadable(path)
+    if problem:
+        raise UserError(f"the {what} file {path} {problem}: is data.path the root of a SMolInstruct copy?")
     try:
         with path.open(encoding="utf-8") as fh:
             return json.load(fh)
@@ -160,8 +162,10 @@ def _read_sample_list(path: Path, task: str, limit: Optional[int]) -> tuple[dict
     Decoded one sample at a time straight into integer arrays: `json.load` would hold the file's text
     and a dict per sample (200,000 per task in the full dataset, ~250 bytes each) at once.
     """
-    if not path.is_file():
-        raise UserError(f"missing sample list for task {task} file {path}: is data.path the root of a SMolInstruct copy?")
+    problem = unreadable(path)
+    if problem:
+        raise UserError(f"the sample list of task {task}, {path}, {problem}: is data.path the root of a SMolInstruct "
+                        "copy?")
     header: dict = {}
     idx, template_id = array("q"), array("i")
     targets: Optional[list] = None
@@ -235,8 +239,9 @@ def raw_split(split: str) -> str:
 def raw_path(root: str | os.PathLike, split: str, task: str, raw_dir: str = "raw") -> Path:
     """The raw JSONL file of `task` that split folder `split` indexes; UserError when it is missing."""
     path = Path(root) / raw_dir / raw_split(split) / f"{task}.jsonl"
-    if not path.is_file():
-        raise UserError(f"missing raw data file {path} for task {task}: is data.path complete?")
+    problem = unreadable(path)
+    if problem:
+        raise UserError(f"the raw data file of task {task}, {path}, {problem}: is data.path complete?")
     return path
 
 

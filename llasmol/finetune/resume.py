@@ -26,9 +26,9 @@ from omegaconf import open_dict
 
 from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
-from llasmol.core.files import write_text
-from llasmol.finetune.lightning_private import log_step_row_now
+from llasmol.core.files import unreadable, write_text
 from llasmol.finetune.distributed import SHARDED_KEY, uses_fsdp2
+from llasmol.finetune.lightning_private import log_step_row_now
 from llasmol.finetune.tracking import KeepingCSVLogger, wandb_loggers
 
 if TYPE_CHECKING:
@@ -97,8 +97,9 @@ def resolve_resume(ckpt_path: Optional[str], output_dir: Path, model: str, lora:
             raise UserError(f"ckpt_path={ckpt_path} is a folder without checkpoints/last.ckpt: give a run "
                             "directory that has one, or a .ckpt file")
         return str(found)
-    if not path.is_file():
-        raise UserError(f"ckpt_path={ckpt_path} does not exist: give last, auto, a run directory or a .ckpt file")
+    problem = unreadable(path)
+    if problem:
+        raise UserError(f"ckpt_path={ckpt_path} {problem}: give last, auto, a run directory or a .ckpt file")
     check_training_checkpoint(path)
     return str(path)
 

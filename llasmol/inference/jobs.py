@@ -44,7 +44,8 @@ def score_file(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
     if cfg.get("name"):  # another system's answers, kept as a row that report and the notebooks read
         return _system_row(cfg, records, src)
     out = Path(cfg.output) if cfg.output else src.with_name(src.stem + ".metrics.json")
-    outcome = Evaluation(RunFiles(None, out), cfg.intervals).finish(records)  # the file itself stays as it is
+    files = RunFiles(None, out).check_writable()  # the predictions file itself stays as it is
+    outcome = Evaluation(files, cfg.intervals).finish(records)
     return outcome.metrics, outcome.intervals, out
 
 
@@ -68,7 +69,7 @@ def with_split_golds(records: list[dict], cfg: DictConfig) -> list[dict]:
 
 def _system_row(cfg: DictConfig, records: list[dict], src: Path) -> tuple[dict, Optional[dict], Path]:
     folder, split = Path(cfg.paths.output_dir), cfg.data.split
-    outcome = Evaluation(RunFiles.named(folder, split, cfg.output), cfg.intervals).finish(records)
+    outcome = Evaluation(RunFiles.named(folder, split, cfg.output).check_writable(), cfg.intervals).finish(records)
     write_json(folder / run_dir.SYSTEM, {"name": str(cfg.name), "predictions": str(src.resolve()), "split": split,
                                          "samples": len(records)})
     return outcome.metrics, outcome.intervals, outcome.files.metrics
@@ -141,7 +142,7 @@ def generate_and_score(cfg: DictConfig) -> ModelEvaluation:
     # a capped split (data.max_samples_per_task) or another checkpoint writes to this command's folder.
     capped = bool(source.max_samples_per_task.get(split_name))
     out_dir = Path(cfg.ckpt) if run_data is not None and not capped else Path(cfg.paths.output_dir)
-    files = RunFiles.named(out_dir, split_name, cfg.output)
+    files = RunFiles.named(out_dir, split_name, cfg.output).check_writable()
     indices = samples.indices
     # What the answers depend on: a stopped run is continued only under the same.
     partial = PartialPredictions(files.predictions, {

@@ -26,7 +26,7 @@ from typing import Callable, Optional, Protocol
 import numpy as np
 import torch.distributed as dist
 
-from llasmol.core.files import write_json, write_jsonl
+from llasmol.core.files import check_writable_file, write_json, write_jsonl
 from llasmol.core.run_dir import METRICS, PREDICTIONS, intervals_file
 from llasmol.inference.beam_search import BeamGenerator, most_of_any_rank, task_settings
 from llasmol.inference.predictions import make_record
@@ -171,6 +171,14 @@ class RunFiles:
     @property
     def intervals(self) -> Path:
         return intervals_file(self.metrics)
+
+    def check_writable(self) -> "RunFiles":
+        """Refuse now, in one line, a target that could not be written once the answers are scored (a full or
+        read-only disk, /proc, a FIFO in its place): not after an hour of generation."""
+        for path in (self.predictions, self.metrics, self.intervals):
+            if path is not None:
+                check_writable_file(path)
+        return self
 
 
 @dataclass

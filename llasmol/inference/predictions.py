@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from llasmol.core.errors import UserError
+from llasmol.core.files import unreadable
 from llasmol.core.tasks import get_task
 from llasmol.metrics.extract import extract_answer
 from llasmol.metrics.scoring import GoldPool, is_skipped
@@ -119,11 +120,9 @@ def _from_llm4chem(record: dict) -> dict:
 
 
 def _checked_path(path: Path) -> None:
-    if path.exists() and not path.is_file():
-        raise UserError(f"predictions file {path} is not a regular file (a pipe or device): save the predictions "
-                        "to a .jsonl file and pass that")
-    if not path.exists():
-        raise UserError(f"predictions file {path} does not exist: pass predictions=<file.jsonl>")
+    problem = unreadable(path)
+    if problem:
+        raise UserError(f"predictions file {path} {problem}: pass predictions=<file.jsonl> (or a folder of them)")
 
 
 def _field_types(record: dict, where: str) -> None:
@@ -201,6 +200,8 @@ def _read_file(path: Path) -> list[dict]:
             _field_types(record, where)
             record["skipped"] = is_skipped(record)
             record["gold"] = _texts(record["gold"], "gold", where)
+            if not record["gold"]:  # nothing to score against: not a wrong answer
+                raise UserError(f"{where}: gold is an empty list: each line needs the answer it is scored against")
             record["predictions"] = _texts(record["predictions"], "predictions", where, allow_none=True)
             records.append(record)
     return records

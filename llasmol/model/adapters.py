@@ -136,7 +136,9 @@ def read_pickled_weights(path: Path) -> dict:
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()
     ):
         raise UserError(f"{path} holds a {type(weights).__name__}, not a name -> tensor mapping: it is not a PEFT adapter")
-    return dict(weights)
+    # Each tensor in storage of its own: a pickle may hold views of one buffer or one tensor under two names,
+    # which safetensors refuses to write ("Some tensors share memory"); adapters are small, a copy is cheap.
+    return {name: tensor.clone(memory_format=torch.contiguous_format) for name, tensor in weights.items()}
 
 
 def load_adapter(model, folder: Path):
@@ -155,7 +157,7 @@ def load_adapter(model, folder: Path):
                         "`python -m llasmol.convert_adapter %s` writes a safetensors copy", folder, WEIGHTS_PICKLE, folder)
             with tempfile.TemporaryDirectory() as tmp:
                 shutil.copy(folder / ADAPTER_CONFIG, Path(tmp) / ADAPTER_CONFIG)
-                save_file({k: v.contiguous() for k, v in weights.items()}, str(Path(tmp) / WEIGHTS_SAFETENSORS))
+                save_file(weights, str(Path(tmp) / WEIGHTS_SAFETENSORS))
                 peft_model = PeftModel.from_pretrained(model, tmp)
     except (OSError, ValueError, KeyError, RuntimeError, TypeError) as err:
         raise UserError(f"cannot load the adapter {folder} ({type(err).__name__}: {str(err)[:160]}): check ckpt= "

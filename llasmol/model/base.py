@@ -48,7 +48,30 @@ def arch_facts(arch: str) -> dict[str, Any]:
         raise UserError(f"{path} is not valid JSON ({err}): copy the base's config.json again") from None
     if not isinstance(facts, dict) or not isinstance(facts.get("model_type"), str):
         raise UserError(f"{path} names no model_type: copy the base's config.json again")
+    for section in (facts, facts.get("text_config")):
+        _check_sizes(section, path)
     return facts
+
+
+# The sizes a base is built from, and the most any real one has by far (the largest bases have ~100 layers,
+# hidden sizes of ~16k, ~260k-token vocabularies and 10M-token contexts): past these a config.json is damaged
+# or hostile, and building even its meta-device model would take minutes or overflow.
+SIZE_BOUNDS = {"hidden_size": 1 << 20, "intermediate_size": 1 << 22, "num_hidden_layers": 1 << 12,
+               "num_attention_heads": 1 << 12, "num_key_value_heads": 1 << 12, "head_dim": 1 << 14,
+               "vocab_size": 1 << 24, "max_position_embeddings": 1 << 28, "ffn_dim": 1 << 22,
+               "n_embd": 1 << 20, "n_layer": 1 << 12, "n_head": 1 << 12, "n_positions": 1 << 28}
+
+
+def _check_sizes(section, path: Path) -> None:
+    if not isinstance(section, dict):
+        return
+    for key, bound in SIZE_BOUNDS.items():
+        value = section.get(key)
+        if value is None:
+            continue  # absent or null: the architecture's default
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
+            raise UserError(f"{path} has {key}={json.dumps(value)[:40]}, which must be a whole number from 1 to "
+                            f"{bound}: copy the base's config.json again")
 
 
 def arch_config(arch: str, **overrides: Any):

@@ -62,6 +62,7 @@ def apply_lora(model, model_cfg, lora_cfg):
         # PEFT asks for a property this transformers release deprecates; nothing for our users to do.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         config = lora_config(model_cfg, lora_cfg)
+        _check_targets_exist(model, sorted(config.target_modules), model_cfg)
         try:
             peft_model = get_peft_model(model, config)
         except ValueError as err:  # PEFT's word on a module name it cannot adapt (missing, or unsupported)
@@ -71,6 +72,20 @@ def apply_lora(model, model_cfg, lora_cfg):
     # Saved adapters say which base they go on (PEFT takes the base's name_or_path, empty for the tiny model).
     peft_model.peft_config["default"].base_model_name_or_path = base_name(model_cfg)
     return peft_model
+
+
+def _check_targets_exist(model, targets: list[str], model_cfg) -> None:
+    """PEFT adapts the names that match and skips the others without a word, so a misspelt role map would
+    train (and count) fewer modules than asked: every name must match a module of the base."""
+    from llasmol.model.roles import linear_layer_names
+
+    names = [name for name, _ in model.named_modules()]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        layers = ", ".join(linear_layer_names(model, model_cfg.get("head") or "lm_head"))
+        role = next(r for r, name in role_map(model_cfg).items() if name == missing[0])
+        raise UserError(f"model.lora_targets.{role}={missing[0]}: model {model_cfg.name} has no module called "
+                        f"{missing[0]} (its linear layers: {layers}); fix model.lora_targets")
 
 
 def count_parameters(model) -> dict:
