@@ -73,17 +73,26 @@ def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
         raise UserError('no query: run python -m llasmol.generate "<your question>" [ckpt=<run dir>]')
     try:
         query.encode("utf-8")
-    except UnicodeEncodeError:
-        raise UserError("the question holds bytes that are not UTF-8 text: pass it as UTF-8") from None
+    except UnicodeEncodeError as err:
+        raise UserError(f"the query holds bytes that are not UTF-8 text (at character {err.start}, "
+                        f"{query[err.start:err.end]!r}): pass it as UTF-8") from None
     model_cfg, adapter, _ = resolve_checkpoint(cfg.ckpt, cfg)
     model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"), merge=cfg.merge_adapter)
+    # The tokenizer reads a special token's text as the token itself: an end of sequence or a turn marker in
+    # the question would end or restart the prompt the model was trained on.
+    special = [t for t in getattr(tokenizer, "all_special_tokens", []) if t and t in query]
+    if special:
+        raise UserError(f"the query holds {special[0]!r}, a special token of {model_cfg.name}'s tokenizer, which would "
+                        "end or restart the prompt: leave it out of the question")
     model.to(pick_device(cfg.device))
     formatter = PromptFormatter(tokenizer, model_cfg.prompt_template)
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, 1)
     # the answering of evaluate, for one question; no task: the default beam settings
     responses = ModelAnswers(generator, cfg.generation).ask(canonicalize_query(query), cfg.task or "")
     if responses is None:
-        raise UserError(f"the query is longer than generation.max_prompt_tokens={cfg.generation.max_prompt_tokens} tokens")
+        length = len(formatter.prompt_ids(canonicalize_query(query)))
+        raise UserError(f"the query's prompt is {length} tokens, longer than generation.max_prompt_tokens="
+                        f"{cfg.generation.max_prompt_tokens}: shorten the question or raise the setting")
     return responses
 
 

@@ -450,3 +450,15 @@ def test_an_evaluation_target_that_cannot_be_written_is_refused_before_any_scori
     with refused(*named):
         evaluate(cfg)
     assert scored == []
+
+
+@pytest.mark.parametrize("node", ["loop", "dangling"])
+def test_an_adapter_path_that_is_a_broken_link_is_named_so_not_as_holding_no_adapter(tmp_path, node):
+    from llasmol.inference.loading import resolve_checkpoint
+
+    link = tmp_path / "adapter"
+    link.symlink_to(tmp_path / ("other" if node == "loop" else "gone"))
+    if node == "loop":
+        (tmp_path / "other").symlink_to(link)
+    with refused(f"ckpt={link}", "symbolic link loop" if node == "loop" else "which does not exist"):
+        resolve_checkpoint(str(link), compose_config([], "evaluate"))

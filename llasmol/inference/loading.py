@@ -15,6 +15,7 @@ from llasmol.core import offline
 from llasmol.core import run_dir as layout
 from llasmol.core.config import CONFIG_DIR
 from llasmol.core.errors import UserError
+from llasmol.core.files import unreadable
 from llasmol.core.schema import ModelSchema, check_group
 from llasmol.model.adapters import (ADAPTER_CONFIG, WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS, adapter_dir, load_adapter,
                                     readable_adapter)
@@ -45,6 +46,8 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
     if (path / ADAPTER_CONFIG).is_file():
         _check_adapter_base(path, cfg.model)
         return cfg.model, str(path), None
+    if path.is_symlink() and not path.exists():  # a loop, or a link to nothing: not "no adapter"
+        raise UserError(f"ckpt={ckpt} {unreadable(path)}: give a run directory, an adapter folder or a Hub id")
     if path.exists() or not HUB_ID.match(str(ckpt)):
         raise UserError(
             f"ckpt={ckpt} holds no adapter: give a run directory (with .hydra/config.yaml), a folder "
