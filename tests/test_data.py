@@ -938,7 +938,7 @@ def corrupt_train_line(root: Path) -> str:
 
 def missing_task_file(root: Path) -> str:
     (root / "raw" / "train" / "property_prediction-esol.jsonl").unlink()
-    return "property_prediction-esol.jsonl does not exist"
+    return "property_prediction-esol.jsonl, does not exist"
 
 
 def missing_template(root: Path) -> str:

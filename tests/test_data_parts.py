@@ -95,9 +95,12 @@ def test_templates_resolve_by_name_or_placeholder_and_a_tokenizer_must_name_eos(
         resolve_prompt_template("[INST]")
     tok = CharTokenizer()
     tok.eos_token = None
-    with refused("EOS token", "model.arch"):
+    with refused("CharTokenizer", "EOS token", "model.arch"):  # a stand-in names no files: its class, then
         PromptFormatter(tok)
-    with refused("model.prompt_template=chat_template", "model.prompt_template=llasmol"):
+    tok.name_or_path = "/models/base"
+    with refused("/models/base", "EOS token"):  # the files it was read from
+        PromptFormatter(tok)
+    with refused("model.prompt_template=chat_template", "CharTokenizer", "model.prompt_template=llasmol"):
         PromptFormatter(CharTokenizer(), "chat_template")
     PromptFormatter(CharTokenizer(), "llasmol")  # no chat template needed for a string template
 

@@ -251,8 +251,13 @@ def test_peft_refusing_a_module_is_one_line_with_its_reason_cut_at_300_character
     monkeypatch.setattr(peft, "get_peft_model", refuse)
     cfg = compose_config(["model=mistral", "lora=lite", "paths.output_dir=/tmp/unused"])
     reason = ("Target module x " + "y" * 400)[:300]  # whitespace collapsed, then cut
+    class Base(torch.nn.Module):  # has the modules named, so PEFT is asked (and refuses)
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.v_proj = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+
     with refused("['q_proj', 'v_proj']", cfg.model.name, f"({reason})", "model.lora_targets"):
-        apply_lora(torch.nn.Linear(2, 2), cfg.model, cfg.lora)
+        apply_lora(Base(), cfg.model, cfg.lora)
 
 
 def test_applying_lora_shows_no_deprecation_the_user_cannot_act_on():

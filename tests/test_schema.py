@@ -252,8 +252,8 @@ BOUNDS = [
      "a number > 0 and < 1 (0.95 for 95% intervals)"),
     (S.PromptingSchema, "shots", [0, 64], [-1, 65], "an integer >= 0 and <= 64"),
     (S.PromptingSchema, "seed", [0], [-1], "an integer >= 0"),
-    (S.OptimizerSchema, "lr", [1e-9, 1e-4, 3], [0, -1e-4, float("inf"), float("nan")],
-     "a number > 0 (the paper's is 1e-4)"),
+    (S.OptimizerSchema, "lr", [1e-9, 1e-4, 3, 1e6], [0, -1e-4, 1.000001e6, float("inf"), float("nan")],
+     "a number > 0 and <= 1000000 (the paper's is 1e-4)"),
     (S.OptimizerSchema, "weight_decay", [0, 0.01], [-0.01], "a number >= 0"),
     (S.SchedulerSchema, "num_warmup_steps", [0, 1073741824], [-1, 1073741825], "an integer >= 0 and <= 1073741824"),
     (S.TrainerSchema, "accelerator", ["auto", "cpu", "gpu", "cuda", "mps", "tpu"], ["gpux"],
@@ -320,8 +320,9 @@ def test_a_value_of_the_wrong_type_names_the_type_it_must_be():
     # Strict: a boolean is no integer nor number, an integer is a number, a string no list, a mapping's values typed.
     assert refusal({"micro_batch_size": True}, S.DataSchema) == "micro_batch_size=True must be an integer >= 1 and <= 65536"
     assert refusal({"micro_batch_size": 2.5}, S.DataSchema) == "micro_batch_size=2.5 must be an integer >= 1 and <= 65536"
-    assert refusal({"lr": True}, S.OptimizerSchema) == "lr=True must be a number > 0 (the paper's is 1e-4)"
-    assert refusal({"lr": "1e-4"}, S.OptimizerSchema) == "lr='1e-4' must be a number > 0 (the paper's is 1e-4)"
+    assert refusal({"lr": True}, S.OptimizerSchema) == "lr=True must be a number > 0 and <= 1000000 (the paper's is 1e-4)"
+    assert refusal({"lr": "1e-4"}, S.OptimizerSchema) == ("lr='1e-4' must be a number > 0 and <= 1000000 (the paper's "
+                                                          "is 1e-4)")
     assert refusal({"lr": 1}, S.OptimizerSchema) is None
     for value in ("maybe", 1, None):
         assert refusal({"lenient_formulas": value}, S.ScoringSchema) == f"lenient_formulas={value!r} must be true or false"
