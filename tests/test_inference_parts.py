@@ -527,3 +527,20 @@ def test_an_unreadable_number_is_named_with_the_first_80_characters_of_the_reaso
     assert seen.message.endswith(")")  # the reason closes the message
     reason = seen.message.split(" (", 1)[1][:-1]
     assert len(reason) == 80 and ";" not in reason  # Python's reason is longer: cut at its first clause, then at 80
+
+
+def test_a_second_evaluation_into_the_same_files_is_refused_while_the_first_answers(tmp_path):
+    """Two evaluations appending to one partial file would interleave their lines and each count the other's
+    as done: the second is refused, in one line, until the first has closed the file."""
+    from llasmol.inference.partial import PartialPredictions
+
+    final = tmp_path / "predictions" / "test.jsonl"
+    first = PartialPredictions(final, {"ckpt": "a"})
+    assert first.resume() == {}
+    first.append([{"index": 0, "task": "forward_synthesis"}])
+    second = PartialPredictions(final, {"ckpt": "a"})
+    with refused(f"{final}.partial", "another evaluation", "hydra.run.dir"):
+        second.resume()
+    first.close()
+    assert list(second.resume()) == [0]  # the first one's answers, taken over
+    second.close()

@@ -31,20 +31,37 @@ class PartialPredictions:
         self.count = 0  # records in the file
 
     def resume(self) -> dict[int, dict]:
-        """The records a stopped run left (by sample index), and the file opened to take more."""
-        done: dict[int, dict] = {}
-        if self.path.is_file():
-            lines = complete_jsonl(self.path)
-            if lines:
-                self._check(lines[0].get("settings"))
-                done = {r["index"]: r for r in lines[1:]}
+        """The records a stopped run left (by sample index), and the file opened, and locked, to take more."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fresh = not self.path.is_file() or self.path.stat().st_size == 0
         self._fh = self.path.open("ab")
-        if fresh:
+        self._lock()
+        done: dict[int, dict] = {}
+        lines = complete_jsonl(self.path)
+        if lines:
+            try:
+                self._check(lines[0].get("settings"))
+            except UserError:
+                self.close()
+                raise
+            done = {r["index"]: r for r in lines[1:]}
+        if self.path.stat().st_size == 0:
             append_jsonl(self._fh, [{"settings": self.settings}])
         self.count = len(done)
         return done
+
+    def _lock(self) -> None:
+        """Two evaluations answering into one folder at once would interleave their lines and each take the
+        other's as done: the second is refused while the first holds the file (the lock ends with it)."""
+        import fcntl
+
+        try:
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.close()
+            raise UserError(f"{self.path} is being written by another evaluation running now: wait for it to end "
+                            "(its results land in the same files), or give this one another hydra.run.dir") from None
+        except OSError:
+            pass  # a file system without locks (some network mounts): nothing to hold
 
     def _check(self, before: Optional[dict]) -> None:
         changed = sorted(k for k in {*self.settings, *(before or {})}
