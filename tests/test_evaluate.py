@@ -1212,6 +1212,10 @@ def test_a_run_directorys_model_section_is_read_as_data(tmp_path):
         return _run_model(tmp_path, OmegaConf.create({"model": section} if section is not None else {}), cfg)
 
     assert OmegaConf.to_container(read(model)) == model
+    # A run of an older llasmol, written before tokenizer_legacy and init_seed were settings: they take the
+    # value every base shares, so its model loads as a run started now would.
+    old = {k: v for k, v in model.items() if k not in ("tokenizer_legacy", "init_seed")}
+    assert (read(old).tokenizer_legacy, read(old).init_seed) == (None, 0)
     for section in (None, {}, "tiny"):  # no section, an empty one, not a mapping: one line, not a traceback
         with refused(where, "model section"):
             read(section)

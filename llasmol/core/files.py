@@ -113,8 +113,14 @@ def folder_problem(folder: str | os.PathLike) -> str | None:
         stats = os.statvfs(folder)
     except OSError as err:
         return f"cannot be examined ({os.strerror(err.errno) if err.errno else err})"
-    if getattr(stats, "f_blocks", 1) == 0:  # /proc, /sys: a kernel's view, no room for files at all
-        return "is on a virtual file system (such as /proc or /sys), where no file can be made"
+    if getattr(stats, "f_blocks", 1) == 0:  # no size: /proc or /sys (no files at all), or a tmpfs without a limit
+        try:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".llasmol-probe.")
+        except OSError:
+            return "is on a virtual file system (such as /proc or /sys), where no file can be made"
+        os.close(fd)
+        os.unlink(probe)
+        return None
     if not os.access(folder, os.W_OK | os.X_OK):
         return "is on a read-only file system" if stats.f_flag & os.ST_RDONLY else "is not writable by this user"
     # f_bavail: what an unprivileged writer may use; a quota shows as the same shortage when it is enforced here.

@@ -115,6 +115,10 @@ def _run_model(run_dir: Path, run_cfg: DictConfig, cfg: DictConfig) -> DictConfi
         raise UserError(f"{where} has model.tokenizer={str(model['tokenizer'])[:80]!r}, which llasmol.train does not "
                         "write (its runs name no tokenizer but the tiny one): evaluate only run directories written "
                         "by llasmol.train")
+    # A run written by an older llasmol lacks the settings added since: they take the value every base shares
+    # (conf/model_family/base.yaml), as a run started now would.
+    shared = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "model_family" / "base.yaml"))
+    model = {**{k: v for k, v in shared.items() if k in fields}, **model}
     if model.get("trust_remote_code") and not cfg.model.get("trust_remote_code"):
         raise UserError(f"{where} sets model.trust_remote_code=true: remote code runs only when asked for on the "
                         "command line (add model.trust_remote_code=true if you trust this run's model folder)")

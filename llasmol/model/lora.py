@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llasmol.core.errors import UserError
-from llasmol.model.roles import ROLES, role_map
+from llasmol.model.roles import ROLES, linear_layer_names, role_map
 # What an adapter of the embedded tiny model names as its base (it has no Hub id: its random weights are
 # rebuilt from model.init_seed, never saved).
 TINY_BASE = "llasmol/tiny-mistral (random weights, rebuilt from model.init_seed)"
@@ -77,8 +77,6 @@ def apply_lora(model, model_cfg, lora_cfg):
 def _check_targets_exist(model, targets: list[str], model_cfg) -> None:
     """PEFT adapts the names that match and skips the others without a word, so a misspelt role map would
     train (and count) fewer modules than asked: every name must match a module of the base."""
-    from llasmol.model.roles import linear_layer_names
-
     names = [name for name, _ in model.named_modules()]
     missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:
