@@ -548,7 +548,8 @@ def test_a_signal_between_micro_batches_waits_for_the_optimizer_step_and_a_secon
     logged = []
     monkeypatch.setattr(resume, "log_step_row_now", lambda trainer, *args: logged.append(trainer.global_step))
     before = {sig: signal.getsignal(sig) for sig in resume.StopAtStepBoundary.SIGNALS}
-    stopper, trainer = resume.StopAtStepBoundary(), SimpleNamespace(global_step=6, world_size=1)
+    stopper = resume.StopAtStepBoundary()
+    trainer = SimpleNamespace(global_step=6, world_size=1, fit_loop=SimpleNamespace(_data_fetcher=None))
     expected = KeyboardInterrupt if signum == signal.SIGINT else SIGTERMException
     stopper.on_train_start(trainer, None)
     try:
@@ -655,7 +656,8 @@ def test_under_ddp_any_ranks_signal_stops_every_rank_and_an_exception_restores_t
         def reduce(flag, reduce_op):
             asked.append((float(flag), reduce_op))
             return torch.tensor(max(float(flag), others_asked))
-        return SimpleNamespace(global_step=4, world_size=2, strategy=SimpleNamespace(reduce=reduce))
+        return SimpleNamespace(global_step=4, world_size=2, strategy=SimpleNamespace(reduce=reduce),
+                               fit_loop=SimpleNamespace(_data_fetcher=None))
 
     module = SimpleNamespace(device="cpu")
     stopper = resume.StopAtStepBoundary()
@@ -1036,3 +1038,44 @@ def test_an_adapters_card_holds_a_validation_only_at_the_step_it_was_made(tmp_pa
     save(6)  # no facts (not trained by `train`): no card
     assert staged[-1][3] is None and len(cards) == 2
     assert save(4, rank_zero=False, facts={"base": "b"}) == {} and len(staged) == 3  # rank 0 alone writes
+
+
+class SignalAtStep:
+    """A callback that sends this process `signum` while optimizer step `step` trains (a test's Ctrl-C)."""
+
+    def __new__(cls, step: int, signum: int = 2):
+        from lightning.pytorch.callbacks import Callback
+
+        class _Send(Callback):
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+                if trainer.global_step == step - 1:
+                    os.kill(os.getpid(), signum)
+
+        return _Send()
+
+
+@pytest.mark.slow
+def test_a_stop_at_a_step_due_for_validation_validates_that_step_on_resume(cfg_factory, tmp_path):
+    """Ctrl-C at the end of step 2, where val_every_n_steps=2 asks for a validation: the stop comes before it, so
+    the resumed run validates step 2 first, once, and trains on; the curve has every validation of an unstopped run."""
+    from llasmol.train import train
+
+    run = tmp_path / "run"
+    args = [f"paths.output_dir={run}", "val_every_n_steps=2", "callbacks.generation_evaluator.samples_per_task=1",
+            "generation.max_new_tokens_limit=2", "data.max_samples_per_task={validation:2}",
+            "trainer.enable_progress_bar=false", "logger=csv"]
+    with pytest.raises(SystemExit):
+        train(cfg_factory(*args, "trainer.max_steps=4", "+callbacks.signal={_target_:test_resume.SignalAtStep,step:2}"))
+    assert (run / "checkpoints" / "interrupted.ckpt").is_file()
+    train(cfg_factory(*args, "trainer.max_steps=4", "ckpt_path=last"))
+    straight = tmp_path / "straight"
+    train(cfg_factory(*[a.replace(str(run), str(straight)) for a in args], "trainer.max_steps=4"))
+
+    def rows(folder, key):
+        with (folder / "csv" / "metrics.csv").open(newline="") as fh:
+            return [(int(r["step"]), round(float(r[key]), 5)) for r in csv.DictReader(fh) if r.get(key)]
+
+    assert [step for step, _ in rows(run, "val/loss")] == [2, 4]
+    # As if it had never stopped: the same validations and the same training steps, to the loss.
+    assert rows(run, "val/loss") == rows(straight, "val/loss")
+    assert rows(run, "train/loss") == rows(straight, "train/loss")

@@ -52,6 +52,13 @@ TOUCH_POINTS: tuple[tuple[str, str, str, str, str], ...] = (
      "class", "the same"),
     ("lightning.pytorch.trainer.connectors.logger_connector.logger_connector", "_LoggerConnector",
      "update_train_step_metrics", "class", "the same"),
+    ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop", "_should_check_val_fx", "class",
+     "a stop at a step's end comes before the step's validation: the resumed run runs it first, where "
+     "Lightning, restarting there, would count it as done"),
+    ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop", "advance", "class", "the same"),
+    ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop", "_skip_next_val", "instance", "the same"),
+    ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop", "val_loop", "instance", "the same"),
+    ("lightning.pytorch.loops.fit_loop", "_FitLoop", "_data_fetcher", "instance", "the same"),
 )
 
 
@@ -75,9 +82,12 @@ def _instance(name: str, cls: type) -> Any:
         return cls(save_dir=tempfile.mkdtemp(), **({"offline": True} if name == "WandbLogger" else {}))
     if name == "ExperimentWriter":
         return cls(tempfile.mkdtemp())
-    if name == "Trainer":
-        return cls(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                   default_root_dir=tempfile.mkdtemp())
+    if name in ("Trainer", "_FitLoop", "_TrainingEpochLoop"):
+        from lightning.pytorch import Trainer
+
+        trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False, default_root_dir=tempfile.mkdtemp())
+        return {"Trainer": trainer, "_FitLoop": trainer.fit_loop, "_TrainingEpochLoop": trainer.fit_loop.epoch_loop}[name]
     return cls()
 
 
@@ -121,6 +131,35 @@ class CheckpointWithHooks(ModelCheckpoint):
         """Write last.ckpt unless this step was saved already."""
         if self._last_global_step_saved != trainer.global_step:
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+# --------------------------------------------------------------------------- validation at a stopped step
+
+
+def validation_due_now(trainer) -> bool:
+    """Whether the fit loop validates at the end of the step that has just finished (asked from a callback's
+    `on_train_batch_end`, before the loop does)."""
+    loop = trainer.fit_loop
+    return loop._data_fetcher is not None and bool(loop.epoch_loop._should_check_val_fx(loop._data_fetcher))
+
+
+def validate_first_on_resume(trainer) -> None:
+    """The resumed run's first iteration validates the restored step instead of training: the run stopped at
+    that step's end, before its validation. Lightning, restarting at a step due for validation from a
+    checkpoint saved before it, fast-forwards its counters as if it had run; this takes the path Lightning
+    takes for a validation stopped half-way, whose first iteration trains nothing and validates."""
+    loop = trainer.fit_loop.epoch_loop
+    advance = loop.advance
+
+    def validate_instead(data_fetcher) -> None:
+        loop.advance = advance  # once
+        if loop.restarting and loop._should_check_val_fx(data_fetcher):
+            loop.val_loop.restarting = False  # a fresh validation, not one to continue
+            loop._skip_next_val = False
+            return  # on_advance_end runs the validation; the next iteration trains
+        advance(data_fetcher)
+
+    loop.advance = validate_instead
 
 
 # --------------------------------------------------------------------------- loggers

@@ -28,7 +28,7 @@ from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
 from llasmol.core.files import unreadable, write_text
 from llasmol.finetune.distributed import SHARDED_KEY, uses_fsdp2
-from llasmol.finetune.lightning_private import log_step_row_now
+from llasmol.finetune.lightning_private import log_step_row_now, validate_first_on_resume, validation_due_now
 from llasmol.finetune.tracking import KeepingCSVLogger, wandb_loggers
 
 if TYPE_CHECKING:
@@ -253,6 +253,16 @@ class StopAtStepBoundary(Callback):
         self._requested = 0  # the signal number asked for, 0 for none
         self._previous: dict = {}
         self._step_at_start = -1
+        # The stop comes at the step's end, before the validation due there: saved in interrupted.ckpt (this
+        # callback's state), so that the resumed run validates that step first.
+        self._validation_due = False
+        self._validate_first = False
+
+    def state_dict(self) -> dict:
+        return {"validation_due": self._validation_due}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._validate_first = bool(state.get("validation_due"))
 
     def _handle(self, signum, frame) -> None:
         if self._requested:
@@ -268,6 +278,9 @@ class StopAtStepBoundary(Callback):
         self._previous = {}
 
     def on_train_start(self, trainer, pl_module) -> None:
+        if self._validate_first:
+            self._validate_first = False
+            validate_first_on_resume(trainer)
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
             self._previous = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
             for sig in self.SIGNALS:
@@ -288,6 +301,7 @@ class StopAtStepBoundary(Callback):
             log_step_row_now(trainer, pl_module, outputs, batch, batch_idx)  # a resumed run logs from the next step
             stop = KeyboardInterrupt() if requested == signal.SIGINT else SIGTERMException()
             stop.at_step_boundary = True  # the checkpoint callback saves interrupted.ckpt for these only
+            self._validation_due = validation_due_now(trainer)
             raise stop
 
     def on_train_end(self, trainer, pl_module) -> None:
