@@ -215,3 +215,21 @@ def test_the_two_run_report_names_the_runs_and_says_what_it_found(two_runs, tmp_
     with pytest.raises(SystemExit):
         report_main([str(full.path), str(tmp_path / "fresh")])
     assert "has no validation yet" in capsys.readouterr().err
+
+
+def test_a_sweep_of_many_runs_compares_each_with_the_first_not_every_pair(two_runs, monkeypatch):
+    """300 runs made the report compare 44,850 pairs (over 15 minutes); past ALL_PAIRS_UP_TO runs each is
+    compared with the first, and each run's answers are read once."""
+    from llasmol.analysis import pairs
+
+    read = []
+    real_basis = pairs.basis
+    monkeypatch.setattr(pairs, "basis", lambda run: (read.append(run.name), real_basis(run))[1])
+    few = list(two_runs) * 4  # 8 runs: every pair
+    assert len({(r["a"], r["b"]) for r in paired_table(few, [f"r{k}" for k in range(8)]).records()}) == 28
+    read.clear()
+    many = list(two_runs) * 10  # 20 runs
+    table = paired_table(many, [f"r{k}" for k in range(20)])
+    assert sorted({(r["a"], r["b"]) for r in table.records()}) == sorted(("r0", f"r{k}") for k in range(1, 20))
+    assert len(read) == 20  # each run once, the first kept
+    assert table.title.endswith("(each of 19 runs against r0: more than 8 runs)")

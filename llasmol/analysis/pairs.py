@@ -83,14 +83,28 @@ def ablation_intervals(runs: Sequence[Run], labels: Sequence[str]) -> dict[str, 
     return out
 
 
+# Up to this many runs every pair is compared (the four-variant ablation: 6 pairs); past it each run is compared
+# with the first, so a sweep of 300 runs costs 299 comparisons, not 44,850, and holds two runs' answers at a time.
+ALL_PAIRS_UP_TO = 8
+
+
 def paired_table(runs: Sequence[Run], labels: Sequence[str], resamples: int = 1000, seed: int = 0,
                  level: float = 0.95) -> Table:
-    """For each pair of runs (in the given order), each task's headline metric: A, B, A - B with its
-    paired bootstrap interval, whether the interval excludes zero, and the number of shared samples."""
-    bases = [basis(run) for run in runs]
+    """For each pair of runs (in the given order; past `ALL_PAIRS_UP_TO` runs, each with the first), each task's
+    headline metric: A, B, A - B with its paired bootstrap interval, whether the interval excludes zero, and
+    the number of shared samples."""
+    many = len(runs) > ALL_PAIRS_UP_TO
+    pairs = ((0, j) for j in range(1, len(runs))) if many else combinations(range(len(runs)), 2)
+    bases: dict[int, tuple] = {}
     rows = []
-    for (i, a), (j, b) in combinations(enumerate(runs), 2):
+    for i, j in pairs:
+        a, b = runs[i], runs[j]
+        for k in (i, j):
+            if k not in bases:
+                bases[k] = basis(runs[k])
         (where_a, records_a), (where_b, records_b) = bases[i], bases[j]
+        if many:
+            bases.pop(j)  # each later run is read once
         if where_a != where_b and "test" in (where_a, where_b):
             # One was evaluated on the test split, the other not: compare their latest validations instead.
             where_a, records_a = (a.latest.name, a.latest.predictions()) if a.latest else ("-", [])
@@ -104,7 +118,10 @@ def paired_table(runs: Sequence[Run], labels: Sequence[str], resamples: int = 10
                          "yes" if d["excludes_zero"] else "no", d["samples"]])
     columns = ["a", "b", "on", "task", "metric", "a_value", "b_value", "difference", "lo", "hi", "excludes_zero",
                "samples"]
-    return Table(columns, rows, title=f"Paired differences (A - B) with {level:.0%} bootstrap intervals")
+    title = f"Paired differences (A - B) with {level:.0%} bootstrap intervals"
+    if many:
+        title += f" (each of {len(runs) - 1} runs against {labels[0]}: more than {ALL_PAIRS_UP_TO} runs)"
+    return Table(columns, rows, title=title)
 
 
 def paired_runs_note(table: Table) -> str:
