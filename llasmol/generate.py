@@ -88,9 +88,10 @@ def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
     formatter = PromptFormatter(tokenizer, model_cfg.prompt_template)
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, 1)
     # the answering of evaluate, for one question; no task: the default beam settings
-    responses = ModelAnswers(generator, cfg.generation).ask(canonicalize_query(query), cfg.task or "")
+    asked = canonicalize_query(query)
+    responses = ModelAnswers(generator, cfg.generation).ask(asked, cfg.task or "")
     if responses is None:
-        length = len(formatter.prompt_ids(canonicalize_query(query)))
+        length = len(formatter.prompt_ids(asked))
         raise UserError(f"the query's prompt is {length} tokens, longer than generation.max_prompt_tokens="
                         f"{cfg.generation.max_prompt_tokens}: shorten the question or raise the setting")
     return responses

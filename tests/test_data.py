@@ -923,11 +923,17 @@ def corrupt_template(root: Path) -> str:
     return "template 1 of name_conversion-s2f"
 
 
-def corrupt_raw_line(root: Path, split: str = "dev") -> str:
+def _replace_raw_line(root: Path, split: str, line: int, text: str) -> Path:
+    """Line `line` (1-based) of name_conversion-s2f's raw file in `split` replaced by `text`; the file."""
     path = root / "raw" / split / "name_conversion-s2f.jsonl"
     lines = path.read_text().splitlines()
-    lines[2] = '{"input": "CCO", "output": '
+    lines[line - 1] = text
     path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def corrupt_raw_line(root: Path, split: str = "dev") -> str:
+    path = _replace_raw_line(root, split, 3, '{"input": "CCO", "output": ')
     return f"{path} line 3 is not valid JSON"
 
 
@@ -963,18 +969,12 @@ def missing_split(root: Path) -> str:
 
 def non_object_raw_line(root: Path) -> str:
     # Valid JSON, but not a record: found at start-up, not hours later when a batch reads it.
-    path = root / "raw" / "train" / "name_conversion-s2f.jsonl"
-    lines = path.read_text().splitlines()
-    lines[1] = '["CCO", "C2H6O"]'
-    path.write_text("\n".join(lines) + "\n")
+    path = _replace_raw_line(root, "train", 2, '["CCO", "C2H6O"]')
     return f"{path} line 2 is not a JSON object with input and output (it is list)"
 
 
 def record_without_output(root: Path) -> str:
-    path = root / "raw" / "train" / "name_conversion-s2f.jsonl"
-    lines = path.read_text().splitlines()
-    lines[0] = '{"input": "CCO"}'
-    path.write_text("\n".join(lines) + "\n")
+    path = _replace_raw_line(root, "train", 1, '{"input": "CCO"}')
     return f"{path} line 1 is not a JSON object with input and output (it is dict)"
 
 

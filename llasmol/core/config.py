@@ -21,7 +21,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from llasmol.core.errors import UserError, report_user_errors
-from llasmol.core.files import folder_problem, nearest_existing
+from llasmol.core.files import NO_SPACE, folder_problem, nearest_existing
 from llasmol.core.schema import check_config, is_fsdp2
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -344,7 +344,7 @@ def check_writable(folder: Path) -> None:
         raise UserError(f"{existing} is not a folder, so the run folder {folder} cannot be made there: give the run a "
                         "folder with hydra.run.dir=<folder>")
     problem = folder_problem(existing)
-    if problem and "no space" in problem:
+    if problem and problem.startswith(NO_SPACE):
         raise UserError(f"cannot write the run folder {folder}: {existing} {problem}; free space there (old runs' "
                         "checkpoints/) or write the run elsewhere with hydra.run.dir=...")
     if problem:

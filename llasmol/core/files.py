@@ -104,6 +104,7 @@ def unreadable(path: str | os.PathLike) -> str | None:
 # Hydra writes a run's config and log (tens of KB) before any of our code runs, and its own error on a full disk
 # is a traceback: below this much free space a folder is refused up front.
 MIN_FREE_BYTES = 256 << 10
+NO_SPACE = "has no space left on device"  # how `folder_problem` begins a full disk's reason (its fix differs)
 
 
 def folder_problem(folder: str | os.PathLike) -> str | None:
@@ -126,7 +127,7 @@ def folder_problem(folder: str | os.PathLike) -> str | None:
     # f_bavail: what an unprivileged writer may use; a quota shows as the same shortage when it is enforced here.
     free = min(shutil.disk_usage(folder).free, stats.f_bavail * stats.f_frsize)
     if free < MIN_FREE_BYTES:
-        return f"has no space left on device ({free / 1e9:.2f} GB free there)"
+        return f"{NO_SPACE} ({free / 1e9:.2f} GB free there)"
     return None
 
 
@@ -142,7 +143,7 @@ def check_writable_file(path: str | os.PathLike, setting: str | None = None) -> 
                         "folder; name a path in a folder")
     problem = folder_problem(folder)
     if problem:
-        fix = "free space there or name" if "no space" in problem else "name"
+        fix = "free space there or name" if problem.startswith(NO_SPACE) else "name"
         raise UserError(f"{what} cannot be written: {folder} {problem}; {fix} a path elsewhere")
 
 
