@@ -196,7 +196,7 @@ def test_names_that_fit_two_schemes_are_refused_naming_both():
 
     names = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "self_attn.out_proj",
              "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "fc1", "fc2"]
-    with refused("model.lora_targets", "Llama, Mistral, Qwen, Gemma, OLMo, Cohere, StableLM; OPT, Galactica",
+    with refused("model.lora_targets", "llama, opt in conf/model_family/roles",
                  "of m are self_attn.q_proj, "):
         infer_role_map(names, "m")
     with refused("model.lora_targets", "of m are none"):

@@ -1,6 +1,7 @@
 """Which module of a base plays each LoRA role (q, k, v, o, gate, up, down): the model config's
-`lora_targets`, or, where it is null (`model=hf`, a base that is not listed), read from the module names of
-the base built on the `meta` device from its config.json, when one known naming scheme fits them."""
+`lora_targets` (a listed base takes its family's map from conf/model_family/roles/), or, where it is null
+(`model=hf`, a base that is not listed), read from the module names of the base built on the `meta` device
+from its config.json, when one of those naming schemes fits them."""
 
 from __future__ import annotations
 
@@ -13,24 +14,20 @@ from llasmol.core.schema import ROLES  # checked there: a config's role names ar
 
 log = logging.getLogger(__name__)
 
-# The naming schemes of transformers' implementations, as roles -> module names (a name matches a module
-# whose qualified name is it or ends in "." + it, as PEFT's target_modules do). None: the family has no such
+# The naming schemes of transformers' implementations are the role maps in conf/model_family/roles/ (the
+# listed bases take theirs from there too): roles -> module names, where a name matches a module whose
+# qualified name is it or ends in "." + it, as PEFT's target_modules do, and null means the family has no such
 # layer. A fused module serves several roles at once (GPT-2's c_attn computes q, k and v): its roles are
 # trained together or not at all (`llasmol.model.lora.target_modules`).
-SCHEMES: dict[str, tuple[Optional[str], ...]] = {
-    "Llama, Mistral, Qwen, Gemma, OLMo, Cohere, StableLM": (
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-    "OPT, Galactica": ("q_proj", "k_proj", "v_proj", "out_proj", None, "fc1", "fc2"),
-    "GPT-J": ("q_proj", "k_proj", "v_proj", "out_proj", None, "fc_in", "fc_out"),
-    "Phi": ("q_proj", "k_proj", "v_proj", "self_attn.dense", None, "fc1", "fc2"),
-    "StarCoder2": ("q_proj", "k_proj", "v_proj", "o_proj", None, "mlp.c_fc", "mlp.c_proj"),
-    "GPT-2, GPT-BigCode": ("attn.c_attn",) * 3 + ("attn.c_proj", None, "mlp.c_fc", "mlp.c_proj"),
-    "BLOOM, Falcon": ("self_attention.query_key_value",) * 3 + (
-        "self_attention.dense", None, "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"),
-    "GPT-NeoX, Pythia": ("attention.query_key_value",) * 3 + (
-        "attention.dense", None, "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"),
-    "MPT": ("attn.Wqkv",) * 3 + ("attn.out_proj", None, "ffn.up_proj", "ffn.down_proj"),
-}
+def naming_schemes() -> dict[str, dict[str, Optional[str]]]:
+    """Scheme name (its file's stem) -> role map, in name order; each file's first line names its families."""
+    import yaml
+
+    from llasmol.core.config import CONFIG_DIR  # hydra at import: only a map to infer needs it
+
+    return {path.stem: yaml.safe_load(path.read_text(encoding="utf-8"))
+            for path in sorted((CONFIG_DIR / "model_family" / "roles").glob("*.yaml"))}
+
 
 _BLOCK_PREFIX = re.compile(r"^.*?\.\d+\.")  # "model.layers.0." : what a block's module names start with
 _INFERRED: dict[str, dict[str, Optional[str]]] = {}  # model.arch -> its inferred map: one meta build a process
@@ -54,12 +51,14 @@ def _matches(target: str, names: list[str]) -> bool:
 
 
 def infer_role_map(names: list[str], model: str) -> dict[str, Optional[str]]:
-    """The role map of the one scheme in `SCHEMES` whose every module name is among `names`; otherwise a
+    """The role map of the one naming scheme whose every module name is among `names`; otherwise a
     `UserError` listing the names seen and how to give the map."""
-    fits = [scheme for scheme, targets in SCHEMES.items() if all(t is None or _matches(t, names) for t in targets)]
+    schemes = naming_schemes()
+    fits = [name for name, scheme in schemes.items()
+            if all(scheme[role] is None or _matches(scheme[role], names) for role in ROLES)]
     if len(fits) == 1:
-        return dict(zip(ROLES, SCHEMES[fits[0]]))
-    why = (f"its module names fit several naming schemes ({'; '.join(fits)})" if fits
+        return {role: schemes[fits[0]][role] for role in ROLES}
+    why = (f"its module names fit several naming schemes ({', '.join(fits)} in conf/model_family/roles)" if fits
            else "no known naming scheme fits its module names")
     example = ",".join(f"{role}:<name>" for role in ROLES)
     raise UserError(
