@@ -59,9 +59,6 @@ def evaluate(cfg: DictConfig) -> dict:
                         f"output={Path(cfg.output) / 'metrics.json'}")
     if cfg.output:
         check_target(cfg.output, "output")  # before any work: a FIFO or device is not replaced at the end
-    if not cfg.predictions and not cfg.ckpt:
-        raise UserError("nothing to evaluate: pass predictions=<file.jsonl>, ckpt=<run dir | adapter dir> or "
-                        "ckpt=none (the bare base model)")
     # lazy: the jobs bring torch (1.5 s), which the command's checks before Hydra do not need
     from llasmol.inference import jobs
 

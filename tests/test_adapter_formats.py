@@ -223,8 +223,6 @@ def test_a_merged_adapter_generates_as_the_separate_one(cfg, twins):
         assert torch.allclose(merged(input_ids=ids).logits, separate(input_ids=ids).logits, atol=1e-5)
     assert greedy_tokens(cfg, new, merge=True) == greedy_tokens(cfg, new)
     assert compose_config([], "evaluate").merge_adapter is True and compose_config([], "generate").merge_adapter is True
-    with refused("merge_adapter='maybe'"):
-        load_model(cfg.model, str(new), merge="maybe")
 
 
 def test_the_model_card_of_a_real_base_names_it_and_shows_how_to_load_it_with_peft():

@@ -312,7 +312,7 @@ def test_the_summary_and_report_say_each_finding_with_its_examples(copy, tmp_pat
         "failed: 3 finding(s)",
     ]
     markdown = (tmp_path / "out" / "audit.md").read_text()
-    assert (f"**Failed**: 3 finding(s) break the split rules. 444 raw records of 11 tasks, splits train (`raw/train`), "
+    assert ("**Failed**: 3 finding(s) break the split rules. 444 raw records of 11 tasks, splits train (`raw/train`), "
             "validation (`raw/dev`), test (`raw/test`), read in 1.5 s. Held out (an overlap with these fails): test."
             ) in markdown
     assert "\n".join([

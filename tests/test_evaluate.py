@@ -540,7 +540,7 @@ def test_llm4chem_output_folders_score_as_our_own_predictions_files(tmp_path):
 
 def test_the_bare_base_model_is_evaluated_with_ckpt_none(tmp_path):
     """The base without any adapter, asked SMolInstruct's own queries (prompting=dataset): the same prompts,
-    beams and scoring as a trained model (the paper's protocol for base rows: tests/test_base_protocol.py)."""
+    beams and scoring as a trained model (the paper's protocol for base rows: tests/test_prompting.py)."""
     from llasmol.data.formatting import PROMPT_TEMPLATES
     from llasmol.inference.predictions import read_predictions
 
@@ -1064,8 +1064,6 @@ def test_the_device_setting(monkeypatch):
     assert pick_device("auto") == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert pick_device("auto") == torch.device("cuda")
-    with refused("device=gpu0"):
-        pick_device("gpu0")
 
 
 def test_a_hub_adapter_is_fetched_config_and_weights_only_then_checked(tmp_path, monkeypatch):
@@ -1273,8 +1271,6 @@ def test_the_adapter_is_merged_only_when_asked_and_never_into_a_quantised_base(t
         assert kind(str(folder), OmegaConf.create({"bits": 4}), merge=True) == "adapted"
     assert caplog.messages[-1] == "adapter kept separate on the 4-bit base (merging would re-round its weights)"
     assert kind(str(folder), OmegaConf.create({"bits": 4})) == "adapted"
-    with refused("merge_adapter='yes'"):
-        kind(str(folder), merge="yes")
 
 
 def test_the_commands_silence_the_known_library_noise_and_nothing_else(tmp_path):

@@ -325,7 +325,6 @@ def test_architecture_facts_are_read_or_refused_in_one_line(tmp_path, monkeypatc
 def test_a_base_is_loaded_from_its_folder_with_its_own_weights_and_a_pad_token(tmp_path, monkeypatch):
     """model.path: the folder's safetensors as saved; a config without a pad id gets the tokenizer's, and a
     tokenizer without a pad token takes its unk token. A folder without weights or tokenizer is one line."""
-    from omegaconf import OmegaConf
     from safetensors.torch import load_file
     from transformers import AutoConfig
 

@@ -281,7 +281,7 @@ def test_base_answers_are_scored_exactly_as_the_official_pipeline_scores_the_rul
     after the query), and how it is scored. A rule's answer holding the task's tags is scored whole (Mistral's
     `<SMILES> CC(C)O </SMILES>` is invalid), Galactica's `\\nYes` is no answer, a whitespace-only answer is one,
     a think block stays in a caption."""
-    from llasmol.inference.base_protocol import Protocol, read_answers
+    from llasmol.inference.prompting import Protocol, read_answers
     from llasmol.metrics.scoring import given_answers, record_stats
 
     cases = json.loads((DATA / "base_answers_official.json").read_text())["cases"]

@@ -20,7 +20,7 @@ from llasmol.core.schema import COMMANDS, check_config, resolved
 
 # What each command composes, by its choices that add settings (a quantised base, a real base's recipe).
 COMPOSITIONS = [("train", []), ("train", ["model=mistral", "quantization=4bit"]), ("train", ["lora=large"]), ("train", ["trainer=fsdp"]),
-                ("train", ["experiment=demo_ablation"]), ("params", []), ("evaluate", []), ("evaluate", ["model=mistral"]),
+                ("train", ["experiment=demo_ablation"]), ("params", []), ("evaluate", ["ckpt=none"]), ("evaluate", ["model=mistral", "ckpt=none"]),
                 ("generate", []), ("baseline", ["method=rdkit"]), ("audit", [])]
 # Settings the schema bounds that no shipped config sets: Lightning arguments a user adds (+trainer.limit_...).
 ADDED_BY_USERS = {"trainer.limit_train_batches", "trainer.limit_val_batches", "trainer.accumulate_grad_batches"}
@@ -104,6 +104,14 @@ def test_every_field_of_the_schemas_is_a_setting_some_config_holds():
     # Strict types: a boolean is a boolean, a list is not read letter by letter.
     ("train", "scoring.lenient_formulas=maybe", "scoring.lenient_formulas='maybe'"),
     ("evaluate", "merge_adapter=1", "merge_adapter=1"),
+    ("generate", "merge_adapter=maybe", "merge_adapter='maybe'"),
+    # Names from a short list: the device, and the cross-field rules of evaluate.
+    ("evaluate", "device=gpu0", ["device='gpu0'", "cuda:<n>"]),
+    ("generate", "device=cuda:x", ["device='cuda:x'", "cuda:<n>"]),
+    ("generate", "device=cuda:1", None),
+    ("evaluate", "ckpt=null", ["predictions=<file.jsonl>", "ckpt=none"]),
+    ("evaluate", ("prompting=galactica", "prompting.shots=3"), ["prompting.shots=3", "prompting.style=galactica",
+                                                            "prompting.shots=0"]),
     ("train", "data.tasks=forward_synthesis", "data.tasks='forward_synthesis'"),
     ("audit", "held_out=test", "held_out='test'"),
     ("train", "lora.targets=q", "lora.targets='q'"),
@@ -156,7 +164,10 @@ def test_every_field_of_the_schemas_is_a_setting_some_config_holds():
 ])
 def test_a_hostile_setting_is_one_line_naming_it(command, override, named):
     extra = [] if command == "generate" else ["paths.output_dir=/x"]
-    cfg = compose_config([override, *extra], command)
+    overrides = [override] if isinstance(override, str) else list(override)
+    if command == "evaluate" and not any(o.startswith("ckpt=") for o in overrides):
+        extra.append("ckpt=none")  # something to evaluate
+    cfg = compose_config([*overrides, *extra], command)
     if named is None:
         check_config(cfg)
         return

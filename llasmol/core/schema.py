@@ -247,13 +247,29 @@ class ScoringSchema:
     strict_smiles: bool = setting()
 
 
+# How `evaluate` may ask a model (conf/prompting/): SMolInstruct's own queries, or one of the query styles the
+# paper wrote for bases never tuned on it (llasmol/data/untuned_queries.py holds their text).
+DATASET_STYLE = "dataset"
+UNTUNED_STYLES = ("icl", "galactica", "molinst")
+
+
+def _shots_styled(prompting: dict) -> Optional[str]:
+    shots, style = prompting.get("shots"), prompting.get("style")
+    if isinstance(shots, int) and shots and style is not None and style != "icl":
+        return (f"prompting.shots={shots} with prompting.style={style}: only the icl style has in-context examples "
+                "(the paper asked Galactica and Molinst zero-shot); set prompting.shots=0")
+    return None
+
+
 @dataclass
 class PromptingSchema:
-    style: str  # one of llasmol.data.base_prompts.STYLES, checked with the shots it allows where they are read
+    style: str = setting(choices=(DATASET_STYLE, *UNTUNED_STYLES))
     shots: int = setting(0, 64)
     rules: str = setting()
     bare_only: bool = setting()
     seed: int = setting(0)
+
+    RULES = (_shots_styled,)
 
 
 @dataclass
@@ -488,6 +504,19 @@ class TrainSchema(ModelCommandSchema):
     RULES = (_lora_base, _sharded_quantization, _sharded_optimizer)
 
 
+def _device(name: str) -> Optional[str]:
+    if re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
+        return None
+    return "must be auto (the GPU when there is one), cpu, mps, cuda or cuda:<n>"
+
+
+def _something_to_evaluate(cfg: dict) -> Optional[str]:
+    if "predictions" in cfg and "ckpt" in cfg and not cfg["predictions"] and not cfg["ckpt"]:
+        return ("nothing to evaluate: pass predictions=<file.jsonl>, ckpt=<run dir | adapter dir> or ckpt=none "
+                "(the bare base model)")
+    return None
+
+
 @dataclass
 class EvaluateSchema(ModelCommandSchema):
     predictions: Optional[str] = setting()
@@ -496,7 +525,7 @@ class EvaluateSchema(ModelCommandSchema):
     pool_golds: str = setting(choices=("file", "split"), hint="file: the samples of the predictions file; split: "
                               "every sample of data.split, as the official scorer reads them")
     ckpt: Optional[str] = setting()
-    device: str = setting()
+    device: str = setting(rule=_device)
     merge_adapter: bool = setting()
     progress_every_s: float = setting(0, hint="seconds between progress lines in the log; 0: after every batch")
     all_metrics: bool = setting()
@@ -505,7 +534,7 @@ class EvaluateSchema(ModelCommandSchema):
     intervals: IntervalsSchema = setting()
     scoring: ScoringSchema = setting()
 
-    RULES = ()
+    RULES = (_something_to_evaluate,)
 
 
 def _generate_task(cfg: dict) -> Optional[str]:
@@ -518,7 +547,7 @@ class GenerateSchema(ModelCommandSchema):
     query: Optional[str] = setting()
     ckpt: Optional[str] = setting()
     task: Optional[str] = setting()
-    device: str = setting()
+    device: str = setting(rule=_device)
     merge_adapter: bool = setting()
 
     RULES = (_generate_task,)

@@ -24,7 +24,7 @@ from llasmol.core.files import write_json
 from llasmol.core.tasks import get_task
 from llasmol.data.formatting import PromptFormatter
 from llasmol.data.source import SMolInstructSource
-from llasmol.inference.base_protocol import Protocol, build_queries, protocol_for, read_answers
+from llasmol.inference.prompting import Protocol, build_queries, protocol_for, read_answers
 from llasmol.inference.beam_search import BeamGenerator
 from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
 from llasmol.inference.partial import PartialPredictions

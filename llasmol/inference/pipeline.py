@@ -102,7 +102,7 @@ class ModelAnswers:
     """A model's answers: beam search (`BeamGenerator`) with the `generation` settings of each task.
 
     `queries` replaces samples' own queries by index (a base model's protocol,
-    `llasmol.inference.base_protocol`). `done` maps sample indices to records already made (a continued
+    `llasmol.inference.prompting`). `done` maps sample indices to records already made (a continued
     evaluation): they are kept, not generated again. `sink(records)` receives each batch's records as soon as
     they exist, so a caller can keep them before the next batch (`llasmol.inference.partial`).
     """

@@ -26,7 +26,7 @@ from typing import Iterable, Optional
 import numpy as np
 
 from llasmol.core.tasks import TASKS, get_task
-from llasmol.metrics.base_extraction import RULES
+from llasmol.metrics.answer_rules import RULES
 from llasmol.metrics.extract import extract_answer
 from llasmol.metrics.families import COMMON_STATS, FAMILIES, Family
 
@@ -67,7 +67,7 @@ def sample_stats(task: str, predictions, golds, skipped: bool = False, answers=N
 
 def given_answers(record: dict) -> Optional[list]:
     """The answers a base model's extraction rule read (`record["extraction"]` names the rule set,
-    `llasmol.metrics.base_extraction`), which are scored exactly as the rule gave them, as the official
+    `llasmol.metrics.answer_rules`), which are scored exactly as the rule gave them, as the official
     scorer scores them; None for a record whose answers are read from between its predictions' tags."""
     answers = record.get("answers")
     if record.get("extraction") in RULES and isinstance(answers, list):

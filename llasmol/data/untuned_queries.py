@@ -7,7 +7,7 @@
 - `galactica`: zero-shot in Galactica's own conventions (App. A.2.2): molecules inside
   ``[START_I_SMILES]``/``[END_I_SMILES]``, MoleculeNet questions as ``Question: ... Answer:``, names and
   formulas as PubChem-style sections. Each query ends with the title the official `gal_*` extraction rule
-  looks for (`llasmol.metrics.base_extraction`).
+  looks for (`llasmol.metrics.answer_rules`).
 - `molinst`: zero-shot in Mol-Instructions' Alpaca format (App. A.2.4): its instructions on MC, MG, FS and RS
   (as its README prints them), instructions in that style on the other tasks.
 
@@ -144,7 +144,6 @@ MOLINST: dict[str, str] = dict(zip(TASK_NAMES, (
     "Can this molecule cause {target}? Answer yes or no.",
 )))
 
-STYLES = ("icl", "galactica", "molinst")
 # The rows the paper prints (Figure 3); all others are approximations in the same structure.
 PRINTED = {("icl", "forward_synthesis")}
 

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from refusals import refused
 
 from llasmol.core.tasks import TASK_NAMES
-from llasmol.data.base_prompts import (
+from llasmol.data.untuned_queries import (
     GALACTICA,
     ICL,
     MOLINST,
@@ -21,14 +21,14 @@ from llasmol.data.base_prompts import (
     icl_query,
     molinst_query,
 )
-from llasmol.inference.base_protocol import (
+from llasmol.inference.prompting import (
     Protocol,
     build_queries,
     draw_examples,
     protocol_for,
     read_answers,
 )
-from llasmol.metrics.base_extraction import extract_base_answer
+from llasmol.metrics.answer_rules import extract_base_answer
 
 MODELS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "model").glob("*.yaml"))
 # The paper's protocol per base (Section 5.2, App. A.2.2-A.2.3): (style, shots, rules).
@@ -178,7 +178,7 @@ def test_the_setting_composes_for_every_base_with_the_papers_protocol(model):
 
 
 @pytest.mark.parametrize("overrides,named", [
-    ({"style": "icll"}, ("prompting.style=icll", "dataset, icl, galactica, molinst")),
+    ({"style": "icll"}, ("prompting.style='icll'", "dataset, icl, galactica, molinst")),
     ({"shots": -1}, ("prompting.shots=-1", ">= 0")),
     ({"shots": True}, ("prompting.shots=True",)),
     ({"style": "galactica", "rules": "gal", "shots": 1},
@@ -189,7 +189,7 @@ def test_bad_prompting_settings_are_one_error(overrides, named):
     """The command's check (the schema) and then the protocol it asks for, as `evaluate` meets them."""
     from llasmol.core.schema import check_config
 
-    cfg = compose_config(["paths.output_dir=/x", "prompting=mistral",
+    cfg = compose_config(["paths.output_dir=/x", "ckpt=none", "prompting=mistral",
                           *(f"prompting.{k}={v}" for k, v in overrides.items())], "evaluate")
     with refused(*named):
         check_config(cfg)
@@ -284,7 +284,7 @@ def test_a_mistyped_prompting_choice_is_one_error():
         check_overrides("evaluate", ["ckpt=none", "prompting=mistrall"])
 
 
-def test_base_protocols_refuse_selfies_data_before_loading_a_model(tmp_path):
+def test_promptings_refuse_selfies_data_before_loading_a_model(tmp_path):
     from llasmol.evaluate import evaluate
 
     cfg = compose_config([f"paths.output_dir={tmp_path}", "ckpt=none", "data.representation=selfies",

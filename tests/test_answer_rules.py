@@ -1,7 +1,7 @@
 """The base models' answer extraction behaves as the official LLM4Chem rules on crafted, tricky outputs.
 
 Expected answers come from running the official `prediction_extraction.py` functions once on these texts
-(tests/data/base_extraction_cases.jsonl says how); its code is not part of this project.
+(tests/data/answer_rules_cases.jsonl says how); its code is not part of this project.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 from refusals import refused
 
 from llasmol.core.tasks import TASK_NAMES
-from llasmol.metrics.base_extraction import RULES, extract_base_answer
+from llasmol.metrics.answer_rules import RULES, extract_base_answer
 
-CASES_FILE = Path(__file__).parent / "data" / "base_extraction_cases.jsonl"
+CASES_FILE = Path(__file__).parent / "data" / "answer_rules_cases.jsonl"
 
 
 def _cases() -> list[tuple[str, str, str, object]]:
@@ -68,7 +68,7 @@ def test_unknown_rule_set_names_the_choices():
 
 
 def test_a_title_said_twice_is_read_after_its_first_occurrence_unless_the_rule_takes_the_last():
-    from llasmol.metrics.base_extraction import _after
+    from llasmol.metrics.answer_rules import _after
 
     text = "Product: CCO. Product: CCN"
     assert _after(text, "Product:") == " CCO. Product: CCN"

@@ -2,8 +2,8 @@
 
 `evaluate`'s `prompting` setting (conf/prompting/) picks a style: `dataset` (SMolInstruct's own queries in the
 model's prompt template, answers between the task's tags: what LlaSMol models were trained on), or one of
-the base-model styles of `llasmol.data.base_prompts` (`icl` k-shot, `galactica`, `molinst`) with an official
-extraction rule set of `llasmol.metrics.base_extraction`. The in-context examples of sample `i` are drawn
+the base-model styles of `llasmol.data.untuned_queries` (`icl` k-shot, `galactica`, `molinst`) with an official
+extraction rule set of `llasmol.metrics.answer_rules`. The in-context examples of sample `i` are drawn
 from the training split's samples of the same task with `numpy.random.default_rng([seed, i])`: the same
 examples whatever the order, batch or subset of the evaluated samples.
 
@@ -23,15 +23,13 @@ from typing import Optional
 import numpy as np
 
 from llasmol.core.errors import UserError
-from llasmol.data.base_prompts import STYLES, Example, galactica_query, icl_query, molinst_query
-from llasmol.metrics.base_extraction import TEXT_WITH_PROMPT, check_rules, extract_base_answer
-
-DATASET = "dataset"  # SMolInstruct's own queries and tag extraction
-
+from llasmol.core.schema import DATASET_STYLE
+from llasmol.data.untuned_queries import Example, galactica_query, icl_query, molinst_query
+from llasmol.metrics.answer_rules import TEXT_WITH_PROMPT, check_rules, extract_base_answer
 
 @dataclass(frozen=True)
 class Protocol:
-    style: str  # one of base_prompts.STYLES
+    style: str  # one of core.schema.UNTUNED_STYLES
     shots: int  # in-context examples per query (icl only)
     rules: str  # extraction rule set
     seed: int
@@ -46,15 +44,8 @@ def protocol_for(prompting, bare: bool) -> Optional[Protocol]:
     """The protocol `prompting` asks for, or None for SMolInstruct's own queries. A base's default protocol
     (`bare_only`) applies to the bare base (ckpt=none) only: a tuned checkpoint gets the queries it learnt."""
     style = str(prompting["style"])
-    if style == DATASET or (prompting["bare_only"] and not bare):
+    if style == DATASET_STYLE or (prompting["bare_only"] and not bare):
         return None
-    # The styles are this layer's table, so the style and the shots it allows are checked here; the schema has
-    # checked the count itself.
-    if style not in STYLES:
-        raise UserError(f"prompting.style={style} is not a style: choose from {DATASET}, {', '.join(STYLES)}")
-    if prompting["shots"] and style != "icl":
-        raise UserError(f"prompting.shots={prompting['shots']} with prompting.style={style}: only the icl style has "
-                        "in-context examples (the paper asked Galactica and Molinst zero-shot); set prompting.shots=0")
     return Protocol(style, prompting["shots"], check_rules(str(prompting["rules"])), prompting["seed"])
 
 

@@ -6,7 +6,7 @@ regular expression matching" (App. A.2.2-A.2.4); the official repository ships t
 `mol_*`). The rules here behave as those functions, quirks included (the Llama forward-synthesis rule keeps
 the text from the second character of its title on; Galactica's reaction rule drops the last character when
 the closing tag is missing), because the paper's base rows were scored through them. Each is tested on
-crafted outputs against the official functions' results (tests/data/base_extraction_cases.json).
+crafted outputs against the official functions' results (tests/data/answer_rules_cases.json).
 
 Two differences, both on input the official code cannot score: where a Galactica or Molinst rule's title is
 absent the official function stops the whole run (`assert`), here the sample has no answer; and
