@@ -753,19 +753,54 @@ def test_skipping_a_bad_line_drops_all_its_samples_and_keeps_the_others_targets(
     assert [r.getMessage() for r in caplog.records] == [f"{raw}: skipped 2 sample(s) on 1 malformed line(s)"]
 
 
-def test_a_raw_line_changed_after_the_split_was_opened_is_named(own_root):
+def test_a_raw_file_replaced_or_rewritten_while_a_split_reads_it_is_named_and_never_mixed(own_root):
+    """Samples are read at byte offsets indexed at start-up. A file replaced by a rename under an open handle is
+    still the indexed one, so reads go on unchanged; a handle opened after the change, or a file rewritten in
+    place, is one line naming the file, never another line's text read as this sample."""
+    import os
+
     task = "name_conversion-s2f"
-    split = SMolInstructSplit(own_root, "train", [task])
     raw = own_root / "raw" / "train" / f"{task}.jsonl"
     lines = raw.read_text().splitlines()
-    raw.write_text("\n".join(['{"input": "CCO"}', *lines[1:]]) + "\n")
-    with refused(f"{raw} line 1", "the file changed"):
-        split[0]
-    raw.write_text("\n".join(['{"input": ', *lines[1:]]) + "\n")
+    split = SMolInstructSplit(own_root, "train", [task])
+    before = [split[i] for i in range(len(split))]
+    new = raw.with_name("new.jsonl")
+    new.write_text("\n".join(reversed(lines)) + "\n")  # the same lines, so the same size, in another order
+    os.replace(new, raw)
+    assert [split[i] for i in range(len(split))] == before  # the open handle is the indexed file
     split.close()
-    with refused(f"{raw} line 1", "not valid JSON"):
+    with refused(str(raw), "changed while this run was reading it"):
         split[0]
+    split = SMolInstructSplit(own_root, "train", [task])
+    split[0]
+    with raw.open("r+") as fh:  # rewritten in place: same file, other bytes at the indexed offsets
+        fh.write('{"input": "CCO"}')
+    with refused(str(raw), "changed while this run was reading it"):
+        split[1]
     split.close()
+
+
+def test_training_stops_with_one_line_when_its_data_file_changes_mid_run(own_root, cfg_factory, monkeypatch):
+    """The change lands after the first step's samples were read: the run stops naming the file, and the
+    checkpoint of the steps done is kept to continue from once the file is back."""
+    task = "name_conversion-s2f"
+    raw = own_root / "raw" / "train" / f"{task}.jsonl"
+    reads, read = [], SMolInstructSplit.__getitem__
+
+    def reading(self, i):
+        reads.extend([i] if self.split == "train" else [])
+        if len(reads) == 3 and self.split == "train":  # the second step's first sample
+            raw.write_text(raw.read_text() + "\n")
+        return read(self, i)
+
+    monkeypatch.setattr(SMolInstructSplit, "__getitem__", reading)
+    cfg = cfg_factory(*QUICK, f"data.path={own_root}", f"data.tasks=[{task}]", "trainer.max_steps=4",
+                      "checkpoint_every_n_steps=1", "data.micro_batch_size=2", "data.effective_batch_size=2")
+    with refused(str(raw), "changed while this run was reading it"):
+        from llasmol.train import train
+
+        train(cfg)
+    assert (Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt").is_file()
 
 
 def test_core_tags_are_pairs_of_strings_or_nulls(tmp_path):

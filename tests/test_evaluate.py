@@ -745,6 +745,10 @@ def test_a_stopped_evaluation_continues_to_the_uninterrupted_result(run_dir, tmp
     assert (header["ckpt"], header["model"], header["split"], header["samples"]) == (str(run_dir), "tiny", "test", 33)
     assert (header["prompting"], header["quantization"], header["merge_adapter"]) == (None, {"bits": None}, True)
     assert isinstance(header["generation"], dict) and header["generation"]["max_new_tokens_limit"] > 0
+    # Of a kept line only the index and responses are read back: fields edited since are made again.
+    edited = [json.loads(line) for line in lines]
+    edited[1].update(gold=["C"], input="edited", answers=["C"])
+    partial.write_text("".join(json.dumps(r) + "\n" for r in edited))
     with partial.open("a") as fh:  # a kill in the middle of a line leaves it torn
         fh.write('{"task": "forward_synth')
     answered = []

@@ -300,8 +300,8 @@ def test_a_read_only_run_folder_is_one_line_before_hydra_writes(tmp_path):
     frozen = tmp_path / "frozen"
     _mounted_tmpfs(frozen, "size=100k,ro")
     try:
-        for command in ("llasmol.train", "llasmol.evaluate", "llasmol.audit"):
-            refused_cli([command, f"hydra.run.dir={frozen}/run"], tmp_path, f"{frozen}/run", "read-only")
+        for command in (["llasmol.train"], ["llasmol.evaluate", "ckpt=none"], ["llasmol.audit"]):
+            refused_cli([*command, f"hydra.run.dir={frozen}/run"], tmp_path, f"{frozen}/run", "read-only")
     finally:
         subprocess.run(["umount", str(frozen)])
 

@@ -125,18 +125,18 @@ def test_a_partial_file_starts_with_its_settings_and_counts_the_records_appended
     assert partial_path(final) == tmp_path / "run" / "predictions" / "test.jsonl.partial"
     parts = PartialPredictions(final, {"ckpt": "a", "beams": 3})
     assert parts.count == 0 and parts.answered() == 0  # no file yet
-    assert parts.resume() == {} and parts.count == 0  # its folder is made
-    parts.append([{"index": 4, "x": 1}, {"index": 2, "x": 2}])
-    parts.append([{"index": 9, "x": 3}])
+    assert parts.resume(set(range(10))) == {} and parts.count == 0  # its folder is made
+    parts.append([{"index": 4, "predictions": ["x"]}, {"index": 2, "predictions": None}])
+    parts.append([{"index": 9, "predictions": ["y", "z"], "gold": ["kept as written, read back never"]}])
     assert parts.count == 3 and parts.answered() == 3
-    assert [json.loads(line) for line in parts.path.read_text().splitlines()] == [
-        {"settings": {"ckpt": "a", "beams": 3}}, {"index": 4, "x": 1}, {"index": 2, "x": 2}, {"index": 9, "x": 3}]
+    assert [json.loads(line) for line in parts.path.read_text().splitlines()][:2] == [
+        {"settings": {"ckpt": "a", "beams": 3}}, {"index": 4, "predictions": ["x"]}]
 
-    # The same command again: the records by index, appended to, the settings line not written twice.
+    # The same command again: the responses by index, appended to, the settings line not written twice.
     again = PartialPredictions(final, {"ckpt": "a", "beams": 3})
-    assert again.resume() == {4: {"index": 4, "x": 1}, 2: {"index": 2, "x": 2}, 9: {"index": 9, "x": 3}}
+    assert again.resume(set(range(10))) == {4: ["x"], 2: None, 9: ["y", "z"]}
     assert again.count == 3
-    again.append([{"index": 0, "x": 4}])
+    again.append([{"index": 0, "predictions": []}])
     assert again.count == 4 and again.answered() == 4
     assert len(again.path.read_text().splitlines()) == 5
     again.close()
@@ -151,25 +151,45 @@ def test_an_empty_partial_file_gets_its_settings_line_and_a_torn_one_keeps_its_c
     partial_path(final).write_bytes(b"")
     parts = PartialPredictions(final, {"k": 1})
     assert parts.answered() == 0  # an empty file holds no records (not -1)
-    assert parts.resume() == {}
+    assert parts.resume({1, 2}) == {}
     parts.close()
     assert partial_path(final).read_text() == '{"settings": {"k": 1}}\n'
     with partial_path(final).open("a") as fh:
-        fh.write('{"index": 1}\n{"index": 2}\n{"ind')  # killed in the middle of a line
+        fh.write('{"index": 1, "predictions": null}\n{"index": 2, "predictions": null}\n{"ind')  # killed mid-line
     assert PartialPredictions(final, {"k": 1}).answered() == 2
+    assert PartialPredictions(final, {"k": 1}).resume({1, 2}) == {1: None, 2: None}
 
 
 @pytest.mark.parametrize("before, differs", [
     ({"a": 1, "b": 2, "c": 3}, "b=2, not 5"),
     ({"a": 1, "b": 5}, "c=None, not 3"),
-    (None, "a=None, not 1"),  # a first line without settings
 ])
 def test_a_partial_file_of_other_settings_names_the_first_that_differs(tmp_path, before, differs):
     final = tmp_path / "test.jsonl"
-    first = {"settings": before} if before is not None else {"index": 0}
-    partial_path(final).write_text(json.dumps(first) + "\n")
+    partial_path(final).write_text(json.dumps({"settings": before}) + "\n")
     with refused(partial_path(final), differs):
-        PartialPredictions(final, {"a": 1, "b": 5, "c": 3}).resume()
+        PartialPredictions(final, {"a": 1, "b": 5, "c": 3}).resume(set())
+
+
+@pytest.mark.parametrize("lines, named", [
+    (['{"index": 0}'], "line 1"),  # the settings line edited away
+    (['{"settings": {"k": 1}}', '{"index": 0, "predictions": ["a"'], "line 2"),  # not JSON
+    (['{"settings": {"k": 1}}', b'{"index": 0, "predictions": ["\xff"]}'], "line 2"),  # not UTF-8
+    (['{"settings": {"k": 1}}', '[0, ["a"]]'], "line 2"),  # not an object
+    (['{"settings": {"k": 1}}', '{"index": 7, "predictions": ["a"]}'], "index 7"),  # no sample of this evaluation
+    (['{"settings": {"k": 1}}', '{"index": true, "predictions": ["a"]}'], "index true"),
+    (['{"settings": {"k": 1}}', '{"index": 0, "predictions": ["a"]}', '{"index": 0, "predictions": ["b"]}'],
+     "sample 0 a second time"),
+    (['{"settings": {"k": 1}}', '{"index": 0, "predictions": "a"}'], 'predictions "a"'),
+])
+def test_a_partial_file_edited_since_the_stop_is_refused_by_line_untouched(tmp_path, lines, named):
+    """A line changed between the stop and the continuation is named by its number, never half-used or a
+    traceback, and the file stays as it is for the user to mend or delete."""
+    final = tmp_path / "predictions" / "test.jsonl"
+    final.parent.mkdir()
+    partial_path(final).write_bytes(b"".join((x if isinstance(x, bytes) else x.encode()) + b"\n" for x in lines))
+    with refused(partial_path(final), named, "delete it to start over", untouched=tmp_path):
+        PartialPredictions(final, {"k": 1}).resume({0, 1})
 
 
 # --------------------------------------------------------------------------- the pipeline
@@ -536,11 +556,11 @@ def test_a_second_evaluation_into_the_same_files_is_refused_while_the_first_answ
 
     final = tmp_path / "predictions" / "test.jsonl"
     first = PartialPredictions(final, {"ckpt": "a"})
-    assert first.resume() == {}
-    first.append([{"index": 0, "task": "forward_synthesis"}])
+    assert first.resume({0}) == {}
+    first.append([{"index": 0, "predictions": ["CCO"]}])
     second = PartialPredictions(final, {"ckpt": "a"})
     with refused(f"{final}.partial", "another evaluation", "hydra.run.dir"):
-        second.resume()
+        second.resume({0})
     first.close()
-    assert list(second.resume()) == [0]  # the first one's answers, taken over
+    assert second.resume({0}) == {0: ["CCO"]}  # the first one's answers, taken over
     second.close()

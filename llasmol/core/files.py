@@ -254,16 +254,21 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     _atomic_write(Path(path), lambda fh: fh.write(data), binary=True)
 
 
-def complete_jsonl(path: str | os.PathLike) -> list[dict]:
-    """The records of the complete lines of an append-only JSONL file, which a kill mid-write can leave
-    ending in a torn line: that tail is cut off the file, so the next append starts on a line of its own."""
+def complete_lines(path: str | os.PathLike) -> list[bytes]:
+    """The complete, non-blank lines of an append-only file, which a kill mid-write can leave ending in a torn
+    line: that tail is cut off the file, so the next append starts on a line of its own."""
     path = Path(path)
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
     if end < len(data):
         with path.open("r+b") as fh:
             fh.truncate(end)
-    return [json.loads(line) for line in data[:end].decode("utf-8").splitlines() if line.strip()]
+    return [line for line in data[:end].split(b"\n") if line.strip()]
+
+
+def complete_jsonl(path: str | os.PathLike) -> list[dict]:
+    """The records of the complete lines of an append-only JSONL file (`complete_lines`)."""
+    return [json.loads(line) for line in complete_lines(path)]
 
 
 def append_jsonl(fh, records: Iterable[dict]) -> None:

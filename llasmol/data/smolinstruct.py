@@ -45,6 +45,13 @@ class _TaskTable:
     templates: list[dict]
     input_tags: tuple[Optional[str], Optional[str]]
     output_tags: tuple[Optional[str], Optional[str]]
+    raw_identity: tuple[int, int, int, int]  # the raw file as indexed (`_identity`)
+
+
+def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:
+    """Which file, how long, when last written: samples are read at the byte offsets indexed at start-up, so a
+    raw file replaced or rewritten since then would hand out other lines (or halves of them)."""
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -333,6 +340,7 @@ class SMolInstructSplit:
             )
         header, idx, template_id, targets = _read_sample_list(split_dir / f"{task}.json", task, limit)
         raw_file = raw_path(self.root, self.split, task, self._raw_dir)
+        identity = _identity(raw_file.stat())  # before indexing: a change while it is read shows at the first read
         offsets, line_bytes, bad_lines = _line_offsets(raw_file)
         used_bad = np.isin(idx, np.fromiter(bad_lines, dtype=np.int64)) if bad_lines else None
         if used_bad is not None and used_bad.any() and not self.skip_bad_lines:
@@ -389,6 +397,7 @@ class SMolInstructSplit:
             templates=templates,
             input_tags=self._tags(tags["input"]),
             output_tags=self._tags(tags["output"]),
+            raw_identity=identity,
         )
 
     def _tags(self, pair: list) -> tuple[Optional[str], Optional[str]]:
@@ -441,6 +450,10 @@ class SMolInstructSplit:
     def raw_record(self, k: int, line: int) -> dict:
         table = self._tables[k]
         fh = self._handle(k)
+        if _identity(os.fstat(fh.fileno())) != table.raw_identity:  # one fstat a sample: under a microsecond
+            raise UserError(f"{table.raw_path} changed while this run was reading it (it was replaced or rewritten "
+                            "after the run indexed its lines): put the file back as it was and continue the run "
+                            "(ckpt_path=last), or start a new run on the new file")
         fh.seek(int(table.line_offsets[line]))
         text = fh.readline()
         try:

@@ -29,7 +29,7 @@ from llasmol.inference.beam_search import BeamGenerator
 from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
 from llasmol.inference.partial import PartialPredictions
 from llasmol.inference.pipeline import Evaluation, ModelAnswers, RunFiles, Samples, split_golds
-from llasmol.inference.predictions import read_predictions
+from llasmol.inference.predictions import make_record, read_predictions
 from llasmol.inference.progress import generation_progress
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,9 @@ def generate_and_score(cfg: DictConfig) -> ModelEvaluation:
         "prompting": OmegaConf.to_container(cfg.prompting, resolve=True) if protocol is not None else None,
         "quantization": OmegaConf.to_container(cfg.quantization, resolve=True) if cfg.get("quantization") else None,
         "merge_adapter": cfg.merge_adapter})
-    done = partial.resume()
+    split = samples.split
+    done = {i: make_record(i, split[i], samples.golds, responses)
+            for i, responses in partial.resume(set(indices)).items()}
     if done:
         log.info("continuing the stopped evaluation in %s: %d of %d samples answered", partial.path, len(done),
                  len(indices))

@@ -3,16 +3,19 @@
 `<split>.jsonl.partial`, beside the final `<split>.jsonl`, is append-only: a first line naming the settings
 the answers depend on, then one complete line per record, pushed to the disk as each batch finishes. A
 stopped or killed evaluation keeps every batch it finished; the same command reads them back, answers only
-the rest, writes the final file and removes the partial one.
+the rest, writes the final file and removes the partial one. Of each kept line only the sample's index and
+the responses are taken back; the rest of its record is made again from the split (the line is read as the
+same command's own output, and a line edited since is refused by its number, not half-used).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
 from llasmol.core.errors import UserError
-from llasmol.core.files import append_jsonl, complete_jsonl
+from llasmol.core.files import append_jsonl, complete_jsonl, complete_lines
 
 SUFFIX = ".partial"
 
@@ -30,24 +33,56 @@ class PartialPredictions:
         self._fh = None
         self.count = 0  # records in the file
 
-    def resume(self) -> dict[int, dict]:
-        """The records a stopped run left (by sample index), and the file opened, and locked, to take more."""
+    def resume(self, indices: set[int]) -> dict[int, Optional[list[str]]]:
+        """The responses a stopped run left, by sample index (None: the sample was skipped), and the file
+        opened, and locked, to take more. `indices`: the samples this evaluation answers."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = self.path.open("ab")
         self._lock()
-        done: dict[int, dict] = {}
-        lines = complete_jsonl(self.path)
-        if lines:
-            try:
-                self._check(lines[0].get("settings"))
-            except UserError:
-                self.close()
-                raise
-            done = {r["index"]: r for r in lines[1:]}
+        try:
+            done = self._read(indices)
+        except UserError:
+            self.close()
+            raise
         if self.path.stat().st_size == 0:
             append_jsonl(self._fh, [{"settings": self.settings}])
         self.count = len(done)
         return done
+
+    def _read(self, indices: set[int]) -> dict[int, Optional[list[str]]]:
+        done: dict[int, Optional[list[str]]] = {}
+        for number, line in enumerate(complete_lines(self.path), 1):
+            why, record = None, None
+            try:
+                record = json.loads(line.decode("utf-8"))
+            except (ValueError, RecursionError):  # not UTF-8, not JSON, numbers past Python's digit limit
+                why = "is not a JSON line"
+            if why is None and number == 1:
+                if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
+                    why = "is not the settings line this command writes first"
+                else:
+                    self._check(record["settings"])
+                    continue
+            if why is None:
+                why = self._record_problem(record, indices, done)
+            if why:
+                raise UserError(f"{self.path} line {number} {why}: the file was changed since the evaluation "
+                                "stopped; delete it to start over (its samples are answered again)")
+            done[record["index"]] = record["predictions"]
+        return done
+
+    @staticmethod
+    def _record_problem(record, indices: set[int], done: dict) -> Optional[str]:
+        if not isinstance(record, dict):
+            return "is not a JSON object"
+        index, responses = record.get("index"), record.get("predictions", ())
+        if not isinstance(index, int) or isinstance(index, bool) or index not in indices:
+            return f"has index {json.dumps(index)[:40]}, which is no sample of this evaluation"
+        if index in done:
+            return f"answers sample {index} a second time"
+        if responses is not None and not (isinstance(responses, list) and all(isinstance(r, str) for r in responses)):
+            return f"has predictions {json.dumps(responses)[:60]}, not a list of responses (or null)"
+        return None
 
     def _lock(self) -> None:
         """Two evaluations answering into one folder at once would interleave their lines and each take the
