@@ -867,6 +867,28 @@ def test_the_task_table_is_read_only_and_check_tasks_refuses_empty_repeated_or_u
     assert get_task("molecule_generation").input_tag is None
 
 
+@pytest.mark.parametrize("spelt", ["\uff46orward_synthesis", "forward_synthesis\u200b", "Forward_Synthesis",
+                                   "forward_synthesis "])
+def test_task_names_that_only_look_alike_never_count_as_one_or_as_two(tmp_path, spelt):
+    """A full-width letter, a zero-width space, another case or a trailing space: each is refused with its
+    escaped spelling and the name it resembles, in a predictions file and in data.tasks, so no two spellings
+    split one task's samples into two rows (or pool them as one)."""
+    import json
+
+    from conftest import compose_config
+
+    from llasmol.core.schema import check_config
+    from llasmol.inference.predictions import read_predictions
+
+    path = tmp_path / "p.jsonl"
+    lines = [{"task": task, "input": "CCO", "gold": "CCO", "predictions": ["CCO"]} for task in ("forward_synthesis", spelt)]
+    path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+    with refused(f"{path} line 2", ascii(spelt), "looks like forward_synthesis", untouched=tmp_path):
+        read_predictions(path)
+    with refused("data.tasks", ascii(spelt), "write forward_synthesis"):
+        check_config(compose_config(["paths.output_dir=/x", f"data.tasks=[forward_synthesis,'{spelt}']"]))
+
+
 def _key(charge=0, **counts):
     """A lenient formula key written out: `C=2, H_2=1` is two natural carbons and one hydrogen-2."""
     atoms = frozenset(((sym.split("_")[0], int(sym.split("_")[1]) if "_" in sym else 0), n)

@@ -207,6 +207,28 @@ def test_qlora_trains_validates_saves_and_evaluates_on_cpu(cfg_factory, tmp_path
 
 
 @pytest.mark.slow
+def test_a_4bit_run_stopped_by_ctrl_c_resumes_to_the_unstopped_runs_losses(cfg_factory, tmp_path):
+    """QLoRA stopped at the end of step 2 and continued: the 4-bit base is rebuilt as it was (the checkpoint
+    holds only what trains), and every step's loss is the unstopped run's."""
+    from llasmol.train import train
+
+    args = ["quantization=4bit", "data.tasks=[name_conversion-s2f,property_prediction-bbbp]", *QUICK,
+            "trainer.max_steps=4", "val_every_n_steps=4", "trainer.log_every_n_steps=1"]
+    run, straight = tmp_path / "run", tmp_path / "straight"
+    with pytest.raises(SystemExit):
+        train(cfg_factory(*args, f"paths.output_dir={run}", "+callbacks.signal={_target_:test_resume.SignalAtStep,step:2}"))
+    assert torch.load(run / "checkpoints" / "interrupted.ckpt", map_location="cpu", weights_only=True)["global_step"] == 2
+    assert train(cfg_factory(*args, f"paths.output_dir={run}", "ckpt_path=last"))["global_step"] == 4
+    train(cfg_factory(*args, f"paths.output_dir={straight}"))
+
+    def losses(folder: Path) -> list[tuple[int, float]]:
+        return [(int(r["step"]), round(float(r["train/loss"]), 5)) for r in _rows(folder) if r.get("train/loss")]
+
+    assert [step for step, _ in losses(run)] == [1, 2, 3, 4]
+    assert losses(run) == losses(straight)
+
+
+@pytest.mark.slow
 def test_the_paper_optimizer_lowers_the_loss_and_resumes_exactly_from_its_8bit_state(tmp_path):
     """`recipe=paper` on the tiny model with a small batch: bitsandbytes' AdamW8bit at the paper's lr 1e-4
     and weight decay, cosine schedule (warm-up scaled to the short run), accumulation 2. The loss falls, the

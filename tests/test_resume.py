@@ -153,10 +153,31 @@ def test_ckpt_path_last_passes_over_an_empty_or_truncated_checkpoint(tmp_path):
     assert resolve_resume("last", other, "tiny", "full") == str(good)  # from a sibling run too
     good.write_bytes(good.read_bytes()[:40])  # truncated
     for ckpt_path in ("last", "auto"):
-        with refused(f"ckpt_path={broken}", "llasmol.train", "torch.save"):
+        with refused(f"ckpt_path={good}", "llasmol.train", "torch.save"):
             resolve_resume(ckpt_path, run, "tiny", "full")
     with refused("ckpt_path=last", "checkpoints/last.ckpt", other):
         resolve_resume("last", other, "tiny", "full")  # a sibling's broken files are passed over
+
+
+def test_the_resume_checkpoint_is_the_one_of_the_latest_step_whatever_the_files_dates(tmp_path):
+    """A copied or rsynced run folder, or a clock set wrong, redates its files: an old-dated last.ckpt of step
+    6 beside an interrupted.ckpt of step 4 written "later" is still the one resumed; at one step the stop's
+    own interrupted.ckpt is (it knows whether a validation was due); a checkpoint whose step is no step is
+    refused."""
+    run = _run_dir(tmp_path, "run", ckpts=("last.ckpt", "interrupted.ckpt"))
+    last, interrupted = run / "checkpoints" / "last.ckpt", run / "checkpoints" / "interrupted.ckpt"
+    torch.save({**_TRAINING_STATE, "global_step": 6}, last)
+    torch.save({**_TRAINING_STATE, "global_step": 4}, interrupted)
+    os.utime(last, ns=(10**17, 10**17))  # dated long before the other
+    os.utime(interrupted, ns=(3 * 10**18, 3 * 10**18))
+    for ckpt_path in ("last", "auto", str(run)):
+        assert resolve_resume(ckpt_path, run, "tiny", "full") == str(last)
+    torch.save({**_TRAINING_STATE, "global_step": 6}, interrupted)
+    os.utime(interrupted, ns=(10**16, 10**16))
+    assert resolve_resume("last", run, "tiny", "full") == str(interrupted)
+    torch.save({**_TRAINING_STATE, "global_step": "6"}, last)
+    with refused(f"ckpt_path={last}", "global_step"):
+        resolve_resume(str(last), run, "tiny", "full")
 
 
 def test_a_checkpoint_resumes_only_on_the_number_of_processes_and_the_kind_of_trainer_it_was_saved_from(tmp_path):

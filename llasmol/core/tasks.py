@@ -88,11 +88,27 @@ _BY_NAME = {t.name: t for t in TASKS}
 assert len(_BY_NAME) == len(TASKS)
 
 
+def _look_alike(name: str) -> Optional[str]:
+    """The task name that `name` becomes once Unicode's compatibility forms (full-width letters), invisible
+    characters (zero-width spaces, soft hyphens), case and surrounding spaces are set aside; None if none."""
+    import unicodedata
+
+    plain = "".join(c for c in unicodedata.normalize("NFKC", name) if unicodedata.category(c) not in ("Cf", "Cc"))
+    plain = plain.strip().casefold()
+    return plain if plain in _BY_NAME else None
+
+
 def get_task(name: str, where: str = "the task name") -> Task:
-    """The row of task `name`; the one unknown-task error, naming `where` the name came from."""
+    """The row of task `name`, spelt exactly as the table spells it (a name that only looks like one is
+    refused, so no two spellings ever count as one task or as two); the one unknown-task error, naming
+    `where` the name came from."""
     try:
         return _BY_NAME[name]
     except (KeyError, TypeError):
+        alike = _look_alike(name) if isinstance(name, str) else None
+        if alike is not None:
+            raise UserError(f"unknown task {ascii(name)} in {where}: it looks like {alike} but is spelt with other "
+                            f"characters; write {alike}") from None
         raise UserError(f"unknown task {name!r} in {where}: choose from " + ", ".join(TASK_NAMES)) from None
 
 

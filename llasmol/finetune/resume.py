@@ -38,18 +38,20 @@ log = logging.getLogger(__name__)
 
 
 def newest_resume_checkpoint(run_dir: Path, strict: bool = True) -> Optional[Path]:
-    """The most recently written resume checkpoint of a run directory that is one (an empty or truncated file,
-    e.g. a zero-byte interrupted.ckpt dated in the future, is passed over), or None. `strict`: when every one
-    found is broken, a `UserError` naming the newest (else None, for other runs' folders)."""
+    """The resume checkpoint of a run directory saved at the latest optimizer step (interrupted.ckpt where it
+    ties with last.ckpt: it also knows whether a validation was due), or None. Steps, not file dates, decide:
+    a copy, an rsync or a clock change redates files, never their steps. A broken one (an empty or truncated
+    file) is passed over; `strict`: when every one found is broken, a `UserError` naming the first (else None,
+    for other runs' folders)."""
     found = [p for name in layout.RESUME_CKPTS if (p := run_dir / layout.CHECKPOINTS / name).is_file()]
-    broken = None
-    for path in sorted(found, key=lambda p: p.stat().st_mtime_ns, reverse=True):
+    broken, steps = None, {}
+    for path in found:
         try:
-            check_training_checkpoint(path)
+            steps[path] = check_training_checkpoint(path)
         except UserError as err:
             broken = broken or err
-            continue
-        return path
+    if steps:
+        return max(steps, key=lambda p: (steps[p], p.name == layout.INTERRUPTED_CKPT))
     if broken is not None and strict:
         raise broken
     return None
@@ -108,9 +110,9 @@ def resolve_resume(ckpt_path: Optional[str], output_dir: Path, model: str, lora:
 TRAINING_STATE_KEYS = ("pytorch-lightning_version", "global_step", "state_dict", "optimizer_states", "loops")
 
 
-def check_training_checkpoint(path: Path) -> None:
-    """A `UserError` unless `path` is a checkpoint `llasmol.train` can resume: read weights-only with its
-    tensors memory-mapped (cheap at any size), so nothing in a crafted file runs."""
+def check_training_checkpoint(path: Path) -> int:
+    """The optimizer step of `path`, a checkpoint `llasmol.train` can resume (else a `UserError`): read
+    weights-only with its tensors memory-mapped (cheap at any size), so nothing in a crafted file runs."""
     import pickle
 
     why = ""
@@ -124,9 +126,12 @@ def check_training_checkpoint(path: Path) -> None:
         missing = [k for k in TRAINING_STATE_KEYS if not isinstance(state, dict) or k not in state]
         if missing:
             why = f"it holds no training state (no {', '.join(missing[:2])})"
+        elif not isinstance(state["global_step"], int) or isinstance(state["global_step"], bool):
+            why = f"its global_step is {str(state['global_step'])[:40]}, not a step"
     if why:
         raise UserError(f"ckpt_path={path} is not a checkpoint of llasmol.train: {why}. Give a run directory or "
                         "its checkpoints/last.ckpt; an adapter folder is evaluated with llasmol.evaluate ckpt=")
+    return state["global_step"]
 
 
 def checkpoint_step(path: str) -> int:
