@@ -240,6 +240,7 @@ def test_every_shipped_configuration_passes_its_schema(command):
             check_config(compose_config([f"data={data}", "paths.output_dir=/x"], command))
         return
     extra = ["paths.output_dir=/x"] if command in ("train", "evaluate", "baseline") else []
+    extra += ["ckpt=none"] if command == "evaluate" else []  # something to evaluate
     choices = [[f"model={model}"] for model in ("tiny", "mistral", "llama2", "llama2_13b", "codellama", "galactica")]
     if command in ("train", "params"):
         choices += [["model=mistral", f"lora={lora}"] for lora in ("lite", "attn", "ffn", "plus")]

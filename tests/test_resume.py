@@ -817,7 +817,7 @@ def test_an_adapter_save_stopped_between_its_renames_leaves_the_previous_one_rea
 
 
 STALLING_TRAIN = """
-import runpy, sys, time
+import os, runpy, signal, sys, time
 import llasmol.core.files as files
 
 real, saves = files._atomic_write, []
@@ -826,10 +826,15 @@ real, saves = files._atomic_write, []
 def atomic_write(path, write, binary=False):
     if path.name == "last.ckpt":
         saves.append(path)
-        if len(saves) == 2:  # the second last.ckpt: stall half-way through, to be killed there
+        if len(saves) == 2:  # the second last.ckpt: stall half-way through, to be killed (or stopped) there
             def stalled(fh):
                 fh.write(b"half a checkpoint")
                 (path.parents[1] / "stalled").write_text("")
+                if os.environ.get("STALL") == "sigstop":  # as `kill -STOP` would; SIGCONT carries on
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                    fh.seek(0)
+                    fh.truncate()
+                    return write(fh)
                 time.sleep(600)
             return real(path, stalled, binary)
     return real(path, write, binary)
@@ -873,6 +878,40 @@ def test_a_kill_during_a_checkpoint_write_keeps_adapter_and_checkpoint_of_one_st
     assert re.search(r"removed 2 temporary file\(s\) left by writes a stop interrupted", (run / "train.log").read_text())
     assert not [p.name for p in checkpoints.iterdir() if p.name.startswith(".")]
     assert checkpoint_step(str(last)) == adapter_step(adapter) == 6
+
+
+@pytest.mark.slow
+def test_a_run_paused_by_sigstop_mid_checkpoint_write_shows_the_previous_pair_then_carries_on(tmp_path):
+    """`kill -STOP` half-way through writing last.ckpt (a job suspended by its scheduler, Ctrl-Z): while it is
+    paused, the run folder holds the previous step's last.ckpt and adapter, whole; SIGCONT and the run ends
+    as it would have, with the final pair and no temporary file left."""
+    from llasmol.finetune.resume import checkpoint_step
+    from llasmol.model.adapters import adapter_step
+
+    run = tmp_path / "run"
+    args = [f"hydra.run.dir={run}", "logger=csv", "trainer.enable_progress_bar=false", "checkpoint_every_n_steps=2",
+            "val_every_n_steps=1000", "trainer.max_steps=6"]
+    proc = subprocess.Popen([sys.executable, "-c", STALLING_TRAIN, *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "STALL": "sigstop"})
+    try:
+        deadline = time.time() + HANG_TIMEOUT
+        stopped = lambda: Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"  # noqa: E731
+        while time.time() < deadline and proc.poll() is None and not ((run / "stalled").exists() and stopped()):
+            time.sleep(0.1)
+        assert proc.poll() is None and stopped(), proc.stderr.read()[-2000:] if proc.poll() is not None else "timeout"
+        checkpoints = run / "checkpoints"
+        last, adapter = checkpoints / "last.ckpt", checkpoints / "last.adapter"
+        assert checkpoint_step(str(last)) == adapter_step(adapter) == 2  # paused: the step-2 pair, whole
+        os.kill(proc.pid, signal.SIGCONT)
+        _, err = proc.communicate(timeout=HANG_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    assert checkpoint_step(str(last)) == adapter_step(adapter) == 6
+    assert not [p.name for p in checkpoints.iterdir() if p.name.startswith(".")]
 
 
 def test_the_next_start_brings_back_a_stepped_aside_adapter_and_names_a_split_pair(tmp_path):

@@ -460,3 +460,20 @@ def test_tensorboard_without_its_package_ends_with_one_line(tmp_path):
         pytest.skip("tensorboard is installed here")
     refused_cli(["llasmol.train", "logger=tensorboard", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
                 "logger=tensorboard", "pip install tensorboard")
+
+
+@pytest.mark.slow
+def test_a_wandb_folder_on_a_full_disk_is_one_line_before_the_logger_starts(tmp_path):
+    """W&B's offline run writes from its own process: on a full disk it once ended a run in hundreds of lines
+    (asyncio socket warnings, logging tracebacks). Its folder is checked with the run's settings instead."""
+    from test_files import _fill, _mounted_tmpfs
+
+    small = tmp_path / "small"
+    _mounted_tmpfs(small, "size=200k")
+    try:
+        _fill(small)
+        refused_cli(["llasmol.train", f"hydra.run.dir={tmp_path / 'run'}", "logger=wandb",
+                     f"logger.wandb.save_dir={small}", "trainer.max_steps=2", "val_every_n_steps=1000"], tmp_path,
+                    f"logger.wandb.save_dir={small}", "no space left", untouched=small)
+    finally:
+        subprocess.run(["umount", str(small)])

@@ -14,7 +14,7 @@ from typing import Optional
 from lightning.pytorch.callbacks import RichProgressBar
 
 from llasmol.core.errors import UserError
-from llasmol.core.files import write_text
+from llasmol.core.files import NO_SPACE, folder_problem, nearest_existing, write_text
 from llasmol.metrics.families import COUNTS, LOWER_IS_BETTER
 from llasmol.metrics.scoring import given_answers, judge
 from llasmol.finetune.lightning_private import (
@@ -25,9 +25,16 @@ log = logging.getLogger("llasmol.train")  # the closing lines belong in the run'
 
 
 def check_loggers(logger_cfg) -> None:
-    """Settings that would fail only after the run has started, as one line now."""
+    """Settings that would fail only after the run has started, as one line now: a logger's folder that cannot
+    take its files (W&B's offline run on a full disk fails in its own process, in hundreds of lines)."""
     for name, node in (logger_cfg or {}).items():
         target = (node or {}).get("_target_", "")
+        save_dir = (node or {}).get("save_dir")
+        problem = folder_problem(existing := nearest_existing(Path(save_dir))) if save_dir else None
+        if problem:
+            fix = "free space there, or give" if problem.startswith(NO_SPACE) else "give"
+            raise UserError(f"logger.{name}.save_dir={save_dir} cannot take the logger's files: {existing} {problem}; "
+                            f"{fix} logger.{name}.save_dir=<another folder>")
         if target.endswith("WandbLogger") and node.get("log_model") and node.get("offline"):
             raise UserError(
                 f"logger.{name}.log_model={node.get('log_model')} uploads checkpoints as W&B artifacts and needs an "
