@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import socket
 import sys
@@ -68,6 +69,26 @@ def free_port() -> int:
 def smol_root(tmp_path_factory) -> Path:
     """A small SMolInstruct copy in the official layout (5 tasks, train/dev/test)."""
     return write_smolinstruct(tmp_path_factory.mktemp("smolinstruct"))
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> Path:
+    """One short run of the tiny model (LoRA lite, 4 steps, validations at steps 2 and 4 with two answers per
+    task), trained once per test process for the tests that only read a run. Never written to: a test that
+    writes into a run works on its own copy (`shutil.copytree`; a copied run keeps its best checkpoint by name).
+    It holds what `python -m llasmol.train` leaves beside the checkpoints: the resolved config in .hydra/."""
+    from llasmol.train import train
+
+    out = tmp_path_factory.mktemp("trained") / "run"
+    cfg = compose_config([f"paths.output_dir={out}", "lora=lite", "trainer.max_steps=4", "val_every_n_steps=2",
+                          "data.max_samples_per_task={validation:6}", "generation.max_new_tokens_limit=8",
+                          "callbacks.generation_evaluator.samples_per_task=2", "trainer.log_every_n_steps=1",
+                          "trainer.enable_progress_bar=false", "logger=csv"])
+    result = train(cfg)
+    (out / ".hydra").mkdir()
+    OmegaConf.save(cfg, out / ".hydra" / "config.yaml")
+    (out / "callback_metrics.json").write_text(json.dumps(result["metrics"]))
+    return out
 
 
 @pytest.fixture

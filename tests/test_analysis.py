@@ -335,22 +335,15 @@ def test_a_test_split_report_says_why_paper_cells_are_empty(run_dir, capsys):
 
 
 @pytest.fixture(scope="module")
-def real_sweep(tmp_path_factory) -> Path:
-    """A multirun-shaped folder from one short real run (tiny model, LoRA `lite`, two validations).
+def real_sweep(trained_run, tmp_path_factory) -> Path:
+    """A multirun-shaped folder from one short real run (tiny model, LoRA `lite`, two validations: the
+    session's `trained_run`, copied).
 
     To keep this module quick, the second variant is that run's files relabelled as `attn` (its
     params.json rewritten), not a second training run: the analysis only reads the files.
     """
-    from conftest import compose_config
-    from llasmol.train import train
-
     sweep = tmp_path_factory.mktemp("real") / "sweep"
-    train(compose_config([
-        f"paths.output_dir={sweep / '0_tiny_lite'}", "lora=lite", "trainer.max_steps=4", "val_every_n_steps=2",
-        "data.max_samples_per_task={validation:6}", "generation.max_new_tokens_limit=8",
-        "callbacks.generation_evaluator.samples_per_task=2", "trainer.enable_progress_bar=false", "logger=csv",
-        "trainer.log_every_n_steps=1",
-    ]))
+    shutil.copytree(trained_run, sweep / "0_tiny_lite", ignore=shutil.ignore_patterns(".hydra", "callback_metrics.json"))
     shutil.copytree(sweep / "0_tiny_lite", sweep / "1_tiny_attn", ignore=shutil.ignore_patterns("checkpoints"))
     params = json.loads((sweep / "1_tiny_attn" / "params.json").read_text())
     write_json(sweep / "1_tiny_attn" / "params.json", {**params, "lora": "attn", "trainable": 2 * params["trainable"]})

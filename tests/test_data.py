@@ -1055,13 +1055,21 @@ def test_data_of_the_wrong_shape_is_named_when_the_split_is_opened(broken_root, 
 
 @pytest.mark.parametrize("corrupt", [corrupt_template, corrupt_raw_line, corrupt_train_line, index_beyond_raw,
                                      missing_split, missing_task_file, missing_template, non_object_raw_line])
+def test_bad_data_stops_training_before_its_first_step_naming_it(broken_root, tmp_path, cfg_factory, corrupt):
+    from llasmol.train import train
+
+    with refused(corrupt(broken_root)):
+        train(cfg_factory(f"data.path={broken_root}", TWO_TASKS, *QUICK))
+    assert not (tmp_path / "checkpoints").exists()  # stopped before any training step
+
+
 @pytest.mark.slow
-def test_bad_data_ends_with_one_line_naming_it(broken_root, tmp_path, corrupt):
-    needle = corrupt(broken_root)
+def test_bad_data_is_one_error_line_from_the_command(broken_root, tmp_path):
+    needle = corrupt_raw_line(broken_root)
     proc = run_cli(["llasmol.train", f"data.path={broken_root}", TWO_TASKS, f"hydra.run.dir={tmp_path / 'run'}", *QUICK],
                    tmp_path)
     error_line(proc, needle)
-    assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before any training step
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_malformed_lines_can_be_skipped_and_counted(broken_root):

@@ -109,10 +109,10 @@ def test_multirun_of_two_variants_records_each_count(tmp_path):
 @pytest.mark.parametrize(
     "overrides,needle",
     [
+        # One of each path to the line: weights missing once the run has started (a given model.path, and the
+        # Hub id, are named in-process by tests/test_troubleshooting.py), a setting refused before Hydra writes.
         (["model=mistral"], "mistralai/Mistral-7B-v0.1"),
-        (["model=llama2", "model.path=/nonexistent/llama"], "model.path=/nonexistent/llama"),
         (["data.micro_batch_size=3"], "data.effective_batch_size=8 is not a multiple of data.micro_batch_size=3"),
-        (["data.tasks=[forward_synthesis,retro]"], "unknown task 'retro'"),
     ],
 )
 @pytest.mark.slow

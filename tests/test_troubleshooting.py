@@ -51,6 +51,39 @@ def _task():
     get_task("forward_synthesiss", "data.tasks")
 
 
+def _look_alike():
+    from llasmol.core.tasks import get_task
+
+    get_task("\uff46orward_synthesis", "data.tasks")
+
+
+def _data_changed(tmp_path):
+    from smolinstruct_fixture import write_smolinstruct
+
+    from llasmol.data.smolinstruct import SMolInstructSplit
+
+    root = write_smolinstruct(tmp_path / "data", tasks=("name_conversion-s2f",))
+    split = SMolInstructSplit(root, "train", ["name_conversion-s2f"])
+    raw = root / "raw" / "train" / "name_conversion-s2f.jsonl"
+    raw.write_text(raw.read_text() + "\n")
+    split[0]
+
+
+def _partial_edited(tmp_path):
+    from llasmol.inference.partial import PartialPredictions, partial_path
+
+    final = tmp_path / "test.jsonl"
+    partial_path(final).write_text('{"settings": {}}\n{"index": 0, "predictions": ["C"\n')
+    PartialPredictions(final, {}).resume({0})
+
+
+def _logger_folder(tmp_path):
+    from llasmol.finetune.tracking import check_loggers
+
+    (tmp_path / "file").write_text("")
+    check_loggers({"wandb": {"_target_": "x.WandbLogger", "save_dir": str(tmp_path / "file" / "wandb")}})
+
+
 def _method(name):
     from llasmol.classical import get_method
 
@@ -173,7 +206,7 @@ def _logger(*overrides):
     def make():
         from llasmol.finetune.tracking import check_loggers
 
-        check_loggers(compose_config(list(overrides)).logger)
+        check_loggers(compose_config(["paths.output_dir=/tmp", *overrides]).logger)
     return make
 
 
@@ -268,6 +301,10 @@ ROWS = [
     ("lora=large means model=llama2_13b, but model=… was given", lambda: _config("lora=large", "model=mistral")),
     ("… input … of the predictions is not in data.split=…", _not_in_split),
     ("training loss became nan …", _nan_loss),
+    ("<file> changed while this run was reading it …", _data_changed),
+    ("<file> line … the file was changed since the evaluation stopped; delete it to start over …", _partial_edited),
+    ("unknown task … it looks like forward_synthesis but is spelt with other characters …", _look_alike),
+    ("logger.wandb.save_dir=… cannot take the logger's files …", _logger_folder),
     ("model=mistrall is not a choice of model: pick one of …", _command_line("model=mistrall")),
     ("trainer.max_stepz is not a setting of llasmol.train: check the spelling …", _command_line("trainer.max_stepz=3")),
 ]

@@ -30,7 +30,9 @@ def check_loggers(logger_cfg) -> None:
     for name, node in (logger_cfg or {}).items():
         target = (node or {}).get("_target_", "")
         save_dir = (node or {}).get("save_dir")
-        problem = folder_problem(existing := nearest_existing(Path(save_dir))) if save_dir else None
+        existing = nearest_existing(Path(save_dir)) if save_dir else None
+        problem = None if existing is None else (
+            folder_problem(existing) if existing.is_dir() else "is a file, not a folder")
         if problem:
             fix = "free space there, or give" if problem.startswith(NO_SPACE) else "give"
             raise UserError(f"logger.{name}.save_dir={save_dir} cannot take the logger's files: {existing} {problem}; "
