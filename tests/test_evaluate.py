@@ -22,7 +22,6 @@ from llasmol.data.source import SMolInstructSource
 from llasmol.evaluate import evaluate
 from llasmol.generate import SMILES_CLOSE, canonicalize_query
 from llasmol.metrics import extract_answer
-from llasmol.train import train
 
 def same(a, b) -> bool:
     """Equal metric values; NaN (logged) and null (strict JSON) both mean 'undefined'."""

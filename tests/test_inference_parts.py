@@ -181,6 +181,7 @@ def test_a_partial_file_of_other_settings_names_the_first_that_differs(tmp_path,
     (['{"settings": {"k": 1}}', '{"index": 0, "predictions": ["a"]}', '{"index": 0, "predictions": ["b"]}'],
      "sample 0 a second time"),
     (['{"settings": {"k": 1}}', '{"index": 0, "predictions": "a"}'], 'predictions "a"'),
+    (['{"settings": {"k": 1}}', '{"index": 0}'], "lacks predictions"),
 ])
 def test_a_partial_file_edited_since_the_stop_is_refused_by_line_untouched(tmp_path, lines, named):
     """A line changed between the stop and the continuation is named by its number, never half-used or a

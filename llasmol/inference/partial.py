@@ -75,11 +75,13 @@ class PartialPredictions:
     def _record_problem(record, indices: set[int], done: dict) -> Optional[str]:
         if not isinstance(record, dict):
             return "is not a JSON object"
-        index, responses = record.get("index"), record.get("predictions", ())
+        index, responses = record.get("index"), record.get("predictions")
         if not isinstance(index, int) or isinstance(index, bool) or index not in indices:
             return f"has index {json.dumps(index)[:40]}, which is no sample of this evaluation"
         if index in done:
             return f"answers sample {index} a second time"
+        if "predictions" not in record:
+            return "lacks predictions"
         if responses is not None and not (isinstance(responses, list) and all(isinstance(r, str) for r in responses)):
             return f"has predictions {json.dumps(responses)[:60]}, not a list of responses (or null)"
         return None

@@ -27,6 +27,7 @@ from llasmol.core.schema import DATASET_STYLE
 from llasmol.data.untuned_queries import Example, galactica_query, icl_query, molinst_query
 from llasmol.metrics.answer_rules import TEXT_WITH_PROMPT, check_rules, extract_base_answer
 
+
 @dataclass(frozen=True)
 class Protocol:
     style: str  # one of core.schema.UNTUNED_STYLES
