@@ -23,6 +23,7 @@ from llasmol.evaluate import evaluate
 from llasmol.generate import SMILES_CLOSE, canonicalize_query
 from llasmol.metrics import extract_answer
 
+
 def same(a, b) -> bool:
     """Equal metric values; NaN (logged) and null (strict JSON) both mean 'undefined'."""
     undefined = lambda v: v is None or v != v  # noqa: E731
