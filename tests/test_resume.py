@@ -180,6 +180,30 @@ def test_the_resume_checkpoint_is_the_one_of_the_latest_step_whatever_the_files_
         resolve_resume(str(last), run, "tiny", "full")
 
 
+def test_a_run_continued_in_place_from_another_checkpoint_drops_its_abandoned_interrupted_ckpt(tmp_path, caplog):
+    """Resumed by hand from last.ckpt (step 4) while interrupted.ckpt holds step 6, the run abandons step 6:
+    it is removed when the fit starts, so a later ckpt_path=last cannot go back to it; resumed from
+    interrupted.ckpt itself, or from another folder, nothing is removed."""
+    from types import SimpleNamespace
+
+    from llasmol.finetune.resume import Resume
+
+    run = _run_dir(tmp_path, "run", ckpts=("last.ckpt", "interrupted.ckpt"))
+    last, interrupted = run / "checkpoints" / "last.ckpt", run / "checkpoints" / "interrupted.ckpt"
+    torch.save({**_TRAINING_STATE, "global_step": 6}, interrupted)
+    (run / "checkpoints" / "interrupted.adapter").mkdir()
+    rank0, rank1 = SimpleNamespace(is_global_zero=True), SimpleNamespace(is_global_zero=False)
+    Resume(str(interrupted), run).on_fit_start(rank0, None)
+    Resume(str(last), tmp_path / "elsewhere").on_fit_start(rank0, None)
+    Resume(str(last), run).on_fit_start(rank1, None)
+    assert interrupted.is_file()
+    with caplog.at_level("WARNING", logger="llasmol.finetune.resume"):
+        Resume(str(last), run).on_fit_start(rank0, None)
+    assert not interrupted.exists() and not (run / "checkpoints" / "interrupted.adapter").exists()
+    assert resolve_resume("last", run, "tiny", "full") == str(last)
+    assert f"removed {interrupted}" in caplog.text
+
+
 def test_a_checkpoint_resumes_only_on_the_number_of_processes_and_the_kind_of_trainer_it_was_saved_from(tmp_path):
     from llasmol.finetune.resume import check_same_launch, checkpoint_launch
 

@@ -219,6 +219,17 @@ class Resume(Callback):
             for logger in wandb_loggers(trainer):
                 write_text(self.output_dir / layout.WANDB_ID, logger.experiment.id + "\n")
 
+    def on_fit_start(self, trainer: "Trainer", pl_module) -> None:
+        """A run continued in its own folder from another checkpoint than its interrupted.ckpt (a file given by
+        hand) abandons what that one holds: removed now, or a later `ckpt_path=last` would prefer its step."""
+        stale = self.output_dir / layout.CHECKPOINTS / layout.INTERRUPTED_CKPT
+        if not (trainer.is_global_zero and self.in_place and stale.is_file()):
+            return
+        if Path(self.checkpoint).resolve() != stale.resolve():
+            stale.unlink()
+            shutil.rmtree(stale.with_suffix(".adapter"), ignore_errors=True)
+            log.warning("removed %s: this run continues from %s instead", stale, self.checkpoint)
+
     def on_fit_end(self, trainer: "Trainer", pl_module) -> None:
         """After a fit that trained to its end (a stop raises past this hook), once its checkpoints wrote
         last.ckpt: an interrupted.ckpt of the run is stale (last.ckpt is newer and what a resume takes), so
