@@ -61,6 +61,11 @@ def answer_of(response: str, task: Optional[str] = None) -> Optional[str]:
 
 def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
     """Responses to `query` (taken literally), or to `cfg.query` when none is given."""
+    return answer_query(cfg, query)[0]
+
+
+def answer_query(cfg: DictConfig, query: Optional[str] = None) -> tuple[list[str], DictConfig]:
+    """`generate`'s responses, and the config of the model that gave them (what the command says it was)."""
     quiet_known_noise()
     check_config(cfg)  # task= names a task, the beams fit: the schema's
     use_cpu_threads(cfg.get("cpu"))  # before torch loads: OpenMP reads its wait policy once
@@ -94,7 +99,7 @@ def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
         length = len(formatter.prompt_ids(asked))
         raise UserError(f"the query's prompt is {length} tokens, longer than generation.max_prompt_tokens="
                         f"{cfg.generation.max_prompt_tokens}: shorten the question or raise the setting")
-    return responses
+    return responses, model_cfg
 
 
 def _settings() -> frozenset[str]:
@@ -131,13 +136,25 @@ _QUERY: Optional[str] = None  # the question from the command line, literally
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="generate")
 @report_user_errors
 def main(cfg: DictConfig) -> None:
-    responses = generate(cfg, _QUERY)
-    for rank, response in enumerate(responses, 1):
-        print(f"[{rank}] {response}")
-    print(f"answer: {answer_of(responses[0], cfg.task) if responses else None}", flush=True)
-    if not cfg.task:
-        print("(no task=: the default beams (4, one answer) and the first tagged answer; task=<name> gives that "
-              "task's beams, top-k answers and the scorer's answer extraction)", flush=True)
+    responses, model_cfg = answer_query(cfg, _QUERY)
+    for line in answer_lines(responses, cfg.task, bool(model_cfg.get("random_init"))):
+        print(line, flush=True)
+
+
+def answer_lines(responses: list[str], task: Optional[str], demo: bool) -> list[str]:
+    """What `generate` prints: each response as generated, the answer read from the first as the scorer reads
+    it, and what the numbers stand on when they cannot be chemistry (the demo's random-weight base)."""
+    lines = [f"[{rank}] as generated: {response}" for rank, response in enumerate(responses, 1)]
+    answer = answer_of(responses[0], task) if responses else None
+    how = f"as the scorer reads {task}" if task else "the first tagged answer"
+    lines.append(f"answer ({how}): {answer if answer is not None else 'none found in [1]'}")
+    if not task:
+        lines.append("(no task=: the default beams (4, one answer); task=<name> gives that task's beams, top-k "
+                     "answers and the scorer's answer extraction)")
+    if demo:
+        lines.append("note: model=tiny is the demo's small random-weight base, not a chemistry model: its answers "
+                     "show the pipeline works; LlaSMol's own: model=mistral ckpt=osunlp/LlaSMol-Mistral-7B")
+    return lines
 
 
 if __name__ == "__main__":

@@ -228,8 +228,9 @@ def test_generate_command_answers_on_cpu(run_dir, tmp_path):
     proc = run_cli(["llasmol.generate", "Is <SMILES> C1=CC=CC=C1O </SMILES> toxic?", f"ckpt={run_dir}",
                     "task=property_prediction-clintox", "generation.max_new_tokens_limit=8"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.splitlines()[0].startswith("[1] ")
-    assert proc.stdout.splitlines()[-1].startswith("answer: ")
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("[1] as generated: ") and lines[1].startswith("answer (as the scorer reads ")
+    assert lines[-1].startswith("note: model=tiny is the demo's small random-weight base")  # its adapter's base
     assert "adapter: " in proc.stderr and "adapter: " not in proc.stdout  # stdout holds the answers only
     assert not (tmp_path / "outputs").exists()  # one question leaves no run folder behind
 
@@ -935,23 +936,31 @@ def test_the_evaluate_command_prints_the_metrics_their_intervals_and_the_file(mo
     assert str(command.Stopped("why", 1)) == "why"
 
 
-def test_the_generate_command_prints_each_response_ranked_and_the_answer(monkeypatch, capsys):
+def test_the_generate_command_labels_each_response_the_answer_and_the_demo_base(monkeypatch, capsys):
     from omegaconf import OmegaConf
 
     import llasmol.generate as command
 
     responses = ["The product is <SMILES> CCO </SMILES> .", "<SMILES> C </SMILES>"]
-    monkeypatch.setattr(command, "generate", lambda cfg, query: responses)
+    real, demo = OmegaConf.create({"random_init": False}), OmegaConf.create({"random_init": True})
+    monkeypatch.setattr(command, "answer_query", lambda cfg, query: (responses, real))
     command.main.__wrapped__(OmegaConf.create({"task": None}))
     assert capsys.readouterr().out.splitlines() == [
-        "[1] The product is <SMILES> CCO </SMILES> .", "[2] <SMILES> C </SMILES>", "answer: CCO",
-        "(no task=: the default beams (4, one answer) and the first tagged answer; task=<name> gives that task's "
-        "beams, top-k answers and the scorer's answer extraction)"]
+        "[1] as generated: The product is <SMILES> CCO </SMILES> .", "[2] as generated: <SMILES> C </SMILES>",
+        "answer (the first tagged answer): CCO",
+        "(no task=: the default beams (4, one answer); task=<name> gives that task's beams, top-k answers and the "
+        "scorer's answer extraction)"]
     command.main.__wrapped__(OmegaConf.create({"task": "forward_synthesis"}))
-    assert capsys.readouterr().out.splitlines()[2:] == ["answer: CCO"]  # a task: no note
+    assert capsys.readouterr().out.splitlines()[2:] == ["answer (as the scorer reads forward_synthesis): CCO"]
+    monkeypatch.setattr(command, "answer_query", lambda cfg, query: (["<BOOLEAN> [/INST] <NUMBER>"], demo))
+    command.main.__wrapped__(OmegaConf.create({"task": "forward_synthesis"}))
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "answer (as the scorer reads forward_synthesis): none found in [1]"
+    assert out[2].startswith("note: model=tiny is the demo's small random-weight base, not a chemistry model")
     responses.clear()
+    monkeypatch.setattr(command, "answer_query", lambda cfg, query: (responses, real))
     command.main.__wrapped__(OmegaConf.create({"task": "forward_synthesis"}))
-    assert capsys.readouterr().out.splitlines() == ["answer: None"]
+    assert capsys.readouterr().out.splitlines() == ["answer (as the scorer reads forward_synthesis): none found in [1]"]
 
 
 def test_options_and_their_values_are_never_the_question():
