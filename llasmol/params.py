@@ -29,26 +29,32 @@ def _meta_base(cfg: DictConfig):
     return build_meta_model(cfg.model, vocab_size=vocab)
 
 
-def count_trainable(cfg: DictConfig) -> dict:
-    """Parameter counts of `cfg.model` with the adapters of `cfg.lora`, and of the base alone, on the meta device."""
+def count_trainable(cfg: DictConfig, base=None) -> dict:
+    """Parameter counts of `cfg.model` with the adapters of `cfg.lora`, and of the base alone, on the meta device
+    (`base`: that meta model, when the caller has built it)."""
     import torch
 
-    from llasmol.model.lora import apply_lora, count_parameters
+    from llasmol.model.base import arch_is_bundled
+    from llasmol.model.lora import apply_lora, count_parameters, count_with_adapters
 
     check_config(cfg)
     with torch.device("meta"):
-        base = _meta_base(cfg)
-        base_count = count_parameters(base)["total"]  # before PEFT adds adapters or a head copy to it
-        model = apply_lora(base, cfg.model, cfg.lora)
-    return {**count_parameters(model), "base": base_count}
+        base = base if base is not None else _meta_base(cfg)
+        base_count = count_parameters(base)["total"]
+        if arch_is_bundled(cfg.model.arch):  # plain Linear projections: summed (tests/test_lora.py: as PEFT counts)
+            return {**count_with_adapters(base, cfg.model, cfg.lora), "base": base_count}
+        # A folder's base may be any architecture, where PEFT has rules of its own (it refuses Mamba's out_proj):
+        # PEFT itself adapts it (in place: the caller's `base` is then the adapted model).
+        return {**count_parameters(apply_lora(base, cfg.model, cfg.lora)), "base": base_count}
 
 
-def base_weight_bytes(cfg: DictConfig) -> dict:
+def base_weight_bytes(cfg: DictConfig, base=None) -> dict:
     """The base's weight memory in `model.dtype`, quantised as `cfg.quantization` says (meta device)."""
     from llasmol.model.base import torch_dtype
     from llasmol.model.memory import weight_bytes
 
-    return weight_bytes(_meta_base(cfg), torch_dtype(cfg.model.dtype), cfg.get("quantization"))
+    return weight_bytes(base if base is not None else _meta_base(cfg), torch_dtype(cfg.model.dtype),
+                        cfg.get("quantization"))
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="params")
@@ -56,8 +62,13 @@ def base_weight_bytes(cfg: DictConfig) -> dict:
 def main(cfg: DictConfig) -> None:
     from llasmol.model.memory import describe
 
-    counts = count_trainable(cfg)
-    sizes = base_weight_bytes(cfg)
+    import torch
+
+    check_config(cfg)
+    with torch.device("meta"):
+        base = _meta_base(cfg)  # built once: counting never changes it
+    sizes = base_weight_bytes(cfg, base)  # first: PEFT may adapt `base` in place while counting
+    counts = count_trainable(cfg, base)
     print(
         f"{cfg.model.name} + LoRA {cfg.lora.name}: {counts['trainable'] / 1e6:.1f}M trainable "
         f"of {counts['total'] / 1e6:.1f}M ({counts['percent']:.2f}%); the base alone has {counts['base'] / 1e6:.1f}M"

@@ -112,6 +112,20 @@ def test_meta_device_counts_reproduce_the_paper(model, lora, millions, percent):
         assert PAPER_TRAINABLE[lora] == {"trainable": pytest.approx(millions * 1e6), "percent": percent}
 
 
+@pytest.mark.parametrize("model", ["tiny", "mistral", "galactica", "gemma2"])  # own vocab; Llama; OPT; tied head
+def test_params_sums_the_adapters_as_peft_adds_them(model):
+    """`params` counts a bundled base's adapters without PEFT (r x (in + out) per adapted projection, a copy of
+    the head for `plus`): for every LoRA variant, the counts of the model PEFT builds."""
+    from llasmol.model.lora import apply_lora, count_parameters, count_with_adapters
+    from llasmol.params import _meta_base
+
+    for lora in ("lite", "attn", "ffn", "full", "plus"):
+        cfg = compose_config([f"model={model}", f"lora={lora}"], config_name="params")
+        with torch.device("meta"):
+            summed = count_with_adapters(_meta_base(cfg), cfg.model, cfg.lora)
+            assert summed == count_parameters(apply_lora(_meta_base(cfg), cfg.model, cfg.lora)), (model, lora)
+
+
 def test_exact_llama2_full_count():
     counts = count_trainable(compose_config(["model=llama2", "lora=full"], config_name="params"))
     # 32 layers × r=16 × (4 attention projections of 4096→4096 + 3 FFN projections 4096↔11008)

@@ -74,6 +74,11 @@ def _check_sizes(section, path: Path) -> None:
                             f"{bound}: copy the base's config.json again")
 
 
+def arch_is_bundled(arch: str) -> bool:
+    """Whether `arch` is one of the bundled architectures (not a folder's config.json)."""
+    return _arch_folder(arch) is None
+
+
 def arch_config(arch: str, **overrides: Any):
     """The `transformers` config of architecture `arch` (bundled facts, or a folder's config.json)."""
     from transformers import AutoConfig

@@ -86,6 +86,36 @@ def _check_targets_exist(model, targets: list[str], model_cfg) -> None:
                         f"{missing[0]} (its linear layers: {layers}); fix model.lora_targets")
 
 
+def count_with_adapters(model, model_cfg, lora_cfg) -> dict:
+    """`count_parameters` of the model `apply_lora` would make of `model`, counted without building it: PEFT
+    (and the bitsandbytes it imports) costs `params` seconds for a sum. Each adapted Linear (or GPT-2 Conv1D)
+    of `in` inputs and `out` outputs gains r x (in + out) trainable weights (lora_A and lora_B); `train_head`
+    adds a trainable copy of the head (PEFT's modules_to_save). tests/test_lora.py holds it equal to PEFT's."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    targets = target_modules(model_cfg, lora_cfg)
+    _check_targets_exist(model, sorted(targets), model_cfg)
+    matches = lambda name, t: name == t or name.endswith("." + t)  # noqa: E731  (PEFT's rule for target_modules)
+    added = 0
+    for name, module in model.named_modules():
+        if not any(matches(name, t) for t in targets):
+            continue
+        if isinstance(module, torch.nn.Linear):
+            added += lora_cfg.r * (module.in_features + module.out_features)
+        elif isinstance(module, Conv1D):
+            added += lora_cfg.r * sum(module.weight.shape)
+        else:
+            raise UserError(f"LoRA cannot go on {name} of model {model_cfg.name} (a {type(module).__name__}, not a "
+                            "linear layer): fix model.lora_targets")
+    if lora_cfg.get("train_head"):
+        head = model_cfg.get("head") or "lm_head"
+        added += sum(p.numel() for name, module in model.named_modules() if matches(name, head)
+                     for p in module.parameters())
+    total = count_parameters(model)["total"] + added
+    return {"trainable": added, "total": total, "percent": round(100.0 * added / total, 4)}
+
+
 def count_parameters(model) -> dict:
     """Trainable and total parameters; `total` includes the adapters, as the paper's percentages do."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
