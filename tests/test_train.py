@@ -126,6 +126,18 @@ def test_mistakes_end_with_one_clear_line(tmp_path, overrides, needle):
         assert "model.path=" in errors[0]  # says how to point at local weights
 
 
+def test_missing_weights_are_said_before_lightning_is_imported(tmp_path):
+    """Lightning's import is some 4 s of the missing-weights line's 7: the base is looked for before it."""
+    code = ("import sys\nfrom llasmol.core.config import compose_config\nfrom llasmol.core.errors import UserError\n"
+            "from llasmol.train import train\n"
+            f"cfg = compose_config(['model=mistral', 'paths.output_dir={tmp_path / 'run'}'])\n"
+            "try:\n    train(cfg)\nexcept UserError as err:\n    print('lightning' in sys.modules, err)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert proc.stdout.startswith("False the tokenizer files of mistralai/Mistral-7B-v0.1 are not available offline"), (
+        proc.stdout + proc.stderr[-2000:])
+
+
 @pytest.mark.slow
 def test_a_machine_without_network_fails_fast_without_hf_hub_offline(tmp_path):
     """No HF_HUB_OFFLINE: the Hub is probed once (here: a closed local port, so nothing can download)

@@ -133,6 +133,13 @@ def _local_only(model_cfg, what: str) -> bool:
     return True
 
 
+def check_base_reachable(model_cfg) -> None:
+    """The one-line error `load_tokenizer` would give, now: a base that is neither local, nor cached, nor on a
+    reachable Hub (`train` asks before it imports Lightning, some 4 s, so the line comes at once)."""
+    if not (model_cfg.get("random_init") or model_cfg.get("tokenizer") == "tiny"):
+        _local_only(model_cfg, "the tokenizer files")
+
+
 def _offline_error(model_cfg, what: str, reason: Optional[str] = None) -> UserError:
     if model_cfg.get("path"):
         return UserError(
