@@ -31,8 +31,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     started = time.monotonic()
     check_config(cfg)
     threads = use_cpu_threads(cfg.get("cpu"))  # before torch loads: OpenMP reads its wait policy once
-    from llasmol.model.base import check_base_reachable
+    from llasmol.model.base import check_base_reachable, check_packing
 
+    if cfg.data.get("packing"):
+        check_packing(cfg.model)  # a setting the base cannot take is said before its files are looked for
     check_base_reachable(cfg.model)  # missing weights are one line before Lightning's import (some 4 s)
     # Here, not at the top: importing the command (the Hydra shell, the checks before Hydra) loads no torch.
     import lightning as L

@@ -10,7 +10,6 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from llasmol.core.run_lock import hold_run_lock
-from llasmol.model.base import check_packing
 from llasmol.finetune.checkpointing import tidy_run_dir
 from llasmol.finetune.distributed import check_optimizer
 from llasmol.finetune.tracking import check_loggers
@@ -31,9 +30,7 @@ def claim_run_dir(output_dir: str | Path) -> Path:
 
 
 def check_run(cfg: DictConfig) -> None:
-    """A `UserError` for an optimizer, logger or packing this machine cannot run, cheapest first (the
-    quantisation settings are the schema's to check)."""
+    """A `UserError` for an optimizer or logger this machine cannot run, cheapest first (the quantisation
+    settings are the schema's to check; packing and the base's files, `train`'s before Lightning loads)."""
     check_optimizer(cfg.optimizer, cfg.trainer)
     check_loggers(cfg.get("logger"))
-    if cfg.data.get("packing"):
-        check_packing(cfg.model)
