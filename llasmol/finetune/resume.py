@@ -226,8 +226,7 @@ class Resume(Callback):
         if not (trainer.is_global_zero and self.in_place and stale.is_file()):
             return
         if Path(self.checkpoint).resolve() != stale.resolve():
-            stale.unlink()
-            shutil.rmtree(stale.with_suffix(".adapter"), ignore_errors=True)
+            _remove_with_adapter(stale)
             log.warning("removed %s: this run continues from %s instead", stale, self.checkpoint)
 
     def on_fit_end(self, trainer: "Trainer", pl_module) -> None:
@@ -238,8 +237,13 @@ class Resume(Callback):
             return
         stale = self.output_dir / layout.CHECKPOINTS / layout.INTERRUPTED_CKPT
         if stale.is_file():
-            stale.unlink()
-            shutil.rmtree(stale.with_suffix(".adapter"), ignore_errors=True)
+            _remove_with_adapter(stale)
+
+
+def _remove_with_adapter(checkpoint: Path) -> None:
+    """A checkpoint and the adapter folder saved beside it (`X.ckpt`, `X.adapter`)."""
+    checkpoint.unlink()
+    shutil.rmtree(checkpoint.with_suffix(".adapter"), ignore_errors=True)
 
 
 class StepSeeding(Callback):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llasmol.core.errors import UserError
-from llasmol.model.roles import ROLES, linear_layer_names, role_map
+from llasmol.model.roles import ROLES, linear_layer_names, names_target, role_map
 # What an adapter of the embedded tiny model names as its base (it has no Hub id: its random weights are
 # rebuilt from model.init_seed, never saved).
 TINY_BASE = "llasmol/tiny-mistral (random weights, rebuilt from model.init_seed)"
@@ -78,7 +78,7 @@ def _check_targets_exist(model, targets: list[str], model_cfg) -> None:
     """PEFT adapts the names that match and skips the others without a word, so a misspelt role map would
     train (and count) fewer modules than asked: every name must match a module of the base."""
     names = [name for name, _ in model.named_modules()]
-    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    missing = [t for t in targets if not any(names_target(n, t) for n in names)]
     if missing:
         layers = ", ".join(linear_layer_names(model, model_cfg.get("head") or "lm_head"))
         role = next(r for r, name in role_map(model_cfg).items() if name == missing[0])
@@ -96,10 +96,9 @@ def count_with_adapters(model, model_cfg, lora_cfg) -> dict:
 
     targets = target_modules(model_cfg, lora_cfg)
     _check_targets_exist(model, sorted(targets), model_cfg)
-    matches = lambda name, t: name == t or name.endswith("." + t)  # noqa: E731  (PEFT's rule for target_modules)
     added = 0
     for name, module in model.named_modules():
-        if not any(matches(name, t) for t in targets):
+        if not any(names_target(name, t) for t in targets):
             continue
         if isinstance(module, torch.nn.Linear):
             added += lora_cfg.r * (module.in_features + module.out_features)
@@ -110,7 +109,7 @@ def count_with_adapters(model, model_cfg, lora_cfg) -> dict:
                             "linear layer): fix model.lora_targets")
     if lora_cfg.get("train_head"):
         head = model_cfg.get("head") or "lm_head"
-        added += sum(p.numel() for name, module in model.named_modules() if matches(name, head)
+        added += sum(p.numel() for name, module in model.named_modules() if names_target(name, head)
                      for p in module.parameters())
     total = count_parameters(model)["total"] + added
     return {"trainable": added, "total": total, "percent": round(100.0 * added / total, 4)}

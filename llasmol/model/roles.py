@@ -41,13 +41,19 @@ def linear_layer_names(model, head: str = "lm_head") -> list[str]:
 
     names: dict[str, None] = {}
     for name, module in model.named_modules():
-        if isinstance(module, (torch.nn.Linear, Conv1D)) and name != head and not name.endswith("." + head):
+        if isinstance(module, (torch.nn.Linear, Conv1D)) and not names_target(name, head):
             names[_BLOCK_PREFIX.sub("", name)] = None
     return list(names)
 
 
+def names_target(name: str, target: str) -> bool:
+    """Whether module `name` is what `target` names: PEFT's rule for target_modules (the name, or a qualified
+    name ending in "." + it)."""
+    return name == target or name.endswith("." + target)
+
+
 def _matches(target: str, names: list[str]) -> bool:
-    return any(n == target or n.endswith("." + target) for n in names)
+    return any(names_target(n, target) for n in names)
 
 
 def infer_role_map(names: list[str], model: str) -> dict[str, Optional[str]]:
