@@ -20,6 +20,7 @@ from refusals import refused, refused_cli
 
 from llasmol import analysis
 from llasmol.analysis.paper import PAPER_RESULTS, PAPER_TRAINABLE
+from llasmol.analysis.tables import metric_lines
 from llasmol.core.files import write_json, write_jsonl
 from llasmol.metrics.scoring import score_records
 from llasmol.report import main as report_main
@@ -141,7 +142,7 @@ def test_metric_table_known_values(run_dir):
 
     md = table.to_markdown().splitlines()
     assert md[2].startswith("| task | exact_match |") and len(md) == 4 + 4
-    assert "| forward_synthesis | 0.200 |" in table.to_markdown()
+    assert "| forward_synthesis | 0.200 (n=5, too few) |" in table.to_markdown()
     rows = list(csv.DictReader(io.StringIO(table.to_csv())))
     assert rows[0]["task"] == "forward_synthesis" and float(rows[0]["exact_match"]) == pytest.approx(0.2)
     assert rows[3]["exact_match"] == ""
@@ -300,13 +301,15 @@ def test_report_on_hand_made_run(run_dir, capsys):
     assert all(f"wrote {p}" in out for p in written)
     md = (run_dir / "report" / "metrics.md").read_text()
     # Narrow by default: each task's headline metric and samples; which tasks the data lacks, said once here.
-    assert "| task | metric | value | num_samples |" in md and "| forward_synthesis | exact_match | 0.200 | 5 |" in md
+    assert "| task | metric | value | num_samples |" in md
+    assert "| forward_synthesis | exact_match | 0.200 (n=5, too few) | 5 |" in md
     assert "| property_prediction-esol | rmse |" in md and "validity" not in md
     assert "Tasks: 4 of the 14 SMolInstruct tasks; not in this run's data: retrosynthesis," in md
     assert "--all-metrics" in md and "validity" in (run_dir / "report" / "metrics.csv").read_text()
     report_main([str(run_dir), "--all-metrics"])
     md = (run_dir / "report" / "metrics.md").read_text()
-    assert "| forward_synthesis | 0.200 |" in md and "validity" in md and "--all-metrics" not in md
+    assert "| forward_synthesis | 0.200 (n=5, too few) |" in md and "validity" in md and "--all-metrics" not in md
+    assert "| 0.667 (n=3 of 5, too few) |" in md  # validity: of the 3 samples with an answer
 
 
 def test_a_test_split_report_says_why_paper_cells_are_empty(run_dir, capsys):
@@ -327,8 +330,42 @@ def test_a_test_split_report_says_why_paper_cells_are_empty(run_dir, capsys):
     capsys.readouterr()
     mistral = (run_dir / "report" / "test.md").read_text().splitlines()
     assert mistral[0].startswith("'-' in the paper column: ESOL and Lipo RMSE are printed in the paper (Table 12)")
-    assert "| property_prediction-esol | rmse | 1.458 | - |" in mistral
-    assert f"| property_prediction-bbbp | accuracy | 0.250 | {PAPER_RESULTS['LlaSMol-Mistral']['property_prediction-bbbp']['accuracy']:.3f} |" in mistral
+    assert "| property_prediction-esol | rmse | 1.458 (n=2 of 3, too few) | - |" in mistral
+    assert (f"| property_prediction-bbbp | accuracy | 0.250 (n=4, too few) | "
+            f"{PAPER_RESULTS['LlaSMol-Mistral']['property_prediction-bbbp']['accuracy']:.3f} |") in mistral
+
+
+def test_a_value_on_few_answers_says_how_many_wherever_it_is_shown(tmp_path, capsys):
+    """An ESOL RMSE from 1 number among 30 answers is not comparable with the paper's: test.md, metrics.md,
+    intervals.md and the printed lines say ``n=1 of 30, too few``; the CSV keeps the plain number."""
+    esol, bbbp = "property_prediction-esol", "property_prediction-bbbp"
+    records = ([{"task": esol, "index": i, "input": f"e{i}", "gold": ["1.0"],
+                 "predictions": ["<NUMBER> 0.37 </NUMBER>" if i == 0 else "<NUMBER> soluble </NUMBER>"]}
+                for i in range(30)]
+               + [{"task": bbbp, "index": 30 + i, "input": f"b{i}", "gold": ["Yes"],
+                   "predictions": ["<BOOLEAN> Yes </BOOLEAN>" if i < 12 else "<BOOLEAN> perhaps </BOOLEAN>"]}
+                  for i in range(30)])
+    metrics = score_records(records)
+    run = tmp_path / "run"
+    write_json(run / "params.json", {"model": "mistral", "lora": "full", "trainable": 1, "total": 2, "percent": 50})
+    write_json(run / "metrics" / "test.json", metrics)
+    write_jsonl(run / "predictions" / "test.jsonl", records)
+    report_main([str(run), "--all-metrics"])
+    capsys.readouterr()
+    test_md = (run / "report" / "test.md").read_text()
+    assert f"| {esol} | rmse | 0.630 (n=1 of 30, too few) | - |" in test_md
+    # Accuracy counts every sample (a non-answer is wrong): 30 of 30, no note; F1 and MCC only the 12 yes/no.
+    paper = PAPER_RESULTS["LlaSMol-Mistral"][bbbp]
+    assert f"| {bbbp} | accuracy | 0.400 | {paper['accuracy']:.3f} |" in test_md
+    metrics_md = (run / "report" / "metrics.md").read_text()
+    assert f"| {esol} | 0.630 (n=1 of 30, too few) |" in metrics_md.replace("| - ", "")
+    assert "| 1 (n=12 of 30) | 0.000 (n=12 of 30) |" in metrics_md  # f1, mcc
+    intervals_md = (run / "report" / "intervals.md").read_text()
+    assert f"| {esol} | rmse | 0.630 (n=1 of 30, too few) | 0.630 | 0.630 |" in intervals_md
+    assert next(r for r in csv.DictReader((run / "report" / "test.csv").open()) if r["task"] == esol)["ours"] == "0.63"
+    lines = metric_lines(metrics).splitlines()
+    assert lines[0] == f"{esol}  rmse=0.6300 (n=1 of 30, too few)  num_samples=30"
+    assert lines[1] == f"{bbbp}  accuracy=0.4000  num_samples=30"
 
 
 # --------------------------------------------------------------------------- a real sweep
@@ -558,11 +595,12 @@ def test_printed_metric_lines_show_each_tasks_headline_metric_unless_all_are_ask
                "molecule_captioning": {"num_samples": 1}}  # its headline metric missing: the count alone
     intervals = {"tasks": {"forward_synthesis": {"exact_match": [0.0, 1.0]}}}
     assert metric_lines(results, intervals).splitlines() == [
-        "forward_synthesis         exact_match=0.5000 [0, 1]  num_samples=2",
-        "property_prediction-esol  rmse=1.2500  num_samples=3",
+        "forward_synthesis         exact_match=0.5000 [0, 1] (n=2, too few)  num_samples=2",
+        "property_prediction-esol  rmse=1.2500  num_samples=3",  # no num_valid given: its basis is not known
         "molecule_captioning       num_samples=1"]
     everything = metric_lines(results, intervals, all_metrics=True).splitlines()
-    assert everything[0] == "forward_synthesis         exact_match=0.5000 [0, 1]  validity=1  num_samples=2"
+    assert everything[0] == ("forward_synthesis         exact_match=0.5000 [0, 1] (n=2, too few)  validity=1  "
+                             "num_samples=2")  # no num_no_answer given: validity's basis is not known
     assert everything[1:] == metric_lines(results, intervals).splitlines()[1:]
 
 
@@ -883,7 +921,7 @@ def test_a_validation_without_predictions_gets_the_tables_its_metrics_allow(run_
     assert md.startswith("Why zeros: the tiny demo model") and "run: headline metrics at val-step2" in md
     assert (report / "intervals.md").read_text().startswith(
         "Percentile intervals of 1,000 bootstrap resamples of the scored samples")
-    assert "| forward_synthesis | exact_match | 0.000 | 5 |" in md  # the early validation's numbers
+    assert "| forward_synthesis | exact_match | 0.000 (n=5, too few) | 5 |" in md  # the early validation's numbers
     # Another model's report has no note about the demo model's zeros.
     write_json(run_dir / "params.json", {"model": "mistral", "lora": "lite", "trainable": 1, "total": 2})
     report_main([str(run_dir), "--validation", "val-step2"])

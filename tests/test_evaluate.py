@@ -116,7 +116,8 @@ def test_evaluate_command_scores_a_hand_written_file(tmp_path):
     assert "forward_synthesis" in proc.stdout and "exact_match=0.5" in proc.stdout
     # Each task's headline metric and sample count, not every metric (all_metrics=true shows them).
     fs = next(line for line in proc.stdout.splitlines() if line.startswith("forward_synthesis"))
-    assert fs.split() == ["forward_synthesis", "exact_match=0.5000", "[0,", "1]", "num_samples=2"], fs
+    assert [part.strip() for part in fs.split("  ") if part] == ["forward_synthesis", "exact_match=0.5000 [0, 1] (n=2, too few)",
+                                                         "num_samples=2"], fs
     assert proc.stdout.splitlines()[-1] == f"metrics written to {tmp_path / 'preds.metrics.json'}"  # where to look
 
 

@@ -1009,3 +1009,34 @@ def test_reading_a_bad_smiles_writes_nothing_to_stderr(capfd):
     capfd.readouterr()
     assert Chem.MolFromSmiles("C1CC(") is None
     assert capfd.readouterr().err == ""
+
+
+def test_each_score_says_how_many_samples_it_stands_on():
+    """`support`: a share of all samples stands on all; validity on the answered, fingerprint similarity on the
+    valid molecules, RMSE on the numbers, F1/MCC on the yes/no answers, caption scores on the non-empty ones;
+    counts on nothing. Every score of every family has one, so a new metric cannot be shown without it."""
+    from llasmol.metrics.families import COUNTS, FAMILIES
+    from llasmol.metrics.support import support, support_note
+
+    def smi(s):
+        return f"<SMILES> {s} </SMILES>"
+
+    records = ([{"task": "forward_synthesis", "input": str(i), "gold": "CCO", "predictions": [p]}
+                for i, p in enumerate([smi("OCC"), smi("C1CC"), "no answer", smi("CC")] * 3)]
+               + [{"task": "molecule_captioning", "input": str(i), "gold": "An alcohol.", "predictions": [p]}
+                  for i, p in enumerate(["It is an alcohol.", "  ", "An acid."] * 4)])
+    metrics = score_records(records)
+    fs, mc = metrics["forward_synthesis"], metrics["molecule_captioning"]
+    assert [support("forward_synthesis", m, fs) for m in ("exact_match", "validity", "fts", "fts_rdk", "num_valid")] \
+        == [(12, 12), (9, 12), (6, 12), (6, 12), None]
+    assert [support("molecule_captioning", m, mc) for m in ("meteor", "rougeL", "tokenizer_scibert")] \
+        == [(8, 12), (8, 12), None]
+    assert support_note("forward_synthesis", "fts", fs) == "n=6 of 12, too few"
+    assert support_note("forward_synthesis", "validity", fs) == "n=9 of 12, too few"
+    assert support_note("forward_synthesis", "exact_match", fs) == ""  # 12 of 12: enough, all of them
+    assert support_note("forward_synthesis", "exact_match", {**fs, "num_samples": 4.0}) == "n=4, too few"
+    assert support("no_such_task", "exact_match", fs) is None and support_note("forward_synthesis", "fts", {}) == ""
+    for family in FAMILIES.values():
+        for name in family.metric_names:
+            counted = family.basis(name, {k: 1.0 for k in COUNTS} | {"num_samples": 3.0})
+            assert (counted is None) == (name in COUNTS or name == "tokenizer_scibert"), (family.name, name)

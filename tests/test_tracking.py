@@ -71,7 +71,8 @@ def test_offline_wandb_run_holds_metrics_config_table_and_best(cfg_factory, tmp_
     blob = record.read_bytes()
     for key in (b"train/loss", b"train/lr", b"train/tokens_per_sec", b"val/loss",
                 b"val/forward_synthesis/exact_match", b"val/property_prediction-bbbp/accuracy",
-                b"val/forward_synthesis/exact_match_best", b"val/loss_best", b"trainable", b"lora"):
+                b"val/forward_synthesis/exact_match_best", b"val/forward_synthesis/exact_match_best_n",
+                b"val/property_prediction-bbbp/accuracy_best_note", b"val/loss_best", b"trainable", b"lora"):
         assert key in blob, key
     tables = sorted(record.parent.glob("files/media/table/val/predictions_*.table.json"))
     assert len(tables) == 2  # one per validation
@@ -443,6 +444,16 @@ def test_each_metrics_best_is_the_min_of_losses_and_errors_and_the_max_of_scores
     assert logger.experiment.summary["val/loss_best"] == 1.0
     assert logger.experiment.summary["val/t/exact_match_best"] == 0.5
     assert logger.experiment.summary["val/t/accuracy_best"] == 0.75
+    # With the samples each value stands on: an RMSE on 1 number of 30 is kept with that count and flagged, and
+    # a better RMSE on 25 of them replaces both.
+    update_best_summary(trainer, {f"{esol}/rmse": 0.5}, {f"{esol}/rmse": (1, "n=1 of 30, too few")})
+    assert (logger.experiment.summary[f"{esol}/rmse_best"], logger.experiment.summary[f"{esol}/rmse_best_n"],
+            logger.experiment.summary[f"{esol}/rmse_best_note"]) == (0.5, 1, "n=1 of 30, too few")
+    update_best_summary(trainer, {f"{esol}/rmse": 0.75}, {f"{esol}/rmse": (30, "")})  # worse: the best stays
+    assert logger.experiment.summary[f"{esol}/rmse_best_n"] == 1
+    update_best_summary(trainer, {f"{esol}/rmse": 0.25}, {f"{esol}/rmse": (25, "n=25 of 30")})
+    assert (logger.experiment.summary[f"{esol}/rmse_best"], logger.experiment.summary[f"{esol}/rmse_best_n"],
+            logger.experiment.summary[f"{esol}/rmse_best_note"]) == (0.25, 25, "n=25 of 30")
 
 
 @pytest.mark.slow

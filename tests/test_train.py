@@ -637,10 +637,16 @@ def test_a_validations_log_line_names_each_tasks_headline_and_only_rank_0_says_i
         end(2.0, 4)
         evaluator._last_results = None
         end(2.5, 6)
+        # Every value on the same too few samples: said once at the end (the demo's 8 samples per task).
+        evaluator._last_results = {"name_conversion-s2f": {"exact_match": 0.5, "num_samples": 8.0},
+                                   "forward_synthesis": {"exact_match": 0.25, "num_samples": 8.0}}
+        end(2.25, 8)
     assert caplog.messages == [
-        "validation at step 4: val/loss 2.0000 (best 2.0000 at step 4); name_conversion-s2f exact_match 0.500, "
-        "forward_synthesis exact_match 0.250",
-        "validation at step 6: val/loss 2.5000 (best 2.0000 at step 4)"]
+        "validation at step 4: val/loss 2.0000 (best 2.0000 at step 4); name_conversion-s2f exact_match 0.500 "
+        "(n=4, too few), forward_synthesis exact_match 0.250",
+        "validation at step 6: val/loss 2.5000 (best 2.0000 at step 4)",
+        "validation at step 8: val/loss 2.2500 (best 2.0000 at step 4); name_conversion-s2f exact_match 0.500, "
+        "forward_synthesis exact_match 0.250 (each n=8, too few)"]
     assert wandb.experiment.summary == {"val/loss_best": 2.0}
 
 
@@ -711,7 +717,9 @@ def test_a_validation_generates_on_its_ranks_share_logs_every_number_and_writes_
                       ("val/name_conversion-s2f/num_samples", 2.0, {"sync_dist": True}),
                       ("val/name_conversion-s2f/exact_match_lo", 0.25, {"sync_dist": True}),
                       ("val/name_conversion-s2f/exact_match_hi", 0.75, {"sync_dist": True})]
-    assert [t["step"] for t in tables] == [8] and wandb.experiment.summary == {"val/name_conversion-s2f/exact_match_best": 0.5}
+    assert [t["step"] for t in tables] == [8] and wandb.experiment.summary == {
+        "val/name_conversion-s2f/exact_match_best": 0.5, "val/name_conversion-s2f/exact_match_best_n": 2,
+        "val/name_conversion-s2f/exact_match_best_note": "n=2, too few"}
     assert evaluator._last_results is outcome.metrics
     # The next validation: the same subset (drawn once), written by rank 0 alone, in the trainer's folder by default.
     calls.clear()

@@ -23,6 +23,7 @@ from typing import Optional, Union
 from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
 from llasmol.inference.predictions import read_predictions
+from llasmol.metrics.support import with_support
 
 _VARIANT_NAME = re.compile(r"^(\d+)_")
 
@@ -40,6 +41,13 @@ def _finite_or_none(value):
         return None
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+def _task_metrics(data: dict) -> dict[str, dict[str, Optional[float]]]:
+    """A metrics file's ``{task: {metric: value}}``, each value with how many samples it stands on
+    (`llasmol.metrics.support`: tables print ``0.630 (n=1 of 30, too few)``)."""
+    return {task: with_support(task, {name: _finite_or_none(v) for name, v in values.items()})
+            for task, values in data.items() if isinstance(values, dict)}
 
 
 def _read_json(path: Path):
@@ -228,11 +236,7 @@ def _load_validations(path: Path) -> list[Validation]:
         data = _read_json(file)
         if not isinstance(data, dict):
             raise UserError(f"{file} is not a {{task: {{metric: value}}}} object")
-        metrics = {
-            task: {name: _finite_or_none(v) for name, v in values.items()}
-            for task, values in data.items()
-            if isinstance(values, dict)
-        }
+        metrics = _task_metrics(data)
         predictions = path / layout.PREDICTIONS / f"{file.stem}.jsonl"
         out.append(
             Validation(
@@ -253,8 +257,7 @@ def _load_evaluations(path: Path) -> dict[str, dict[str, dict[str, Optional[floa
             continue
         data = _read_json(file)
         if isinstance(data, dict):
-            out[file.stem] = {task: {name: _finite_or_none(v) for name, v in values.items()}
-                              for task, values in data.items() if isinstance(values, dict)}
+            out[file.stem] = _task_metrics(data)
     return out
 
 

@@ -21,6 +21,7 @@ from llasmol.core.errors import UserError
 from llasmol.core.tasks import TASKS, get_task
 from llasmol.metrics.families import CATEGORIES, COUNTS, FAMILIES, METRIC_ORDER, TOPK
 from llasmol.metrics.scoring import as_list, is_skipped, judge, record_answers, record_golds
+from llasmol.metrics.support import shown, with_support
 
 Cell = Union[str, int, float, None]
 
@@ -99,15 +100,16 @@ class Table:
 
 
 def format_cell(cell: Cell, digits: int = 3) -> str:
-    """Markdown text of a cell: None -> '-', whole floats as integers, others rounded."""
+    """Markdown text of a cell: None -> '-', whole floats as integers, others rounded; a metric value with
+    the samples it stands on where that is not all or too few (`llasmol.metrics.support`)."""
     if cell is None:
         return "-"
     if isinstance(cell, float):
         if not math.isfinite(cell):
-            return "-"
+            return shown("-", cell)
         if cell.is_integer() and abs(cell) >= 1:
-            return str(int(cell))
-        return f"{cell:.{digits}f}"
+            return shown(str(int(cell)), cell)
+        return shown(f"{cell:.{digits}f}", cell)
     return str(cell)
 
 
@@ -130,13 +132,14 @@ def metric_lines(results: dict[str, dict[str, Any]], intervals: Optional[dict] =
     metrics with `all_metrics`) as `name=value [lo, hi]`."""
     width = max((len(t) for t in results), default=4)
     bounds = (intervals or {}).get("tasks", {})
+    results = {task: with_support(task, metrics) for task, metrics in results.items()}
     if not all_metrics:
         results = {task: {m: metrics[m] for m in headline_metrics(task, metrics)} for task, metrics in results.items()}
 
     def cell(task: str, name: str, value: Any) -> str:
         interval = bounds.get(task, {}).get(name)
         bounds_text = f" [{_text_cell(interval[0])}, {_text_cell(interval[1])}]" if interval else ""
-        return f"{name}={_text_cell(value)}{bounds_text}"
+        return shown(f"{name}={_text_cell(value)}{bounds_text}", value)
 
     return "\n".join(
         f"{task:<{width}}  " + "  ".join(cell(task, k, v) for k, v in metrics.items())

@@ -134,8 +134,10 @@ def log_predictions_table(trainer, records: list[dict]) -> None:
         logger.log_table(key="val/predictions", columns=columns, data=rows, step=trainer.global_step)
 
 
-def update_best_summary(trainer, metrics: dict[str, float]) -> None:
-    """Keep `<metric>_best` in each W&B run summary (min for losses/errors, max otherwise)."""
+def update_best_summary(trainer, metrics: dict[str, float], notes: Optional[dict[str, tuple[int, str]]] = None) -> None:
+    """Keep `<metric>_best` in each W&B run summary (min for losses/errors, max otherwise), and where `notes`
+    has the metric (``(n, note)``: `llasmol.metrics.support`), the samples that best value stands on as
+    `<metric>_best_n` and `<metric>_best_note` (``n=1 of 30, too few``; '' on enough samples, all of them)."""
     for logger in wandb_loggers(trainer):
         summary = logger.experiment.summary
         for key, value in metrics.items():
@@ -145,7 +147,13 @@ def update_best_summary(trainer, metrics: dict[str, float]) -> None:
             best_key = f"{key}_best"
             previous = summary.get(best_key)
             better = min if name in LOWER_IS_BETTER or name == "loss" else max
-            summary[best_key] = value if previous is None else better(previous, value)
+            if previous is not None and better(previous, value) == previous:
+                continue
+            summary[best_key] = value
+            if notes and key in notes:
+                n, note = notes[key]
+                summary[f"{best_key}_n"] = n
+                summary[f"{best_key}_note"] = note
 
 
 class KeepingCSVLogger(CSVLoggerWithWriter):

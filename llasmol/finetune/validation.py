@@ -27,6 +27,7 @@ from llasmol.inference.beam_search import BeamGenerator
 from llasmol.inference.pipeline import Evaluation, ModelAnswers, RunFiles, Samples, gather_to_all
 from llasmol.inference.progress import generation_progress
 from llasmol.metrics.reducer import reduced_metrics
+from llasmol.metrics.support import support, support_note
 from llasmol.finetune.lightning_private import live_progress
 from llasmol.finetune.tracking import log_predictions_table, update_best_summary, wandb_loggers
 
@@ -77,7 +78,10 @@ class GenerationEvaluator(Callback):
         if trainer.is_global_zero:
             if wandb_loggers(trainer):
                 log_predictions_table(trainer, everything)
-                update_best_summary(trainer, flat)
+                notes = {f"val/{task}/{name}": (counted[0], support_note(task, name, values))
+                         for task, values in results.items() for name in values
+                         if (counted := support(task, name, values)) is not None}
+                update_best_summary(trainer, flat, notes)
         self._last_results = results
 
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -91,11 +95,15 @@ class GenerationEvaluator(Callback):
         if self._best is None or loss < self._best[0]:
             self._best = (loss, trainer.global_step)
         # One line per validation in the run's log (train.log): a run without a terminal tells its story.
-        parts = []
+        shown = []
         for task, values in (self._last_results or {}).items():
             name = get_task(task).headline
             if isinstance(values.get(name), float) and math.isfinite(values[name]):
-                parts.append(f"{task} {name} {values[name]:.3f}")
-        headline = ", ".join(parts)
+                shown.append((f"{task} {name} {values[name]:.3f}", support_note(task, name, values)))
+        notes = {note for _, note in shown}
+        if len(notes) == 1 and len(shown) > 1:  # the demo's: every task on its 8 samples, said once
+            headline = ", ".join(text for text, _ in shown) + (f" (each {notes.pop()})" if notes != {""} else "")
+        else:
+            headline = ", ".join(text + (f" ({note})" if note else "") for text, note in shown)
         log.info("validation at step %d: val/loss %.4f (best %.4f at step %d)%s", trainer.global_step, loss,
                  *self._best, f"; {headline}" if headline else "")

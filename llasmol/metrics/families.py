@@ -69,6 +69,10 @@ def ratio(num: float, den: float) -> float:
     return num / den if den > 0 else 0.0
 
 
+def _difference(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return None if a is None or b is None else a - b
+
+
 class Family:
     """A metric family; subclasses fill in the statistics and metrics of their tasks."""
 
@@ -98,6 +102,13 @@ class Family:
         """Category (`CATEGORIES`) of one answered sample from its own statistics, and a per-sample score
         where one exists."""
         raise NotImplementedError
+
+    def basis(self, metric: str, values: dict) -> Optional[float]:
+        """How many samples `metric`'s value stands on, read from the task's metric `values` (its counts are
+        among them); None for a count. A share of all samples (exact match, accuracy) stands on them all."""
+        if metric in self.counts or metric in COMMON_COUNTS or metric not in self.metric_names:
+            return None
+        return values.get("num_samples")
 
 
 def _topk_stats(hits: Sequence[bool], stats: dict[str, float]) -> None:
@@ -159,6 +170,13 @@ class SmilesFamily(Family):
             "fts_maccs": ratio(stats["fts_maccs_sum"], valid),
             "fts_rdk": ratio(stats["fts_rdk_sum"], valid),
         }
+
+    def basis(self, metric, values):
+        if metric == "validity":  # of the samples with an answer
+            return _difference(values.get("num_samples"), values.get("num_no_answer"))
+        if metric.startswith("fts"):  # of the valid molecules
+            return values.get("num_valid")
+        return super().basis(metric, values)
 
     def judge(self, stats):
         if stats["hit_top1"]:
@@ -279,6 +297,9 @@ class NumberFamily(Family):
             "num_invalid_gold": stats["num_invalid_gold"],
         }
 
+    def basis(self, metric, values):
+        return values.get("num_valid") if metric == "rmse" else super().basis(metric, values)
+
     def judge(self, stats):
         if stats["num_valid"]:
             return "scored", _rmse(stats["sq_err_sum"], stats["sq_err_big_sum"], 1.0)  # the absolute error
@@ -332,6 +353,12 @@ class BooleanFamily(Family):
             "tp": tp, "fp": fp, "tn": tn, "fn": fn,
         }
 
+    def basis(self, metric, values):
+        if metric in ("f1", "mcc"):  # of the yes/no answers
+            counts = [values.get(k) for k in ("tp", "fp", "tn", "fn")]
+            return None if None in counts else sum(counts)
+        return super().basis(metric, values)
+
     def judge(self, stats):
         if stats["num_invalid"]:
             return "invalid", None
@@ -365,6 +392,12 @@ class CaptionFamily(Family):
         out["num_scored"] = scored
         out["tokenizer_scibert"] = ratio(stats["num_scibert"], stats["num_samples"])
         return out
+
+    def basis(self, metric, values):
+        if metric == "tokenizer_scibert":
+            return None  # which tokenizer scored, not a score
+        plain = super().basis(metric, values)
+        return None if plain is None else values.get("num_scored")  # of the non-empty captions
 
     def judge(self, stats):
         return "scored", stats["meteor_sum"]
