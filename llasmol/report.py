@@ -82,10 +82,13 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5, all_metri
     shown.title = f"{run.label}: {'metrics' if all_metrics else 'headline metrics'} at {val.name}"
     _write(out / "metrics.md", (trivial.NOTE if run.model == "tiny" else "") + shown.to_markdown() + "\n"
            + coverage_note(val.tasks) + ("" if all_metrics else ALL_METRICS_NOTE), written)
+    floors = {}
     if val.predictions():
         floor = trivial.constant_answer_table(val.predictions())
         _write(out / "trivial.md", floor.to_markdown(), written)
         _write(out / "trivial.csv", floor.to_csv(), written)
+        if val.split is None:  # a validation subset is drawn once per run: one floor for all its validations
+            floors = {f"{r['task']}/{r['metric']}": r["value"] for r in floor.records()}
     _write(out / "metrics.csv", metrics.to_csv(), written)
     intervals = pairs.interval_table(val)
     intervals.title = f"{run.label}: {intervals.title}"
@@ -99,7 +102,7 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5, all_metri
         trends = analysis.metric_trends(run)
         _write(out / "trends.csv", trends.to_csv(), written)
         analysis.plot_trends(trends, out / "trends.png", title=f"{run.label}: loss and headline metrics across "
-                             "validations", losses=run.loss_curves())
+                             "validations", losses=run.loss_curves(), floors=floors)
         written.append(out / "trends.png")
 
     if val.predictions_path is None:

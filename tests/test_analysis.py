@@ -292,8 +292,15 @@ def test_report_command_line_error(tmp_path):
     refused_cli(["llasmol.report", str(tmp_path)], REPO, tmp_path, untouched=tmp_path)
 
 
-def test_report_on_hand_made_run(run_dir, capsys):
+def test_report_on_hand_made_run(run_dir, capsys, monkeypatch):
+    drawn = {}
+    plot_trends = analysis.plot_trends
+    monkeypatch.setattr(analysis, "plot_trends", lambda *a, **kw: drawn.update(kw) or plot_trends(*a, **kw))
     written = report_main([str(run_dir)])
+    # trends.png's dashed floors: the best constant answer on the validation's samples (CCO is 2 of 5 golds).
+    assert sorted(drawn["floors"]) == ["forward_synthesis/exact_match", "name_conversion-s2f/exact_match",
+                                       "property_prediction-bbbp/accuracy", "property_prediction-esol/rmse"]
+    assert drawn["floors"]["forward_synthesis/exact_match"] == pytest.approx(0.4)
     out = capsys.readouterr().out
     names = {p.name for p in written}
     assert {"metrics.md", "metrics.csv", "failures.md", "failures.csv", "trends.csv", "topk.png",
@@ -538,22 +545,34 @@ def test_charts_say_something_on_a_short_sweep():
 
     data = {"val/loss": {"lite": 3.2, "full": 3.1}, "train/loss": {"lite": 3.4, "full": 3.0},
             "trainable (M)": {"lite": 0.03, "full": 0.07}, "minutes": {"lite": 0.5, "full": 0.7},
+            "answered": {"lite": 0.25, "full": 0.5},
             "forward_synthesis/exact_match": {"lite": 0.0, "full": 0.0},
+            "retrosynthesis/exact_match": {"lite": 0.0, "full": 0.125},
             "property_prediction-esol/rmse": {"lite": None, "full": None}}
     fig = plot_ablation(data, title="sweep X")
     assert [ax.get_ylabel().split(" (")[0] for ax in fig.axes] == [
-        "loss, nats/token", "trainable parameters", "training time", "headline metric"]
+        "loss, nats/token", "trainable parameters", "training time", "answered", "headline metric"]
     loss_panel = fig.axes[0]
     assert [t.get_text() for t in loss_panel.get_xticklabels()] == ["val/loss", "train/loss"]
     assert sorted(round(b.get_height(), 2) for c in loss_panel.containers for b in c) == [3.0, 3.1, 3.2, 3.4]
-    assert fig.get_suptitle() == "sweep X"
-    # Each panel as wide as its bar groups need: 1.5 a group for loss (2), parameters (1) and time (1), 0.9 a
-    # task for the fractions with 3 at least; the figure 2 wider than the panels, at most 18.
+    # A score that is 0 for every variant has no bars to compare: left out of its panel, and said.
+    assert [t.get_text() for t in fig.axes[4].get_xticklabels()] == ["retrosynthesis/exact_match"]
+    assert fig.get_suptitle() == ("sweep X\n0 for every variant, left out: the headline metric of 1 task "
+                                  "(comparison.md has them)")
+    # Each panel as wide as its bar groups need: 1.5 a group for loss (2), parameters (1), time (1) and the
+    # answered share (1), 0.9 a task for the fractions with 3 at least; the figure 2 wider than the panels, at most 18.
     widths = [ax.get_position().width for ax in fig.axes]
-    assert [round(w / widths[1], 2) for w in widths] == [2.0, 1.0, 1.0, 2.0]
-    assert tuple(fig.get_size_inches()) == (2.0 + 3.0 + 1.5 + 1.5 + 3.0, 5.0)
+    assert [round(w / widths[1], 2) for w in widths] == [2.0, 1.0, 1.0, 1.0, 2.0]
+    assert tuple(fig.get_size_inches()) == (2.0 + 3.0 + 1.5 + 1.5 + 1.5 + 3.0, 5.0)
+    data["retrosynthesis/exact_match"]["full"] = 0.0
+    data["answered"] = {"lite": 0.0, "full": None}
+    nothing_learned = plot_ablation(data, title="sweep X")  # no panel of scores at all: the title says why
+    assert [ax.get_ylabel().split(" (")[0] for ax in nothing_learned.axes] == [
+        "loss, nats/token", "trainable parameters", "training time"]
+    assert nothing_learned.get_suptitle() == ("sweep X\n0 for every variant, left out: the answered share and the "
+                                              "headline metric of 2 tasks (comparison.md has them)")
     data["property_prediction-esol/rmse"] = {"lite": 1.5, "full": None}
-    assert len(plot_ablation(data).axes) == 5
+    assert len(plot_ablation(data).axes) == 4
     trends = Table(["step", "forward_synthesis/exact_match", "property_prediction-esol/rmse"],
                    [[100, 0.1, None], [200, 0.2, None]])
     assert len(plot_trends(trends, title="run Y").axes) == 1  # no RMSE yet: no empty panel
@@ -878,6 +897,9 @@ def test_the_ablation_data_of_runs_and_a_baseline(mixed_sweep):
     assert data["trainable (M)"] == dict(zip(labels, [pytest.approx(1e-4), None, pytest.approx(1e-4),
                                                       pytest.approx(5e-6)]))
     assert data["minutes"] == dict(zip(labels, [1.5, None, None, None]))  # result.json's 90 seconds
+    # Answered between the tags: 12 of the 15 samples (a refusal, a skipped prompt and an empty yes/no are not);
+    # files without their counts have no share.
+    assert data["answered"] == dict(zip(labels, [pytest.approx(0.8), None, pytest.approx(0.8), None]))
     assert data["forward_synthesis/exact_match"] == dict(zip(labels, [pytest.approx(0.2), None, pytest.approx(0.4),
                                                                       0.0]))
     # A baseline's bars are its test split's numbers.

@@ -184,6 +184,28 @@ def test_the_trends_chart_puts_losses_fractions_and_rmse_on_their_own_panels():
         assert [t.get_text() for t in ax.get_legend().get_texts()] == [line.get_label() for line in ax.get_lines()]
 
 
+def test_the_trends_chart_draws_each_metrics_constant_answer_dashed_in_its_colour_and_its_count():
+    """An accuracy that rises to 1.0 where a constant "No" also scores 1.0 reads as no skill: the floor is a dashed
+    line of the curve's colour; a latest value on too few samples says so in the legend."""
+    from llasmol.metrics.support import Counted
+
+    trends = Table(["step", "clintox/accuracy", "fs/exact_match", "esol/rmse"],
+                   [[10, 0.0, 0.0, 2.0], [20, Counted(1.0, "n=4, too few"), 0.25, Counted(1.5, "n=1 of 4, too few")]])
+    fig = plot_trends(trends, floors={"clintox/accuracy": 1.0, "esol/rmse": 1.25, "other/accuracy": 0.5})
+    fractions, rmse = fig.axes
+    curves = {line.get_label(): line for line in fractions.get_lines() if line.get_linestyle() == "-"}
+    dashed = [line for line in fractions.get_lines() if line.get_linestyle() == "--"]
+    assert list(curves) == ["clintox/accuracy (n=4, too few)", "fs/exact_match"]
+    floor, key = dashed  # clintox's floor, and the legend's key for every dashed line
+    assert list(floor.get_ydata()) == [1.0, 1.0] and floor.get_color() == curves["clintox/accuracy (n=4, too few)"].get_color()
+    assert key.get_label() == "dashed: the best constant answer" and len(key.get_xdata()) == 0
+    assert [t.get_text() for t in fractions.get_legend().get_texts()] == [
+        "clintox/accuracy (n=4, too few)", "fs/exact_match", "dashed: the best constant answer"]
+    (esol_floor,) = [line for line in rmse.get_lines() if line.get_linestyle() == "--" and len(line.get_xdata())]
+    assert list(esol_floor.get_ydata()) == [1.25, 1.25]
+    assert [t.get_text() for t in rmse.get_legend().get_texts()][0] == "esol/rmse (n=1 of 4, too few)"
+
+
 def test_the_trends_chart_draws_losses_alone_and_says_no_validation_without_values():
     losses = {"train/loss": [(1, 4.0), (2, 3.5)]}
     alone = plot_trends(Table(["step"], []), losses=losses)  # no validation yet: the loss still moves

@@ -125,12 +125,24 @@ def paper_table(
                  title="The paper's reported numbers (test set)")
 
 
+# The share of samples with an answer between the task's tags, over every task: it parts a short run's variants
+# while each exact match is still 0.
+ANSWERED = "answered"
+
+
+def _answered(metrics: dict[str, dict[str, Optional[float]]]) -> Optional[float]:
+    samples = sum(values.get("num_samples") or 0 for values in metrics.values())
+    unanswered = sum(values.get("num_no_answer") or 0 for values in metrics.values())
+    return (samples - unanswered) / samples if samples else None
+
+
 def ablation_data(
     source: Union[PathLike, Sequence[Run]], metrics: Optional[dict[str, str]] = None
 ) -> dict[str, dict[str, Optional[float]]]:
     """``{task/metric: {variant label: value}}`` of each task's headline metric (or ``metrics[task]``) at
     each variant's latest validation (a baseline: its test split), with ``val/loss``, ``train/loss`` (the
-    last logged), ``trainable (M)`` and ``minutes`` (the training command's wall time) first; the input of
+    last logged), ``trainable (M)``, ``minutes`` (the training command's wall time) and `ANSWERED` (the share
+    of samples answered between the tags, over all tasks) first; the input of
     `llasmol.analysis.plots.plot_ablation`."""
     runs = _runs(source)
     wanted = {t: [m] for t, m in (metrics or {}).items()}
@@ -143,6 +155,7 @@ def ablation_data(
         "minutes": {label: (run.seconds / 60 if run.seconds is not None else None)
                     for run, label in zip(runs, labels)},
     }
+    data[ANSWERED] = {label: _answered(_compared(run)) for run, label in zip(runs, labels)}
     for task, metric in comparison_columns(runs, wanted):
         data[f"{task}/{metric}"] = {
             label: _compared(run).get(task, {}).get(metric) for run, label in zip(runs, variant_labels(runs))

@@ -14,9 +14,11 @@ from typing import Optional, Sequence, Union
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from llasmol.analysis.compare import ANSWERED
 from llasmol.analysis.tables import FAILURE_CATEGORIES, Table
 from llasmol.metrics.families import COUNTS, LOWER_IS_BETTER
 from llasmol.metrics.molecules import parse_molecule
+from llasmol.metrics.support import shown
 
 PathLike = Union[str, Path]
 
@@ -126,11 +128,15 @@ def _has_values(table: Table, column: str) -> bool:
 
 
 def plot_trends(trends: Table, path: Optional[PathLike] = None, title: str = "Metric trends",
-                losses: Optional[dict[str, list[tuple[int, float]]]] = None) -> Figure:
+                losses: Optional[dict[str, list[tuple[int, float]]]] = None,
+                floors: Optional[dict[str, float]] = None) -> Figure:
     """Each ``<task>/<metric>`` column of `tables.metric_trends` against the step; RMSE (not a
     fraction) on its own axis; a panel with no value at all is left out. `losses` (`Run.loss_curves`:
     ``train/loss`` and ``val/loss`` by step) come first: in a short run of a model that starts from random
-    weights they move long before any metric leaves zero."""
+    weights they move long before any metric leaves zero. `floors` (``{<task>/<metric>: value}``, the best
+    constant answer on the same samples: `trivial.constant_answer_table`) are drawn dashed in their series'
+    colour, so an accuracy of 1.0 that a constant "No" also scores reads as what it is; each series' legend
+    says how many samples its latest value stands on when that is not all or too few."""
     steps = trends.column("step") if "step" in trends.columns else []
     series = [c for c in trends.columns if c not in ("epoch", "step") and _has_values(trends, c)]
     lower = [c for c in series if c.rsplit("/", 1)[-1] in LOWER_IS_BETTER and c.rsplit("/", 1)[-1] not in COUNTS]
@@ -150,8 +156,14 @@ def plot_trends(trends: Table, path: Optional[PathLike] = None, title: str = "Me
                 xs, ys = zip(*curves[name])
                 ax.plot(xs, ys, marker="o" if name == "val/loss" else None, label=name)
                 continue
-            values = [math.nan if v is None else v for v in trends.column(name)]
-            ax.plot(steps, values, marker="o", label=name)
+            column = trends.column(name)
+            values = [math.nan if v is None else v for v in column]
+            latest = next((v for v in reversed(column) if v is not None), None)
+            (line,) = ax.plot(steps, values, marker="o", label=shown(name, latest))
+            if (floors or {}).get(name) is not None:
+                ax.axhline(floors[name], color=line.get_color(), linestyle="--", linewidth=0.9)
+        if any(name in (floors or {}) for name in names):
+            ax.plot([], [], color="0.4", linestyle="--", label="dashed: the best constant answer")
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
@@ -165,7 +177,9 @@ def plot_ablation(data: dict[str, dict[str, Optional[float]]], path: Optional[Pa
     """The variants side by side (input: `compare.ablation_data`): a panel for ``val/loss`` and
     ``train/loss`` (what separates variants of a short run), one for trainable parameters, one for training
     time, one bar group per task for the
-    headline fractions, and one for RMSE; panels with no value are left out, a missing value leaves a gap.
+    headline fractions, and one for RMSE; panels with no value are left out, a missing value leaves a gap; a
+    score that is 0 for every variant is left out and named above the panels (a short demo's exact matches),
+    and the share of samples answered between the tags (`compare.ANSWERED`) has a panel of its own.
     `intervals` (``{group: {variant: [lo, hi]}}``, `pairs.ablation_intervals`) draws each bar's interval."""
     variants = list(dict.fromkeys(v for values in data.values() for v in values))
     present = {g: vals for g, vals in data.items() if any(v is not None for v in vals.values())}
@@ -173,18 +187,27 @@ def plot_ablation(data: dict[str, dict[str, Optional[float]]], path: Optional[Pa
     def kind(group: str) -> str:
         if group in ("val/loss", "train/loss"):
             return "loss"
-        if group in ("trainable (M)", "minutes"):
+        if group in ("trainable (M)", "minutes", ANSWERED):
             return group
         return "lower" if group.rsplit("/", 1)[-1] in LOWER_IS_BETTER else "fraction"
 
+    # A score that is 0 for every variant draws no bar and tells them apart on nothing: left out, and named.
+    zeros = [g for g, vals in present.items() if kind(g) in ("fraction", ANSWERED)
+             and all(v == 0 for v in vals.values() if v is not None)]
+    present = {g: vals for g, vals in present.items() if g not in zeros}
     panels = [(k, [g for g in present if kind(g) == k], label) for k, label in (
         ("loss", "loss, nats/token (lower is better)"), ("trainable (M)", "trainable parameters (millions)"),
-        ("minutes", "training time (minutes)"), ("fraction", "headline metric (fraction)"),
-        ("lower", "RMSE (lower is better)"))]
+        ("minutes", "training time (minutes)"), (ANSWERED, "answered (share of samples)"),
+        ("fraction", "headline metric (fraction)"), ("lower", "RMSE (lower is better)"))]
     panels = [p for p in panels if p[1]]
-    widths = [1.5 * len(groups) if k in ("loss", "trainable (M)", "minutes") else max(3.0, 0.9 * len(groups))
+    widths = [1.5 * len(groups) if k in ("loss", "trainable (M)", "minutes", ANSWERED) else max(3.0, 0.9 * len(groups))
               for k, groups, _ in panels]
     fig = _figure(min(18.0, 2.0 + sum(widths)), 5)
+    if zeros:  # said under the title, where the layout keeps room for it
+        tasks = [g for g in zeros if g != ANSWERED]
+        what = (["the answered share"] if ANSWERED in zeros else []) + (
+            [f"the headline metric of {len(tasks)} task{'s' * (len(tasks) > 1)} (comparison.md has them)"] if tasks else [])
+        title = f"{title}\n0 for every variant, left out: {' and '.join(what)}"
     fig.suptitle(title, fontsize="medium")
     if not panels or not variants:
         _empty(fig.add_subplot(), "no variant has a validation")
