@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable, Optional
 
 import hydra
 from omegaconf import DictConfig
@@ -20,6 +21,7 @@ from llasmol.core import run_dir
 from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import Stopped, UserError, report_user_errors
 from llasmol.core.files import check_target, write_json
+from llasmol.core.log_files import log_also_to
 from llasmol.core.quiet import quiet_known_noise
 from llasmol.core.schema import check_config
 from llasmol.core.threads import use_cpu_threads
@@ -48,8 +50,9 @@ def _protocol_row(cfg: DictConfig, model_cfg: DictConfig, protocol, folder: Path
                                          "ckpt": str(cfg.ckpt), "split": split, "samples": samples})
 
 
-def evaluate(cfg: DictConfig) -> dict:
-    """Score `cfg.predictions`, or generate with `cfg.ckpt` on `cfg.data.split` and score that."""
+def evaluate(cfg: DictConfig, log_into: Optional[Callable[[Path], None]] = None) -> dict:
+    """Score `cfg.predictions`, or generate with `cfg.ckpt` on `cfg.data.split` and score that (`log_into`: told
+    the run directory the answers go into, when they go into one)."""
     quiet_known_noise()
     check_config(cfg)
     use_cpu_threads(cfg.get("cpu"))  # before torch loads: OpenMP reads its wait policy once
@@ -65,7 +68,7 @@ def evaluate(cfg: DictConfig) -> dict:
     if cfg.predictions:
         results, intervals, out = jobs.score_file(cfg)
     else:
-        run = jobs.generate_and_score(cfg)
+        run = jobs.generate_and_score(cfg, log_into)
         if run.protocol is not None:
             _protocol_row(cfg, run.model_cfg, run.protocol, run.folder, cfg.data.split, run.samples)
         results, intervals, out = run.metrics, run.intervals, run.metrics_file
@@ -75,8 +78,8 @@ def evaluate(cfg: DictConfig) -> dict:
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="evaluate")
 @report_user_errors
 def main(cfg: DictConfig) -> None:
-    try:
-        result = evaluate(cfg)
+    try:  # answers written into a run directory: the log goes there too, to the end (an error line included)
+        result = evaluate(cfg, lambda folder: log_also_to(folder / run_dir.EVALUATE_LOG, "llasmol.evaluate"))
     except Stopped as stop:  # one line, as training's, instead of a traceback from deep inside generate
         log.warning("%s", stop)
         raise SystemExit(stop.code) from None

@@ -828,6 +828,41 @@ def test_evaluate_stopped_by_a_signal_continues_with_the_same_command(run_dir, t
     assert not partial.exists()
 
 
+@pytest.mark.slow
+def test_an_evaluation_into_a_run_directory_logs_there_with_its_continue_line(run_dir, tmp_path):
+    """`evaluate ckpt=<run dir>` on a whole split writes its answers into the run, and its log too: the command,
+    where the answers go, the "continue with" line of a stop and the error of a continuation refused, beside the
+    files they speak of (the command's own dated folder keeps its copy)."""
+    import shutil
+
+    run = Path(shutil.copytree(run_dir, tmp_path / "run"))
+    own = tmp_path / "own"
+    args = [f"ckpt={run}", "data.split=test", "generation.max_new_tokens_limit=8", "generation.batch_size=2"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "llasmol.evaluate", *args, f"hydra.run.dir={own}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    partial = run / "predictions" / "test.jsonl.partial"
+    deadline = time.monotonic() + HANG_TIMEOUT
+    while time.monotonic() < deadline and proc.poll() is None and (
+            not partial.exists() or len(partial.read_text().splitlines()) < 3):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=HANG_TIMEOUT)
+    assert proc.returncode == 1, err[-2000:]
+    (stop,) = [line for line in (out + err).splitlines() if "continue with:" in line]
+    log = (run / "evaluate.log").read_text().splitlines()
+    assert log[0].endswith(" - " + shlex.join(["python", "-m", "llasmol.evaluate", *args, f"hydra.run.dir={own}"]))
+    assert any(f"on the test split go into {run} (this command's own folder: {own})" in line for line in log)
+    assert log[-1].endswith(stop) and stop in (own / "evaluate.log").read_text()
+    refused = run_cli(["llasmol.evaluate", *args, "generation.batch_size=3", f"hydra.run.dir={tmp_path / 'again'}"],
+                      tmp_path)
+    line = error_line(refused, partial, "batch_size")
+    log = (run / "evaluate.log").read_text().splitlines()
+    assert log[-1].endswith(line.removeprefix("error: ")) and sum(
+        x.split(" - ", 1)[-1].startswith("python -m llasmol.evaluate ") for x in log) == 2  # a header per session
+
+
 def test_a_command_stopped_by_a_mistake_leaves_no_timestamped_run_folder(tmp_path):
     """The error is on the console; a dated folder holding only Hydra's files would be clutter. A folder the
     user named keeps its log, error included."""

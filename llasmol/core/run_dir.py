@@ -22,6 +22,7 @@ CSV_LOG = "csv/metrics.csv"
 WANDB_ID = "wandb_run_id"  # the run's W&B id, continued by an in-place resume
 SYSTEM = "system.json"  # evaluate predictions= name=<label>: an outside system's row (its name, its source file)
 BASELINE = "baseline.json"  # a baseline's folder: the method, its settings, tasks answered and skipped, time, memory
+EVALUATE_LOG = "evaluate.log"  # every evaluate that wrote into the run, appended (its command's folder has one too)
 
 
 def intervals_file(metrics_file: Path) -> Path:

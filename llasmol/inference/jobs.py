@@ -14,7 +14,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -122,8 +122,9 @@ class ModelEvaluation:
     folder: Optional[Path] = None
 
 
-def generate_and_score(cfg: DictConfig) -> ModelEvaluation:
-    """Generate with `cfg.ckpt` on `cfg.data.split` (continuing a stopped run's partial file) and score."""
+def generate_and_score(cfg: DictConfig, log_into: Optional[Callable[[Path], None]] = None) -> ModelEvaluation:
+    """Generate with `cfg.ckpt` on `cfg.data.split` (continuing a stopped run's partial file) and score;
+    `log_into(folder)` is called with the run directory when the answers go there (the command logs there too)."""
     model_cfg, adapter, run_data = resolve_checkpoint(cfg.ckpt, cfg)
     protocol = protocol_for(cfg.get("prompting") or {}, bare=adapter is None)
     data_cfg = run_data if run_data is not None else cfg.data
@@ -143,6 +144,10 @@ def generate_and_score(cfg: DictConfig) -> ModelEvaluation:
     capped = bool(source.max_samples_per_task.get(split_name))
     out_dir = Path(cfg.ckpt) if run_data is not None and not capped else Path(cfg.paths.output_dir)
     files = RunFiles.named(out_dir, split_name, cfg.output).check_writable()
+    if log_into is not None and out_dir.resolve() != Path(cfg.paths.output_dir).resolve():
+        log_into(out_dir)
+        log.info("answers of %s on the %s split go into %s (this command's own folder: %s)",
+                 "the bare base" if adapter is None else adapter, split_name, out_dir, cfg.paths.output_dir)
     indices = samples.indices
     # What the answers depend on: a stopped run is continued only under the same.
     partial = PartialPredictions(files.predictions, {
