@@ -18,7 +18,7 @@ from llasmol.core.errors import report_user_errors
 from llasmol.core.quiet import quiet_known_noise
 from llasmol.core.run_lock import check_fresh_start, check_run_lock, process_rank
 from llasmol.core.schema import check_config
-from llasmol.core.threads import use_cpu_threads
+from llasmol.core.threads import use_cpu_threads, wait_description
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     out = claim_run_dir(cfg.paths.output_dir)
     resume = Resume.plan(cfg.get("ckpt_path"), out, cfg.model.name, cfg.lora.name)
     log.info("CPU: %d intra-op thread(s), OpenMP threads wait %s (cpu.threads, cpu.wait_policy)", threads,
-             cfg.cpu.wait_policy if cfg.get("cpu") else "as the environment says")
+             wait_description(cfg.get("cpu")))
     check_run(cfg)
 
     # Build: the data first, so bad data stops the run before the model loads and the loggers start.

@@ -301,8 +301,9 @@ BOUNDS = [
     (S.NearestNeighborSchema, "table_rows", [1, 16777216], [0, 16777217], "an integer >= 1 and <= 16777216"),
     (S.CpuSchema, "threads", [None, 1, 1024], [0, 1025],
      "an integer >= 1 and <= 1024 or null (null: one per core this process may use)"),
-    (S.CpuSchema, "wait_policy", ["passive", "active", "inherit"], ["spin"],
-     "one of passive, active, inherit (passive: a waiting thread sleeps; inherit: OMP_WAIT_POLICY as it is)"),
+    (S.CpuSchema, "wait_policy", ["auto", "passive", "active", "inherit"], ["spin"],
+     "one of auto, passive, active, inherit (auto: spin briefly, on the cores other work leaves free; passive: a "
+     "waiting thread sleeps; inherit: OMP_WAIT_POLICY as it is)"),
     (S.CommandSchema, "seed", [0], [-1], "an integer >= 0"),
     (S.CommandSchema, "first_job", [0, 1073741824], [-1, 1073741825], "an integer >= 0 and <= 1073741824"),
     (S.TrainSchema, "val_every_n_steps", [1, 1073741824], [0, 1073741825], "an integer >= 1 and <= 1073741824"),

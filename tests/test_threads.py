@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -17,7 +18,8 @@ from llasmol.core.threads import thread_count, usable_cores
 # A fresh interpreter (OpenMP reads its wait policy once, when torch loads it): the command's first step,
 # then one parallel op; libgomp prints its settings at start-up with OMP_DISPLAY_ENV=VERBOSE.
 CHILD = """
-import os, sys
+import logging, os, sys
+logging.basicConfig(level=logging.INFO)
 from llasmol.core.config import compose_config
 from llasmol.core.threads import use_cpu_threads
 cfg = compose_config(sys.argv[1:])
@@ -37,22 +39,102 @@ def run_child(*overrides: str, affinity: set | None = None, **env: str) -> tuple
     return proc.stdout, proc.stderr
 
 
-@pytest.mark.parametrize("policy,spin", [("passive", "0"), ("active", "30000000000"), ("inherit", "300000")])
+@pytest.mark.parametrize("policy,spin", [("passive", "0"), ("active", "30000000000"), ("inherit", "300000"),
+                                         ("auto", "300000")])
 def test_the_wait_policy_reaches_openmp(policy, spin):
-    # libgomp's own default (inherit, nothing set) spins 300,000 times before sleeping; passive never spins.
-    _, err = run_child(f"cpu.wait_policy={policy}")
+    # libgomp's own default (inherit or auto, nothing set) spins 300,000 times before sleeping; passive never spins.
+    _, err = run_child(f"cpu.wait_policy={policy}", "cpu.threads=1")
     assert f"GOMP_SPINCOUNT = '{spin}'" in err
 
 
-def test_inherit_leaves_the_environments_policy():
-    _, err = run_child("cpu.wait_policy=inherit", OMP_WAIT_POLICY="ACTIVE")
-    assert "GOMP_SPINCOUNT = '30000000000'" in err
+def test_inherit_and_auto_leave_the_environments_policy():
+    for policy in ("inherit", "auto"):
+        _, err = run_child(f"cpu.wait_policy={policy}", "cpu.threads=1", OMP_WAIT_POLICY="ACTIVE")
+        assert "GOMP_SPINCOUNT = '30000000000'" in err
 
 
-def test_the_default_is_passive_with_a_thread_per_usable_core():
-    out, err = run_child()
-    assert "GOMP_SPINCOUNT = '0'" in err
-    assert out.split()[1:] == [str(usable_cores())] * 2
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="counts busy cores from /proc/stat")
+def test_the_default_runs_on_the_cores_other_work_leaves_free():
+    """Beside a process that keeps a core busy, the default (wait_policy auto, threads null) runs one thread
+    fewer than its usable cores (at least one), with the runtime's own spinning wait."""
+    rival = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        out, err = run_child()
+    finally:
+        rival.kill()
+        rival.wait()
+    assert "GOMP_SPINCOUNT = '300000'" in err
+    n, now = map(int, out.split()[1:])
+    assert n == now == max(1, usable_cores() - 1) if usable_cores() <= 2 else 1 <= n < usable_cores()
+    if usable_cores() > 1:
+        assert f"of this process's {usable_cores()} cores: {n} thread(s) (cpu.wait_policy=auto)" in err
+
+
+def test_the_free_cores_are_the_usable_ones_less_the_busy_ones_rounded_and_never_none():
+    from llasmol.core.threads import free_cores
+
+    assert [free_cores(busy, 2) for busy in (None, 0.0, 0.49, 0.5, 1.0, 1.6, 5.0)] == [2, 2, 2, 1, 1, 1, 1]
+    assert free_cores(2.6, 8) == 5 and free_cores(0.2, 1) == 1
+
+
+def test_other_work_is_the_cores_busy_time_less_this_processs_own(monkeypatch):
+    """(busy seconds of the cores, own CPU seconds, wall seconds) between two looks: 3 s of the cores busy in
+    2 s of which this process used 1 is 1 core of other work; a look too soon, or none, counts nothing."""
+    from llasmol.core import threads
+
+    real = threads.OtherWork._now
+    marks = iter([(10.0, 1.0, 100.0), (13.0, 2.0, 102.0), (13.0, 2.0, 102.01), None])
+    monkeypatch.setattr(threads.OtherWork, "_now", lambda self: next(marks))
+    watch = threads.OtherWork()
+    assert watch.cores_busy() == pytest.approx(1.0)
+    assert watch.cores_busy() is None  # 10 ms later: too short to say
+    assert watch.cores_busy() is None  # /proc/stat unreadable
+    if os.path.exists("/proc/stat"):  # the real reading: three numbers, CPU seconds not above the wall's
+        busy, own, wall = real(watch)
+        assert busy >= 0 and 0 <= own and wall > 0
+
+
+def test_training_recounts_the_free_cores_every_few_seconds(monkeypatch, caplog):
+    import logging
+
+    import torch
+
+    from llasmol.core import threads
+
+    before = torch.get_num_threads()
+    clock = [1000.0]
+    monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
+
+    class Watch:
+        _mark = (0.0, 0.0, 1000.0)
+        busy = [1.0]
+
+        def cores_busy(self):
+            self._mark = (0.0, 0.0, clock[0])
+            return self.busy[0]
+
+    monkeypatch.setattr(threads, "_watch", Watch())
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    caplog.set_level(logging.INFO, logger="llasmol.core.threads")
+    try:
+        torch.set_num_threads(2)
+        assert threads.retune_threads() is None  # not yet: the last look was now
+        clock[0] += threads.RETUNE_EVERY_S
+        assert threads.retune_threads() == 1 and torch.get_num_threads() == 1  # a core taken: one thread
+        clock[0] += threads.RETUNE_EVERY_S
+        assert threads.retune_threads() is None  # the same: nothing changes, nothing said
+        Watch.busy[0] = 0.1
+        clock[0] += threads.RETUNE_EVERY_S
+        assert threads.retune_threads() == 2 and torch.get_num_threads() == 2  # the other work went away
+        monkeypatch.setattr(threads, "_watch", None)  # any other policy: never a change
+        clock[0] += threads.RETUNE_EVERY_S
+        assert threads.retune_threads() is None
+    finally:
+        torch.set_num_threads(before)
+    assert [r.getMessage() for r in caplog.records] == [
+        "other work on this process's cores changed: 1 thread(s) from now (cpu.wait_policy=auto)",
+        "other work on this process's cores changed: 2 thread(s) from now (cpu.wait_policy=auto)"]
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,

@@ -462,8 +462,9 @@ def _sharded_optimizer(cfg: dict) -> Optional[str]:
 @dataclass
 class CpuSchema:
     threads: Optional[int] = setting(1, 1024, hint="null: one per core this process may use")
-    wait_policy: str = setting(choices=("passive", "active", "inherit"),
-                               hint="passive: a waiting thread sleeps; inherit: OMP_WAIT_POLICY as it is")
+    wait_policy: str = setting(choices=("auto", "passive", "active", "inherit"),
+                               hint="auto: spin briefly, on the cores other work leaves free; passive: a waiting "
+                                    "thread sleeps; inherit: OMP_WAIT_POLICY as it is")
 
 
 @dataclass

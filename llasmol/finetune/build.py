@@ -9,11 +9,12 @@ from pathlib import Path
 
 import hydra
 from lightning import Trainer
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import Callback, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
 from llasmol.core import run_dir
 from llasmol.core.files import write_json
+from llasmol.core.threads import retune_threads
 from llasmol.data.datamodule import SMolInstructDataModule
 from llasmol.model.base import load_base_model
 from llasmol.model.blocks import compile_blocks, enable_gradient_checkpointing
@@ -69,10 +70,19 @@ def build_module(cfg: DictConfig, model) -> LoRACausalLM:
     )
 
 
+class FreeCoreThreads(Callback):
+    """Under cpu.wait_policy=auto, one intra-op thread per core other work leaves free, recounted as training
+    goes (`llasmol.core.threads.retune_threads`: at most every few seconds; a no-op under any other policy)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        retune_threads()
+
+
 def build_callbacks(cfg: DictConfig) -> list:
     """The config's callbacks (without a progress bar when it is switched off), then the two a resumable run
-    needs: step-seeded random draws and stopping at an optimizer step's end."""
-    callbacks = [*instantiate_all(cfg.get("callbacks")), StepSeeding(cfg.seed), StopAtStepBoundary()]
+    needs: step-seeded random draws and stopping at an optimizer step's end; and the free-core thread count."""
+    callbacks = [*instantiate_all(cfg.get("callbacks")), StepSeeding(cfg.seed), StopAtStepBoundary(),
+                 FreeCoreThreads()]
     if not cfg.trainer.get("enable_progress_bar", True):
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     return callbacks
