@@ -30,6 +30,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """
     started = time.monotonic()
     check_config(cfg)
+    # The first line at once: what runs and where, before torch, Lightning and the base take their seconds.
+    log.info("training %s + LoRA %s into %s (loading torch, Lightning and the base)", cfg.model.name, cfg.lora.name,
+             cfg.paths.output_dir)
     threads = use_cpu_threads(cfg.get("cpu"))  # before torch loads: OpenMP reads its wait policy once
     from llasmol.model.base import check_base_reachable, check_packing
 

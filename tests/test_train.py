@@ -138,6 +138,24 @@ def test_missing_weights_are_said_before_lightning_is_imported(tmp_path):
         proc.stdout + proc.stderr[-2000:])
 
 
+def test_the_first_line_of_train_comes_before_torch_loads(tmp_path):
+    """A newcomer sees what runs and where at once (0.7 s where the next line takes 5 s): the line is logged
+    before torch is imported (here the run then stops at the missing weights of a real base)."""
+    code = ("import logging, sys\nfrom llasmol.core.config import compose_config\nfrom llasmol.core.errors import UserError\n"
+            "from llasmol.train import train\n"
+            "class First(logging.Handler):\n"
+            "    def emit(self, record):\n"
+            "        if not getattr(self, 'seen', False):\n"
+            "            self.seen = True; print('torch' in sys.modules, record.getMessage())\n"
+            "logging.getLogger().addHandler(First()); logging.getLogger().setLevel(logging.INFO)\n"
+            f"cfg = compose_config(['model=mistral', 'lora=lite', 'paths.output_dir={tmp_path / 'run'}'])\n"
+            "try:\n    train(cfg)\nexcept UserError:\n    pass\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert proc.stdout.splitlines()[0] == (f"False training mistral + LoRA lite into {tmp_path / 'run'} (loading "
+                                           "torch, Lightning and the base)"), proc.stdout + proc.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_a_machine_without_network_fails_fast_without_hf_hub_offline(tmp_path):
     """No HF_HUB_OFFLINE: the Hub is probed once (here: a closed local port, so nothing can download)
@@ -527,14 +545,14 @@ def test_config_groups_instantiate_their_targets_only():
 
 
 def test_the_callbacks_a_resumable_run_needs_come_last_and_no_bar_when_it_is_off(cfg_factory):
-    from llasmol.finetune.build import build_callbacks
+    from llasmol.finetune.build import FreeCoreThreads, build_callbacks
     from llasmol.finetune.checkpointing import AdapterModelCheckpoint
     from llasmol.finetune.resume import StepSeeding, StopAtStepBoundary
     from llasmol.finetune.tracking import ProgressBar
 
     kinds = [type(c) for c in build_callbacks(cfg_factory("seed=21", "trainer.enable_progress_bar=true"))]
     assert ProgressBar in kinds and kinds.count(AdapterModelCheckpoint) == 2
-    assert kinds[-2:] == [StepSeeding, StopAtStepBoundary]
+    assert kinds[-3:] == [FreeCoreThreads, StepSeeding, StopAtStepBoundary]
     cfg = cfg_factory("seed=21", "trainer.enable_progress_bar=false")
     callbacks = build_callbacks(cfg)
     assert ProgressBar not in [type(c) for c in callbacks] and callbacks[-2].seed == 21

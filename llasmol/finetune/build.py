@@ -79,10 +79,10 @@ class FreeCoreThreads(Callback):
 
 
 def build_callbacks(cfg: DictConfig) -> list:
-    """The config's callbacks (without a progress bar when it is switched off), then the two a resumable run
-    needs: step-seeded random draws and stopping at an optimizer step's end; and the free-core thread count."""
-    callbacks = [*instantiate_all(cfg.get("callbacks")), StepSeeding(cfg.seed), StopAtStepBoundary(),
-                 FreeCoreThreads()]
+    """The config's callbacks (without a progress bar when it is switched off) and the free-core thread count,
+    then the two a resumable run needs: step-seeded random draws and stopping at an optimizer step's end."""
+    callbacks = [*instantiate_all(cfg.get("callbacks")), FreeCoreThreads(), StepSeeding(cfg.seed),
+                 StopAtStepBoundary()]
     if not cfg.trainer.get("enable_progress_bar", True):
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     return callbacks
