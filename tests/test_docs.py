@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs").glob("*.md"))
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -53,3 +55,33 @@ def test_the_link_checker_can_fail(tmp_path):
                     "[web](https://example.org)\n```bash\n# not a heading\n```\n")
     assert _relative_links(page) == ["page.md#a-title-with-code", "nowhere.md"]
     assert _anchors(page) == {"a-title-with-code"}
+
+
+@pytest.mark.slow
+def test_the_bases_in_recipe_md_are_the_ones_params_lists(tmp_path):
+    """docs/recipe.md's table of bases and `params --list` state the same facts: every `model=` choice but the
+    demo's, its Hub id, its size counted on the meta device and its prompt format; the command prints them."""
+    import subprocess
+    import sys
+
+    from conftest import HANG_TIMEOUT
+    from llasmol.params import bases_table
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "recipe.md").read_text(encoding="utf-8")
+    table = text.split("| `model=` | Hub id |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]  # its rows
+    docs = {cells[0].strip("`"): cells for cells in ([c.strip() for c in line.strip("|").split("|")] for line in table)}
+    listed = {row["model"]: row for row in bases_table()}
+    assert set(docs) == set(listed) - {"tiny"}
+    for name, row in listed.items():
+        if name in ("tiny", "hf"):
+            continue
+        cells = docs[name]
+        assert (cells[1], cells[2], cells[4]) == (row["hub_id"], f"{row['size'] / 1e9:.2f}B", row["format"]), name
+    assert listed["llama2_13b"]["paper"] == "LlaSMol Large (lora=large)" and listed["qwen3"]["paper"] is None
+    proc = subprocess.run([sys.executable, "-m", "llasmol.params", "--list"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=HANG_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["model=", "Hub", "id", "size", "vocabulary", "prompt", "the", "paper's", "model", "on", "it"]
+    assert lines[1].split()[:3] == ["tiny", "-", "(bundled)"] and len(lines) == 1 + len(listed) + 2
+    assert "mistral       mistralai/Mistral-7B-v0.1         7.24B   32,000      paper          LlaSMol-Mistral" in lines
