@@ -99,3 +99,54 @@ def test_on_a_terminal_the_bar_shows_count_and_rate(monkeypatch):
         advance()
         advance(3)
     assert shown == [("columns", 5, True), ("Generating", 10, 4), ("advance", 7, 1), ("advance", 7, 3), "closed"]
+
+
+def _terminal_bars(monkeypatch) -> list:
+    """Pretend stdout is a terminal and record what each rich bar is asked: (description, total, unit, advances)."""
+    from llasmol.inference import progress
+
+    bars = []
+
+    class Bar:
+        def __init__(self, *cols, transient):
+            self.row = {"columns": cols, "advanced": 0}
+            bars.append(self.row)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.row["closed"] = True
+
+        def add_task(self, description, total, completed):
+            self.row.update(description=description, total=total)
+            return 0
+
+        def advance(self, task, n):
+            self.row["advanced"] += n
+
+    monkeypatch.setattr(progress.sys.stdout, "isatty", lambda: True)
+    monkeypatch.setattr("rich.progress.Progress", Bar)
+    return bars
+
+
+def test_baseline_and_audit_show_a_bar_with_rate_on_a_terminal(monkeypatch, tmp_path):
+    """`baseline` counts samples answered (a task at a time), `audit` the raw files read; each bar ends full."""
+    from conftest import compose_config
+
+    from llasmol.audit import run_audit
+    from llasmol.baseline import baseline
+
+    bars = _terminal_bars(monkeypatch)
+    result = baseline(compose_config([f"paths.output_dir={tmp_path / 'b'}", "method=rdkit"], config_name="baseline"))
+    (bar,) = bars
+    samples = sum(m["num_samples"] for m in result["metrics"].values())
+    assert (bar["description"], bar["total"], bar["advanced"], bar["closed"]) == ("method=rdkit on test", samples,
+                                                                                 samples, True)
+    assert str(bar["columns"][3].render(type("Task", (), {"speed": 4.0}))) == "4.0 samples/s"
+    bars.clear()
+    run_audit(compose_config([f"paths.output_dir={tmp_path / 'a'}", "workers=1"], config_name="audit"))
+    (bar,) = bars
+    files = 11 * 3  # the bundled excerpt: 11 tasks, 3 splits
+    assert (bar["description"], bar["total"], bar["advanced"]) == ("Auditing", files, files)
+    assert str(bar["columns"][3].render(type("Task", (), {"speed": 2.0}))) == "2.0 files/s"

@@ -22,6 +22,7 @@ from llasmol.core.tasks import get_task
 from llasmol.data.source import SMolInstructSource
 from llasmol.inference.beam_search import task_settings
 from llasmol.inference.pipeline import Evaluation, RunFiles, Samples
+from llasmol.inference.progress import generation_progress
 from llasmol.inference.predictions import make_record
 from llasmol.metrics.extract import wrap_answer
 
@@ -117,8 +118,9 @@ def run_baseline(method: Baseline, source: SMolInstructSource, split_name: str, 
     source = dataclasses.replace(source, path=source.root(), tasks=tasks)
     answerer = MethodAnswers(method, tasks, source.split("train") if method.needs_training else None, gen_cfg)
     samples = Samples.of(source, split_name)
-    try:
-        records = answerer.answer(samples)
+    try:  # a bar on a terminal; off one, the line per task answered (MethodAnswers) tells the progress
+        with generation_progress(f"method={method.name} on {split_name}", len(samples.indices)) as advance:
+            records = answerer.answer(samples, advance)
     finally:  # the splits' raw files (read while answering) are not needed again
         source.close()
 

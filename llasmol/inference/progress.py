@@ -13,13 +13,13 @@ from typing import Callable, Iterator, Optional
 log = logging.getLogger(__name__)
 
 
-def _columns():
+def _columns(unit: str = "samples"):
     from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TextColumn, TimeRemainingColumn
     from rich.text import Text
 
     class Rate(ProgressColumn):
         def render(self, task) -> Text:
-            return Text(f"{task.speed:.1f} samples/s" if task.speed else "")
+            return Text(f"{task.speed:.1f} {unit}/s" if task.speed else "")
 
     return TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(), TimeRemainingColumn()
 
@@ -30,23 +30,23 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
-def progress_line(description: str, done: int, total: int, new: int, elapsed: float) -> str:
+def progress_line(description: str, done: int, total: int, new: int, elapsed: float, unit: str = "samples") -> str:
     """'<description>: 120/330 samples (36%), 2.10 samples/s, about 1m40s left': the rate counts only the
     samples answered since this process started (`new` in `elapsed` seconds), not those a stopped run kept."""
-    line = f"{description}: {done}/{total} samples ({done / max(total, 1):.0%})"
+    line = f"{description}: {done}/{total} {unit} ({done / max(total, 1):.0%})"
     if new and elapsed > 0:
         rate = new / elapsed
-        line += f", {rate:.2f} samples/s, about {_duration((total - done) / rate)} left"
+        line += f", {rate:.2f} {unit}/s, about {_duration((total - done) / rate)} left"
     return line
 
 
 @contextmanager
-def _logged(description: str, total: int, done: int, every_s: float) -> Iterator[Callable[[int], None]]:
+def _logged(description: str, total: int, done: int, every_s: float, unit: str) -> Iterator[Callable[[int], None]]:
     state = {"done": done}
     start, stop = time.monotonic(), threading.Event()
 
     def line() -> str:
-        return progress_line(description, state["done"], total, state["done"] - done, time.monotonic() - start)
+        return progress_line(description, state["done"], total, state["done"] - done, time.monotonic() - start, unit)
 
     def tick() -> None:
         # A clock of its own: one batch of a 7B model can take longer than the interval.
@@ -73,8 +73,8 @@ def _logged(description: str, total: int, done: int, every_s: float) -> Iterator
 
 @contextmanager
 def generation_progress(description: str, total: int, live=None, done: int = 0,
-                        log_every_s: Optional[float] = None) -> Iterator[Callable[[int], None]]:
-    """Yields `advance(n)`; `done` samples count as finished already. Given a `live` rich display (a training
+                        log_every_s: Optional[float] = None, unit: str = "samples") -> Iterator[Callable[[int], None]]:
+    """Yields `advance(n)`; `done` of `total` (counted in `unit`: samples, or the audit's files) are finished already. Given a `live` rich display (a training
     run's progress bar), adds a row to it (rich allows one live display at a time); elsewhere opens its own
     bar; off a terminal it logs a line every `log_every_s` seconds (0: at every advance) or, when None,
     says nothing."""
@@ -95,11 +95,11 @@ def generation_progress(description: str, total: int, live=None, done: int = 0,
         if log_every_s is None:
             yield lambda n=1: None
         else:
-            with _logged(description, total, done, log_every_s) as advance:
+            with _logged(description, total, done, log_every_s, unit) as advance:
                 yield advance
         return
     from rich.progress import Progress
 
-    with Progress(*_columns(), transient=True) as bar:
+    with Progress(*_columns(unit), transient=True) as bar:
         task = bar.add_task(description, total=total, completed=done)
         yield lambda n=1: bar.advance(task, n)
