@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "baseline": "llasmol.baseline",
     "audit": "llasmol.audit",
     "params": "llasmol.params",
+    "export": "llasmol.export",
     "convert-adapter": "llasmol.convert_adapter",
 }
 

@@ -21,7 +21,7 @@ from llasmol.core.schema import COMMANDS, check_config, resolved
 # What each command composes, by its choices that add settings (a quantised base, a real base's recipe).
 COMPOSITIONS = [("train", []), ("train", ["model=mistral", "quantization=4bit"]), ("train", ["lora=large"]), ("train", ["trainer=fsdp"]),
                 ("train", ["experiment=demo_ablation"]), ("params", []), ("evaluate", ["ckpt=none"]), ("evaluate", ["model=mistral", "ckpt=none"]),
-                ("generate", []), ("baseline", ["method=rdkit"]), ("audit", [])]
+                ("generate", []), ("baseline", ["method=rdkit"]), ("audit", []), ("export", ["ckpt=/r", "output=/o"])]
 # Settings the schema bounds that no shipped config sets: Lightning arguments a user adds (+trainer.limit_...).
 ADDED_BY_USERS = {"trainer.limit_train_batches", "trainer.limit_val_batches", "trainer.accumulate_grad_batches"}
 
@@ -68,7 +68,8 @@ def generic(key: str, known: set[str]) -> str:
 
 @pytest.mark.parametrize("command,overrides", COMPOSITIONS, ids=lambda x: x if isinstance(x, str) else " ".join(x))
 def test_every_number_a_command_reads_has_a_type_and_bounds(command, overrides):
-    cfg = compose_config([*overrides, "paths.output_dir=/x"] if command != "generate" else overrides, command)
+    cfg = compose_config([*overrides, "paths.output_dir=/x"] if command not in ("generate", "export") else overrides,
+                         command)
     known = schema_keys(COMMANDS[command])
     unbounded = [key for key, _ in numeric_leaves(cfg) if generic(key, known) not in known]
     assert not unbounded, f"numbers of llasmol.{command} without a schema field: {unbounded}"
@@ -81,7 +82,8 @@ def test_every_field_of_the_schemas_is_a_setting_some_config_holds():
     present: set[str] = set()
     known = set().union(*(schema_keys(cls) for cls in set(COMMANDS.values())))
     for command, overrides in COMPOSITIONS:
-        cfg = compose_config([*overrides, "paths.output_dir=/x"] if command != "generate" else overrides, command)
+        cfg = compose_config([*overrides, "paths.output_dir=/x"] if command not in ("generate", "export") else overrides,
+                             command)
 
         def walk(node, prefix=""):
             for key, value in node.items():

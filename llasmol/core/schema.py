@@ -554,6 +554,26 @@ class GenerateSchema(ModelCommandSchema):
     RULES = (_generate_task,)
 
 
+def _export_base(cfg: dict) -> Optional[str]:
+    bits = (cfg.get("quantization") or {}).get("bits")
+    if bits:
+        return (f"quantization.bits={bits}: merging an adapter into a {bits}-bit base re-rounds its weights; export "
+                "merges into the base in its own dtype: leave quantization=none (a QLoRA run's adapter merges so too)")
+    if str(cfg.get("ckpt")).lower() == "none":
+        return "ckpt=none: there is no adapter to merge; give a run directory or an adapter folder"
+    return None
+
+
+@dataclass
+class ExportSchema(ModelCommandSchema):
+    ckpt: str = setting()
+    output: str = setting()
+    push_to_hub: Optional[str] = setting()
+    max_shard_size: str = setting()
+
+    RULES = (_export_base,)
+
+
 @dataclass
 class BaselineSchema(CommandSchema):
     method: Optional[str] = setting()
@@ -584,7 +604,8 @@ class AuditSchema(CommandSchema):
 
 # `task_name` of each command's config -> its schema (params reads the training config).
 COMMANDS: dict[str, type] = {"train": TrainSchema, "params": TrainSchema, "evaluate": EvaluateSchema,
-                             "generate": GenerateSchema, "baseline": BaselineSchema, "audit": AuditSchema}
+                             "generate": GenerateSchema, "baseline": BaselineSchema, "audit": AuditSchema,
+                             "export": ExportSchema}
 
 
 # --------------------------------------------------------------------------- checking

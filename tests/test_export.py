@@ -1,0 +1,99 @@
+"""`python -m llasmol.export`: the adapter merged into its base, a folder plain transformers loads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import compose_config
+from refusals import refused
+
+from llasmol.core.files import write_json, write_jsonl
+from llasmol.export import export
+from llasmol.metrics.scoring import score_records
+
+
+def _export(ckpt, output: Path, *extra: str) -> Path:
+    return export(compose_config([f"ckpt={ckpt}", f"output={output}", *extra], "export"))
+
+
+def test_an_exported_run_loads_with_plain_transformers_and_computes_what_the_adapter_does(trained_run, tmp_path):
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llasmol.inference.loading import load_model, resolve_checkpoint
+
+    folder = _export(trained_run, tmp_path / "merged")
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "README.md"} <= {
+        p.name for p in folder.iterdir()}
+    assert not list(tmp_path.glob(".merged.*"))  # the staging folder was renamed into place
+    with safe_open(str(folder / "model.safetensors"), "pt") as weights:
+        names = list(weights.keys())
+    assert names and not [n for n in names if "lora" in n.lower()]  # no adapter weights: merged
+    merged = AutoModelForCausalLM.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert not hasattr(merged, "peft_config")
+    cfg = compose_config([f"ckpt={trained_run}", f"output={tmp_path / 'x'}"], "export")
+    model_cfg, adapter, _ = resolve_checkpoint(str(trained_run), cfg)
+    with_adapter, _ = load_model(model_cfg, adapter, None, merge=False)
+    bare, _ = load_model(model_cfg, None)
+    ids = tokenizer("[INST] Is <SMILES> CCO </SMILES> toxic? [/INST]", return_tensors="pt").input_ids
+    with torch.no_grad():
+        ours, theirs, base = merged(ids).logits, with_adapter(ids).logits, bare(ids).logits
+    assert torch.allclose(ours, theirs, atol=1e-5, rtol=1e-4)  # the merge computes what the adapter on its base does
+    assert not torch.equal(ours, base)  # and is not the bare base
+    out = merged.generate(ids, max_new_tokens=3, num_beams=1, do_sample=False)  # plain transformers generates
+    assert out.shape[1] == ids.shape[1] + 3 or out[0, -1].item() == tokenizer.eos_token_id
+    gen = json.loads((folder / "generation_config.json").read_text())
+    assert (gen["num_beams"], gen["max_new_tokens"], gen["early_stopping"]) == (4, 1024, False)  # the paper's default
+    card = (folder / "README.md").read_text()
+    assert "- LoRA variant: `lite`" in card and "random initial weights" in card
+    assert f"Not evaluated on the test split yet: `python -m llasmol.evaluate ckpt={trained_run} data.split=test`" in card
+    assert oct(folder.stat().st_mode & 0o777) != oct(0o700)  # not the staging folder's private mode
+
+
+def test_the_model_card_sets_the_runs_test_metrics_beside_the_paper_with_intervals(trained_run, tmp_path):
+    run = Path(shutil.copytree(trained_run, tmp_path / "run"))
+    records = [{"task": "property_prediction-bbbp", "index": i, "input": f"b{i}", "gold": ["Yes"],
+                "predictions": ["<BOOLEAN> Yes </BOOLEAN>" if i % 4 else "<BOOLEAN> No </BOOLEAN>"]} for i in range(20)]
+    write_json(run / "metrics" / "test.json", score_records(records))
+    write_jsonl(run / "predictions" / "test.jsonl", records)
+    card = (_export(run, tmp_path / "merged") / "README.md").read_text()
+    assert "| task | metric | ours | 95% interval | paper |" in card
+    row = next(line for line in card.splitlines() if line.startswith("| property_prediction-bbbp | accuracy |"))
+    lo, hi = (float(x) for x in row.split("[")[1].split("]")[0].split(", "))
+    assert row.startswith("| property_prediction-bbbp | accuracy | 0.750 | [") and lo < 0.75 < hi
+    assert "Paper column empty: the paper reports no results for the tiny demo model" in card
+
+
+@pytest.mark.parametrize("extra,named", [(["quantization=4bit"], ("quantization.bits=4", "quantization=none")),
+                                         (["ckpt=none"], ("ckpt=none", "adapter folder"))])
+def test_what_cannot_be_merged_is_one_line(trained_run, tmp_path, extra, named):
+    with refused(*named):
+        _export(trained_run, tmp_path / "out", *extra)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_with_files_is_never_replaced_and_offline_push_says_where_the_folder_is(trained_run, tmp_path,
+                                                                                        monkeypatch):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    with refused(f"output={taken}", "holds files"):
+        _export(trained_run, taken)
+    assert [p.name for p in taken.iterdir()] == ["keep.txt"]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with refused("push_to_hub=me/llasmol-tiny", "HF_HUB_OFFLINE", f"hf upload me/llasmol-tiny {tmp_path / 'sent'}"):
+        _export(trained_run, tmp_path / "sent", "push_to_hub=me/llasmol-tiny")
+    assert (tmp_path / "sent" / "model.safetensors").is_file()  # the folder it would send is there
+
+
+def test_the_command_without_a_checkpoint_is_one_line(tmp_path):
+    from refusals import error_line, run_cli
+
+    error_line(run_cli(["llasmol.export", f"output={tmp_path / 'out'}"], tmp_path), "ckpt", "ckpt=<value>")
+    assert not (tmp_path / "out").exists()
