@@ -119,9 +119,8 @@ def export(cfg: DictConfig) -> Path:
     use_cpu_threads(cfg.get("cpu"))
     from llasmol.inference.loading import load_model, resolve_checkpoint  # lazy: torch and transformers
 
-    model_cfg, adapter, _ = resolve_checkpoint(str(cfg.ckpt), cfg)
-    if adapter is None:
-        raise UserError(f"ckpt={cfg.ckpt}: there is no adapter to merge; give a run directory or an adapter folder")
+    model_cfg, adapter, _ = resolve_checkpoint(str(cfg.ckpt), cfg)  # an adapter: the schema refuses ckpt=none
+    card = model_card(cfg, model_cfg, adapter)  # first: a run's unreadable files stop it before minutes of merging
     model, tokenizer = load_model(model_cfg, adapter, None, merge=True)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
@@ -129,12 +128,11 @@ def export(cfg: DictConfig) -> Path:
         model.save_pretrained(staging, safe_serialization=True, max_shard_size=str(cfg.max_shard_size))
         tokenizer.save_pretrained(staging)
         _generation_config(cfg, tokenizer).save_pretrained(staging)
-        write_text(staging / "README.md", model_card(cfg, model_cfg, adapter))
+        write_text(staging / "README.md", card)
         # mkdtemp's folder is private and some writers' files too: the folder is for colleagues, as umask allows
         umask = _umask()
-        staging.chmod(0o777 & ~umask)
-        for file in staging.iterdir():
-            file.chmod(0o666 & ~umask)
+        for path in [staging, *staging.rglob("*")]:
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
         if output.is_dir():
             output.rmdir()  # empty: checked above
         staging.rename(output)

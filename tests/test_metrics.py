@@ -1040,3 +1040,19 @@ def test_each_score_says_how_many_samples_it_stands_on():
         for name in family.metric_names:
             counted = family.basis(name, {k: 1.0 for k in COUNTS} | {"num_samples": 3.0})
             assert (counted is None) == (name in COUNTS or name == "tokenizer_scibert"), (family.name, name)
+
+
+def test_a_counted_value_is_a_float_that_keeps_its_note_through_copies_and_pickles():
+    import copy
+    import json
+    import pickle
+
+    from llasmol.metrics.support import Counted, with_support
+
+    shown = with_support("property_prediction-esol", {"rmse": 0.63, "num_valid": 1.0, "num_samples": 30.0})
+    value = shown["rmse"]
+    assert isinstance(value, Counted) and value == 0.63 and value.note == "n=1 of 30, too few"
+    assert shown["num_valid"] == 1.0 and not isinstance(shown["num_valid"], Counted)  # counts carry no note
+    for again in (copy.deepcopy(value), pickle.loads(pickle.dumps(value))):
+        assert again == 0.63 and again.note == value.note
+    assert json.dumps(shown) == '{"rmse": 0.63, "num_valid": 1.0, "num_samples": 30.0}'  # files keep plain numbers

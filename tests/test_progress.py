@@ -147,6 +147,12 @@ def test_baseline_and_audit_show_a_bar_with_rate_on_a_terminal(monkeypatch, tmp_
     bars.clear()
     run_audit(compose_config([f"paths.output_dir={tmp_path / 'a'}", "workers=1"], config_name="audit"))
     (bar,) = bars
-    files = 11 * 3  # the bundled excerpt: 11 tasks, 3 splits
+    from llasmol.data.source import SMolInstructSource
+
+    # The bundled excerpt: 11 tasks in 3 splits, each file under a MiB, so one MiB counted per file.
+    source = SMolInstructSource.from_config(compose_config([f"paths.output_dir={tmp_path}"], config_name="audit").data)
+    small = [source.raw_file(split, task).stat().st_size < 2**20 for split in source.splits for task in source.task_names()]
+    files = len(small)
+    assert all(small) and files == 3 * len(source.task_names())
     assert (bar["description"], bar["total"], bar["advanced"]) == ("Auditing", files, files)
-    assert str(bar["columns"][3].render(type("Task", (), {"speed": 2.0}))) == "2.0 files/s"
+    assert str(bar["columns"][3].render(type("Task", (), {"speed": 2.0}))) == "2.0 MiB/s"

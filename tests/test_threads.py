@@ -71,6 +71,20 @@ def test_the_default_runs_on_the_cores_other_work_leaves_free():
         assert f"of this process's {usable_cores()} cores: {n} thread(s) (cpu.wait_policy=auto)" in err
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="counts busy cores from /proc/stat")
+def test_auto_under_an_inherited_passive_wait_keeps_every_core():
+    """Nothing spins under OMP_WAIT_POLICY=PASSIVE (the test suite's): the cores are not counted, so two commands
+    started side by side run the same threads and give the same numbers."""
+    rival = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        out, err = run_child(OMP_WAIT_POLICY="PASSIVE")
+    finally:
+        rival.kill()
+        rival.wait()
+    assert "GOMP_SPINCOUNT = '0'" in err and out.split()[1:] == [str(usable_cores())] * 2
+
+
 def test_the_free_cores_are_the_usable_ones_less_the_busy_ones_rounded_and_never_none():
     from llasmol.core.threads import free_cores
 
@@ -127,6 +141,11 @@ def test_training_recounts_the_free_cores_every_few_seconds(monkeypatch, caplog)
         Watch.busy[0] = 0.1
         clock[0] += threads.RETUNE_EVERY_S
         assert threads.retune_threads() == 2 and torch.get_num_threads() == 2  # the other work went away
+        Watch.busy[0] = 1.0
+        clock[0] += threads.RETUNE_EVERY_S
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a launcher divided the cores (DDP): its share stays
+        assert threads.retune_threads() is None and torch.get_num_threads() == 2
+        monkeypatch.delenv("OMP_NUM_THREADS")
         monkeypatch.setattr(threads, "_watch", None)  # any other policy: never a change
         clock[0] += threads.RETUNE_EVERY_S
         assert threads.retune_threads() is None

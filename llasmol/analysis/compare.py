@@ -131,9 +131,9 @@ ANSWERED = "answered"
 
 
 def _answered(metrics: dict[str, dict[str, Optional[float]]]) -> Optional[float]:
-    samples = sum(values.get("num_samples") or 0 for values in metrics.values())
-    unanswered = sum(values.get("num_no_answer") or 0 for values in metrics.values())
-    return (samples - unanswered) / samples if samples else None
+    counted = [v for v in metrics.values() if v.get("num_samples") is not None and v.get("num_no_answer") is not None]
+    samples = sum(v["num_samples"] for v in counted)
+    return (samples - sum(v["num_no_answer"] for v in counted)) / samples if samples else None
 
 
 def ablation_data(

@@ -162,7 +162,7 @@ def plot_trends(trends: Table, path: Optional[PathLike] = None, title: str = "Me
             (line,) = ax.plot(steps, values, marker="o", label=shown(name, latest))
             if (floors or {}).get(name) is not None:
                 ax.axhline(floors[name], color=line.get_color(), linestyle="--", linewidth=0.9)
-        if any(name in (floors or {}) for name in names):
+        if any((floors or {}).get(name) is not None for name in names):
             ax.plot([], [], color="0.4", linestyle="--", label="dashed: the best constant answer")
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)

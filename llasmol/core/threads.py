@@ -3,8 +3,8 @@
 torch runs each CPU op on one thread per core, and its OpenMP threads meet at a barrier after every op. libgomp's
 waiting threads spin a while before they sleep. On cores nobody else uses that is the fastest wait (a passive
 wait, which sleeps at once, costs 1.7x per step on 2 quiet cores); beside other work it is the slowest: the
-thread that arrives first spins on a core its late partner needs (46-557 tokens/s against 3,100 passively
-beside one busy process; bench/cpu_threads.py, BENCHMARKS.md section 13). So the default (`wait_policy: auto`)
+thread that arrives first spins on a core its late partner needs (3,000 tokens/s against 8,000 passively and
+10,700 on one thread beside one busy process; bench/cpu_threads.py, BENCHMARKS.md section 13). So the default (`wait_policy: auto`)
 spins as the runtime does, but only on the cores other work leaves free: it counts them while torch loads and,
 in training, every `RETUNE_EVERY_S` seconds (`retune_threads`), and runs one thread per free core.
 
@@ -104,8 +104,10 @@ def use_cpu_threads(cpu: Optional[Mapping[str, Any]]) -> int:
     global _watch
     cpu = cpu or {"threads": None, "wait_policy": "inherit"}
     wanted = wait_policy_env(cpu["wait_policy"])
-    # auto with no count set, no launcher's count: the other work is measured over torch's import (about a second)
-    counting = cpu["wait_policy"] == "auto" and cpu["threads"] is None and thread_count(None) == usable_cores()
+    # auto with no count set, no launcher's count, and a wait that spins (an inherited OMP_WAIT_POLICY=PASSIVE, as
+    # the test suite sets, never holds a core): the other work is measured over torch's import (about a second)
+    counting = (cpu["wait_policy"] == "auto" and cpu["threads"] is None and thread_count(None) == usable_cores()
+                and os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE")
     watch = OtherWork() if counting else None
     if "torch" not in sys.modules:
         os.environ.update(wanted)
@@ -142,6 +144,8 @@ def retune_threads() -> Optional[int]:
     """Under wait_policy: auto, the thread count for the cores other work leaves free now, set when it changed;
     called as training goes (at most once per `RETUNE_EVERY_S`). Returns the new count, or None for no change."""
     if _watch is None or _watch._mark is None or time.monotonic() - _watch._mark[2] < RETUNE_EVERY_S:
+        return None
+    if os.environ.get("OMP_NUM_THREADS"):  # a launcher divided the cores among its processes (Lightning's DDP)
         return None
     import torch
 

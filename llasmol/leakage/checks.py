@@ -23,6 +23,7 @@ are 1-based lines of the raw files.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import time
 from array import array
@@ -249,12 +250,15 @@ def audit(source: SMolInstructSource, held_out: Iterable[str] = ("validation", "
     run = _Audit(source, examples, workers)
     try:
         # Held-out splits first: they build the index; the training split, last, is only looked up. A bar on a
-        # terminal; off one, the line of each file that took more than 5 s (`_Audit.scan`).
-        with generation_progress("Auditing", len(names) * len(tasks), unit="files") as advance:
-            for split in sorted(names, key=lambda n: (n == "train", _RANK[n])):
-                for task in tasks:
-                    run.scan(task, split, kinds[task])
-                    advance(1)
+        # terminal, by the MiB read (the training files, last, are most of them: a count of files would promise
+        # too soon an end); off one, the line of each file that took more than 5 s (`_Audit.scan`).
+        order = [(split, task) for split in sorted(names, key=lambda n: (n == "train", _RANK[n])) for task in tasks]
+        sizes = [max(1, math.ceil(path.stat().st_size / 2**20)) if (path := source.raw_file(split, task)).is_file()
+                 else 1 for split, task in order]  # a missing file is said by its scan
+        with generation_progress("Auditing", sum(sizes), unit="MiB") as advance:
+            for (split, task), size in zip(order, sizes):
+                run.scan(task, split, kinds[task])
+                advance(size)
     finally:
         if run.pool is not None:
             run.pool.shutdown(cancel_futures=True)

@@ -9,6 +9,7 @@ RMSE of 0.63 from 1 valid answer of 30 is not the paper's 0.63. Every place a me
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from llasmol.core.tasks import TASKS
@@ -29,7 +30,9 @@ def support(task: str, metric: str, values: dict) -> Optional[tuple[int, int]]:
     if family is None or total is None:
         return None
     basis = family.basis(metric, values)
-    return None if basis is None else (int(basis), int(total))
+    if basis is None or not math.isfinite(basis) or not math.isfinite(total):
+        return None
+    return int(basis), int(total)
 
 
 def support_note(task: str, metric: str, values: dict) -> str:
@@ -50,10 +53,13 @@ class Counted(float):
 
     note: str
 
-    def __new__(cls, value: float, note: str) -> "Counted":
+    def __new__(cls, value: float, note: str = "") -> "Counted":
         made = super().__new__(cls, value)
         made.note = note
         return made
+
+    def __reduce__(self):  # copies and pickles (a notebook's deepcopy, multiprocessing) keep the note
+        return (Counted, (float(self), self.note))
 
 
 def with_support(task: str, values: dict) -> dict:
