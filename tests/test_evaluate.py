@@ -943,7 +943,7 @@ def test_the_evaluate_command_prints_the_metrics_their_intervals_and_the_file(mo
     metrics = {"forward_synthesis": {"exact_match": 0.5, "validity": 1.0, "num_samples": 2}}
     intervals = {"level": 0.9, "tasks": {"forward_synthesis": {"exact_match": [0.0, 1.0]}}}
     result = {"metrics": metrics, "intervals": intervals, "output": "/x/m.json"}
-    monkeypatch.setattr(command, "evaluate", lambda cfg: result)
+    monkeypatch.setattr(command, "evaluate", lambda cfg, log_into=None: result)
     command.main.__wrapped__(OmegaConf.create({"all_metrics": False}))
     assert capsys.readouterr().out.splitlines() == [
         *metric_lines(metrics, intervals).splitlines(),
@@ -954,7 +954,7 @@ def test_the_evaluate_command_prints_the_metrics_their_intervals_and_the_file(mo
     assert capsys.readouterr().out.splitlines() == [*metric_lines(metrics, None, True).splitlines(),
                                                     "metrics written to /x/m.json"]
 
-    def stopped(cfg):
+    def stopped(cfg, log_into=None):
         raise command.Stopped("stopped (SIGTERM) with 3 of 9 samples answered", 143)
 
     monkeypatch.setattr(command, "evaluate", stopped)
@@ -962,7 +962,7 @@ def test_the_evaluate_command_prints_the_metrics_their_intervals_and_the_file(mo
         command.main.__wrapped__(OmegaConf.create({}))
     assert stop.value.code == 143 and caplog.messages[-1] == "stopped (SIGTERM) with 3 of 9 samples answered"
 
-    def interrupted(cfg):
+    def interrupted(cfg, log_into=None):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(command, "evaluate", interrupted)
