@@ -61,7 +61,11 @@ def _run_section(ckpt: Path) -> tuple[list[str], list[str]]:
 
     run_cfg = read_run_config(ckpt / run_dir.HYDRA_CONFIG)
     data, lora, recipe = run_cfg.data, run_cfg.lora, run_cfg
-    source = data.get("path") or f"{data.get('hub_id')} at revision {data.get('revision')}"
+    bundled = Path(__file__).parent / "data" / "bundled"
+    if data.get("path") and Path(str(data.path)).resolve() == bundled.resolve():
+        source = "the excerpt bundled with llasmol (llasmol/data/bundled: a few hundred samples a task)"
+    else:
+        source = data.get("path") or f"{data.get('hub_id')} at revision {data.get('revision')}"
     facts = [
         f"- LoRA variant: `{lora.name}` (r={lora.r}, alpha={lora.alpha}, dropout={lora.dropout}, roles "
         f"{', '.join(lora.targets)}{', and the output head' if lora.get('train_head') else ''})",

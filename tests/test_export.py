@@ -52,6 +52,7 @@ def test_an_exported_run_loads_with_plain_transformers_and_computes_what_the_ada
     assert (gen["num_beams"], gen["max_new_tokens"], gen["early_stopping"]) == (4, 1024, False)  # the paper's default
     card = (folder / "README.md").read_text()
     assert "- LoRA variant: `lite`" in card and "random initial weights" in card
+    assert "- data: SMolInstruct, the excerpt bundled with llasmol" in card
     assert f"Not evaluated on the test split yet: `python -m llasmol.evaluate ckpt={trained_run} data.split=test`" in card
     assert oct(folder.stat().st_mode & 0o777) != oct(0o700)  # not the staging folder's private mode
 
