@@ -184,10 +184,13 @@ def plot_ablation(data: dict[str, dict[str, Optional[float]]], path: Optional[Pa
     variants = list(dict.fromkeys(v for values in data.values() for v in values))
     present = {g: vals for g, vals in data.items() if any(v is not None for v in vals.values())}
 
+    single = ("trainable (M)", "minutes", ANSWERED)  # a group that is a panel of its own
+    narrow = ("loss", *single)  # panels of a few groups: 1.5 inches a group
+
     def kind(group: str) -> str:
         if group in ("val/loss", "train/loss"):
             return "loss"
-        if group in ("trainable (M)", "minutes", ANSWERED):
+        if group in single:
             return group
         return "lower" if group.rsplit("/", 1)[-1] in LOWER_IS_BETTER else "fraction"
 
@@ -200,8 +203,7 @@ def plot_ablation(data: dict[str, dict[str, Optional[float]]], path: Optional[Pa
         ("minutes", "training time (minutes)"), (ANSWERED, "answered (share of samples)"),
         ("fraction", "headline metric (fraction)"), ("lower", "RMSE (lower is better)"))]
     panels = [p for p in panels if p[1]]
-    widths = [1.5 * len(groups) if k in ("loss", "trainable (M)", "minutes", ANSWERED) else max(3.0, 0.9 * len(groups))
-              for k, groups, _ in panels]
+    widths = [1.5 * len(groups) if k in narrow else max(3.0, 0.9 * len(groups)) for k, groups, _ in panels]
     fig = _figure(min(18.0, 2.0 + sum(widths)), 5)
     if zeros:  # said under the title, where the layout keeps room for it
         tasks = [g for g in zeros if g != ANSWERED]

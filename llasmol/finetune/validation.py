@@ -27,7 +27,7 @@ from llasmol.inference.beam_search import BeamGenerator
 from llasmol.inference.pipeline import Evaluation, ModelAnswers, RunFiles, Samples, gather_to_all
 from llasmol.inference.progress import generation_progress
 from llasmol.metrics.reducer import reduced_metrics
-from llasmol.metrics.support import support, support_note
+from llasmol.metrics.support import note_of, support, support_note
 from llasmol.finetune.lightning_private import live_progress
 from llasmol.finetune.tracking import log_predictions_table, update_best_summary, wandb_loggers
 
@@ -78,7 +78,7 @@ class GenerationEvaluator(Callback):
         if trainer.is_global_zero:
             if wandb_loggers(trainer):
                 log_predictions_table(trainer, everything)
-                notes = {f"val/{task}/{name}": (counted[0], support_note(task, name, values))
+                notes = {f"val/{task}/{name}": (counted[0], note_of(counted))
                          for task, values in results.items() for name in values
                          if (counted := support(task, name, values)) is not None}
                 update_best_summary(trainer, flat, notes)

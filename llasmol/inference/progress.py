@@ -74,8 +74,8 @@ def _logged(description: str, total: int, done: int, every_s: float, unit: str) 
 @contextmanager
 def generation_progress(description: str, total: int, live=None, done: int = 0,
                         log_every_s: Optional[float] = None, unit: str = "samples") -> Iterator[Callable[[int], None]]:
-    """Yields `advance(n)`; `done` of `total` (counted in `unit`: samples, or the audit's files) are finished already. Given a `live` rich display (a training
-    run's progress bar), adds a row to it (rich allows one live display at a time); elsewhere opens its own
+    """Yields `advance(n)`; `done` of `total` (counted in `unit`: samples, or the audit's MiB) are finished
+    already. Given a `live` rich display (a training run's progress bar), adds a row to it (rich allows one live display at a time); elsewhere opens its own
     bar; off a terminal it logs a line every `log_every_s` seconds (0: at every advance) or, when None,
     says nothing."""
     if live is not None:

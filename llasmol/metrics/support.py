@@ -37,7 +37,11 @@ def support(task: str, metric: str, values: dict) -> Optional[tuple[int, int]]:
 
 def support_note(task: str, metric: str, values: dict) -> str:
     """``n=1 of 30, too few``, ``n=12 of 30``, ``n=4, too few``; '' for a value on enough samples, all of them."""
-    counted = support(task, metric, values)
+    return note_of(support(task, metric, values))
+
+
+def note_of(counted: Optional[tuple[int, int]]) -> str:
+    """`support_note` of a `support` already taken."""
     if counted is None:
         return ""
     n, total = counted
