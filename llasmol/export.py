@@ -100,8 +100,8 @@ def model_card(cfg: DictConfig, model_cfg: DictConfig, adapter: str) -> str:
         "---", "library_name: transformers", "tags: [chemistry, llasmol, smolinstruct, lora-merged]",
         *([f"base_model: {base}"] if model_cfg.get("hf_id") else []), "---", "",
         f"# {model_cfg.name} + LlaSMol adapter, merged", "",
-        f"A causal LM fine-tuned with LoRA on SMolInstruct (Yu et al. 2024, arXiv 2402.09391) by llasmol, the adapter "
-        f"merged into its base: it loads with `AutoModelForCausalLM.from_pretrained` and needs no PEFT.", "",
+        "A causal LM fine-tuned with LoRA on SMolInstruct (Yu et al. 2024, arXiv 2402.09391) by llasmol, the adapter "
+        "merged into its base: it loads with `AutoModelForCausalLM.from_pretrained` and needs no PEFT.", "",
         f"- base: `{base}` ({model_cfg.dtype}{', random initial weights: a demo, not a chemistry model' if model_cfg.get('random_init') else ''})",
         f"- adapter: `{adapter}`", *facts,
         f"- prompt: `{OmegaConf.select(model_cfg, 'prompt_template')}`; answers between tags such as `<SMILES> … </SMILES>`",
