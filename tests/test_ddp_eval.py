@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import SEED, free_port
+from conftest import SEED, free_port, leave_spawned_rank
 
 TESTS = Path(__file__).resolve().parent
 
@@ -26,6 +26,8 @@ def _evaluate(rank: int, world: int, port: int, out: str) -> None:
         if world > 1:
             dist.barrier()  # neither rank tears gloo down while the other still talks to it
             dist.destroy_process_group()
+    if world > 1:
+        leave_spawned_rank()
 
 
 def _evaluate_rank(rank: int, world: int, out: str) -> None:

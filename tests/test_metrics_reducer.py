@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 from torchmetrics.utilities.data import dim_zero_sum
-from conftest import free_port
+from conftest import free_port, leave_spawned_rank
 from refusals import refused
 from test_metrics import RECORDS
 
@@ -106,6 +106,7 @@ def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
             torch.save((result, lopsided_result), out)
     finally:
         dist.destroy_process_group()
+    leave_spawned_rank()
 
 
 @pytest.mark.slow
