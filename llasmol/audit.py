@@ -17,7 +17,7 @@ import hydra
 from omegaconf import DictConfig
 
 from llasmol.core.config import CONFIG_DIR, check_command_line
-from llasmol.core.errors import report_user_errors
+from llasmol.core.errors import UserError, report_user_errors
 from llasmol.core.files import write_json, write_text
 from llasmol.core.schema import check_config
 from llasmol.data.source import SMolInstructSource
@@ -31,6 +31,10 @@ def run_audit(cfg: DictConfig) -> dict:
 
     check_config(cfg)  # workers=0, examples=-1: one line before any file is read
     source = SMolInstructSource.from_config(cfg.data)
+    if source.has_tables():
+        raise UserError(f"audit reads SMolInstruct's layout (raw files, sample lists, split groups); {', '.join(source.places())} "
+                        "holds tables of your own, which it does not read: audit a SMolInstruct copy, data.path=<folder> "
+                        "with data.also=[] (a table without a split column is split by input, so an input is never in two splits)")
     result = audit(source, held_out=list(cfg.held_out), examples=int(cfg.examples),
                    fail_on_duplicates=bool(cfg.fail_on_duplicates), workers=cfg.workers)
     out = Path(cfg.paths.output_dir)

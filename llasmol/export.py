@@ -61,15 +61,25 @@ def _run_section(ckpt: Path) -> tuple[list[str], list[str]]:
 
     run_cfg = read_run_config(ckpt / run_dir.HYDRA_CONFIG)
     data, lora, recipe = run_cfg.data, run_cfg.lora, run_cfg
+    from llasmol.data.custom import is_table
+
     bundled = Path(__file__).parent / "data" / "bundled"
-    if data.get("path") and Path(str(data.path)).resolve() == bundled.resolve():
-        source = "the excerpt bundled with llasmol (llasmol/data/bundled: a few hundred samples a task)"
-    else:
-        source = data.get("path") or f"{data.get('hub_id')} at revision {data.get('revision')}"
+
+    def described(place) -> str:
+        if Path(str(place)).resolve() == bundled.resolve():
+            return "SMolInstruct, the excerpt bundled with llasmol (llasmol/data/bundled: a few hundred samples a task)"
+        return f"{place}, a table of its own" if is_table(str(place)) else f"SMolInstruct, {place}"
+
+    places = [described(data.path) if data.get("path") else
+              f"SMolInstruct, {data.get('hub_id')} at revision {data.get('revision')}"]
+    places += [described(place) for place in data.get("also") or []]
+    own = data.get("new_tasks") or {}
     facts = [
         f"- LoRA variant: `{lora.name}` (r={lora.r}, alpha={lora.alpha}, dropout={lora.dropout}, roles "
         f"{', '.join(lora.targets)}{', and the output head' if lora.get('train_head') else ''})",
-        f"- data: SMolInstruct, {source}" + (f", tasks {', '.join(data.tasks)}" if data.get("tasks") else ", every task"),
+        f"- data: {'; '.join(places)}" + (f"; tasks {', '.join(data.tasks)}" if data.get("tasks") else "; every task"),
+        *(["- tasks of its own (data.new_tasks, scored as their family): " + ", ".join(
+            f"{name} ({decl.get('family')})" for name, decl in own.items())] if own else []),
         f"- recipe: {recipe.optimizer._target_.rsplit('.', 1)[-1]} at lr {recipe.optimizer.lr}, effective batch "
         f"{data.effective_batch_size}, " + (f"{recipe.trainer.max_steps} optimizer steps"
                                             if (recipe.trainer.get("max_steps") or -1) > 0

@@ -56,12 +56,14 @@ ALL_METRICS_NOTE = ("\nEach task's headline metric (the one the paper's tables l
 
 
 def coverage_note(tasks: Sequence[str]) -> str:
-    """A line saying which of the 14 tasks the run's data lacks, or nothing."""
+    """A line saying which of the 14 tasks the run's data lacks, and which tasks of its own it has; or nothing."""
     missing = [t for t in TASK_NAMES if t not in tasks]
+    own = [t for t in tasks if t not in TASK_NAMES]
+    note = f" and {len(own)} of your own ({', '.join(own)}, data.new_tasks)" if own else ""
     if not missing:
-        return ""
-    return (f"\nTasks: {len(TASK_NAMES) - len(missing)} of the {len(TASK_NAMES)} SMolInstruct tasks; not in this "
-            f"run's data: {', '.join(missing)} (`data.tasks=[...]` chooses tasks; "
+        return f"\nTasks: the {len(TASK_NAMES)} SMolInstruct tasks{note}.\n" if own else ""
+    return (f"\nTasks: {len(TASK_NAMES) - len(missing)} of the {len(TASK_NAMES)} SMolInstruct tasks{note}; not in "
+            f"this run's data: {', '.join(missing)} (`data.tasks=[...]` chooses tasks; "
             "llasmol/data/bundled/PROVENANCE.md says which the bundled excerpt leaves out, and why).\n")
 
 

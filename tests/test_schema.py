@@ -21,7 +21,10 @@ from llasmol.core.schema import COMMANDS, check_config, resolved
 # What each command composes, by its choices that add settings (a quantised base, a real base's recipe).
 COMPOSITIONS = [("train", []), ("train", ["model=mistral", "quantization=4bit"]), ("train", ["lora=large"]), ("train", ["trainer=fsdp"]),
                 ("train", ["experiment=demo_ablation"]), ("params", []), ("evaluate", ["ckpt=none"]), ("evaluate", ["model=mistral", "ckpt=none"]),
-                ("generate", []), ("baseline", ["method=rdkit"]), ("audit", []), ("export", ["ckpt=/r", "output=/o"])]
+                ("generate", []), ("baseline", ["method=rdkit"]), ("audit", []), ("export", ["ckpt=/r", "output=/o"]),
+                ("train", ["data=custom", "data.path=/x.csv", "+data.weights.custom=2", "+data.new_tasks.custom={family: number, "
+                           "headline: rmse, answer_tag: PIC50, input_kind: smiles, pooled: false, query: 'pIC50 of <INPUT>?', "
+                           "response: '<OUTPUT>', num_beams: 4, num_return_sequences: 1, max_new_tokens: 16}"])]
 # Settings the schema bounds that no shipped config sets: Lightning arguments a user adds (+trainer.limit_...).
 ADDED_BY_USERS = {"trainer.limit_train_batches", "trainer.limit_val_batches", "trainer.accumulate_grad_batches"}
 
@@ -61,7 +64,7 @@ def numeric_leaves(cfg, prefix: str = ""):
 
 
 def generic(key: str, known: set[str]) -> str:
-    key = re.sub(r"^generation\.tasks\.[^.]+\.", "generation.tasks.*.", key)
+    key = re.sub(r"^(generation\.tasks|data\.new_tasks)\.[^.]+\.", r"\1.*.", key)
     entry = re.sub(r"\.[^.]+$", ".*", key)  # an entry of a mapping of numbers (data.max_samples_per_task)
     return entry if key not in known and entry in known else key
 

@@ -562,7 +562,7 @@ def test_the_callbacks_a_resumable_run_needs_come_last_and_no_bar_when_it_is_off
 
 def _datamodule(**source):
     return SimpleNamespace(source=SimpleNamespace(**{"path": "/data/smol", "hub_id": "osunlp/SMolInstruct",
-                                                     "revision": "main", **source}),
+                                                     "revision": "main", "has_tables": lambda: False, **source}),
                            effective_batch_size=12, micro_batch_size=4, tasks=["name_conversion-i2f"],
                            gradient_accumulation=lambda world_size: 12 // (4 * world_size))
 
@@ -770,6 +770,9 @@ class _RecordingDataModule:
 
     def setup(self, stage):
         self.stages.append(stage)
+
+    def mix(self):
+        return None
 
 
 @pytest.mark.parametrize("path, stages", [("/data/smol", ["fit"]), (None, [])])

@@ -22,6 +22,7 @@ from typing import Optional, Union
 
 from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
+from llasmol.core.schema import declare_found_tasks
 from llasmol.inference.predictions import read_predictions
 from llasmol.metrics.support import with_support
 
@@ -294,6 +295,7 @@ def load_run(path: PathLike, require_validation: bool = False) -> Run:
         raise UserError(
             f"{path} is not a run directory (no params.json, metrics/, predictions/ or csv/metrics.csv)"
         )
+    declare_found_tasks(path)  # the run's own tasks, before its files name them
     params_file = path / layout.PARAMS
     params = _read_json(params_file) if params_file.is_file() else {}
     if not isinstance(params, dict):

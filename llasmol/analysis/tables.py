@@ -18,7 +18,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 from llasmol.analysis.paper import NOT_TRANSCRIBED, PAPER_MODEL_OF_BASE, PAPER_MODELS, PAPER_RESULTS, PAPER_SOURCES
 from llasmol.analysis.runs import Run, Validation
 from llasmol.core.errors import UserError
-from llasmol.core.tasks import TASKS, get_task
+from llasmol.core.tasks import ByTask, get_task
 from llasmol.metrics.families import CATEGORIES, COUNTS, FAMILIES, METRIC_ORDER, TOPK
 from llasmol.metrics.scoring import as_list, is_skipped, judge, record_answers, record_golds
 from llasmol.metrics.support import shown, with_support
@@ -26,7 +26,7 @@ from llasmol.metrics.support import shown, with_support
 Cell = Union[str, int, float, None]
 
 # The metric the paper's main tables (Tables 2 and 3) report first for each task (the task table's).
-HEADLINE: dict[str, str] = {t.name: t.headline for t in TASKS}
+HEADLINE: ByTask = ByTask(lambda task: task.headline)  # task -> the metric its tables show first
 
 FAILURE_CATEGORIES: tuple[str, ...] = CATEGORIES
 """Per-sample outcome of the top-1 answer (`llasmol.metrics.families.CATEGORIES`):

@@ -87,9 +87,17 @@ def _paper_optimizer(strategy) -> str:
     return "torch.optim.AdamW" if is_fsdp2(strategy) else "bitsandbytes.optim.AdamW8bit"
 
 
+def _not_given(key: str, example: str):
+    """A setting a config option cannot do without: `???` would not do, as a `???` merged over a value keeps
+    that value (data=custom's path over SMolInstruct's null, which downloads the archive)."""
+    raise UserError(f"{key} is not set: give it a value, {key}={example}")
+
+
 RESOLVERS = {
     # `${llasmol_asset:data/bundled}`: a path inside the installed package.
     "llasmol_asset": lambda rel: str(PACKAGE_DIR / rel),
+    # `${llasmol_required:data.path,<file.csv>}`: a setting the user must give.
+    "llasmol_required": _not_given,
     # W&B stays offline (no account, no network) unless the user asks for online, by config or WANDB_MODE.
     "llasmol_wandb_offline": lambda: os.environ.get("WANDB_MODE", "offline") != "online",
     "llasmol_sweep_group": _sweep_group,
@@ -309,7 +317,8 @@ def _one_line(message: str, config_name: str) -> str:
         key = unknown.group(1)
         return (f"{key} is not a setting of llasmol.{config_name}: check the spelling (python -m "
                 f"llasmol.{config_name} --cfg job lists them), or add a new key with +{key}=...")
-    return message.strip().splitlines()[0]
+    lines = message.strip().splitlines()
+    return lines[0] if lines else f"the configuration of llasmol.{config_name} cannot be composed"
 
 
 def named_run_dir(argv: list[str]) -> Path | None:

@@ -22,6 +22,9 @@ CSV_LOG = "csv/metrics.csv"
 WANDB_ID = "wandb_run_id"  # the run's W&B id, continued by an in-place resume
 SYSTEM = "system.json"  # evaluate predictions= name=<label>: an outside system's row (its name, its source file)
 BASELINE = "baseline.json"  # a baseline's folder: the method, its settings, tasks answered and skipped, time, memory
+# The declarations of the tasks of the user's own that the folder's files name (`llasmol.core.tasks`), so that
+# a reader knows them as the command that wrote them did.
+DECLARED_TASKS = "tasks.json"
 EVALUATE_LOG = "evaluate.log"  # every evaluate that wrote into the run, appended (its command's folder has one too)
 
 

@@ -20,6 +20,7 @@ import math
 import re
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from hydra.core.hydra_config import HydraConfig
@@ -27,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue, OmegaConfBaseException
 
 from llasmol.core.errors import UserError
-from llasmol.core.tasks import check_tasks, get_task
+from llasmol.core.tasks import (FAMILY_NAMES, INPUT_KINDS, SMOLINSTRUCT_WEIGHT, check_tasks, declaration_problem, declare_tasks, get_task,
+                                 task_names)
 
 
 @dataclass(frozen=True)
@@ -176,11 +178,83 @@ def _split_caps(caps) -> Optional[str]:
 
 
 @dataclass
-class DataSchema:
-    path: Optional[str]
-    hub_id: Optional[str]
-    revision: str
+class NewTaskSchema:
+    """A task of the user's own (`data.new_tasks.<name>`, `llasmol.core.tasks.declare_tasks`)."""
+
+    family: str = setting(choices=FAMILY_NAMES, hint="how answers are read and scored")
+    headline: Optional[str] = setting()
+    answer_tag: Optional[str] = setting()
+    input_kind: str = setting(choices=INPUT_KINDS)
+    pooled: bool = setting()
+    query: Optional[Union[str, List[str]]] = setting()
+    response: Optional[Union[str, List[str]]] = setting()
+    num_beams: int = setting(1, 256)
+    num_return_sequences: int = setting(1, 256)
+    max_new_tokens: int = setting(1, TOKENS)
+
+
+def _declarations(new_tasks: dict) -> Optional[str]:
+    for name, decl in new_tasks.items():
+        why = declaration_problem(name, decl) or (_beams(decl, f"data.new_tasks.{name}") if isinstance(decl, dict)
+                                                  else None)
+        if why:
+            return why
+    return None
+
+
+@dataclass
+class DeclaredTasksSchema:
+    """The tasks a data config declares: checked and declared before the rest of the config is checked, which
+    may name them (`check_config`)."""
+
+    new_tasks: Optional[Dict[str, NewTaskSchema]] = setting(rule=_declarations)
+
+
+def _weights(weights: dict) -> Optional[str]:
+    for name, weight in weights.items():
+        if name != SMOLINSTRUCT_WEIGHT and name not in task_names():
+            return (f"data.weights names {name!r}, which is no task: name a task of data.tasks or "
+                    f"{SMOLINSTRUCT_WEIGHT} (every SMolInstruct task not named)")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1000 \
+                or not math.isfinite(weight):
+            return (f"data.weights.{name}={weight!r} must be a number > 0 and <= 1000: how many times each of its "
+                    "training samples is drawn per epoch (0.5: half of them, drawn anew each epoch)")
+    return None
+
+
+TABLE_COLUMNS = ("input", "output", "split", "task")  # what a CSV/JSONL source's columns are read as
+
+
+def _columns(columns: dict) -> Optional[str]:
+    for key, name in columns.items():
+        if key not in TABLE_COLUMNS:
+            return f"data.columns.{key} is no column role: map some of {', '.join(TABLE_COLUMNS)} to your column names"
+        if not isinstance(name, str) or not name:
+            return f"data.columns.{key}={name!r} must be the name of a column of your file"
+    return None
+
+
+def _fractions(fractions: dict) -> Optional[str]:
+    bad = [k for k, v in fractions.items() if k not in ("validation", "test") or isinstance(v, bool)
+           or not isinstance(v, (int, float)) or not 0 <= v < 1]
+    if bad:
+        return (f"data.split_fractions.{bad[0]}={fractions[bad[0]]!r}: give validation and test each a fraction "
+                ">= 0 and < 1 of the inputs (the rest trains)")
+    if sum(fractions.values()) >= 1:
+        return f"data.split_fractions={fractions} leaves nothing to train on: keep their sum under 1"
+    return None
+
+
+@dataclass
+class DataSchema(DeclaredTasksSchema):
+    path: Optional[str] = setting()
+    hub_id: Optional[str] = setting()
+    revision: str = setting()
     tasks: Optional[List[str]] = setting(rule=lambda tasks: _task_names(tasks, "data.tasks"))
+    also: Optional[List[str]] = setting(hint="more data to train beside data.path: folders or CSV/JSONL files")
+    weights: Optional[Dict[str, float]] = setting(rule=_weights)
+    columns: Optional[Dict[str, str]] = setting(rule=_columns)
+    split_fractions: Optional[Dict[str, float]] = setting(rule=_fractions)
     splits: Dict[str, str] = setting()
     sample_group: str = setting()
     insert_core_tags: bool = setting()
@@ -539,7 +613,9 @@ class EvaluateSchema(ModelCommandSchema):
 
 
 def _generate_task(cfg: dict) -> Optional[str]:
-    task = cfg.get("task")
+    task, ckpt = cfg.get("task"), cfg.get("ckpt")
+    if task is not None and isinstance(ckpt, str) and Path(ckpt).is_dir():
+        declare_found_tasks(Path(ckpt))  # a run's own task may be asked for by name
     return None if task is None else _said(get_task, task, "task= (or leave task out for the default beams)")
 
 
@@ -633,6 +709,11 @@ def resolved(cfg: DictConfig) -> dict:
             key = missing.group(1) if missing else where
             raise UserError(f"{key} is not set (???): give it a value, {key}=<value>") from None
         except (OmegaConfBaseException, RecursionError, ValueError) as err:
+            cause = err
+            while cause is not None and not isinstance(cause, UserError):
+                cause = cause.__cause__ or cause.__context__
+            if cause is not None:  # a resolver's own line (`${llasmol_required:...}`)
+                raise UserError(str(cause)) from None
             if not hydra_ready and "HydraConfig was not set" in str(err):
                 return _UNRESOLVED  # it names Hydra's run folder, which exists once Hydra runs
             reason = " ".join(str(err).split("\n")[0].split())[:160]
@@ -757,6 +838,44 @@ def _generation_rule(values: dict) -> Optional[str]:
 GenerationSchema.RULES = (_generation_rule,)
 
 
+MAX_DECLARED_BYTES = 1_000_000  # a few hundred bytes a task
+
+
+def declare_found_tasks(folder: Path) -> None:
+    """Declare the tasks of the user's own that a folder written by a command names (its `tasks.json`,
+    `llasmol.core.run_dir.DECLARED_TASKS`), checked as a command's own config is; nothing without one. A run's
+    predictions and metrics then read as they were written."""
+    import json
+
+    from llasmol.core.run_dir import DECLARED_TASKS
+
+    path = Path(folder) / DECLARED_TASKS
+    if not path.is_file():
+        return
+    fix = "it is written by llasmol's commands beside their files: restore it, or remove the folder's own tasks"
+    try:
+        if path.stat().st_size > MAX_DECLARED_BYTES:
+            raise UserError(f"{path} is larger than any task declarations: {fix}")
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as err:
+        raise UserError(f"{path} cannot be read as JSON ({type(err).__name__}): {fix}") from None
+    if not isinstance(found, dict):
+        raise UserError(f"{path} holds a JSON {type(found).__name__}, not task declarations by name: {fix}")
+    declare_checked(found, str(path))
+
+
+def declare_checked(new_tasks: Optional[dict], where: Optional[str] = None) -> None:
+    """Declare `new_tasks` (name -> declaration), checked as a command's own `data.new_tasks` is, beside the
+    tasks declared already; `where`: the file they were read from (a run's config, its `tasks.json`)."""
+    if not new_tasks:
+        return
+    try:
+        check_group({"new_tasks": new_tasks}, DeclaredTasksSchema, "data.")
+    except UserError as err:
+        raise UserError(f"{where}: {err}" if where else str(err)) from None
+    declare_tasks(new_tasks, fresh=False)
+
+
 def check_config(cfg: DictConfig) -> dict:
     """Resolve `cfg`'s interpolations and check every setting of its command's schema (`task_name`); returns the
     resolved settings. One `UserError` for the first problem."""
@@ -764,5 +883,9 @@ def check_config(cfg: DictConfig) -> dict:
     schema = COMMANDS.get(values.get("task_name"))
     if schema is None:
         raise UserError(f"task_name={values.get('task_name')!r} names no llasmol command: one of {', '.join(COMMANDS)}")
+    data = values.get("data")
+    if isinstance(data, dict):  # the tasks it declares first: data.tasks, weights and generation may name them
+        check_group(data, DeclaredTasksSchema, "data.")
+    declare_tasks((data or {}).get("new_tasks") if isinstance(data, dict) else None)
     check_group(values, schema)
     return values

@@ -3,8 +3,13 @@
 A task's row says its name (as in the official archive), its metric family (`llasmol.metrics.families`), the tag its answer sits in, whether golds are pooled over samples
 that share an input, the metric the paper's main tables report first, the group of related tasks whose
 samples must share a split, its sample counts in the paper's Table 1, and what its core input is (a
-SMILES, an IUPAC name or free text: what a non-LLM baseline can read). Adding a task is one row here,
-plus its beam settings in `conf/generation/paper.yaml`.
+SMILES, an IUPAC name or free text: what a non-LLM baseline can read). Adding a SMolInstruct task is one row
+here, plus its beam settings in `conf/generation/paper.yaml`.
+
+A user's own task (`data.new_tasks`, conf/data/custom.yaml) joins the table at run time: `declare_tasks` makes
+its row from its declaration (its family, tags, headline metric, pooling, beams), and every lookup of a task
+(`get_task`, `by_task`) finds it as it finds the 14. A command declares the tasks of its own config before it
+checks the rest (`llasmol.core.schema.check_config`); a command that reads a run declares the run's.
 
 Pooling follows the official scorer (LLM4Chem config.py `TASKS_WITH_READING_GOLD_FROM_DATASET`): for the
 generation tasks any gold of the samples with the same core input (and target) is right; property tasks
@@ -24,8 +29,10 @@ its test column is cut off in our text of it.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from llasmol.core.errors import UserError
 
@@ -38,8 +45,16 @@ class Task:
     pooled: bool
     headline: str
     split_group: Optional[str]  # related tasks whose samples of one molecule/reaction share a split
-    paper_counts: tuple[int, int, int]  # Table 1: train, validation, test samples
+    paper_counts: Optional[tuple[int, int, int]]  # Table 1: train, validation, test samples; None: a user's task
     input_kind: str  # smiles | iupac | text: the core input (reactions are '.'-joined SMILES)
+    # A declared task's own beams (num_beams, num_return_sequences, max_new_tokens as (key, value) pairs);
+    # a SMolInstruct task's are in conf/generation/paper.yaml.
+    generation: tuple = ()
+
+    @property
+    def in_smolinstruct(self) -> bool:
+        """Whether this is one of SMolInstruct's 14 tasks (not a user's, `declare_tasks`)."""
+        return self.paper_counts is not None
 
     @property
     def input_tag(self) -> Optional[str]:
@@ -84,8 +99,121 @@ TASKS: tuple[Task, ...] = (
 
 TASK_NAMES: tuple[str, ...] = tuple(t.name for t in TASKS)
 PAPER_TOTALS = (3_288_855, 20_498, 33_061)  # Table 1's "Overall" row: the rows above add up to it
-_BY_NAME = {t.name: t for t in TASKS}
-assert len(_BY_NAME) == len(TASKS)
+_SMOLINSTRUCT = {t.name: t for t in TASKS}
+assert len(_SMOLINSTRUCT) == len(TASKS)
+_BY_NAME: dict[str, Task] = dict(_SMOLINSTRUCT)  # and the tasks declared in this process (`declare_tasks`)
+_DECLARED: dict[str, dict] = {}  # name -> its declaration, as given
+
+FAMILY_NAMES: tuple[str, ...] = tuple(dict.fromkeys(t.family for t in TASKS))
+INPUT_KINDS: tuple[str, ...] = tuple(_INPUT_TAGS)
+# A declared task's answer tag and headline metric unless it names its own: those of the family's first task.
+_FAMILY_DEFAULTS = {family: next(t for t in TASKS if t.family == family) for family in FAMILY_NAMES}
+# What a declaration may say: the row's facts, the beams, and how its data is read (`llasmol.data.custom`).
+DECLARATION_KEYS = ("family", "headline", "answer_tag", "input_kind", "pooled", "query", "response", "num_beams",
+                    "num_return_sequences", "max_new_tokens")
+_BEAM_KEYS = ("num_beams", "num_return_sequences", "max_new_tokens")
+SMOLINSTRUCT_WEIGHT = "smolinstruct"  # data.weights' key for every SMolInstruct task not named on its own
+_TAG = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+def task_names() -> tuple[str, ...]:
+    """Every task known in this process: SMolInstruct's 14 (table order), then the declared ones."""
+    return tuple(_BY_NAME)
+
+
+def declared() -> dict[str, dict]:
+    """The declarations of the tasks declared in this process, by name (a copy)."""
+    return {name: dict(decl) for name, decl in _DECLARED.items()}
+
+
+def declaration_problem(name: Any, decl: Any) -> Optional[str]:
+    """What is wrong with declaring task `name` as `decl` (one sentence naming the key), None if nothing is.
+    Types and bounds of the beams are the schema's (`NewTaskSchema`); this says what a row needs."""
+    where = f"data.new_tasks.{name}"
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        return (f"data.new_tasks names a task {str(name)[:40]!r}: a task name is letters, digits, '_' or '-' (at "
+                "most 64, starting with a letter or digit)")
+    if name in _SMOLINSTRUCT:
+        return f"{where}: {name} is a SMolInstruct task, defined by the task table: give your task another name"
+    # Metric states and logger keys write '-' as '_': two names that meet so would share their sums.
+    twin = next((t for t in _BY_NAME if t != name and t.replace("-", "_") == name.replace("-", "_")), None)
+    if twin is not None:
+        return f"{where}: {name} and the task {twin} differ only by '-' and '_': give your task another name"
+    if not isinstance(decl, Mapping):
+        return f"{where} must be a mapping with at least family: one of {', '.join(FAMILY_NAMES)}"
+    unknown = [k for k in decl if k not in DECLARATION_KEYS]
+    if unknown:
+        return f"{where}.{unknown[0]} is no setting of a task: a task declares {', '.join(DECLARATION_KEYS)}"
+    family = decl.get("family")
+    if family not in FAMILY_NAMES:
+        return (f"{where}.family={family!r} must be one of {', '.join(FAMILY_NAMES)} (how answers are read and "
+                "scored)")
+    tag = decl.get("answer_tag", _FAMILY_DEFAULTS[family].answer_tag)
+    if tag is not None and not (isinstance(tag, str) and _TAG.fullmatch(tag)):
+        return (f"{where}.answer_tag={str(tag)[:40]!r} must be an upper-case tag name such as NUMBER (the answer "
+                "is written <NUMBER> ... </NUMBER>) or null for the whole response")
+    if decl.get("input_kind", "smiles") not in INPUT_KINDS:
+        return f"{where}.input_kind={decl.get('input_kind')!r} must be one of {', '.join(INPUT_KINDS)}"
+    headline = decl.get("headline")
+    if headline is not None and not isinstance(headline, str):
+        return f"{where}.headline={headline!r} must be a metric name of the {family} family"
+    for key, placeholder in (("query", "<INPUT>"), ("response", "<OUTPUT>")):
+        value = decl.get(key)
+        texts = value if isinstance(value, list) else [value]
+        if value is not None and not (texts and all(isinstance(t, str) and placeholder in t for t in texts)):
+            return (f"{where}.{key} must be a text with {placeholder} (or a list of such texts, one drawn per "
+                    f"sample){'' if key == 'response' else ', or null for the input as the whole query'}")
+    return None
+
+
+def _row(name: str, decl: Mapping) -> Task:
+    family = decl["family"]
+    like = _FAMILY_DEFAULTS[family]
+    return Task(name, family, decl.get("answer_tag", like.answer_tag), bool(decl.get("pooled", False)),
+                decl.get("headline") or like.headline, None, None, decl.get("input_kind", "smiles"),
+                tuple((k, decl[k]) for k in _BEAM_KEYS if decl.get(k) is not None))
+
+
+def declare_tasks(declarations: Optional[Mapping[str, Mapping]], *, fresh: bool = True) -> list[Task]:
+    """Add the tasks of `declarations` (`data.new_tasks`: name -> declaration) to the table and return their
+    rows; `fresh`: the tasks declared earlier in this process are forgotten first (a command's config
+    declares all of its own). A task declared again as it was is the same task; declared otherwise (two runs
+    read together that mean two tasks by one name), a `UserError`."""
+    if fresh:
+        for name in _DECLARED:
+            del _BY_NAME[name]
+        _DECLARED.clear()
+    rows = []
+    for name, decl in (declarations or {}).items():
+        problem = declaration_problem(name, decl)
+        if problem:
+            raise UserError(problem)
+        decl = dict(decl)
+        if name in _DECLARED and _DECLARED[name] != decl:
+            raise UserError(f"task {name} is declared twice, differently ({_DECLARED[name]} and {decl}): runs read "
+                            "together must mean one task by one name; rename the task in one of them")
+        _DECLARED[name] = decl
+        _BY_NAME[name] = _row(name, decl)
+        rows.append(_BY_NAME[name])
+    return rows
+
+
+class ByTask(Mapping):
+    """One fact of every known task, read from its row when asked (`STATS[task]`, `HEADLINE.get(task)`): a
+    table over the tasks that sees the declared ones too."""
+
+    def __init__(self, fact: Callable[[Task], Any]) -> None:
+        self._fact = fact
+
+    def __getitem__(self, name: str) -> Any:
+        return self._fact(_BY_NAME[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_BY_NAME)
+
+    def __len__(self) -> int:
+        return len(_BY_NAME)
 
 
 def _look_alike(name: str) -> Optional[str]:
@@ -95,7 +223,7 @@ def _look_alike(name: str) -> Optional[str]:
 
     plain = "".join(c for c in unicodedata.normalize("NFKC", name) if unicodedata.category(c) not in ("Cf", "Cc"))
     plain = plain.strip().casefold()
-    return plain if plain in _BY_NAME else None
+    return next((known for known in _BY_NAME if known.casefold() == plain), None)
 
 
 def get_task(name: str, where: str = "the task name") -> Task:
@@ -109,14 +237,15 @@ def get_task(name: str, where: str = "the task name") -> Task:
         if alike is not None:
             raise UserError(f"unknown task {ascii(name)} in {where}: it looks like {alike} but is spelt with other "
                             f"characters; write {alike}") from None
-        raise UserError(f"unknown task {name!r} in {where}: choose from " + ", ".join(TASK_NAMES)) from None
+        own = " (or declare your own in data.new_tasks)" if not _DECLARED else ""
+        raise UserError(f"unknown task {name!r} in {where}: choose from " + ", ".join(_BY_NAME) + own) from None
 
 
 def check_tasks(names: Iterable[str], where: str = "data.tasks") -> list[str]:
     """`names` as a list, each a known task, none twice, at least one."""
     names = list(names)
     if not names:
-        raise UserError(f"{where} is empty: name at least one of " + ", ".join(TASK_NAMES))
+        raise UserError(f"{where} is empty: name at least one of " + ", ".join(_BY_NAME))
     for name in names:
         get_task(name, where)
     if len(set(names)) != len(names):

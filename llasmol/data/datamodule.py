@@ -8,6 +8,7 @@ import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
 from llasmol.core.errors import UserError
+from llasmol.core.tasks import SMOLINSTRUCT_WEIGHT, get_task
 from llasmol.data.collate import PackCollator, PadCollator
 from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter
 from llasmol.data.resumable_loader import ResumableDataLoader
@@ -57,11 +58,13 @@ class SMolInstructDataModule(L.LightningDataModule):
         seed: int,
         group_by_length: bool,
         packing: bool,
+        weights: dict,
         **source: Any,
     ) -> None:
         """The settings of the `data` group (conf/data/smolinstruct.yaml states their values; the schema has
         checked them). `source`: where the data is and how splits open (path, hub_id, revision, tasks,
-        splits, ...: the fields and defaults of `SMolInstructSource`)."""
+        splits, ...: the fields and defaults of `SMolInstructSource`). `weights`: task (or `smolinstruct`, every
+        SMolInstruct task not named) -> how many times each of its training samples is drawn per epoch."""
         super().__init__()
         self.tokenizer = tokenizer
         self.source = SMolInstructSource(**source)
@@ -72,6 +75,7 @@ class SMolInstructDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.seed = seed
         self.group_by_length = group_by_length
+        self.weights = dict(weights or {})
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.collate = PadCollator(pad)
         # Training micro-batches as one unpadded row each; evaluation batches stay padded.
@@ -135,7 +139,7 @@ class SMolInstructDataModule(L.LightningDataModule):
         lengths = data.split.length_hints() if (shuffle and self.group_by_length) else None
         sampler = ShardedShuffleSampler(
             len(data), seed=self.seed, shuffle=shuffle, rank=rank, world_size=world_size, even=shuffle,
-            lengths=lengths, batch_size=batch_size,
+            lengths=lengths, batch_size=batch_size, weights=self.task_weights(data.split) if shuffle else None,
         )
         # Training remembers its place in the epoch (exact resume); evaluation always runs whole.
         loader = ResumableDataLoader if shuffle else DataLoader
@@ -146,6 +150,27 @@ class SMolInstructDataModule(L.LightningDataModule):
             collate_fn=collate or self.collate,
             num_workers=self.num_workers,
         )
+
+    def task_weights(self, split) -> Optional[list[tuple[int, int, float]]]:
+        """(start, end, weight) of each task's samples in `split` by `weights`; None when every weight is 1."""
+        blocks, start = [], 0
+        for task, count in split.counts().items():
+            default = self.weights.get(SMOLINSTRUCT_WEIGHT, 1.0) if get_task(task).in_smolinstruct else 1.0
+            blocks.append((start, start + count, float(self.weights.get(task, default))))
+            start += count
+        return None if all(w == 1.0 for *_, w in blocks) else blocks
+
+    def mix(self) -> Optional[str]:
+        """The training mix in words, each task's samples, weight and share of an epoch; None for SMolInstruct
+        alone, unweighted."""
+        if not self.weights and not self.source.has_tables():
+            return None
+        split = self.split("train")
+        blocks = self.task_weights(split) or [(0, n, 1.0) for n in split.counts().values()]
+        drawn = [int(w) * (e - s) + round((w - int(w)) * (e - s)) for s, e, w in blocks]
+        total = sum(drawn) or 1
+        return ", ".join(f"{task} {e - s:,}" + (f" x{w:g}" if w != 1 else "") + f" ({d / total:.1%})"
+                         for task, (s, e, w), d in zip(split.counts(), blocks, drawn))
 
     def train_dataloader(self) -> DataLoader:
         loader = self.dataloader("train", shuffle=True, batch_size=self.micro_batch_size, collate=self.train_collate)

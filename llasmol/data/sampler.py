@@ -45,7 +45,10 @@ class ShardedShuffleSampler(Sampler[int]):
         lengths: Optional[np.ndarray] = None,
         batch_size: int = 1,
         group_window: int = 64,
+        weights: Optional[list[tuple[int, int, float]]] = None,
     ) -> None:
+        """`weights`: (start, end, weight) blocks of positions (a task's samples) drawn `weight` times an epoch:
+        2 twice each, 0.5 a half of them drawn anew each epoch; None: every position once."""
         if rank is None or world_size is None:
             rank, world_size = _dist_rank_world()
         if not 0 <= rank < world_size:
@@ -61,6 +64,9 @@ class ShardedShuffleSampler(Sampler[int]):
         self.lengths = lengths
         self.batch_size = batch_size
         self.group_window = group_window
+        self.weights = weights
+        self.epoch_samples = num_samples if weights is None else sum(
+            int(w) * (end - start) + round((w - int(w)) * (end - start)) for start, end, w in weights)
         self.epoch = 0
         self.start = 0  # positions of this epoch's share to skip once (resuming mid-epoch)
 
@@ -70,10 +76,23 @@ class ShardedShuffleSampler(Sampler[int]):
     def _order(self) -> np.ndarray:
         # int32 when it fits: half the memory of `permutation`'s int64, and the same shuffle (permutation
         # is arange + shuffle).
-        order = np.arange(self.num_samples, dtype=np.int32 if self.num_samples < 2**31 else np.int64)
+        dtype = np.int32 if self.num_samples < 2**31 else np.int64
+        order = np.arange(self.num_samples, dtype=dtype) if self.weights is None else self._weighted(dtype)
         if self.shuffle:
             np.random.default_rng([self.seed, self.epoch]).shuffle(order)
         return order
+
+    def _weighted(self, dtype) -> np.ndarray:
+        """Each block's positions `int(weight)` times, and a fresh draw of the fraction left (`data.weights`)."""
+        rng = np.random.default_rng([self.seed if self.seed is not None else 0, self.epoch, 2])
+        parts = []
+        for start, end, weight in self.weights:
+            positions = np.arange(start, end, dtype=dtype)
+            parts.extend([positions] * int(weight))
+            drawn = round((weight - int(weight)) * len(positions))
+            if drawn:
+                parts.append(np.sort(rng.choice(positions, drawn, replace=False)))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
     def __iter__(self) -> Iterator[int]:
         order = self._order()
@@ -108,5 +127,5 @@ class ShardedShuffleSampler(Sampler[int]):
     def __len__(self) -> int:
         # The whole epoch, even while resuming: the trainer counts the skipped batches as done already.
         if self.even:
-            return self.num_samples // self.world_size
-        return -(-self.num_samples // self.world_size)  # every rank's share, padded to the longest
+            return self.epoch_samples // self.world_size
+        return -(-self.epoch_samples // self.world_size)  # every rank's share, padded to the longest

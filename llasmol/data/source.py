@@ -1,7 +1,11 @@
-"""Where SMolInstruct is and how one split of it opens, without Lightning or a tokenizer.
+"""Where the data is and how one split of it opens, without Lightning or a tokenizer.
 
 The part of a `data=` config that training (`SMolInstructDataModule`) and the commands that read one split
 (`evaluate`) share: `SMolInstructSource.from_config(data_cfg).split("test")` is all a command needs.
+
+The data is `path` (SMolInstruct's layout, or a table of your own: `llasmol.data.custom`) and the folders or
+files of `also`, read the same way; a split of several is their splits served one after another (each
+task from the one source that holds it).
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from llasmol.core.errors import UserError
-from llasmol.core.tasks import TASK_NAMES, check_tasks
+from llasmol.core.schema import declare_checked
+from llasmol.core.tasks import TASK_NAMES, check_tasks, task_names
 from llasmol.data.hub import fetch_smolinstruct
 from llasmol.data.smolinstruct import SMolInstructSplit, count_samples, raw_path, raw_split
+from llasmol.data.custom import MixedSplit, Row, TableSplit, is_table, read_table
 
 DEFAULT_SPLITS = {"train": "train", "validation": "dev", "test": "test"}
 BUNDLED_DATA = Path(__file__).resolve().parent / "bundled"  # conf/data/bundled.yaml's path
@@ -38,13 +44,20 @@ class SMolInstructSource:
     representation: str = "smiles"
     max_samples_per_task: dict = field(default_factory=dict)  # split name -> samples per task at most
     skip_bad_lines: bool = False
+    new_tasks: Optional[dict] = None  # the tasks of your own this data holds (`llasmol.core.tasks.declare_tasks`)
+    also: Optional[list] = None  # more data beside `path`: SMolInstruct copies or tables
+    columns: Optional[dict] = None  # a table's column names for input, output, split, task
+    split_fractions: Optional[dict] = None  # a table without splits: the inputs to validation and test
 
     def __post_init__(self) -> None:
         self.splits = dict(self.splits or DEFAULT_SPLITS)
         self.max_samples_per_task = dict(self.max_samples_per_task or {})
+        declare_checked(self.new_tasks)  # the command's own, declared already by its config check; a run's data its own
         if self.tasks is not None:
             self.tasks = check_tasks(self.tasks)
-        self._opened: dict[str, SMolInstructSplit] = {}
+        self._opened: dict[str, object] = {}
+        self._tables: dict[str, list[Row]] = {}
+        self._holders: Optional[dict[str, str]] = None  # task -> the place of the data that holds it
 
     @classmethod
     def from_config(cls, data_cfg: Mapping[str, Any], **overrides: Any) -> "SMolInstructSource":
@@ -55,19 +68,67 @@ class SMolInstructSource:
         return cls(**{**own, **overrides})
 
     def root(self) -> str:
-        """The local folder of the copy; fetches the Hub archive on first use when `path` is null."""
+        """The local folder of the copy (or `path`'s table); fetches the Hub archive on first use when `path` is
+        null."""
         if not self.path:
             self.path = str(fetch_smolinstruct(self.hub_id, self.revision))
         return self.path
+
+    def places(self) -> list[str]:
+        """Where the data is: `path` (its SMolInstruct copy fetched if null), then each of `also`."""
+        also = list(self.also or [])
+        for i, place in enumerate(also):
+            if not isinstance(place, str) or not place or not Path(place).exists():
+                raise UserError(f"data.also[{i}]={place!r} does not exist: give folders (SMolInstruct's layout, or "
+                                "train/validation/test tables) or CSV/JSONL files")
+        return [self.root(), *also]
+
+    def has_tables(self) -> bool:
+        """Whether any of the data is a table of your own, or there is more than one place (`also`)."""
+        return len(self.places()) > 1 or is_table(self.root())
+
+    def _table(self, place: str) -> list[Row]:
+        if place not in self._tables:
+            if self.representation != "smiles":
+                raise UserError(f"data.representation={self.representation} reads SMolInstruct's raw_selfies; the "
+                                f"table {place} is read as written: convert it, or use data.representation=smiles")
+            self._tables[place] = read_table(place, self.columns, self.split_fractions)
+        return self._tables[place]
+
+    def _tasks_in(self, place: str) -> list[str]:
+        if is_table(place):
+            return list(dict.fromkeys(row.task for row in self._table(place)))
+        return [t for t in task_names() if (Path(place) / "core_tag" / f"{t}.json").is_file()]
+
+    def holders(self) -> dict[str, str]:
+        """Each task read -> the place that holds it (`places`), in the order the places and tasks come."""
+        if self._holders is None:
+            holders: dict[str, str] = {}
+            for place in self.places():
+                for task in self._tasks_in(place):
+                    if task in holders:
+                        raise UserError(f"task {task} is in both {holders[task]} and {place}: one task comes from one "
+                                        "place; give your own samples a task name of their own (data.new_tasks)")
+                    holders[task] = place
+            if self.tasks is not None:
+                absent = [t for t in self.tasks if t not in holders]
+                if absent:
+                    raise UserError(f"data.tasks names {absent[0]}, which none of the data holds "
+                                    f"({', '.join(self.places())}): it holds {', '.join(holders) or 'no task'}")
+                holders = {t: holders[t] for t in self.tasks}
+            self._holders = holders
+        return self._holders
 
     def is_bundled(self) -> bool:
         """Whether this is the excerpt bundled with the package (`data=bundled`)."""
         return bool(self.path) and Path(self.path).resolve() == BUNDLED_DATA.resolve()
 
     def task_names(self) -> list[str]:
-        """The tasks read: `tasks`, or every task of the table whose files the copy has (table order)."""
+        """The tasks read: `tasks`, or every task the data holds (SMolInstruct's in table order first)."""
+        if self.has_tables():
+            return list(self.holders())
         if self.tasks is None:
-            found = [t for t in TASK_NAMES if (Path(self.root()) / "core_tag" / f"{t}.json").is_file()]
+            found = self._tasks_in(self.root())
             if not found:
                 raise UserError(f"{self.root()} holds no SMolInstruct task (no core_tag/<task>.json): "
                                 "is data.path the root of a SMolInstruct copy?")
@@ -80,10 +141,11 @@ class SMolInstructSource:
             self.tasks = found
         return self.tasks
 
-    def split(self, name: str) -> SMolInstructSplit:
-        """Split `name` (train, validation or test), opened on first use."""
+    def split(self, name: str):
+        """Split `name` (train, validation or test), opened on first use: a `SMolInstructSplit`, or for
+        tables or several places a `TableSplit` or `MixedSplit` with the same access."""
         if name not in self._opened:
-            self._opened[name] = self._open(self._folder(name), self.max_samples_per_task.get(name))
+            self._opened[name] = self._open(self._folder(name), self.max_samples_per_task.get(name), name)
         return self._opened[name]
 
     def raw_file(self, name: str, task: str) -> Path:
@@ -103,12 +165,12 @@ class SMolInstructSource:
         """The samples whose golds pool for split `name`: its own, or for a subset (`test_subset`) its full
         split, as the official scorer reads golds from the whole test split (compute_metrics.py
         `read_result`), whichever samples were generated."""
-        folder = self.splits[name]
+        folder = self._folder(name)
         if raw_split(folder) == folder and not self.max_samples_per_task.get(name):
             return self.split(name)
         key = f"{name} (pooled)"  # kept with the splits, so that `close` closes its files too
         if key not in self._opened:
-            self._opened[key] = self._open(raw_split(folder), None)
+            self._opened[key] = self._open(raw_split(folder), None, name)
         return self._opened[key]
 
     def close(self) -> None:
@@ -116,9 +178,25 @@ class SMolInstructSource:
         for split in self._opened.values():
             split.close()
 
-    def _open(self, folder: str, limit: Optional[int]) -> SMolInstructSplit:
+    def _open(self, folder: str, limit: Optional[int], name: str):
+        if not self.has_tables():
+            return self._smolinstruct(self.root(), folder, self.task_names(), limit)
+        parts = []
+        for place in self.places():
+            tasks = [t for t, holder in self.holders().items() if holder == place]
+            if not tasks:
+                continue
+            if is_table(place):
+                if name not in ("train", "validation", "test"):
+                    raise UserError(f"unknown split {name!r}: a table has train, validation and test")
+                parts.append(TableSplit(self._table(place), name, tasks, self.insert_core_tags, limit, place))
+            else:
+                parts.append(self._smolinstruct(place, folder, tasks, limit))
+        return parts[0] if len(parts) == 1 else MixedSplit(parts)
+
+    def _smolinstruct(self, root: str, folder: str, tasks: list[str], limit: Optional[int]) -> SMolInstructSplit:
         return SMolInstructSplit(
-            self.root(), folder, self.task_names(), sample_group=self.sample_group,
+            root, folder, tasks, sample_group=self.sample_group,
             insert_core_tags=self.insert_core_tags, representation=self.representation,
             max_samples_per_task=limit, skip_bad_lines=self.skip_bad_lines,
         )

@@ -39,6 +39,9 @@ def build_datamodule(cfg: DictConfig, tokenizer) -> SMolInstructDataModule:
     datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
     if datamodule.path:
         datamodule.setup("fit")
+        mix = datamodule.mix()
+        if mix:
+            log.info("training samples per epoch: %s (data.weights)", mix)
     return datamodule
 
 
@@ -130,6 +133,8 @@ def card_facts(cfg: DictConfig, params: dict, datamodule: SMolInstructDataModule
     """What each saved adapter's model card says about how it was made."""
     source = datamodule.source
     data = source.path if cfg.data.get("path") else f"{source.hub_id} at revision {source.revision}"
+    if source.has_tables():
+        data = ", ".join(source.places())
     optimizer = str(cfg.optimizer._target_).rsplit(".", 1)[-1]
     length = (f"at most {cfg.trainer.max_steps} steps" if cfg.trainer.get("max_steps", -1) > 0
               else f"{cfg.trainer.max_epochs} epoch(s)")

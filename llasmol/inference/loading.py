@@ -16,7 +16,7 @@ from llasmol.core import run_dir as layout
 from llasmol.core.config import CONFIG_DIR
 from llasmol.core.errors import UserError
 from llasmol.core.files import unreadable
-from llasmol.core.schema import ModelSchema, check_group
+from llasmol.core.schema import ModelSchema, check_group, declare_checked
 from llasmol.model.adapters import (ADAPTER_CONFIG, WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS, adapter_dir, load_adapter,
                                     readable_adapter)
 from llasmol.model.lora import TINY_BASE
@@ -42,6 +42,9 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
     if (path / layout.HYDRA_CONFIG).is_file():
         run_cfg = read_run_config(path / layout.HYDRA_CONFIG)
         _check_run_data(path, run_cfg)
+        new_tasks = OmegaConf.select(run_cfg, "data.new_tasks")  # the run's own tasks, as it declared them
+        declare_checked(OmegaConf.to_container(new_tasks) if isinstance(new_tasks, DictConfig) else new_tasks,
+                        str(path / layout.HYDRA_CONFIG))
         return _run_model(path, run_cfg, cfg), str(_best_adapter(path)), run_cfg.data
     if (path / ADAPTER_CONFIG).is_file():
         _check_adapter_base(path, cfg.model)

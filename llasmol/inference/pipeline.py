@@ -18,6 +18,7 @@ DDP reducer (`llasmol.metrics.reducer`), whose metrics a validation under DDP pa
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,8 @@ import numpy as np
 import torch.distributed as dist
 
 from llasmol.core.files import check_writable_file, write_json, write_jsonl
-from llasmol.core.run_dir import METRICS, PREDICTIONS, intervals_file
+from llasmol.core.run_dir import DECLARED_TASKS, METRICS, PREDICTIONS, intervals_file
+from llasmol.core.tasks import declared
 from llasmol.inference.beam_search import BeamGenerator, most_of_any_rank, task_settings
 from llasmol.inference.predictions import make_record
 from llasmol.metrics.intervals import interval_report, wants_intervals
@@ -161,6 +163,12 @@ class RunFiles:
     predictions: Optional[Path]
     metrics: Path
 
+    @property
+    def declared(self) -> Path:
+        """Where the declarations of the user's own tasks the files name go: the run folder's `tasks.json`."""
+        folder = self.metrics.parent
+        return (folder.parent if folder.name == METRICS else folder) / DECLARED_TASKS
+
     @classmethod
     def named(cls, folder: Path, name: str, metrics: Optional[Path] = None) -> "RunFiles":
         """A run directory's `predictions/<name>.jsonl` and `metrics/<name>.json` (or `metrics`, the user's
@@ -209,7 +217,21 @@ class Evaluation:
 
     def write_predictions(self, records: list[dict]) -> None:
         if self.write and self.files.predictions is not None:
+            self.write_declared(records)
             write_jsonl(self.files.predictions, records)
+
+    def write_declared(self, records: list[dict]) -> None:
+        """The declarations of the user's own tasks among `records`, added to the folder's `tasks.json`."""
+        own = declared()
+        named = {r.get("task") for r in records} & set(own)
+        if not named:
+            return
+        path = self.files.declared
+        try:
+            kept = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        except (OSError, ValueError):
+            kept = {}
+        write_json(path, {**(kept if isinstance(kept, dict) else {}), **{t: own[t] for t in sorted(named)}})
 
     def score(self, records: list[dict], metrics: Optional[dict] = None) -> Outcome:
         """The metrics of `records` (`metrics` when given: the DDP reducer's, equal on every rank) from their
@@ -218,6 +240,7 @@ class Evaluation:
         metrics = task_metrics(samples) if metrics is None else metrics
         intervals = interval_report(samples, self.intervals)
         if self.write:
+            self.write_declared(records)
             write_json(self.files.metrics, metrics)
             if intervals is not None:
                 write_json(self.files.intervals, intervals)

@@ -21,10 +21,15 @@ crashes scoring.
 
 from __future__ import annotations
 
-from llasmol.core.tasks import TASKS, get_task
+from llasmol.core.tasks import ByTask, get_task
 
-# The tags any answer may sit in: the task table's, and SELFIES for `data.representation=selfies`.
-ANSWER_TAGS: tuple[str, ...] = tuple(dict.fromkeys(t.answer_tag for t in TASKS if t.answer_tag)) + ("SELFIES",)
+_ANSWER_TAG = ByTask(lambda task: task.answer_tag)
+
+
+def answer_tags() -> tuple[str, ...]:
+    """The tags any answer may sit in: each known task's (a declared task's too, `llasmol.core.tasks`), in
+    table order, and SELFIES for `data.representation=selfies`."""
+    return tuple(dict.fromkeys([*filter(None, _ANSWER_TAG.values()), "SELFIES"]))
 # What the official reader takes out of an untagged answer: end of sequence and padding (extract_prediction.py:16).
 UNTAGGED_DROP: tuple[str, ...] = ("<unk>", "</s>")
 # A reasoning model's thoughts, before its answer (Qwen3's chat template writes them so).
@@ -84,7 +89,7 @@ def any_answer(text: str) -> str | None:
         return None
     text = _after_reasoning(text)
     found = []
-    for tag in ANSWER_TAGS:
+    for tag in answer_tags():
         answer = _between(text, tag)
         if answer is not None:
             found.append((text.find(f"</{tag}>", text.find(f"<{tag}>")), answer))

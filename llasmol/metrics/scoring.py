@@ -25,12 +25,12 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from llasmol.core.tasks import TASKS, get_task
+from llasmol.core.tasks import ByTask, get_task
 from llasmol.metrics.answer_rules import RULES
 from llasmol.metrics.extract import extract_answer
 from llasmol.metrics.families import COMMON_STATS, FAMILIES, Family
 
-STATS: dict[str, tuple[str, ...]] = {t.name: FAMILIES[t.family].all_stats() for t in TASKS}
+STATS: ByTask = ByTask(lambda task: FAMILIES[task.family].all_stats())  # task -> its statistics' names
 
 
 def family(task: str) -> Family:

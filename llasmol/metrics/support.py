@@ -12,14 +12,14 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from llasmol.core.tasks import TASKS
+from llasmol.core.tasks import ByTask
 from llasmol.metrics.families import FAMILIES
 
 # Under 10 samples one answer more or less moves a share by more than 0.1, more than most differences the
 # paper's tables draw, and a percentile bootstrap interval of so few is narrower than the truth.
 FEWEST_TO_COMPARE = 10
 
-_FAMILY_OF = {t.name: FAMILIES[t.family] for t in TASKS}
+_FAMILY_OF = ByTask(lambda task: FAMILIES[task.family])
 
 
 def support(task: str, metric: str, values: dict) -> Optional[tuple[int, int]]:

@@ -1,0 +1,303 @@
+"""Your own data as a table: a CSV, TSV or JSONL file of `input`/`output` rows, or a folder of one per split.
+
+    assay.csv                      input,output[,split][,task]     one file; `split` says where each row goes
+    assay/train.csv, assay/validation.csv, assay/test.csv           (or .tsv/.jsonl; `dev`/`valid` name validation)
+
+Each row is one sample of a task: the `task` column names it; without one, the file holds the declared task
+it is named for (`logp.csv`, `logp/train.csv`: task logp), or the one task `data.new_tasks` declares. The task's declaration says how a row becomes a sample (`llasmol.core.tasks`):
+`query` wraps the input (`<INPUT>`, tagged as `input_kind` says), or the input is the whole query; `response`
+wraps the answer in the task's answer tag (`<OUTPUT>`; by default the tagged answer alone), so that the
+answer is read back and scored as SMolInstruct's are. `data.columns` maps other column names (`smiles`,
+`label`) to these roles. Without a split column or files, rows are split by their input: an input's hash
+puts every row of it in one split (`data.split_fractions`), as the paper keeps a molecule in one split.
+
+A table is read whole at start (a million short rows take some 200 MB) and every row is checked then: a
+yes/no answer must read as one (yes/no, true/false, 1/0), a number must be one, nothing may be empty; the
+first bad row stops the command with its file and line. Text is read as text: nothing in a file runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping, Optional
+
+import numpy as np
+
+from llasmol.core.errors import UserError
+from llasmol.core.files import unreadable
+from llasmol.core.tasks import Task, declared, get_task, tag_pair
+
+TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl")
+SPLIT_NAMES = {"train": "train", "validation": "validation", "valid": "validation", "val": "validation",
+               "dev": "validation", "test": "test"}
+DEFAULT_FRACTIONS = {"validation": 0.1, "test": 0.1}
+_YES_NO = {"yes": "Yes", "no": "No", "true": "Yes", "false": "No", "1": "Yes", "0": "No", "y": "Yes", "n": "No",
+           "1.0": "Yes", "0.0": "No"}
+MAX_FIELD_CHARS = 1 << 20  # one cell of a megabyte is no molecule or answer: a broken quote, read as data
+
+
+def is_table(path: str | Path) -> bool:
+    """Whether `path` is table data: a CSV/TSV/JSONL file, or a folder of them named for splits (and no
+    SMolInstruct layout, which has core_tag/)."""
+    path = Path(path)
+    if path.suffix.lower() in TABLE_SUFFIXES:
+        return True
+    return path.is_dir() and not (path / "core_tag").is_dir() and bool(_split_files(path))
+
+
+def _split_files(folder: Path) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for file in sorted(folder.iterdir()):
+        split = SPLIT_NAMES.get(file.stem.lower())
+        if split and file.suffix.lower() in TABLE_SUFFIXES and file.is_file():
+            if split in found:
+                raise UserError(f"{folder} holds two files of the {split} split ({found[split].name} and {file.name}): "
+                                "keep one")
+            found[split] = file
+    return found
+
+
+@dataclass(frozen=True)
+class Row:
+    task: str
+    split: str
+    input: str
+    output: str
+    number: int  # its line in the file (1 = the first data row after a CSV header: line 2)
+
+
+def _records(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, {column: text}) of every row of a CSV/TSV/JSONL file."""
+    problem = unreadable(path)
+    if problem:
+        raise UserError(f"the data file {path} {problem}: check data.path")
+    suffix = path.suffix.lower()
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as fh:
+            if suffix == ".jsonl":
+                for number, line in enumerate(fh, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except (ValueError, RecursionError):
+                        raise UserError(f"{path} line {number} is not valid JSON: fix the line") from None
+                    if not isinstance(record, dict):
+                        raise UserError(f"{path} line {number} is a JSON {type(record).__name__}, not an object of "
+                                        "columns: write one object per line, {\"input\": ..., \"output\": ...}")
+                    yield number, record
+                return
+            csv.field_size_limit(MAX_FIELD_CHARS)
+            reader = csv.DictReader(fh, delimiter="\t" if suffix == ".tsv" else ",")
+            if not reader.fieldnames:
+                raise UserError(f"{path} is empty: a header line (input,output,...) and rows are needed")
+            for record in reader:
+                if None in record:  # more cells than the header names
+                    raise UserError(f"{path} line {reader.line_num} has more cells than its header "
+                                    f"({', '.join(reader.fieldnames)}): quote cells that hold the delimiter")
+                if any(v is not None and v.strip() for v in record.values()):
+                    yield reader.line_num, record
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text: save it as UTF-8") from None
+    except csv.Error as err:
+        raise UserError(f"{path} is not a readable CSV ({err}): fix the file") from None
+
+
+def _cell(record: dict, column: str, path: Path, number: int, required: bool = True) -> Optional[str]:
+    value = record.get(column)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        if required:
+            raise UserError(f"{path} line {number} has no {column}: every row needs an input and an output "
+                            "(data.columns maps your column names)")
+        return None
+    if isinstance(value, bool):
+        value = "Yes" if value else "No"
+    if isinstance(value, (int, float)):
+        value = repr(value) if isinstance(value, float) else str(value)
+    if not isinstance(value, str):
+        raise UserError(f"{path} line {number}: {column} is a JSON {type(value).__name__}, not text or a number")
+    return value.strip()
+
+
+def _answer(task: Task, text: str, path: Path, number: int) -> str:
+    """The gold answer as its family reads it: Yes/No for yes/no tasks, a number for number tasks."""
+    if task.family == "boolean":
+        label = _YES_NO.get(text.lower())
+        if label is None:
+            raise UserError(f"{path} line {number}: output {text[:40]!r} of yes/no task {task.name} is not yes/no, "
+                            "true/false or 1/0")
+        return label
+    if task.family == "number":
+        try:
+            ok = math.isfinite(float(text))
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UserError(f"{path} line {number}: output {text[:40]!r} of number task {task.name} is not a finite "
+                            "number")
+    return text
+
+
+def _hashed_split(text: str, fractions: Mapping[str, float]) -> str:
+    u = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big") / 2**64
+    validation, test = fractions.get("validation", 0.0), fractions.get("test", 0.0)
+    return "validation" if u < validation else "test" if u < validation + test else "train"
+
+
+def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
+               fractions: Optional[Mapping[str, float]] = None) -> list[Row]:
+    """Every row of table data `path` (`is_table`), checked, with its task and split."""
+    path = Path(path)
+    names = {"input": "input", "output": "output", "split": "split", "task": "task", **(columns or {})}
+    fractions = DEFAULT_FRACTIONS if fractions is None else fractions
+    files = {None: path} if path.is_file() or path.suffix.lower() in TABLE_SUFFIXES else _split_files(path)
+    own = list(declared())
+    # A file without a task column: the declared task it (or its folder of splits) is named for, or the only one.
+    stem = path.stem if path.suffix.lower() in TABLE_SUFFIXES else path.name
+    named = stem if stem in own else own[0] if len(own) == 1 else None
+    rows: list[Row] = []
+    for split_of_file, file in files.items():
+        for number, record in _records(file):
+            task_name = _cell(record, names["task"], file, number, required=False) or named
+            if task_name is None:
+                raise UserError(f"{file} line {number} names no task: give the file a {names['task']} column, name "
+                                "the file (or its folder) for a declared task, or declare one task, "
+                                "+data.new_tasks.<name>.family=<smiles, formula, iupac, number, boolean or caption> "
+                                f"(declared: {', '.join(own) or 'none'})")
+            task = get_task(task_name, f"the {names['task']} column of {file} line {number}")
+            core_in = _cell(record, names["input"], file, number)
+            core_out = _answer(task, _cell(record, names["output"], file, number), file, number)
+            split = split_of_file
+            marked = _cell(record, names["split"], file, number, required=False)
+            if marked is not None:
+                if split is not None:
+                    raise UserError(f"{file} is named for the {split} split and has a {names['split']} column: keep one")
+                split = SPLIT_NAMES.get(marked.lower())
+                if split is None:
+                    raise UserError(f"{file} line {number}: split {marked[:40]!r} is none of train, validation (dev, "
+                                    "valid) or test")
+            rows.append(Row(task.name, split or _hashed_split(core_in, fractions), core_in, core_out, number))
+    if not rows:
+        raise UserError(f"{path} holds no rows: a header line (input,output,...) and rows are needed")
+    return rows
+
+
+def _texts(value, default: Optional[str]) -> list[Optional[str]]:
+    if value is None:
+        return [default]
+    return list(value) if isinstance(value, list) else [value]
+
+
+class TableSplit:
+    """One split of table data, with the access `SMolInstructSplit` gives (samples task after task)."""
+
+    def __init__(self, rows: list[Row], split: str, tasks: list[str], insert_core_tags: bool = True,
+                 max_samples_per_task: Optional[int] = None, where: str = "") -> None:
+        self.split, self.where = split, where
+        self.tasks = [t for t in tasks if any(r.task == t and r.split == split for r in rows)]
+        self.skipped: dict[str, int] = {}
+        self.insert_core_tags = insert_core_tags
+        self._rows: list[Row] = []
+        for task in self.tasks:
+            mine = [r for r in rows if r.task == task and r.split == split]
+            self._rows.extend(mine[:max_samples_per_task] if max_samples_per_task else mine)
+        self._ends = np.cumsum([sum(1 for r in self._rows if r.task == t) for t in self.tasks])
+        self._task_rows = {t: get_task(t) for t in self.tasks}  # kept: a worker process need not declare them
+        decl = declared()
+        self._templates = {t: (_texts(decl.get(t, {}).get("query"), None),
+                               _texts(decl.get(t, {}).get("response"), "<OUTPUT>")) for t in self.tasks}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def task_index(self, i: int) -> int:
+        return int(np.searchsorted(self._ends, i, side="right"))
+
+    def task_row(self, i: int) -> Task:
+        return self._task_rows[self.tasks[self.task_index(i)]]
+
+    def counts(self) -> dict[str, int]:
+        starts = [0, *self._ends[:-1]]
+        return {t: int(end - start) for t, start, end in zip(self.tasks, starts, self._ends)}
+
+    def length_hints(self) -> np.ndarray:
+        return np.asarray([len(r.input) + len(r.output) for r in self._rows], dtype=np.int32)
+
+    def _wrap(self, text: str, tag: Optional[str]) -> str:
+        opening, closing = tag_pair(tag)
+        return f"{opening} {text} {closing}" if self.insert_core_tags and opening else text
+
+    def __getitem__(self, i: int) -> dict:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        row = self._rows[i]
+        task = self._task_rows[row.task]
+        queries, responses = self._templates[row.task]
+        query, response = queries[row.number % len(queries)], responses[row.number % len(responses)]
+        answer = f"<{task.answer_tag}> {row.output} </{task.answer_tag}>" if task.answer_tag else row.output
+        return {
+            "task": row.task,
+            "input": row.input if query is None else query.replace("<INPUT>", self._wrap(row.input, task.input_tag)),
+            "output": response.replace("<OUTPUT>", answer),
+            "raw_input": row.input,
+            "raw_output": row.output,
+            "target": None,
+        }
+
+    def core_samples(self, task: str) -> Iterator[tuple[str, str, None]]:
+        for row in self._rows:
+            if row.task == task:
+                yield row.input, row.output, None
+
+    def close(self) -> None:
+        """Nothing stays open: the rows were read at start."""
+
+
+class MixedSplit:
+    """Splits of several sources served as one, each source's tasks after the previous source's."""
+
+    def __init__(self, parts: list) -> None:
+        self.parts = [p for p in parts if len(p.tasks)]
+        self.tasks = [t for p in self.parts for t in p.tasks]
+        self.skipped = {k: v for p in self.parts for k, v in p.skipped.items()}
+        self._ends = np.cumsum([len(p) for p in self.parts])
+        self._task_ends = np.cumsum([len(p.tasks) for p in self.parts])
+
+    def _part(self, i: int) -> tuple[int, int]:
+        k = int(np.searchsorted(self._ends, i, side="right"))
+        return k, i - (int(self._ends[k - 1]) if k else 0)
+
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def __getitem__(self, i: int) -> dict:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        k, j = self._part(i)
+        return self.parts[k][j]
+
+    def task_index(self, i: int) -> int:
+        k, j = self._part(i)
+        return (int(self._task_ends[k - 1]) if k else 0) + self.parts[k].task_index(j)
+
+    def task_row(self, i: int) -> Task:
+        k, j = self._part(i)
+        return self.parts[k].task_row(j)
+
+    def counts(self) -> dict[str, int]:
+        return {t: n for p in self.parts for t, n in p.counts().items()}
+
+    def length_hints(self) -> np.ndarray:
+        return np.concatenate([p.length_hints() for p in self.parts]) if self.parts else np.zeros(0, np.int32)
+
+    def core_samples(self, task: str):
+        return next(p for p in self.parts if task in p.tasks).core_samples(task)
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.close()

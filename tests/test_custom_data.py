@@ -1,0 +1,278 @@
+"""Your own data and tasks (docs/data.md, "Your own data and tasks"): a CSV/JSONL task declared in config trains, validates and is
+scored with its family's metrics, beside SMolInstruct and weighted; its run reads back as it was written."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from conftest import compose_config
+from refusals import refused
+
+from llasmol.core.schema import check_config
+from llasmol.core.tasks import declare_tasks, get_task
+from llasmol.data.custom import read_table
+from llasmol.data.sampler import ShardedShuffleSampler
+from llasmol.data.source import BUNDLED_DATA, SMolInstructSource
+
+# Molecules of the bundled excerpt with values computed by RDKit (logP) and a ring test: answers a model can
+# learn, and that a reader can check.
+MOLECULES = ["CCO", "c1ccccc1", "CC(=O)O", "C1CCCCC1", "CCN", "c1ccncc1", "CCCC", "C1CC1", "OCC(O)CO", "c1ccc2ccccc2c1",
+             "CC(C)C", "C1CCOC1", "CCOCC", "c1ccoc1", "NCCN", "C1CCNCC1", "CCCl", "Cc1ccccc1", "CO", "O=C1CCCCC1"]
+
+
+def write_logp_csv(path: Path, header=("smiles", "logp")) -> Path:
+    from rdkit import Chem
+    from rdkit.Chem import Descriptors
+
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(header)
+        for smiles in MOLECULES:
+            writer.writerow([smiles, f"{Descriptors.MolLogP(Chem.MolFromSmiles(smiles)):.2f}"])
+    return path
+
+
+def write_ring_jsonl(path: Path) -> Path:
+    from rdkit import Chem
+    from rdkit.Chem.rdMolDescriptors import CalcNumRings
+
+    with path.open("w") as fh:
+        for i, smiles in enumerate(MOLECULES):
+            ring = CalcNumRings(Chem.MolFromSmiles(smiles)) > 0
+            split = ("train", "train", "train", "dev", "test")[i % 5]  # dev: the archive's name for validation
+            fh.write(json.dumps({"input": smiles, "output": ring, "split": split}) + "\n")
+    return path
+
+
+LOGP = {"family": "number", "query": "What is the logP of <INPUT>?", "response": "Its logP is <OUTPUT>."}
+RING = {"family": "boolean", "headline": "mcc", "query": ["Does <INPUT> have a ring?", "Is <INPUT> cyclic?"],
+        "max_new_tokens": 6}
+
+
+@pytest.fixture
+def own_tasks():
+    declare_tasks({"logp": LOGP, "ring": RING})
+    yield
+    declare_tasks(None)  # what the next test's command declares, not these
+
+
+def test_a_declared_task_is_a_row_of_the_table_with_its_family_defaults(own_tasks):
+    logp, ring = get_task("logp"), get_task("ring")
+    assert (logp.answer_tag, logp.headline, logp.pooled, logp.in_smolinstruct) == ("NUMBER", "rmse", False, False)
+    assert (ring.answer_tag, ring.headline, dict(ring.generation)) == ("BOOLEAN", "mcc", {"max_new_tokens": 6})
+    assert get_task("property_prediction-bbbp").in_smolinstruct
+    declare_tasks({"logp": LOGP, "ring": RING}, fresh=False)  # the same again: the same task
+    with refused("ring", "declared twice"):
+        declare_tasks({"ring": {"family": "number"}}, fresh=False)
+    declare_tasks(None)
+    with refused("unknown task 'ring'"):
+        get_task("ring")
+
+
+@pytest.mark.parametrize("declaration, named", [
+    ("{family: numbers}", "data.new_tasks.t.family='numbers'"),
+    ("{family: number, colour: red}", "data.new_tasks.t.colour"),
+    ("{family: number, answer_tag: '<pic50>'}", "data.new_tasks.t.answer_tag='<pic50>'"),
+    ("{family: number, query: 'What is it?'}", "<INPUT>"),
+    ("{family: boolean, num_beams: 2, num_return_sequences: 3}", "num_return_sequences=3"),
+    ("{family: number, max_new_tokens: 0}", "data.new_tasks.t.max_new_tokens=0"),
+])
+def test_a_bad_declaration_is_one_line_naming_it(declaration, named):
+    cfg = compose_config(["paths.output_dir=/x", "data=custom", "data.path=/x.csv", f"+data.new_tasks.t={declaration}"])
+    with refused(named):
+        check_config(cfg)
+
+
+def test_names_that_would_be_two_tasks_or_a_paper_task_are_refused():
+    for overrides, named in ((["+data.new_tasks.property_prediction-esol={family: number}"], "SMolInstruct task"),
+                             (["+data.new_tasks.a-b={family: number}", "+data.new_tasks.a_b={family: number}"], "'-' and '_'"),
+                             (["+data.weights.ring=2"], "data.weights names 'ring'"),
+                             (["+data.new_tasks.ring={family: boolean}", "+data.weights.ring=0"], "data.weights.ring=0")):
+        with refused(named):
+            check_config(compose_config(["paths.output_dir=/x", "data=custom", "data.path=/x.csv", *overrides]))
+    with refused("data.path is not set"):
+        check_config(compose_config(["paths.output_dir=/x", "data=custom"]))
+
+
+def test_a_table_is_read_with_its_columns_splits_and_answers_as_the_family_reads_them(tmp_path, own_tasks):
+    declare_tasks({"ring": RING})  # a file without a task column holds the one task declared
+    rows = read_table(write_ring_jsonl(tmp_path / "ring.jsonl"), fractions={})
+    assert [r.output for r in rows[:3]] == ["No", "Yes", "No"]  # JSON true/false read as yes/no
+    assert [r.split for r in rows[:5]] == ["train", "train", "train", "validation", "test"]
+    declare_tasks({"logp": LOGP})
+    rows = read_table(write_logp_csv(tmp_path / "logp.csv"), {"input": "smiles", "output": "logp"},
+                      {"validation": 0.2, "test": 0.2})
+    assert {r.task for r in rows} == {"logp"} and rows[0].number == 2  # its line in the file, after the header
+    # Without a split column, an input's hash chooses: the same input always lands in the same split.
+    again = read_table(tmp_path / "logp.csv", {"input": "smiles", "output": "logp"}, {"validation": 0.2, "test": 0.2})
+    assert [r.split for r in rows] == [r.split for r in again] and {r.split for r in rows} == {"train", "validation", "test"}
+    (tmp_path / "twice.csv").write_text("input,output\nCCO,1.0\nc1ccccc1,2.0\nCCO,1.5\n")
+    twice = read_table(tmp_path / "twice.csv", fractions={"validation": 0.5})
+    assert twice[0].split == twice[2].split
+
+
+@pytest.mark.parametrize("text, named", [
+    ("input,output\nCCO,maybe\n", "line 2"),
+    ("input,output\nCCO,\n", "no output"),
+    ("input,output\nCCO,1,2\n", "more cells"),
+    ("input,output,task\nCCO,yes,solubility\n", "unknown task 'solubility'"),
+    ("input,output,split\nCCO,yes,holdout\n", "split 'holdout'"),
+    ("", "is empty"),
+])
+def test_a_bad_row_is_one_line_naming_its_file_and_line(tmp_path, text, named):
+    declare_tasks({"ring": RING})
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with refused(named, str(path)):
+        read_table(path)
+    declare_tasks({"logp": LOGP, "ring": RING})
+    (tmp_path / "one.csv").write_text("input,output\nCCO,1\n")
+    with refused("names no task", "declared: logp, ring"):
+        read_table(tmp_path / "one.csv")
+    (tmp_path / "logp.csv").write_text("input,output\nCCO,1\n")
+    assert read_table(tmp_path / "logp.csv")[0].task == "logp"  # named for its task
+    declare_tasks(None)
+
+
+def test_samples_are_the_declared_query_and_the_answer_between_its_tags(tmp_path, own_tasks):
+    source = SMolInstructSource(path=str(write_ring_jsonl(tmp_path / "ring.jsonl")), tasks=["ring"])
+    train = source.split("train")
+    first, second = train[0], train[1]
+    assert first["input"] == "Is <SMILES> CCO </SMILES> cyclic?"  # line 1: the second of the two queries
+    assert second["input"] == "Does <SMILES> c1ccccc1 </SMILES> have a ring?" and second["output"] == "<BOOLEAN> Yes </BOOLEAN>"
+    assert (len(train), len(source.split("validation")), len(source.split("test"))) == (12, 4, 4)
+    assert train.task_row(0).name == "ring" and list(train.core_samples("ring"))[1] == ("c1ccccc1", "Yes", None)
+
+
+def test_smolinstruct_and_tables_mix_with_weights(tmp_path, own_tasks):
+    from conftest import make_datamodule
+
+    from llasmol.model.base import load_tokenizer
+
+    tokenizer = load_tokenizer(compose_config(["paths.output_dir=/x"]).model)
+    also = [str(write_logp_csv(tmp_path / "logp.csv", ("input", "output"))), str(write_ring_jsonl(tmp_path / "ring.jsonl"))]
+    dm = make_datamodule(tokenizer, path=str(BUNDLED_DATA), tasks=["property_prediction-bbbp", "logp", "ring"],
+                         also=also, weights={"ring": 2.5, "smolinstruct": 0.5})
+    train = dm.split("train")
+    assert train.tasks == ["property_prediction-bbbp", "logp", "ring"]
+    counts = train.counts()
+    assert counts["property_prediction-bbbp"] == 300 and counts["ring"] == 12
+    sampler = dm.train_dataloader().sampler
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        drawn = [train.task_row(i).name for i in sampler]
+        assert drawn.count("ring") == 30 and drawn.count("property_prediction-bbbp") == 150  # 2.5 x 12, 0.5 x 300
+        assert drawn.count("logp") == counts["logp"]
+    assert "ring 12 x2.5" in dm.mix()
+    with refused("property_prediction-bbbp", "in both"):
+        bbbp = tmp_path / "bbbp.csv"
+        bbbp.write_text("input,output,task\nCCO,yes,property_prediction-bbbp\n")
+        SMolInstructSource(path=str(BUNDLED_DATA), also=[str(bbbp)]).task_names()
+
+
+def test_weights_of_one_keep_the_order_of_no_weights():
+    plain = ShardedShuffleSampler(50, seed=3, rank=0, world_size=1)
+    ones = ShardedShuffleSampler(50, seed=3, rank=0, world_size=1, weights=[(0, 20, 1.0), (20, 50, 1.0)])
+    assert list(plain) == list(ones)
+    half = ShardedShuffleSampler(50, seed=3, rank=0, world_size=2, weights=[(0, 20, 0.5), (20, 50, 1.0)])
+    picked = []
+    for epoch in (0, 1):
+        half.set_epoch(epoch)
+        picked.append({i for i in half if i < 20})
+    assert len(half) == 20 and picked[0] != picked[1]  # (10 + 30) / 2 ranks; a fresh half each epoch
+
+
+def test_a_declared_task_is_scored_by_its_family(own_tasks):
+    from llasmol.metrics.scoring import score_records
+    from llasmol.metrics.support import support_note
+
+    records = [{"task": "logp", "gold": ["1.0"], "predictions": ["Its logP is <NUMBER> 1.5 </NUMBER>."]},
+               {"task": "logp", "gold": ["2.0"], "predictions": ["no idea"]},
+               {"task": "ring", "gold": ["Yes"], "predictions": ["<BOOLEAN> Yes </BOOLEAN>"]},
+               {"task": "ring", "gold": ["No"], "predictions": ["<BOOLEAN> Yes </BOOLEAN>"]}]
+    metrics = score_records(records)
+    assert metrics["logp"]["rmse"] == pytest.approx(0.5) and metrics["logp"]["num_no_answer"] == 1
+    assert (metrics["ring"]["accuracy"], metrics["ring"]["tp"], metrics["ring"]["fp"]) == (0.5, 1, 1)
+    assert support_note("logp", "rmse", metrics["logp"]) == "n=1 of 2, too few"
+    from llasmol.metrics.families import use_scoring
+
+    declare_tasks({"ring": {**RING, "headline": "rmse"}})
+    with refused("data.new_tasks.ring.headline=rmse", "accuracy, f1, mcc"):
+        use_scoring({})
+
+
+@pytest.mark.slow
+def test_a_custom_regression_and_yes_no_task_train_validate_evaluate_and_report(tmp_path, caplog):
+    """End to end, as a user runs it: SMolInstruct's BBBP beside a CSV regression task and a JSONL yes/no task,
+    weighted; the run's files name the tasks, and evaluate and report read them back in a fresh process."""
+    from llasmol.analysis import load_run
+    from llasmol.evaluate import evaluate
+    from llasmol.report import report_run
+    from llasmol.train import train
+
+    csv_file, jsonl = write_logp_csv(tmp_path / "logp.csv", ("input", "output")), write_ring_jsonl(tmp_path / "ring.jsonl")
+    out = tmp_path / "run"
+    cfg = compose_config([
+        f"paths.output_dir={out}", "logger=csv", "trainer.max_steps=2", "val_every_n_steps=2",
+        "trainer.enable_progress_bar=false", "data.tasks=[property_prediction-bbbp,logp,ring]",
+        f"data.also=[{csv_file},{jsonl}]",
+        "+data.new_tasks.logp={family: number, query: 'What is the logP of <INPUT>?'}",
+        "+data.new_tasks.ring={family: boolean, headline: mcc, query: 'Does <INPUT> have a ring?', max_new_tokens: 6}",
+        "+data.weights={ring: 2}", "callbacks.generation_evaluator.samples_per_task=3",
+        "data.split_fractions={validation: 0.3, test: 0.3}",
+        "generation.max_new_tokens_limit=8"])
+    caplog.set_level("INFO", "llasmol.train")
+    train(cfg)
+    (out / ".hydra").mkdir()
+    from omegaconf import OmegaConf
+
+    OmegaConf.save(cfg, out / ".hydra" / "config.yaml")
+    val = json.loads((out / "metrics" / "val-step2.json").read_text())
+    held_out = [r.split for r in read_table(csv_file, fractions={"validation": 0.3, "test": 0.3})]
+    assert val["logp"]["num_samples"] == min(3, held_out.count("validation")) > 0
+    assert "rmse" in val["logp"] and val["ring"]["num_samples"] == 3 and "mcc" in val["ring"]
+    queries = [json.loads(line)["input"] for line in (out / "predictions" / "val-step2.jsonl").read_text().splitlines()]
+    assert "What is the logP of <SMILES> " in " ".join(queries)
+    assert set(json.loads((out / "tasks.json").read_text())) == {"logp", "ring"}
+    assert "ring 12 x2 (" in caplog.text  # the training mix, said at start
+
+    declare_tasks(None)  # a fresh process knows none of them: the run's files say what they are
+    run = load_run(out)
+    assert get_task("ring").headline == "mcc" and set(run.latest.metrics) >= {"logp", "ring"}
+    report_run(out)
+    table = (out / "report" / "metrics.md").read_text()
+    assert "| ring | mcc |" in table and "| logp | rmse |" in table and "2 of your own (logp, ring" in table
+
+    declare_tasks(None)
+    result = evaluate(compose_config([f"paths.output_dir={tmp_path / 'eval'}", f"ckpt={out}", "data.split=test",
+                                      "data.max_samples_per_task={test: 2}", "generation.max_new_tokens_limit=6",
+                                      "intervals.resamples=0"], "evaluate"))
+    assert {t: v["num_samples"] for t, v in result["metrics"].items()} == {
+        "property_prediction-bbbp": 2, "logp": min(2, held_out.count("test")), "ring": 2}
+    assert (tmp_path / "eval" / "tasks.json").is_file()
+    declare_tasks(None)
+
+
+def test_the_documented_command_declares_the_task_it_says(tmp_path):
+    """docs/data.md's command for your own data, composed as given: the task it declares is a number task read
+    from the columns it names."""
+    import re
+    import shlex
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
+    block = re.search(r"## Your own data and tasks.*?```bash\n(.*?)```", page, re.S).group(1)
+    words = shlex.split(block.replace("\\\n", " "))
+    assert words[:3] == ["python", "-m", "llasmol.train"]
+    overrides = [w.replace("logs.csv", str(tmp_path / "logs.csv")) for w in words[3:]]
+    (tmp_path / "logs.csv").write_text("smiles,logs\nCCO,1.1\nc1ccccc1,-1.6\n")
+    values = check_config(compose_config(["paths.output_dir=/x", *overrides]))
+    source = SMolInstructSource.from_config(values["data"])
+    assert get_task("logs").family == "number" and source.task_names() == ["logs"]
+    splits = [source.split(name) for name in ("train", "validation", "test")]
+    samples = [split[i] for split in splits for i in range(len(split))]
+    sample = samples[0]
+    assert len(samples) == 2 and sample["input"].startswith("What is the logS of <SMILES> ") and sample["output"].startswith("<NUMBER> ")
+    declare_tasks(None)
