@@ -30,15 +30,32 @@ def _meta_base(cfg: DictConfig):
     return build_meta_model(cfg.model, vocab_size=vocab)
 
 
+def kept_shapes(cfg: DictConfig):
+    """The kept shapes of `cfg.model`'s bundled architecture (`llasmol.model.shapes`), None for a folder's or one
+    whose facts changed: then the base is built on the meta device."""
+    from llasmol.model.shapes import bundled_shapes
+
+    arch = str(cfg.model.arch)
+    if (cfg.model.get("tokenizer") == "tiny") != arch.startswith("tiny"):
+        return None  # the tiny tokenizer sets a tiny base's vocabulary (`_meta_base`), and only a tiny base's
+    return bundled_shapes(arch)
+
+
 def count_trainable(cfg: DictConfig, base=None) -> dict:
-    """Parameter counts of `cfg.model` with the adapters of `cfg.lora`, and of the base alone, on the meta device
-    (`base`: that meta model, when the caller has built it)."""
+    """Parameter counts of `cfg.model` with the adapters of `cfg.lora`, and of the base alone, from its kept
+    shapes or on the meta device (`base`: that meta model or its shapes, when the caller has them)."""
+    from llasmol.model.lora import count_with_adapters
+    from llasmol.model.shapes import Shapes
+
+    check_config(cfg)
+    base = base if base is not None else kept_shapes(cfg)
+    if isinstance(base, Shapes):  # a bundled architecture: summed from its shapes, no torch
+        return {**count_with_adapters(base, cfg.model, cfg.lora), "base": base.total()}
     import torch
 
     from llasmol.model.base import arch_is_bundled
-    from llasmol.model.lora import apply_lora, count_parameters, count_with_adapters
+    from llasmol.model.lora import apply_lora, count_parameters
 
-    check_config(cfg)
     with torch.device("meta"):
         base = base if base is not None else _meta_base(cfg)
         base_count = count_parameters(base)["total"]
@@ -50,25 +67,28 @@ def count_trainable(cfg: DictConfig, base=None) -> dict:
 
 
 def base_weight_bytes(cfg: DictConfig, base=None) -> dict:
-    """The base's weight memory in `model.dtype`, quantised as `cfg.quantization` says (meta device)."""
-    from llasmol.model.base import torch_dtype
-    from llasmol.model.memory import weight_bytes
+    """The base's weight memory in `model.dtype`, quantised as `cfg.quantization` says (from its shapes)."""
+    from llasmol.model.memory import DTYPE_BYTES, check_dtype, weight_bytes
 
-    return weight_bytes(base if base is not None else _meta_base(cfg), torch_dtype(cfg.model.dtype),
-                        cfg.get("quantization"))
+    check_dtype(cfg.model.dtype)
+    base = base if base is not None else kept_shapes(cfg)
+    if base is None:
+        import torch
+
+        with torch.device("meta"):
+            base = _meta_base(cfg)
+    return weight_bytes(base, DTYPE_BYTES[cfg.model.dtype], cfg.get("quantization"))
 
 
 def bases_table() -> list[dict]:
-    """One row per `model=` choice (conf/model/): its Hub id, size (the base counted on the meta device), the
+    """One row per `model=` choice (conf/model/): its Hub id, size (the base counted from its shapes), the
     vocabulary of its config.json facts, its prompt format, and the paper's LlaSMol model on it, if any. What
     `params --list` prints; docs/recipe.md's table of bases is checked against it (tests/test_docs.py)."""
-    import torch
     from omegaconf import OmegaConf
 
     from llasmol.analysis.paper import PAPER_MODEL_OF_BASE
     from llasmol.core.config import compose_config
     from llasmol.data.formatting import PROMPT_TEMPLATES
-    from llasmol.model.lora import count_parameters
 
     # A LoRA variant that means one base (lora=large: LlaSMol Large on llama2_13b) names it in its file.
     variant_of = {}
@@ -84,13 +104,18 @@ def bases_table() -> list[dict]:
                          "format": "paper", "paper": None})
             continue
         model = compose_config([f"model={name}"], "params").model
-        with torch.device("meta"):
-            base = _meta_base(OmegaConf.create({"model": model}))
+        base = kept_shapes(OmegaConf.create({"model": model}))
+        if base is None:
+            import torch
+
+            from llasmol.model.shapes import Shapes
+
+            with torch.device("meta"):
+                base = Shapes.of(_meta_base(OmegaConf.create({"model": model})))
         template = model.prompt_template
         paper = PAPER_MODEL_OF_BASE.get(name) or (f"LlaSMol {variant_of[name].capitalize()} (lora={variant_of[name]})"
                                                   if name in variant_of else None)
-        rows.append({"model": name, "hub_id": model.hf_id, "size": count_parameters(base)["total"],
-                     "vocabulary": base.config.vocab_size,
+        rows.append({"model": name, "hub_id": model.hf_id, "size": base.total(), "vocabulary": base.vocab_size,
                      # the paper's [INST] template is `paper` in the docs' table, as here
                      "format": "paper" if template == PROMPT_TEMPLATES["llasmol"] else template,
                      "paper": paper})
@@ -120,11 +145,13 @@ def print_bases() -> None:
 def main(cfg: DictConfig) -> None:
     from llasmol.model.memory import describe
 
-    import torch
-
     check_config(cfg)
-    with torch.device("meta"):
-        base = _meta_base(cfg)  # built once: counting never changes it
+    base = kept_shapes(cfg)
+    if base is None:  # a folder's base, or facts changed since their shapes were kept: built once
+        import torch
+
+        with torch.device("meta"):
+            base = _meta_base(cfg)
     sizes = base_weight_bytes(cfg, base)  # first: PEFT may adapt `base` in place while counting
     counts = count_trainable(cfg, base)
     print(

@@ -276,3 +276,23 @@ def test_the_documented_command_declares_the_task_it_says(tmp_path):
     sample = samples[0]
     assert len(samples) == 2 and sample["input"].startswith("What is the logS of <SMILES> ") and sample["output"].startswith("<NUMBER> ")
     declare_tasks(None)
+
+
+def test_a_folder_in_smolinstructs_layout_holds_a_declared_task(tmp_path):
+    """A user's own task written in the archive's layout (here: the bundled ESOL files under another name) is read
+    as SMolInstruct's tasks are, once declared; undeclared, its files are not a task."""
+    import shutil
+
+    task, name = "property_prediction-esol", "aqsol"
+    for file in BUNDLED_DATA.rglob(f"{task}.json*"):
+        target = tmp_path / file.relative_to(BUNDLED_DATA).parent / file.name.replace(task, name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(file, target)
+    declare_tasks(None)
+    with refused("holds no SMolInstruct task"):
+        SMolInstructSource(path=str(tmp_path)).task_names()
+    source = SMolInstructSource(path=str(tmp_path), new_tasks={name: {"family": "number"}})
+    assert source.task_names() == [name]
+    sample = source.split("validation")[0]
+    assert sample["task"] == name and "<NUMBER>" in sample["output"] and "<SMILES>" in sample["input"]
+    declare_tasks(None)

@@ -130,8 +130,10 @@ class SMolInstructSource:
         if self.tasks is None:
             found = self._tasks_in(self.root())
             if not found:
-                raise UserError(f"{self.root()} holds no SMolInstruct task (no core_tag/<task>.json): "
-                                "is data.path the root of a SMolInstruct copy?")
+                raise UserError(f"{self.root()} holds no SMolInstruct task (no core_tag/<task>.json): is data.path "
+                                "the root of a SMolInstruct copy, or a CSV/JSONL file (or a folder of train, "
+                                "validation and test files) of your own? A task of your own in this layout is "
+                                "declared in data.new_tasks")
             missing = [t for t in TASK_NAMES if t not in found]
             # Said, so that a copy that lost a task's files does not train on fewer unnoticed. The bundled
             # excerpt lacks 3 tasks by design (its PROVENANCE.md): the report says so once, not every command.

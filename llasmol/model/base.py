@@ -18,11 +18,12 @@ import torch
 from llasmol.core import offline  # its functions are looked up at each call, so a test can stand in for the Hub
 from llasmol.core.config import PACKAGE_DIR
 from llasmol.core.errors import UserError
+from llasmol.model.memory import DTYPE_BYTES, check_dtype
 
 ARCH_DIR = PACKAGE_DIR / "model" / "arch"
 TINY_TOKENIZER_DIR = PACKAGE_DIR / "model" / "tiny_tokenizer"
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {name: getattr(torch, name) for name in DTYPE_BYTES}  # the dtype names, and their bytes, are memory's
 
 
 def _arch_folder(arch: str) -> Optional[Path]:
@@ -111,9 +112,7 @@ def check_packing(model_cfg) -> None:
 
 
 def torch_dtype(name: str, key: str = "model.dtype") -> torch.dtype:
-    if name not in _DTYPES:
-        raise UserError(f"unknown {key} {name!r}: use one of {', '.join(_DTYPES)}")
-    return _DTYPES[name]
+    return _DTYPES[check_dtype(name, key)]
 
 
 def _weights_source(model_cfg) -> str:

@@ -76,8 +76,11 @@ def apply_lora(model, model_cfg, lora_cfg):
 
 def _check_targets_exist(model, targets: list[str], model_cfg) -> None:
     """PEFT adapts the names that match and skips the others without a word, so a misspelt role map would
-    train (and count) fewer modules than asked: every name must match a module of the base."""
-    names = [name for name, _ in model.named_modules()]
+    train (and count) fewer modules than asked: every name must match a module of the base (`model`, or its
+    `Shapes`)."""
+    from llasmol.model.shapes import Shapes
+
+    names = model.names() if isinstance(model, Shapes) else [name for name, _ in model.named_modules()]
     missing = [t for t in targets if not any(names_target(n, t) for n in names)]
     if missing:
         layers = ", ".join(linear_layer_names(model, model_cfg.get("head") or "lm_head"))
@@ -91,27 +94,25 @@ def count_with_adapters(model, model_cfg, lora_cfg) -> dict:
     (and the bitsandbytes it imports) costs `params` seconds for a sum. Each adapted Linear (or GPT-2 Conv1D)
     of `in` inputs and `out` outputs gains r x (in + out) trainable weights (lora_A and lora_B); `train_head`
     adds a trainable copy of the head (PEFT's modules_to_save). tests/test_lora.py holds it equal to PEFT's."""
-    import torch
-    from transformers.pytorch_utils import Conv1D
+    from llasmol.model.shapes import MODULE, Shapes
 
+    shapes = model if isinstance(model, Shapes) else Shapes.of(model)  # `model` may be its shapes already
     targets = target_modules(model_cfg, lora_cfg)
-    _check_targets_exist(model, sorted(targets), model_cfg)
+    _check_targets_exist(shapes, sorted(targets), model_cfg)
     added = 0
-    for name, module in model.named_modules():
-        if not any(names_target(name, t) for t in targets):
+    for part in shapes.parts:
+        if not any(names_target(part.name, t) for t in targets):
             continue
-        if isinstance(module, torch.nn.Linear):
-            added += lora_cfg.r * (module.in_features + module.out_features)
-        elif isinstance(module, Conv1D):
-            added += lora_cfg.r * sum(module.weight.shape)
-        else:
-            raise UserError(f"LoRA cannot go on {name} of model {model_cfg.name} (a {type(module).__name__}, not a "
-                            "linear layer): fix model.lora_targets")
+        if part.kind == MODULE:
+            raise UserError(f"LoRA cannot go on {part.name} of model {model_cfg.name} (not a linear layer): fix "
+                            "model.lora_targets")
+        added += part.repeat * lora_cfg.r * part.features()
     if lora_cfg.get("train_head"):
         head = model_cfg.get("head") or "lm_head"
-        added += sum(p.numel() for name, module in model.named_modules() if names_target(name, head)
-                     for p in module.parameters())
-    total = count_parameters(model)["total"] + added
+        heads = [p.name for p in shapes.parts if names_target(p.name, head)]
+        added += sum(p.repeat * p.own for p in shapes.parts
+                     if p.name in heads or any(p.name.startswith(h + ".") for h in heads))
+    total = shapes.total() + added
     return {"trainable": added, "total": total, "percent": round(100.0 * added / total, 4)}
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-import torch
+from llasmol.core.errors import UserError
 
 BLOCK_4BIT = 64  # bitsandbytes' 4-bit block size for weights
 BLOCKS_PER_NESTED = 256  # double quantisation: absmax values grouped 256 to one fp32 scale
@@ -37,24 +37,40 @@ def quantized_linear_bytes(out_features: int, in_features: int, bits: int, doubl
     return math.ceil(n / 2) + absmax + CODE_BOOK_4BIT
 
 
-def weight_bytes(model: torch.nn.Module, dtype: torch.dtype, quant_cfg: Optional[Any] = None) -> dict[str, int]:
-    """The weight memory of `model` (built on any device, `meta` included) loaded in `dtype`, quantised as
-    `quant_cfg` says (`bits` 4 or 8, `double_quant`; None or bits null: not quantised).
+# Bytes per weight of each `model.dtype` (`llasmol.model.base` maps the same names to torch's dtypes).
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def check_dtype(name: str, key: str = "model.dtype") -> str:
+    """`name` if it is a dtype llasmol loads weights in, else the one-line error naming `key`."""
+    if name not in DTYPE_BYTES:
+        raise UserError(f"unknown {key} {name!r}: use one of {', '.join(DTYPE_BYTES)}")
+    return name
+
+
+def weight_bytes(model, dtype, quant_cfg: Optional[Any] = None) -> dict[str, int]:
+    """The weight memory of `model` (a model built on any device, `meta` included, or its `Shapes`) loaded in
+    `dtype` (a torch dtype, or its bytes per weight), quantised as `quant_cfg` says (`bits` 4 or 8,
+    `double_quant`; None or bits null: not quantised).
 
     `quantized`: bytes of the quantised layers; `other`: everything else in `dtype`; `total`: as loaded;
     `training`: with the unquantised parameters in fp32, as PEFT prepares a quantised base for training.
     """
+    from llasmol.model.shapes import LINEAR, Shapes
+
+    shapes = model if isinstance(model, Shapes) else Shapes.of(model)
+    itemsize = dtype if isinstance(dtype, int) else dtype.itemsize
     bits = quant_cfg.get("bits") if quant_cfg else None
     double_quant = bits == 4 and quant_cfg["double_quant"]  # 8-bit layers keep one plain fp32 scale a row
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    quantized, counted = 0, set()
-    if bits:
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and module is not head:
-                quantized += quantized_linear_bytes(module.out_features, module.in_features, bits, double_quant)
-                counted.add(id(module.weight))
-    rest = sum(p.numel() for p in model.parameters() if id(p) not in counted)  # tied weights once; biases
-    other = rest * dtype.itemsize
+    quantized, rest = 0, 0
+    for part in shapes.parts:  # tied weights once (at their first module); biases stay in `dtype`
+        if bits and part.kind == LINEAR and part.name != shapes.head:
+            out_features, in_features = part.shape
+            quantized += part.repeat * quantized_linear_bytes(out_features, in_features, bits, double_quant)
+            rest += part.repeat * (part.numel - out_features * in_features)
+        else:
+            rest += part.repeat * part.numel
+    other = rest * itemsize
     training = quantized + rest * 4 if bits else other
     return {"quantized": quantized, "other": other, "total": quantized + other, "training": training}
 

@@ -29,20 +29,20 @@ def naming_schemes() -> dict[str, dict[str, Optional[str]]]:
             for path in sorted((CONFIG_DIR / "model_family" / "roles").glob("*.yaml"))}
 
 
-_BLOCK_PREFIX = re.compile(r"^.*?\.\d+\.")  # "model.layers.0." : what a block's module names start with
+_BLOCK_PREFIX = re.compile(r"^.*?\.(?:\d+|\*)\.")  # "model.layers.0." (or "model.layers.*." in a base's shapes)
 _INFERRED: dict[str, dict[str, Optional[str]]] = {}  # model.arch -> its inferred map: one meta build a process
 
 
 def linear_layer_names(model, head: str = "lm_head") -> list[str]:
     """The distinct names of `model`'s linear layers (GPT-2's Conv1D ones too) within a block
-    (`self_attn.q_proj`), in order of appearance, the output head left out."""
-    import torch  # here, not at the top: llasmol.model.lora imports this module without torch or transformers
-    from transformers.pytorch_utils import Conv1D
+    (`self_attn.q_proj`), in order of appearance, the output head left out (`model`: or its `Shapes`)."""
+    from llasmol.model.shapes import MODULE, Shapes  # shapes imports this module: here, not at the top
 
+    shapes = model if isinstance(model, Shapes) else Shapes.of(model)
     names: dict[str, None] = {}
-    for name, module in model.named_modules():
-        if isinstance(module, (torch.nn.Linear, Conv1D)) and not names_target(name, head):
-            names[_BLOCK_PREFIX.sub("", name)] = None
+    for part in shapes.parts:
+        if part.kind != MODULE and not names_target(part.name, head):
+            names[_BLOCK_PREFIX.sub("", part.name)] = None
     return list(names)
 
 
