@@ -102,15 +102,34 @@ def _run_section(ckpt: Path) -> tuple[list[str], list[str]]:
                    "intervals are percentile bootstraps of the samples."]
 
 
+def _validated_tasks(ckpt: Path) -> list[str]:
+    """The tasks a run directory's newest validation scored (none for an adapter folder)."""
+    from llasmol import analysis  # lazy: matplotlib (0.6 s), for the card only
+
+    if not (ckpt / run_dir.HYDRA_CONFIG).is_file():
+        return []
+    latest = analysis.load_run(ckpt).latest
+    return list(latest.metrics) if latest else []
+
+
 def model_card(cfg: DictConfig, model_cfg: DictConfig, adapter: str) -> str:
+    from llasmol.core.tasks import declared, get_task
+    from llasmol.inference.beam_search import task_settings
+
     facts, evaluation = _run_section(Path(str(cfg.ckpt)))
     base = model_cfg.get("hf_id") or model_cfg.name
+    own = list(declared())  # the run's own tasks, declared from its folder while its section was read
+    smolinstruct = not own or any(get_task(t).in_smolinstruct for t in _validated_tasks(Path(str(cfg.ckpt))))
     beams = ", ".join(f"{task} {b.num_beams}/{b.num_return_sequences}" for task, b in cfg.generation.tasks.items())
+    beams += "".join(f", {task} {s.num_beams}/{s.num_return_sequences} (its own)"
+                     for task in own for s in [task_settings(cfg.generation, task)])
+    trained_on = ("SMolInstruct and " if smolinstruct else "") + (f"tasks of its own ({', '.join(own)})" if own
+                                                                   else "SMolInstruct")
     lines = [
         "---", "library_name: transformers", "tags: [chemistry, llasmol, smolinstruct, lora-merged]",
         *([f"base_model: {base}"] if model_cfg.get("hf_id") else []), "---", "",
         f"# {model_cfg.name} + LlaSMol adapter, merged", "",
-        "A causal LM fine-tuned with LoRA on SMolInstruct (Yu et al. 2024, arXiv 2402.09391) by llasmol, the adapter "
+        f"A causal LM fine-tuned with LoRA on {trained_on} (SMolInstruct: Yu et al. 2024, arXiv 2402.09391) by llasmol, the adapter "
         "merged into its base: it loads with `AutoModelForCausalLM.from_pretrained` and needs no PEFT.", "",
         f"- base: `{base}` ({model_cfg.dtype}{', random initial weights: a demo, not a chemistry model' if model_cfg.get('random_init') else ''})",
         f"- adapter: `{adapter}`", *facts,

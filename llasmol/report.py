@@ -62,6 +62,8 @@ def coverage_note(tasks: Sequence[str]) -> str:
     note = f" and {len(own)} of your own ({', '.join(own)}, data.new_tasks)" if own else ""
     if not missing:
         return f"\nTasks: the {len(TASK_NAMES)} SMolInstruct tasks{note}.\n" if own else ""
+    if len(missing) == len(TASK_NAMES):
+        return f"\nTasks: {len(own)} of your own ({', '.join(own)}, data.new_tasks), none of SMolInstruct's.\n"
     return (f"\nTasks: {len(TASK_NAMES) - len(missing)} of the {len(TASK_NAMES)} SMolInstruct tasks{note}; not in "
             f"this run's data: {', '.join(missing)} (`data.tasks=[...]` chooses tasks; "
             "llasmol/data/bundled/PROVENANCE.md says which the bundled excerpt leaves out, and why).\n")

@@ -79,6 +79,8 @@ def test_a_declared_task_is_a_row_of_the_table_with_its_family_defaults(own_task
     ("{family: number, query: 'What is it?'}", "<INPUT>"),
     ("{family: boolean, num_beams: 2, num_return_sequences: 3}", "num_return_sequences=3"),
     ("{family: number, max_new_tokens: 0}", "data.new_tasks.t.max_new_tokens=0"),
+    ("{family: number, num_return_sequences: 5}", "data.new_tasks.t.num_return_sequences=5"),  # over the default's 4
+    ("{family: boolean, answer_tag: null, response: 'It is <OUTPUT>.'}", "answer_tag=null"),
 ])
 def test_a_bad_declaration_is_one_line_naming_it(declaration, named):
     cfg = compose_config(["paths.output_dir=/x", "data=custom", "data.path=/x.csv", f"+data.new_tasks.t={declaration}"])
@@ -167,10 +169,16 @@ def test_smolinstruct_and_tables_mix_with_weights(tmp_path, own_tasks):
         assert drawn.count("ring") == 30 and drawn.count("property_prediction-bbbp") == 150  # 2.5 x 12, 0.5 x 300
         assert drawn.count("logp") == counts["logp"]
     assert "ring 12 x2.5" in dm.mix()
-    with refused("property_prediction-bbbp", "in both"):
-        bbbp = tmp_path / "bbbp.csv"
-        bbbp.write_text("input,output,task\nCCO,yes,property_prediction-bbbp\n")
+    (tmp_path / "more").mkdir()
+    more = write_ring_jsonl(tmp_path / "more" / "ring.jsonl")
+    with refused("task ring is in both"):
+        SMolInstructSource(path=str(BUNDLED_DATA), also=[also[1], str(more)]).task_names()
+    bbbp = tmp_path / "bbbp.csv"
+    bbbp.write_text("input,output,task\nCCO,yes,property_prediction-bbbp\n")
+    with refused("SMolInstruct's property_prediction-bbbp", "my_bbbp.family=boolean"):
         SMolInstructSource(path=str(BUNDLED_DATA), also=[str(bbbp)]).task_names()
+    with refused("data.weights names logs"):
+        make_datamodule(tokenizer, path=also[0], weights={"logs": 2}).mix()
 
 
 def test_weights_of_one_keep_the_order_of_no_weights():
@@ -296,3 +304,78 @@ def test_a_folder_in_smolinstructs_layout_holds_a_declared_task(tmp_path):
     sample = source.split("validation")[0]
     assert sample["task"] == name and "<NUMBER>" in sample["output"] and "<SMILES>" in sample["input"]
     declare_tasks(None)
+
+
+@pytest.mark.parametrize("text, columns, named", [
+    ("input,output,Split\nCCO,1,test\n", {}, "data.columns.split=Split"),  # would have trained on test rows
+    ("smiles,value\nCCO,1\n", {"input": "smiles", "output": "val"}, "no column 'val'"),
+    ("input,input,output\nCCO,c1ccccc1,1\n", {}, "'input' twice"),
+])
+def test_a_column_that_is_not_there_or_twice_is_refused(tmp_path, text, columns, named):
+    declare_tasks({"logp": LOGP})
+    path = tmp_path / "logp.csv"
+    path.write_text(text)
+    with refused(named):
+        read_table(path, {"input": "input", "output": "output", "split": "split", "task": "task", **columns})
+    (tmp_path / "logp.jsonl").write_text('{"input": "CCO", "output": 1, "input": "CC"}\n')
+    with refused("'input' twice"):
+        read_table(tmp_path / "logp.jsonl")
+    declare_tasks(None)
+
+
+def test_one_molecule_spelt_two_ways_lands_in_one_split(tmp_path):
+    declare_tasks({"logp": LOGP})
+    (tmp_path / "logp.csv").write_text("input,output\n" + "".join(
+        f"{'C' * n},{n}\nC({'C' * (n - 2)})C,{n}\n" for n in range(3, 40)))
+    rows = read_table(tmp_path / "logp.csv", fractions={"validation": 0.3, "test": 0.3})
+    assert [a.split for a in rows[::2]] == [b.split for b in rows[1::2]]
+    assert len({r.split for r in rows}) == 3
+    declare_tasks(None)
+
+
+def test_a_task_that_cannot_train_is_refused_and_an_empty_weight_still_draws(tmp_path):
+    from conftest import make_datamodule
+
+    from llasmol.data.resumable_loader import ResumableDataLoader
+    from llasmol.data.sampler import draws
+    from llasmol.model.base import load_tokenizer
+
+    tokenizer = load_tokenizer(compose_config(["paths.output_dir=/x"]).model)
+    declare_tasks({"ring": RING})
+    (tmp_path / "ring.csv").write_text("input,output,split\nCCO,no,test\nC1CC1,yes,validation\n")
+    with refused("task ring has no training sample"):
+        make_datamodule(tokenizer, path=str(tmp_path / "ring.csv")).setup("fit")
+    assert draws(10, 0.04) == (0, 1) and draws(10, 2.5) == (2, 5) and draws(0, 0.5) == (0, 0)
+    # A resumed run must draw as the saved one did: the weights are part of the position's meaning.
+    dm = make_datamodule(tokenizer, path=str(write_ring_jsonl(tmp_path / "ring.jsonl")), weights={"ring": 2})
+    state = dm.train_dataloader().state_dict()
+    other = make_datamodule(tokenizer, path=str(tmp_path / "ring.jsonl"), weights={"ring": 0.5}).train_dataloader()
+    assert isinstance(other, ResumableDataLoader)
+    with refused("the training data changed", "weights"):
+        other.load_state_dict(state)
+    declare_tasks(None)
+
+
+def test_runs_that_ask_one_task_otherwise_read_together_and_a_stray_tasks_file_is_not_read(tmp_path):
+    from llasmol.inference.predictions import read_predictions
+
+    declare_tasks({"logp": LOGP})
+    declare_tasks({"logp": {**LOGP, "query": "logP? <INPUT>", "max_new_tokens": 9}}, fresh=False)  # scored alike
+    assert get_task("logp").generation == ()
+    with refused("scored differently"):
+        declare_tasks({"logp": {**LOGP, "headline": "num_valid"}}, fresh=False)
+    declare_tasks(None)
+    (tmp_path / "tasks.json").write_text('["build", "test"]')  # some other tool's file, one folder up
+    (tmp_path / "preds").mkdir()
+    (tmp_path / "preds" / "p.jsonl").write_text(json.dumps(
+        {"task": "property_prediction-bbbp", "input": "CCO", "gold": "No", "predictions": ["No"]}) + "\n")
+    assert len(read_predictions(tmp_path / "preds" / "p.jsonl")) == 1
+
+
+def test_the_declaration_keys_are_the_schemas_fields():
+    import dataclasses
+
+    from llasmol.core.schema import NewTaskSchema
+    from llasmol.core.tasks import DECLARATION_KEYS
+
+    assert set(DECLARATION_KEYS) == {f.name for f in dataclasses.fields(NewTaskSchema)}

@@ -265,7 +265,7 @@ def _loader(batch_size=2, seed=3, lengths=None) -> ResumableDataLoader:
 def test_a_resumed_loader_serves_the_rest_of_the_epoch_and_counts_what_it_served():
     first = _loader()
     assert first.state_dict() == {"epoch": 0, "batches": 0, "num_samples": 10, "batch_size": 2, "world_size": 1,
-                                  "seed": 3, "group_by_length": False}
+                                  "seed": 3, "group_by_length": False, "weights": None}
     whole = [b.tolist() for b in first]
     assert first.state_dict()["batches"] == 5
     it = iter(first)

@@ -24,7 +24,8 @@ COMPOSITIONS = [("train", []), ("train", ["model=mistral", "quantization=4bit"])
                 ("generate", []), ("baseline", ["method=rdkit"]), ("audit", []), ("export", ["ckpt=/r", "output=/o"]),
                 ("train", ["data=custom", "data.path=/x.csv", "+data.weights.custom=2", "+data.new_tasks.custom={family: number, "
                            "headline: rmse, answer_tag: PIC50, input_kind: smiles, pooled: false, query: 'pIC50 of <INPUT>?', "
-                           "response: '<OUTPUT>', num_beams: 4, num_return_sequences: 1, max_new_tokens: 16}"])]
+                           "response: '<OUTPUT>', num_beams: 4, num_return_sequences: 1, max_new_tokens: 16, "
+                           "early_stopping: false}"])]
 # Settings the schema bounds that no shipped config sets: Lightning arguments a user adds (+trainer.limit_...).
 ADDED_BY_USERS = {"trainer.limit_train_batches", "trainer.limit_val_batches", "trainer.accumulate_grad_batches"}
 
@@ -351,7 +352,7 @@ def test_a_value_of_the_wrong_type_names_the_type_it_must_be():
     assert refusal({"targets": ["q", 1]}, S.LoraSchema) == "targets=['q', 1] must be a list of strings ([a,b])"
     assert refusal({"targets": ["q", "v"]}, S.LoraSchema) is None and refusal({"targets": []}, S.LoraSchema) is None
     assert refusal({"splits": "train"}, S.DataSchema) == "splits='train' must be a mapping"
-    assert refusal({"splits": {"train": 1}}, S.DataSchema) == "splits={'train': 1} must be a mapping"
+    assert refusal({"splits": {"train": 1}}, S.DataSchema) == "splits.train=1 must be a string"  # the entry named
     assert refusal({"splits": {1: "train"}}, S.DataSchema) == "splits={1: 'train'} must be a mapping"
     assert refusal({"splits": {"train": "train", "validation": "dev"}}, S.DataSchema) is None
     assert refusal({"lora": "large"}, S.TrainSchema) == "lora='large' must be a group of settings"
@@ -437,7 +438,7 @@ def test_samples_per_task_caps_are_whole_numbers_from_one():
         assert refusal({"max_samples_per_task": caps}, S.DataSchema, "data.") == (
             f"data.max_samples_per_task={caps} must give each split's samples per task as a whole number >= 1, not {bad}")
     assert refusal({"max_samples_per_task": {"test": True}}, S.DataSchema) == (
-        "max_samples_per_task={'test': True} must be a mapping or null")
+        "max_samples_per_task.test=True must be an integer")
 
 
 def test_task_names_are_checked_where_they_are_given():

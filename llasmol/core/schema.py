@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue, OmegaConfBaseException
 
 from llasmol.core.errors import UserError
-from llasmol.core.tasks import (FAMILY_NAMES, INPUT_KINDS, SMOLINSTRUCT_WEIGHT, check_tasks, declaration_problem, declare_tasks, get_task,
+from llasmol.core.tasks import (SMOLINSTRUCT_WEIGHT, check_tasks, declaration_problem, declare_tasks, declared, get_task,
                                  task_names)
 
 
@@ -177,25 +177,11 @@ def _split_caps(caps) -> Optional[str]:
     return f"must give each split's samples per task as a whole number >= 1, not {bad[0]}={caps[bad[0]]!r}" if bad else None
 
 
-@dataclass
-class NewTaskSchema:
-    """A task of the user's own (`data.new_tasks.<name>`, `llasmol.core.tasks.declare_tasks`)."""
-
-    family: str = setting(choices=FAMILY_NAMES, hint="how answers are read and scored")
-    headline: Optional[str] = setting()
-    answer_tag: Optional[str] = setting()
-    input_kind: str = setting(choices=INPUT_KINDS)
-    pooled: bool = setting()
-    query: Optional[Union[str, List[str]]] = setting()
-    response: Optional[Union[str, List[str]]] = setting()
-    num_beams: int = setting(1, 256)
-    num_return_sequences: int = setting(1, 256)
-    max_new_tokens: int = setting(1, TOKENS)
 
 
 def _declarations(new_tasks: dict) -> Optional[str]:
     for name, decl in new_tasks.items():
-        why = declaration_problem(name, decl) or (_beams(decl, f"data.new_tasks.{name}") if isinstance(decl, dict)
+        why = declaration_problem(name, decl, new_tasks) or (_beams(decl, f"data.new_tasks.{name}") if isinstance(decl, dict)
                                                   else None)
         if why:
             return why
@@ -281,6 +267,20 @@ class BeamSchema:
     num_return_sequences: int = setting(1, 256)
     max_new_tokens: int = setting(1, TOKENS)
     early_stopping: bool = setting()  # beam_search reads it as a boolean
+
+
+@dataclass
+class NewTaskSchema(BeamSchema):
+    """A task of the user's own (`data.new_tasks.<name>`, `llasmol.core.tasks.declare_tasks`: which keys it may
+    have, the family and input kind it may name, and what its tags and templates must hold, are checked there)."""
+
+    family: str = setting()
+    headline: Optional[str] = setting()
+    answer_tag: Optional[str] = setting()
+    input_kind: str = setting()
+    pooled: bool = setting()
+    query: Optional[Union[str, List[str]]] = setting()
+    response: Optional[Union[str, List[str]]] = setting()
 
 
 def _said(check: Callable, *args) -> Optional[str]:
@@ -769,6 +769,21 @@ def _fits(value, hint) -> bool:
     return isinstance(value, hint)
 
 
+def _bad_entry(value, kinds: list) -> Optional[tuple[str, Any]]:
+    """(key, the type it must have) of the first entry of mapping `value` that no mapping type of `kinds` takes;
+    None when `value` is no mapping or every entry fits."""
+    mappings = [k for k in kinds if typing.get_origin(k) in (dict, Dict)]
+    if not isinstance(value, dict) or not mappings or any(_fits(value, k) for k in mappings):
+        return None
+    inner = typing.get_args(mappings[0])[1]
+    if dataclasses.is_dataclass(inner):
+        return None  # a group of settings: its own check names the setting
+    if not all(isinstance(k, str) for k in value):
+        return None  # a key that is no name: the mapping itself is wrong
+    bad = next((k for k, v in value.items() if not _fits(v, inner)), None)
+    return None if bad is None else (bad, inner)
+
+
 def _show(value) -> str:
     return repr(value) if not isinstance(value, (dict, list)) else str(value)[:80]
 
@@ -791,6 +806,10 @@ def check_group(values: dict, schema: type, prefix: str = "") -> None:
         must += " or null" if nullable else ""
         must += f" ({bounds.hint})" if bounds.hint else ""
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        entry = _bad_entry(value, kinds)
+        if entry is not None:  # a mapping whose one entry is of the wrong kind: name the entry
+            name, inner = entry
+            raise UserError(f"{key}.{name}={_show(value[name])} must be {_kind(inner)}")
         if not _fits(value, hint) or (value is not None and not bounds.allows(value)
                                       if bounds.choices or numeric else False):
             raise UserError(f"{key}={_show(value)} must be {must}")
@@ -827,9 +846,15 @@ def _beams(values: dict, where: str) -> Optional[str]:
 
 
 def _generation_rule(values: dict) -> Optional[str]:
-    for where, beams in [("generation.default", values.get("default") or {}),
-                         *((f"generation.tasks.{t}", v or {}) for t, v in (values.get("tasks") or {}).items())]:
+    default, tasks = values.get("default") or {}, values.get("tasks") or {}
+    for where, beams in [("generation.default", default),
+                         *((f"generation.tasks.{t}", v or {}) for t, v in tasks.items())]:
         why = _beams(beams, where)
+        if why:
+            return why
+    for task in declared():  # a task's own beams, over the default and under generation.tasks.<task>
+        merged = {**default, **dict(get_task(task).generation), **(tasks.get(task) or {})}
+        why = _beams(merged, f"data.new_tasks.{task}")  # num_beams maybe generation.default's
         if why:
             return why
     return None
@@ -869,6 +894,8 @@ def declare_checked(new_tasks: Optional[dict], where: Optional[str] = None) -> N
     tasks declared already; `where`: the file they were read from (a run's config, its `tasks.json`)."""
     if not new_tasks:
         return
+    if OmegaConf.is_config(new_tasks):  # a command's `cfg.data` as it is
+        new_tasks = OmegaConf.to_container(new_tasks, resolve=True)
     try:
         check_group({"new_tasks": new_tasks}, DeclaredTasksSchema, "data.")
     except UserError as err:

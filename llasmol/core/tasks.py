@@ -109,9 +109,9 @@ INPUT_KINDS: tuple[str, ...] = tuple(_INPUT_TAGS)
 # A declared task's answer tag and headline metric unless it names its own: those of the family's first task.
 _FAMILY_DEFAULTS = {family: next(t for t in TASKS if t.family == family) for family in FAMILY_NAMES}
 # What a declaration may say: the row's facts, the beams, and how its data is read (`llasmol.data.custom`).
-DECLARATION_KEYS = ("family", "headline", "answer_tag", "input_kind", "pooled", "query", "response", "num_beams",
-                    "num_return_sequences", "max_new_tokens")
-_BEAM_KEYS = ("num_beams", "num_return_sequences", "max_new_tokens")
+# (tests/test_custom_data.py holds these the fields of `llasmol.core.schema.NewTaskSchema`, which types them)
+_BEAM_KEYS = ("num_beams", "num_return_sequences", "max_new_tokens", "early_stopping")
+DECLARATION_KEYS = ("family", "headline", "answer_tag", "input_kind", "pooled", "query", "response", *_BEAM_KEYS)
 SMOLINSTRUCT_WEIGHT = "smolinstruct"  # data.weights' key for every SMolInstruct task not named on its own
 _TAG = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -127,17 +127,20 @@ def declared() -> dict[str, dict]:
     return {name: dict(decl) for name, decl in _DECLARED.items()}
 
 
-def declaration_problem(name: Any, decl: Any) -> Optional[str]:
-    """What is wrong with declaring task `name` as `decl` (one sentence naming the key), None if nothing is.
-    Types and bounds of the beams are the schema's (`NewTaskSchema`); this says what a row needs."""
+def declaration_problem(name: Any, decl: Any, beside: Iterable[str] = ()) -> Optional[str]:
+    """What is wrong with declaring task `name` as `decl` beside the tasks named `beside` (one sentence naming
+    the key), None if nothing is. Types and bounds of the beams are the schema's (`NewTaskSchema`); this says
+    what a row needs."""
     where = f"data.new_tasks.{name}"
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         return (f"data.new_tasks names a task {str(name)[:40]!r}: a task name is letters, digits, '_' or '-' (at "
                 "most 64, starting with a letter or digit)")
-    if name in _SMOLINSTRUCT:
-        return f"{where}: {name} is a SMolInstruct task, defined by the task table: give your task another name"
+    if name in _SMOLINSTRUCT or name == SMOLINSTRUCT_WEIGHT:
+        return (f"{where}: {name} is a SMolInstruct task name (or data.weights' word for all of them): give your task "
+                "another name")
     # Metric states and logger keys write '-' as '_': two names that meet so would share their sums.
-    twin = next((t for t in _BY_NAME if t != name and t.replace("-", "_") == name.replace("-", "_")), None)
+    twin = next((t for t in (*TASK_NAMES, *beside) if t != name and t.replace("-", "_") == name.replace("-", "_")),
+                None)
     if twin is not None:
         return f"{where}: {name} and the task {twin} differ only by '-' and '_': give your task another name"
     if not isinstance(decl, Mapping):
@@ -153,6 +156,9 @@ def declaration_problem(name: Any, decl: Any) -> Optional[str]:
     if tag is not None and not (isinstance(tag, str) and _TAG.fullmatch(tag)):
         return (f"{where}.answer_tag={str(tag)[:40]!r} must be an upper-case tag name such as NUMBER (the answer "
                 "is written <NUMBER> ... </NUMBER>) or null for the whole response")
+    if "answer_tag" in decl and tag is None and decl.get("response") not in (None, "<OUTPUT>"):
+        return (f"{where}.answer_tag=null reads the whole response as the answer, so response="
+                f"{str(decl['response'])[:40]!r} could never be right: leave response out, or give an answer_tag")
     if decl.get("input_kind", "smiles") not in INPUT_KINDS:
         return f"{where}.input_kind={decl.get('input_kind')!r} must be one of {', '.join(INPUT_KINDS)}"
     headline = decl.get("headline")
@@ -178,25 +184,37 @@ def _row(name: str, decl: Mapping) -> Task:
 def declare_tasks(declarations: Optional[Mapping[str, Mapping]], *, fresh: bool = True) -> list[Task]:
     """Add the tasks of `declarations` (`data.new_tasks`: name -> declaration) to the table and return their
     rows; `fresh`: the tasks declared earlier in this process are forgotten first (a command's config
-    declares all of its own). A task declared again as it was is the same task; declared otherwise (two runs
-    read together that mean two tasks by one name), a `UserError`."""
+    declares all of its own). A task declared again is the same task, its first declaration kept, when it is
+    scored alike (runs read together may ask it with other templates or beams); scored otherwise, a `UserError`."""
     if fresh:
         for name in _DECLARED:
             del _BY_NAME[name]
         _DECLARED.clear()
     rows = []
     for name, decl in (declarations or {}).items():
-        problem = declaration_problem(name, decl)
+        problem = declaration_problem(name, decl, [*_DECLARED, *(declarations or {})])
         if problem:
             raise UserError(problem)
-        decl = dict(decl)
-        if name in _DECLARED and _DECLARED[name] != decl:
-            raise UserError(f"task {name} is declared twice, differently ({_DECLARED[name]} and {decl}): runs read "
-                            "together must mean one task by one name; rename the task in one of them")
+        decl, row = dict(decl), _row(name, dict(decl))
+        if name in _DECLARED:
+            known = _BY_NAME[name]
+            # Runs read together may have asked a task otherwise (templates, beams): it is scored alike.
+            if _scored(known) != _scored(row):
+                raise UserError(f"task {name} is declared twice, scored differently ({_scored(known)} and "
+                                f"{_scored(row)}): runs read together must mean one task by one name; rename the "
+                                "task in one of them")
+            rows.append(known)
+            continue
         _DECLARED[name] = decl
-        _BY_NAME[name] = _row(name, decl)
-        rows.append(_BY_NAME[name])
+        _BY_NAME[name] = row
+        rows.append(row)
     return rows
+
+
+def _scored(task: Task) -> dict:
+    """What reading and scoring a task's answers depends on: its row without its beams."""
+    return {"family": task.family, "answer_tag": task.answer_tag, "pooled": task.pooled, "headline": task.headline,
+            "input_kind": task.input_kind}
 
 
 class ByTask(Mapping):

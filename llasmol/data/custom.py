@@ -30,12 +30,12 @@ import numpy as np
 
 from llasmol.core.errors import UserError
 from llasmol.core.files import unreadable
+from llasmol.core.schema import TABLE_COLUMNS
 from llasmol.core.tasks import Task, declared, get_task, tag_pair
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl")
 SPLIT_NAMES = {"train": "train", "validation": "validation", "valid": "validation", "val": "validation",
                "dev": "validation", "test": "test"}
-DEFAULT_FRACTIONS = {"validation": 0.1, "test": 0.1}
 _YES_NO = {"yes": "Yes", "no": "No", "true": "Yes", "false": "No", "1": "Yes", "0": "No", "y": "Yes", "n": "No",
            "1.0": "Yes", "0.0": "No"}
 MAX_FIELD_CHARS = 1 << 20  # one cell of a megabyte is no molecule or answer: a broken quote, read as data
@@ -84,7 +84,9 @@ def _records(path: Path) -> Iterator[tuple[int, dict]]:
                     if not line.strip():
                         continue
                     try:
-                        record = json.loads(line)
+                        record = json.loads(line, object_pairs_hook=_no_twice)
+                    except _TwiceError as twice:
+                        raise UserError(f"{path} line {number} names {twice.key!r} twice: keep one") from None
                     except (ValueError, RecursionError):
                         raise UserError(f"{path} line {number} is not valid JSON: fix the line") from None
                     if not isinstance(record, dict):
@@ -96,6 +98,9 @@ def _records(path: Path) -> Iterator[tuple[int, dict]]:
             reader = csv.DictReader(fh, delimiter="\t" if suffix == ".tsv" else ",")
             if not reader.fieldnames:
                 raise UserError(f"{path} is empty: a header line (input,output,...) and rows are needed")
+            twice = [name for name in reader.fieldnames if reader.fieldnames.count(name) > 1]
+            if twice:
+                raise UserError(f"{path}'s header names the column {twice[0]!r} twice: rename one")
             for record in reader:
                 if None in record:  # more cells than the header names
                     raise UserError(f"{path} line {reader.line_num} has more cells than its header "
@@ -106,6 +111,37 @@ def _records(path: Path) -> Iterator[tuple[int, dict]]:
         raise UserError(f"{path} is not UTF-8 text: save it as UTF-8") from None
     except csv.Error as err:
         raise UserError(f"{path} is not a readable CSV ({err}): fix the file") from None
+
+
+class _TwiceError(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_twice(pairs: list) -> dict:
+    """A JSON object that names each key once (`json.loads` would keep the last of two silently)."""
+    seen: dict = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _TwiceError(key)
+        seen[key] = value
+    return seen
+
+
+def _check_columns(file: Path, seen: set[str], names: Mapping[str, str], given: Mapping[str, str]) -> None:
+    """Every column the config names is in `file` (`seen`: its columns): a split or task column spelt otherwise
+    would be passed over without a word, and test rows would train."""
+    for role in TABLE_COLUMNS:
+        name = names[role]
+        if name in seen:
+            continue
+        alike = next((c for c in seen if c.strip().casefold() == name.casefold()), None)
+        if alike is not None:
+            raise UserError(f"{file} has a column {alike!r}, not {name!r}: set data.columns.{role}={alike}")
+        if role in given:
+            raise UserError(f"{file} has no column {name!r} (data.columns.{role}); its columns are "
+                            f"{', '.join(sorted(seen))}")
 
 
 def _cell(record: dict, column: str, path: Path, number: int, required: bool = True) -> Optional[str]:
@@ -143,6 +179,18 @@ def _answer(task: Task, text: str, path: Path, number: int) -> str:
     return text
 
 
+def _split_key(task: Task, text: str) -> str:
+    """What the held-out split is drawn on: the molecule (one SMILES spelt two ways is one input), else the text."""
+    if task.input_kind == "smiles":
+        from llasmol.core.smiles import canonical_kekule
+
+        try:
+            return canonical_kekule(text) or text
+        except Exception:  # RDKit may raise on odd text: then the text itself is the key
+            return text
+    return text
+
+
 def _hashed_split(text: str, fractions: Mapping[str, float]) -> str:
     u = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big") / 2**64
     validation, test = fractions.get("validation", 0.0), fractions.get("test", 0.0)
@@ -151,10 +199,12 @@ def _hashed_split(text: str, fractions: Mapping[str, float]) -> str:
 
 def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
                fractions: Optional[Mapping[str, float]] = None) -> list[Row]:
-    """Every row of table data `path` (`is_table`), checked, with its task and split."""
+    """Every row of table data `path` (`is_table`), checked, with its task and split (`columns`: role -> column
+    name, `data.columns`; `fractions`: what a table without splits holds out, `data.split_fractions`)."""
     path = Path(path)
-    names = {"input": "input", "output": "output", "split": "split", "task": "task", **(columns or {})}
-    fractions = DEFAULT_FRACTIONS if fractions is None else fractions
+    given = {role: name for role, name in (columns or {}).items() if name != role}
+    names = {**{role: role for role in TABLE_COLUMNS}, **(columns or {})}
+    fractions = fractions or {}
     files = {None: path} if path.is_file() or path.suffix.lower() in TABLE_SUFFIXES else _split_files(path)
     own = list(declared())
     # A file without a task column: the declared task it (or its folder of splits) is named for, or the only one.
@@ -162,7 +212,12 @@ def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
     named = stem if stem in own else own[0] if len(own) == 1 else None
     rows: list[Row] = []
     for split_of_file, file in files.items():
+        seen: set[str] = set()
         for number, record in _records(file):
+            if not seen or file.suffix.lower() == ".jsonl":
+                seen.update(record)
+                if file.suffix.lower() != ".jsonl":
+                    _check_columns(file, seen, names, given)
             task_name = _cell(record, names["task"], file, number, required=False) or named
             if task_name is None:
                 raise UserError(f"{file} line {number} names no task: give the file a {names['task']} column, name "
@@ -170,6 +225,10 @@ def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
                                 "+data.new_tasks.<name>.family=<smiles, formula, iupac, number, boolean or caption> "
                                 f"(declared: {', '.join(own) or 'none'})")
             task = get_task(task_name, f"the {names['task']} column of {file} line {number}")
+            if task.in_smolinstruct:
+                raise UserError(f"{file} line {number} is a sample of SMolInstruct's {task.name}, whose queries and "
+                                "tags its own files hold: give your rows a task of your own (data.new_tasks, e.g. "
+                                f"+data.new_tasks.my_{task.name.rsplit('-', 1)[-1]}.family={task.family})")
             core_in = _cell(record, names["input"], file, number)
             core_out = _answer(task, _cell(record, names["output"], file, number), file, number)
             split = split_of_file
@@ -181,7 +240,10 @@ def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
                 if split is None:
                     raise UserError(f"{file} line {number}: split {marked[:40]!r} is none of train, validation (dev, "
                                     "valid) or test")
-            rows.append(Row(task.name, split or _hashed_split(core_in, fractions), core_in, core_out, number))
+            rows.append(Row(task.name, split or _hashed_split(_split_key(task, core_in), fractions), core_in, core_out,
+                            number))
+        if file.suffix.lower() == ".jsonl" and seen:
+            _check_columns(file, seen, names, given)
     if not rows:
         raise UserError(f"{path} holds no rows: a header line (input,output,...) and rows are needed")
     return rows

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional
 
 import lightning as L
@@ -12,9 +13,12 @@ from llasmol.core.tasks import SMOLINSTRUCT_WEIGHT, get_task
 from llasmol.data.collate import PackCollator, PadCollator
 from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter
 from llasmol.data.resumable_loader import ResumableDataLoader
-from llasmol.data.sampler import PADDING, ShardedShuffleSampler
+from llasmol.data.sampler import PADDING, ShardedShuffleSampler, draws
 from llasmol.data.smolinstruct import SMolInstructSplit
 from llasmol.data.source import SMolInstructSource
+
+
+log = logging.getLogger(__name__)
 
 
 class SMolInstructDataset(Dataset):
@@ -83,6 +87,7 @@ class SMolInstructDataModule(L.LightningDataModule):
         self.datasets: dict[str, SMolInstructDataset] = {}
         self._train_loader: Optional[ResumableDataLoader] = None
         self._resume_position: Optional[dict] = None
+        self._checked_fit = False
 
     @property
     def path(self) -> Optional[str]:
@@ -125,6 +130,23 @@ class SMolInstructDataModule(L.LightningDataModule):
         )
         for name in wanted:
             self.dataset(name)
+        if stage == "fit" and not self._checked_fit:
+            self._checked_fit = True
+            self._check_fit_splits()
+
+    def _check_fit_splits(self) -> None:
+        """Every task trains (a task without a training sample is an error) and, said once, validates."""
+        tasks = self.source.task_names()
+        train, validation = self.split("train").counts(), self.split("validation").counts()
+        untrained = [t for t in tasks if not train.get(t)]
+        if untrained:
+            raise UserError(f"task {untrained[0]} has no training sample in {', '.join(self.source.places())}: give "
+                            "it training rows (a split column, a train file, or lower data.split_fractions), or leave "
+                            "it out of data.tasks")
+        unvalidated = [t for t in tasks if not validation.get(t)]
+        if unvalidated:
+            log.warning("no validation sample of %s: their answers are not scored during training (a split column, "
+                        "a validation file, or data.split_fractions.validation gives them some)", ", ".join(unvalidated))
 
     def _rank_world(self) -> tuple[Optional[int], Optional[int]]:
         trainer = getattr(self, "trainer", None)
@@ -153,8 +175,13 @@ class SMolInstructDataModule(L.LightningDataModule):
 
     def task_weights(self, split) -> Optional[list[tuple[int, int, float]]]:
         """(start, end, weight) of each task's samples in `split` by `weights`; None when every weight is 1."""
+        counts = split.counts()
+        absent = [name for name in self.weights if name != SMOLINSTRUCT_WEIGHT and name not in counts]
+        if absent:
+            raise UserError(f"data.weights names {absent[0]}, which this data's training split does not hold: it holds "
+                            f"{', '.join(counts)}")
         blocks, start = [], 0
-        for task, count in split.counts().items():
+        for task, count in counts.items():
             default = self.weights.get(SMOLINSTRUCT_WEIGHT, 1.0) if get_task(task).in_smolinstruct else 1.0
             blocks.append((start, start + count, float(self.weights.get(task, default))))
             start += count
@@ -167,7 +194,7 @@ class SMolInstructDataModule(L.LightningDataModule):
             return None
         split = self.split("train")
         blocks = self.task_weights(split) or [(0, n, 1.0) for n in split.counts().values()]
-        drawn = [int(w) * (e - s) + round((w - int(w)) * (e - s)) for s, e, w in blocks]
+        drawn = [whole * (e - s) + extra for s, e, w in blocks for whole, extra in [draws(e - s, w)]]
         total = sum(drawn) or 1
         return ", ".join(f"{task} {e - s:,}" + (f" x{w:g}" if w != 1 else "") + f" ({d / total:.1%})"
                          for task, (s, e, w), d in zip(split.counts(), blocks, drawn))

@@ -30,7 +30,8 @@ class ResumableDataLoader(DataLoader):
         """What the saved position means: the same numbers must hold when it is restored."""
         s = self.sampler
         return {"num_samples": s.num_samples, "batch_size": self.batch_size, "world_size": s.world_size,
-                "seed": s.seed, "group_by_length": s.lengths is not None}
+                "seed": s.seed, "group_by_length": s.lengths is not None,
+                "weights": None if s.weights is None else [list(block) for block in s.weights]}
 
     def state_dict(self) -> dict:
         return {"epoch": self._epoch, "batches": self._served, **self._shape()}

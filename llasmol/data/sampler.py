@@ -18,6 +18,14 @@ from torch.utils.data import Sampler
 PADDING = -1  # the position that pads an evaluation share to the others' length (no sample, no loss)
 
 
+def draws(count: int, weight: float) -> tuple[int, int]:
+    """(times every one of `count` positions is drawn, positions drawn once more) in an epoch at `weight`: 2.5
+    draws each twice and a half of them once more; a positive weight draws at least one."""
+    whole = int(weight)
+    extra = round((weight - whole) * count)
+    return whole, max(extra, 1 if count and weight > 0 and not whole else 0)
+
+
 def _dist_rank_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -66,7 +74,7 @@ class ShardedShuffleSampler(Sampler[int]):
         self.group_window = group_window
         self.weights = weights
         self.epoch_samples = num_samples if weights is None else sum(
-            int(w) * (end - start) + round((w - int(w)) * (end - start)) for start, end, w in weights)
+            whole * (end - start) + extra for start, end, w in weights for whole, extra in [draws(end - start, w)])
         self.epoch = 0
         self.start = 0  # positions of this epoch's share to skip once (resuming mid-epoch)
 
@@ -88,8 +96,8 @@ class ShardedShuffleSampler(Sampler[int]):
         parts = []
         for start, end, weight in self.weights:
             positions = np.arange(start, end, dtype=dtype)
-            parts.extend([positions] * int(weight))
-            drawn = round((weight - int(weight)) * len(positions))
+            whole, drawn = draws(len(positions), weight)
+            parts.extend([positions] * whole)
             if drawn:
                 parts.append(np.sort(rng.choice(positions, drawn, replace=False)))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)

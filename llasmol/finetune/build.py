@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from llasmol.core import run_dir
 from llasmol.core.files import write_json
+from llasmol.core.tasks import declared
 from llasmol.core.threads import retune_threads
 from llasmol.data.datamodule import SMolInstructDataModule
 from llasmol.model.base import load_base_model
@@ -119,6 +120,8 @@ def record_run(cfg: DictConfig, trainer: Trainer, datamodule: SMolInstructDataMo
     the composed config with the parameter counts as every logger's hyperparameters."""
     accumulation = trainer.accumulate_grad_batches
     write_json(Path(cfg.paths.output_dir) / run_dir.PARAMS, params)
+    if declared():  # the run's own tasks, for every later command that reads it (before any file names them)
+        write_json(Path(cfg.paths.output_dir) / run_dir.DECLARED_TASKS, declared())
     facts = card_facts(cfg, params, datamodule, accumulation)
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, AdapterModelCheckpoint):

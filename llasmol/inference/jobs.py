@@ -139,6 +139,9 @@ def generate_and_score(cfg: DictConfig, log_into: Optional[Callable[[Path], None
         max_samples_per_task=caps,
     )
     samples = Samples.of(source, split_name, None, cfg.seed)
+    if not samples.indices:
+        raise UserError(f"data.split={split_name} holds no sample of {', '.join(source.task_names())} in "
+                        f"{', '.join(source.places())}: evaluate another split, or give the table rows of this one")
     # A run evaluated on a whole split keeps the results with the run (report shows them beside the paper);
     # a capped split (data.max_samples_per_task) or another checkpoint writes to this command's folder.
     capped = bool(source.max_samples_per_task.get(split_name))

@@ -28,6 +28,7 @@ from typing import Optional
 
 from llasmol.core.errors import UserError
 from llasmol.core.files import unreadable
+from llasmol.core.run_dir import PREDICTIONS
 from llasmol.core.schema import declare_found_tasks
 from llasmol.core.tasks import get_task
 from llasmol.metrics.extract import extract_answer
@@ -142,8 +143,8 @@ def read_predictions(path: str | Path, allow_empty: bool = False) -> list[dict]:
     error unless `allow_empty`: a run's validation may have had nothing to generate)."""
     records = []
     for file in _files(Path(path)):
-        for folder in dict.fromkeys((file.parent, file.parent.parent)):  # predictions/ of a run, or the run
-            declare_found_tasks(folder)  # the user's own tasks its records name, as the writer declared them
+        if file.parent.name == PREDICTIONS:  # a run's predictions/: the run says what its own tasks are
+            declare_found_tasks(file.parent.parent)
         records += _read_file(file)
     if not records and not allow_empty:
         raise UserError(f"predictions file {path} is empty: it needs one JSON object per line")
