@@ -11,6 +11,7 @@ from typing import Optional
 
 from llasmol.core.errors import UserError
 from llasmol.core.schema import ROLES  # checked there: a config's role names are roles
+from llasmol.model.shapes import MODULE, Shapes
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,6 @@ _INFERRED: dict[str, dict[str, Optional[str]]] = {}  # model.arch -> its inferre
 def linear_layer_names(model, head: str = "lm_head") -> list[str]:
     """The distinct names of `model`'s linear layers (GPT-2's Conv1D ones too) within a block
     (`self_attn.q_proj`), in order of appearance, the output head left out (`model`: or its `Shapes`)."""
-    from llasmol.model.shapes import MODULE, Shapes  # shapes imports this module: here, not at the top
-
     shapes = model if isinstance(model, Shapes) else Shapes.of(model)
     names: dict[str, None] = {}
     for part in shapes.parts:

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from llasmol.model.roles import names_target
 
 SHAPES_FILE = Path(__file__).resolve().parent / "arch_shapes.json"
 ARCH_DIR = Path(__file__).resolve().parent / "arch"
@@ -110,11 +109,6 @@ def _repeats(rows: list[Part]) -> tuple[Part, ...]:
         else:
             folded.extend(members)
     return tuple(folded)
-
-
-def matching(shapes: Shapes, target: str) -> list[Part]:
-    """The parts `target` names, as PEFT's target_modules match module names (`roles.names_target`)."""
-    return [p for p in shapes.parts if names_target(p.name, target)]
 
 
 def facts_key(arch: str) -> Optional[str]:
