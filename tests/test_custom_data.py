@@ -379,3 +379,19 @@ def test_the_declaration_keys_are_the_schemas_fields():
     from llasmol.core.tasks import DECLARATION_KEYS
 
     assert set(DECLARATION_KEYS) == {f.name for f in dataclasses.fields(NewTaskSchema)}
+
+
+def test_the_readmes_commands_for_your_own_data_compose_and_check():
+    import re
+    import shlex
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"## Your own data and tasks\n.*?```bash\n(.*?)```", readme, re.S).group(1)
+    commands = [c for c in block.replace("\\\n", " ").splitlines() if c.strip()]
+    assert len(commands) == 2
+    for command in commands:
+        words = shlex.split(command, comments=True)
+        assert words[:3] == ["python", "-m", "llasmol.train"]
+        values = check_config(compose_config(["paths.output_dir=/x", *words[3:]]))
+        assert values["data"]["new_tasks"] and get_task(next(iter(values["data"]["new_tasks"]))).in_smolinstruct is False
+    declare_tasks(None)
