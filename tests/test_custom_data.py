@@ -177,6 +177,9 @@ def test_smolinstruct_and_tables_mix_with_weights(tmp_path, own_tasks):
     bbbp.write_text("input,output,task\nCCO,yes,property_prediction-bbbp\n")
     with refused("SMolInstruct's property_prediction-bbbp", "my_bbbp.family=boolean"):
         SMolInstructSource(path=str(BUNDLED_DATA), also=[str(bbbp)]).task_names()
+    (tmp_path / "empty").mkdir()
+    with refused("empty holds no task"):
+        SMolInstructSource(path=str(BUNDLED_DATA), also=[str(tmp_path / "empty")]).task_names()
     with refused("data.weights names logs"):
         make_datamodule(tokenizer, path=also[0], weights={"logs": 2}).mix()
 

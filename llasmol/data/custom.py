@@ -182,10 +182,12 @@ def _answer(task: Task, text: str, path: Path, number: int) -> str:
 def _split_key(task: Task, text: str) -> str:
     """What the held-out split is drawn on: the molecule (one SMILES spelt two ways is one input), else the text."""
     if task.input_kind == "smiles":
-        from llasmol.core.smiles import canonical_kekule
+        from rdkit import Chem, RDLogger
 
-        try:
-            return canonical_kekule(text) or text
+        RDLogger.DisableLog("rdApp.*")
+        try:  # RDKit's canonical SMILES: one read and write (the scorer's official form costs 20 times more)
+            mol = Chem.MolFromSmiles(text)
+            return Chem.MolToSmiles(mol) if mol is not None else text
         except Exception:  # RDKit may raise on odd text: then the text itself is the key
             return text
     return text
@@ -240,8 +242,9 @@ def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
                 if split is None:
                     raise UserError(f"{file} line {number}: split {marked[:40]!r} is none of train, validation (dev, "
                                     "valid) or test")
-            rows.append(Row(task.name, split or _hashed_split(_split_key(task, core_in), fractions), core_in, core_out,
-                            number))
+            if split is None:
+                split = _hashed_split(_split_key(task, core_in), fractions) if any(fractions.values()) else "train"
+            rows.append(Row(task.name, split, core_in, core_out, number))
         if file.suffix.lower() == ".jsonl" and seen:
             _check_columns(file, seen, names, given)
     if not rows:

@@ -105,7 +105,11 @@ class SMolInstructSource:
         if self._holders is None:
             holders: dict[str, str] = {}
             for place in self.places():
-                for task in self._tasks_in(place):
+                found = self._tasks_in(place)
+                if not found:
+                    raise UserError(f"{place} holds no task: give SMolInstruct's layout (core_tag/<task>.json), a "
+                                    "CSV/JSONL file, or a folder of train, validation and test files")
+                for task in found:
                     if task in holders:
                         raise UserError(f"task {task} is in both {holders[task]} and {place}: one task comes from one "
                                         "place; give your own samples a task name of their own (data.new_tasks)")
