@@ -201,8 +201,7 @@ def _weights(weights: dict) -> Optional[str]:
         if name != SMOLINSTRUCT_WEIGHT and name not in task_names():
             return (f"data.weights names {name!r}, which is no task: name a task of data.tasks or "
                     f"{SMOLINSTRUCT_WEIGHT} (every SMolInstruct task not named)")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1000 \
-                or not math.isfinite(weight):
+        if not 0 < weight <= 1000 or not math.isfinite(weight):  # a number: the type is checked first
             return (f"data.weights.{name}={weight!r} must be a number > 0 and <= 1000: how many times each of its "
                     "training samples is drawn per epoch (0.5: half of them, drawn anew each epoch)")
     return None
@@ -215,14 +214,13 @@ def _columns(columns: dict) -> Optional[str]:
     for key, name in columns.items():
         if key not in TABLE_COLUMNS:
             return f"data.columns.{key} is no column role: map some of {', '.join(TABLE_COLUMNS)} to your column names"
-        if not isinstance(name, str) or not name:
+        if not name:  # a string: the type is checked first
             return f"data.columns.{key}={name!r} must be the name of a column of your file"
     return None
 
 
 def _fractions(fractions: dict) -> Optional[str]:
-    bad = [k for k, v in fractions.items() if k not in ("validation", "test") or isinstance(v, bool)
-           or not isinstance(v, (int, float)) or not 0 <= v < 1]
+    bad = [k for k, v in fractions.items() if k not in ("validation", "test") or not 0 <= v < 1]  # numbers, checked
     if bad:
         return (f"data.split_fractions.{bad[0]}={fractions[bad[0]]!r}: give validation and test each a fraction "
                 ">= 0 and < 1 of the inputs (the rest trains)")
