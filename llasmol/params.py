@@ -41,6 +41,18 @@ def kept_shapes(cfg: DictConfig):
     return bundled_shapes(arch)
 
 
+def base_of(cfg: DictConfig):
+    """What `cfg.model`'s base is counted from: its kept shapes, else the base built on the meta device (a folder's
+    base, or facts edited since their shapes were kept)."""
+    kept = kept_shapes(cfg)
+    if kept is not None:
+        return kept
+    import torch
+
+    with torch.device("meta"):
+        return _meta_base(cfg)
+
+
 def count_trainable(cfg: DictConfig, base=None) -> dict:
     """Parameter counts of `cfg.model` with the adapters of `cfg.lora`, and of the base alone, from its kept
     shapes or on the meta device (`base`: that meta model or its shapes, when the caller has them)."""
@@ -48,7 +60,7 @@ def count_trainable(cfg: DictConfig, base=None) -> dict:
     from llasmol.model.shapes import Shapes
 
     check_config(cfg)
-    base = base if base is not None else kept_shapes(cfg)
+    base = base if base is not None else base_of(cfg)
     if isinstance(base, Shapes):  # a bundled architecture: summed from its shapes, no torch
         return {**count_with_adapters(base, cfg.model, cfg.lora), "base": base.total()}
     import torch
@@ -57,7 +69,6 @@ def count_trainable(cfg: DictConfig, base=None) -> dict:
     from llasmol.model.lora import apply_lora, count_parameters
 
     with torch.device("meta"):
-        base = base if base is not None else _meta_base(cfg)
         base_count = count_parameters(base)["total"]
         if arch_is_bundled(cfg.model.arch):  # plain Linear projections: summed (tests/test_lora.py: as PEFT counts)
             return {**count_with_adapters(base, cfg.model, cfg.lora), "base": base_count}
@@ -71,13 +82,7 @@ def base_weight_bytes(cfg: DictConfig, base=None) -> dict:
     from llasmol.model.memory import DTYPE_BYTES, check_dtype, weight_bytes
 
     check_dtype(cfg.model.dtype)
-    base = base if base is not None else kept_shapes(cfg)
-    if base is None:
-        import torch
-
-        with torch.device("meta"):
-            base = _meta_base(cfg)
-    return weight_bytes(base, DTYPE_BYTES[cfg.model.dtype], cfg.get("quantization"))
+    return weight_bytes(base if base is not None else base_of(cfg), DTYPE_BYTES[cfg.model.dtype], cfg.get("quantization"))
 
 
 def bases_table() -> list[dict]:
@@ -89,6 +94,7 @@ def bases_table() -> list[dict]:
     from llasmol.analysis.paper import PAPER_MODEL_OF_BASE
     from llasmol.core.config import compose_config
     from llasmol.data.formatting import PROMPT_TEMPLATES
+    from llasmol.model.shapes import Shapes
 
     # A LoRA variant that means one base (lora=large: LlaSMol Large on llama2_13b) names it in its file.
     variant_of = {}
@@ -104,14 +110,8 @@ def bases_table() -> list[dict]:
                          "format": "paper", "paper": None})
             continue
         model = compose_config([f"model={name}"], "params").model
-        base = kept_shapes(OmegaConf.create({"model": model}))
-        if base is None:
-            import torch
-
-            from llasmol.model.shapes import Shapes
-
-            with torch.device("meta"):
-                base = Shapes.of(_meta_base(OmegaConf.create({"model": model})))
+        base = base_of(OmegaConf.create({"model": model}))
+        base = base if isinstance(base, Shapes) else Shapes.of(base)
         template = model.prompt_template
         paper = PAPER_MODEL_OF_BASE.get(name) or (f"LlaSMol {variant_of[name].capitalize()} (lora={variant_of[name]})"
                                                   if name in variant_of else None)
@@ -146,12 +146,7 @@ def main(cfg: DictConfig) -> None:
     from llasmol.model.memory import describe
 
     check_config(cfg)
-    base = kept_shapes(cfg)
-    if base is None:  # a folder's base, or facts changed since their shapes were kept: built once
-        import torch
-
-        with torch.device("meta"):
-            base = _meta_base(cfg)
+    base = base_of(cfg)  # found or built once
     sizes = base_weight_bytes(cfg, base)  # first: PEFT may adapt `base` in place while counting
     counts = count_trainable(cfg, base)
     print(

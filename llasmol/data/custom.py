@@ -8,10 +8,11 @@ it is named for (`logp.csv`, `logp/train.csv`: task logp), or the one task `data
 `query` wraps the input (`<INPUT>`, tagged as `input_kind` says), or the input is the whole query; `response`
 wraps the answer in the task's answer tag (`<OUTPUT>`; by default the tagged answer alone), so that the
 answer is read back and scored as SMolInstruct's are. `data.columns` maps other column names (`smiles`,
-`label`) to these roles. Without a split column or files, rows are split by their input: an input's hash
-puts every row of it in one split (`data.split_fractions`), as the paper keeps a molecule in one split.
+`label`) to these roles. Without a split column or files, rows are split by their input: the hash of its
+canonical SMILES (of the text, for other inputs) puts every row of one molecule in one split
+(`data.split_fractions`), as the paper keeps a molecule in one split.
 
-A table is read whole at start (a million short rows take some 200 MB) and every row is checked then: a
+A table is read whole at start (a million short rows take some 300 MB) and every row is checked then: a
 yes/no answer must read as one (yes/no, true/false, 1/0), a number must be one, nothing may be empty; the
 first bad row stops the command with its file and line. Text is read as text: nothing in a file runs.
 """
@@ -214,12 +215,13 @@ def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
     named = stem if stem in own else own[0] if len(own) == 1 else None
     rows: list[Row] = []
     for split_of_file, file in files.items():
-        seen: set[str] = set()
+        jsonl, seen = file.suffix.lower() == ".jsonl", set()  # the columns seen: a CSV's header, a JSONL's keys
         for number, record in _records(file):
-            if not seen or file.suffix.lower() == ".jsonl":
+            if jsonl:
                 seen.update(record)
-                if file.suffix.lower() != ".jsonl":
-                    _check_columns(file, seen, names, given)
+            elif not seen:
+                seen = set(record)
+                _check_columns(file, seen, names, given)
             task_name = _cell(record, names["task"], file, number, required=False) or named
             if task_name is None:
                 raise UserError(f"{file} line {number} names no task: give the file a {names['task']} column, name "
@@ -245,7 +247,7 @@ def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
             if split is None:
                 split = _hashed_split(_split_key(task, core_in), fractions) if any(fractions.values()) else "train"
             rows.append(Row(task.name, split, core_in, core_out, number))
-        if file.suffix.lower() == ".jsonl" and seen:
+        if jsonl and seen:  # a JSONL names its keys line by line: checked once all are seen
             _check_columns(file, seen, names, given)
     if not rows:
         raise UserError(f"{path} holds no rows: a header line (input,output,...) and rows are needed")
@@ -262,16 +264,18 @@ class TableSplit:
     """One split of table data, with the access `SMolInstructSplit` gives (samples task after task)."""
 
     def __init__(self, rows: list[Row], split: str, tasks: list[str], insert_core_tags: bool = True,
-                 max_samples_per_task: Optional[int] = None, where: str = "") -> None:
-        self.split, self.where = split, where
-        self.tasks = [t for t in tasks if any(r.task == t and r.split == split for r in rows)]
+                 max_samples_per_task: Optional[int] = None) -> None:
+        self.split = split
+        by_task: dict[str, list[Row]] = {}
+        for row in rows:
+            if row.split == split:
+                by_task.setdefault(row.task, []).append(row)
+        self.tasks = [t for t in tasks if t in by_task]
         self.skipped: dict[str, int] = {}
         self.insert_core_tags = insert_core_tags
-        self._rows: list[Row] = []
-        for task in self.tasks:
-            mine = [r for r in rows if r.task == task and r.split == split]
-            self._rows.extend(mine[:max_samples_per_task] if max_samples_per_task else mine)
-        self._ends = np.cumsum([sum(1 for r in self._rows if r.task == t) for t in self.tasks])
+        kept = [by_task[t][:max_samples_per_task] if max_samples_per_task else by_task[t] for t in self.tasks]
+        self._rows: list[Row] = [row for mine in kept for row in mine]
+        self._ends = np.cumsum([len(mine) for mine in kept])
         self._task_rows = {t: get_task(t) for t in self.tasks}  # kept: a worker process need not declare them
         decl = declared()
         self._templates = {t: (_texts(decl.get(t, {}).get("query"), None),

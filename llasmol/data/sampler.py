@@ -92,7 +92,7 @@ class ShardedShuffleSampler(Sampler[int]):
 
     def _weighted(self, dtype) -> np.ndarray:
         """Each block's positions `int(weight)` times, and a fresh draw of the fraction left (`data.weights`)."""
-        rng = np.random.default_rng([self.seed if self.seed is not None else 0, self.epoch, 2])
+        rng = np.random.default_rng([self.seed, self.epoch, 2])  # weights come with a shuffle, and so a seed
         parts = []
         for start, end, weight in self.weights:
             positions = np.arange(start, end, dtype=dtype)

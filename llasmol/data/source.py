@@ -195,7 +195,7 @@ class SMolInstructSource:
             if is_table(place):
                 if name not in ("train", "validation", "test"):
                     raise UserError(f"unknown split {name!r}: a table has train, validation and test")
-                parts.append(TableSplit(self._table(place), name, tasks, self.insert_core_tags, limit, place))
+                parts.append(TableSplit(self._table(place), name, tasks, self.insert_core_tags, limit))
             else:
                 parts.append(self._smolinstruct(place, folder, tasks, limit))
         return parts[0] if len(parts) == 1 else MixedSplit(parts)

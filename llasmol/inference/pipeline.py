@@ -240,7 +240,8 @@ class Evaluation:
         metrics = task_metrics(samples) if metrics is None else metrics
         intervals = interval_report(samples, self.intervals)
         if self.write:
-            self.write_declared(records)
+            if self.files.predictions is None:  # scored in place: no predictions written that brought them
+                self.write_declared(records)
             write_json(self.files.metrics, metrics)
             if intervals is not None:
                 write_json(self.files.intervals, intervals)

@@ -17,6 +17,7 @@ tests/test_arch_shapes.py rebuilds every entry with the installed transformers a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -126,7 +127,15 @@ def facts_key(arch: str) -> Optional[str]:
 def bundled_shapes(arch: str) -> Optional[Shapes]:
     """The kept shapes of bundled architecture `arch`, when its facts are those they were built from."""
     key = facts_key(arch)
-    if key is None or not SHAPES_FILE.is_file():
+    if key is None:
         return None
-    entry = json.loads(SHAPES_FILE.read_text(encoding="utf-8")).get("architectures", {}).get(arch)
+    entry = _kept().get(arch)
     return Shapes.from_json(entry) if entry and entry.get("facts") == key else None
+
+
+@functools.lru_cache(maxsize=1)
+def _kept() -> dict[str, Any]:
+    """`arch_shapes.json`'s architectures, read once a process (`params --list` asks for 13)."""
+    if not SHAPES_FILE.is_file():
+        return {}
+    return json.loads(SHAPES_FILE.read_text(encoding="utf-8")).get("architectures", {})
