@@ -6,7 +6,8 @@
 #   3. FSDP2 (trainer=fsdp's strategy) through Lightning: 2 steps of the 7B-wide stack with 2 layers, bf16 weights
 #      and fp32 reduction, a checkpoint saved and resumed (bench/scale_out.py).
 # It starts on the bare GPU image: what the image lacks (hydra-core, omegaconf, antlr4, bitsandbytes) is unpacked
-# from bench/wheels/ (fetched beforehand with `bash bench/gpu_wheels.sh`, carried with the working tree) into a
+# from bench/wheels/ (fetched beforehand with `bash bench/gpu_wheels.sh`; git ignores it, so name it among the paths
+# carried to the GPU machine beside the working tree) into a
 # temporary folder. Without bitsandbytes' wheel, part 1 uses torch AdamW and part 2 is skipped, each said.
 #   bash bench/gpu_check.sh              # results in bench/results/ (GPU_CHECK_OUT=<folder> for elsewhere)
 #   bash bench/gpu_check.sh --dry-run    # the same parts, tiny and on CPU: the imports and the flow
