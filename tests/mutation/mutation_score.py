@@ -1,22 +1,22 @@
 """How many plausible one-line bugs the fast tests catch: a mutation run over the whole package.
 
-    python scripts/mutation_score.py --seed 1 --sample 150   # a recorded run (bench/results/mutation-package/)
-    python scripts/mutation_score.py --sample 20 --out /tmp/m # a quick look
-    python scripts/mutation_score.py --list                   # every mutant, without running anything
-    python scripts/mutation_score.py --ids <id> ...           # some again (the survivors, once tests are added)
-    python scripts/mutation_score.py --ids <id> ... --tests tests/test_x.py   # ... against the tests named
-    python scripts/mutation_score.py --report-only            # mutation.md again from mutation.json
-    python scripts/mutation_score.py --since <commit> --sample 80 --jobs 2 --map /tmp/map --out /tmp/new
-                                    # the newest code's lines only, two mutants at a time, the map kept
-    python scripts/mutation_score.py --seed 2 --exclude <earlier runs' mutation.json> ...
-                                    # a held-out sample: none of the mutants whose survivors were read
+    python tests/mutation/mutation_score.py --seed 1 --sample 150   # a recorded run (bench/results/mutation.md)
+    python tests/mutation/mutation_score.py --sample 20 --out /tmp/m # a quick look
+    python tests/mutation/mutation_score.py --list                   # every mutant, without running anything
+    python tests/mutation/mutation_score.py --ids <id> ...           # some again (the survivors, once tests are added)
+    python tests/mutation/mutation_score.py --ids <id> ... --tests tests/test_x.py   # ... against the tests named
+    python tests/mutation/mutation_score.py --report-only            # mutation.md again from mutation.json
+    python tests/mutation/mutation_score.py --since <commit> --sample 80 --jobs 2 --map /tmp/map --out /tmp/new
+                                               # the newest code's lines only, two mutants at a time, the map kept
+    python tests/mutation/mutation_score.py --seed 2 --exclude <earlier runs' mutation.json> ...
+                                               # a held-out sample: none of the mutants whose survivors were read
 
 Each mutant changes one operator, constant, condition or return value (see `OPERATORS`) in one module of
 `llasmol/`, in a copy of the checkout (the checkout itself is never touched), and runs the fast tests
 (`-m "not slow"`) that execute the mutated line, fastest first, stopping at the first failure. Which tests
 execute which line comes from one coverage run of the fast suite in that copy, each test under its own
 coverage context, in the pytest process and in the Python subprocesses it starts
-(scripts/mutation_map_plugin.py); a line run only while a module is imported (a module constant, a
+(tests/mutation/mutation_map_plugin.py); a line run only while a module is imported (a module constant, a
 decorator) maps to every test that ran any of that module. A mutant is *killed* when a test fails (or the
 run passes its time limit, five times the tests' own time plus a minute), *survived* otherwise; a mutant of
 a line that no fast test executes survives without running. Mutants are drawn at random (seeded) from all
@@ -28,12 +28,12 @@ non-equivalent mutants only.
 A mutant is written into its module as a change of the mutated node's own text, so comments and the rest of
 the file stay as they are (tests read some of them), and it is checked to parse to the mutated syntax tree.
 
-The first recorded run (`--seed 0`, bench/results/mutation.md) covered only the scoring, data and
-file-writing modules, with a hand-made map of test files; its files are kept as they were. The whole-package
-runs: `--seed 1` (bench/results/mutation-package/), then `--seed 2` (bench/results/mutation-package-seed2/)
-and `--seed 5` (bench/results/mutation-package-seed5/), `--seed 6` (bench/results/mutation-package-seed6/, after
-the tests written module by module in session 10), each drawn with the mutants of every earlier run left out,
-and a sample of the newest code's lines (bench/results/mutation-newest-code/).
+The recorded runs are summarised in bench/results/mutation.md, one row each (their full result files were
+not kept). The first (`--seed 0`) covered only the scoring, data and file-writing modules, with a hand-made map
+of test files. The whole-package runs: `--seed 1`, then `--seed 2`, `--seed 5` and `--seed 6` (after the tests
+written module by module in session 10), each drawn with the mutants of every earlier run left out, and a sample
+of the newest code's lines (`--since 3f15bf1 --seed 4`). A run writes mutation.json and mutation.md to `--out`
+(by default a folder under the system's temporary directory, outside the checkout).
 The map kept by `--map` is brought up to date by measuring only the test files changed since it was made
 (a change in the package itself measures everything again). Run outside CI: it is slow (the map 10-18
 minutes, then some 30 s per mutant on 2 cores).
@@ -60,7 +60,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # tests/mutation/ -> the checkout
+PLUGIN_DIR = Path(__file__).resolve().parent.relative_to(ROOT)  # this script's folder: its pytest plugin too
 
 # Survivors that change nothing a user could observe, by mutant id, with the reason (filled in after
 # reading each survivor of a recorded run).
@@ -131,7 +132,7 @@ EQUIVALENT: dict[str, str] = {
         "only less overlap",
     "llasmol/metrics/text.py:68:27:compare:1":
         "':' (58) is Unicode punctuation, which the next line accepts anyway (as the first run's text.py:63)",
-    # The held-out run (--seed 2, bench/results/mutation-package-seed2/, on the tree of 96ce6d2).
+    # The held-out run (--seed 2, on the tree of 96ce6d2).
     "llasmol/inference/partial.py:65:8:statement:1":
         "answered() closes the partial file before reading it back: every append was flushed and fsynced, so "
         "the count read is the same; the handle stays open only until the stopped command exits",
@@ -147,7 +148,7 @@ EQUIVALENT: dict[str, str] = {
         "a shared reaction whose reactants equal the other sample's exactly: a field's key is a function of its "
         "parts, so equal parts mean equal keys and the lookup of the line above finds the same pair "
         "(tests/test_audit.py, both directions)",
-    # The second held-out run (--seed 5, bench/results/mutation-package-seed5/, on the tree of cd021ff).
+    # The second held-out run (--seed 5, on the tree of cd021ff).
     "llasmol/metrics/text.py:193:60:constant:1":
         "rmtree of a stale WordNet folder that exists (the rename just failed on it): there is no error to ignore",
     "llasmol/train.py:47:40:constant:1":
@@ -223,7 +224,7 @@ NOT_KILLED: dict[str, str] = {
     "llasmol/finetune/validation.py:86:11:boolop:1":
         "the guard of the best-val/loss log line: only a sanity check, another rank or a validation without a "
         "loss reaches the other branches, none in the fast suite",
-    # The newest-code sample (--since 3f15bf1 --seed 4, bench/results/mutation-newest-code/).
+    # The newest-code sample (--since 3f15bf1 --seed 4).
     "llasmol/generate.py:54:4:statement:1":
         "generate's known-noise filters: warning filters are process-wide, so in the test process an earlier "
         "command has set them already; the noise they hide (a transformers deprecation on PEFT models) shows "
@@ -448,16 +449,16 @@ def _copy_checkout(dest: Path) -> None:
 
 
 def _env(copy_root: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": f"{copy_root}{os.pathsep}{copy_root / 'scripts'}", "HF_HUB_OFFLINE": "1",
+    return {**os.environ, "PYTHONPATH": f"{copy_root}{os.pathsep}{copy_root / PLUGIN_DIR}", "HF_HUB_OFFLINE": "1",
             "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def tree_files(root: Path) -> dict[str, str]:
     """What a coverage map depends on, file by file (a digest each): the package's modules (their line
-    numbers) and the tests' files (their test ids, and what they run)."""
+    numbers) and the tests' files (their test ids, and what they run); not this tooling's own folder."""
     found = [*(root / "llasmol").rglob("*.py"), *(root / "tests").rglob("*")]
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(found)
-            if p.is_file() and "__pycache__" not in p.parts}
+            if p.is_file() and "__pycache__" not in p.parts and not p.relative_to(root).is_relative_to(PLUGIN_DIR)}
 
 
 def _measure(copy_root: Path, tests: list[str]) -> dict:
@@ -743,7 +744,9 @@ def main() -> None:
                         "script's test selection, their results replacing the recorded ones (no test added)")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite mutation.md from mutation.json (after judging survivors in EQUIVALENT)")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "mutation-package")
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "llasmol-mutation",
+                        help="where mutation.json and mutation.md are written (bench/results/mutation.md keeps only "
+                        "a summary of the recorded runs)")
     parser.add_argument("--since", help="only mutants of lines added or changed since this commit (the newest code)")
     parser.add_argument("--exclude", type=Path, nargs="+", default=[],
                         help="mutation.json files of earlier runs whose mutants are not drawn again (a held-out "
@@ -779,12 +782,12 @@ def main() -> None:
         chosen = _find_again(args.ids, everything, args.out / "mutation.json")
         if not args.reselect:
             args.out = args.out / "rerun"
-        command = "python scripts/mutation_score.py --ids " + " ".join(args.ids) + (
+        command = "python tests/mutation/mutation_score.py --ids " + " ".join(args.ids) + (
             " --tests " + " ".join(args.tests) if args.tests else "")
     else:
         chosen = random.Random(args.seed).sample(everything, min(args.sample, len(everything))) if args.sample \
             else everything
-        command = f"python scripts/mutation_score.py --sample {args.sample} --seed {args.seed}" + (
+        command = f"python tests/mutation/mutation_score.py --sample {args.sample} --seed {args.seed}" + (
             f" --since {args.since}" if args.since else "") + "".join(
             f" --exclude {os.path.relpath(f, ROOT)}" for f in args.exclude)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -818,7 +821,7 @@ def main() -> None:
             payload["reselected"] = sorted(set(payload.get("reselected", [])) | again)
         elif args.ids and earlier.is_file():  # survivors run again in several goes: one file of their latest results
             payload["mutants"] = [m for m in json.loads(earlier.read_text())["mutants"] if m["id"] not in again]
-            payload["command"] = "several runs of python scripts/mutation_score.py --ids ... (--tests ...)"
+            payload["command"] = "several runs of python tests/mutation/mutation_score.py --ids ... (--tests ...)"
         # Each job has its own copy of the checkout; results are recorded in the drawn order (a mutant only
         # once those drawn before it are done), so a run stopped early is still a random sample.
         copies = queue.Queue()

@@ -1,10 +1,10 @@
-"""A pytest plugin for scripts/mutation_score.py's coverage map: every test runs under its own coverage
+"""A pytest plugin for tests/mutation/mutation_score.py's coverage map: every test runs under its own coverage
 context (its node id), in the pytest process and in the Python subprocesses it starts, and its duration is
 written out, so that a mutant of a line is run against exactly the fast tests that execute that line,
 fastest first.
 
-Loaded by `coverage run -m pytest -p mutation_map_plugin` with scripts/ on PYTHONPATH; it does nothing
-when coverage is not measuring.
+Loaded by `coverage run -m pytest -p mutation_map_plugin` with tests/mutation/ on PYTHONPATH; it does
+nothing when coverage is not measuring. Not a test module: pytest collects only test_*.py files.
 """
 
 from __future__ import annotations
