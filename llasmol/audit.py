@@ -29,8 +29,8 @@ def run_audit(cfg: DictConfig) -> dict:
     # check before Hydra do not need
     from llasmol.leakage import audit, to_markdown
 
-    check_config(cfg)  # workers=0, examples=-1: one line before any file is read
-    source = SMolInstructSource.from_config(cfg.data)
+    tasks = check_config(cfg).tasks  # workers=0, examples=-1: one line before any file is read
+    source = SMolInstructSource.from_config(cfg.data, table=tasks)
     if source.has_tables():
         raise UserError(f"audit reads SMolInstruct's layout (raw files, sample lists, split groups); {', '.join(source.places())} "
                         "holds tables of your own, which it does not read: audit a SMolInstruct copy, data.path=<folder> "

@@ -30,11 +30,11 @@ def make_method(cfg: DictConfig):
     """The method `cfg.method` with its settings, every setting checked (one `UserError` for a bad one: an
     unknown method, or a setting outside its schema, `llasmol.core.schema.BaselineSchema`)."""
     cls = get_method(cfg.method)
-    check_config(cfg)
+    tasks = check_config(cfg).tasks
     # The method's own settings, with the Morgan fingerprint shared by the methods that use one.
     blocks = [*cls.shared_settings, cls.name]
     settings = {k: v for b in blocks if b in cfg for k, v in OmegaConf.to_container(cfg[b], resolve=True).items()}
-    return cls(settings, seed=int(cfg.seed), n_jobs=int(cfg.n_jobs))
+    return cls(settings, seed=int(cfg.seed), n_jobs=int(cfg.n_jobs), tasks=tasks)
 
 
 def check_method(cfg: DictConfig) -> None:
@@ -52,15 +52,16 @@ def baseline(cfg: DictConfig) -> dict:
 
     quiet_known_noise()
     method = make_method(cfg)
-    use_scoring(cfg.get("scoring"))
+    use_scoring(cfg.get("scoring"), method.tasks)
     if cfg.output:
         check_target(cfg.output, "output")  # before any work: a FIFO or device is not replaced at the end
     data = OmegaConf.to_container(cfg.data, resolve=True)
-    source = SMolInstructSource.from_config(data)
+    source = SMolInstructSource.from_config(data, table=method.tasks)
     results, intervals, out = run_baseline(method, source, cfg.data.split, cfg.generation,
                                            Path(cfg.paths.output_dir), Path(cfg.output) if cfg.output else None,
                                            named_tasks=data.get("tasks") is not None, intervals_cfg=cfg.intervals)
-    return {"metrics": results, "intervals": intervals, "output": str(out), "folder": str(cfg.paths.output_dir)}
+    return {"metrics": results, "intervals": intervals, "output": str(out), "folder": str(cfg.paths.output_dir),
+            "tasks": method.tasks}
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="baseline")
@@ -69,7 +70,7 @@ def main(cfg: DictConfig) -> None:
     from llasmol.analysis.tables import metric_lines  # lazy: matplotlib (0.6 s), for the closing lines only
 
     result = baseline(cfg)
-    print(metric_lines(result["metrics"], result["intervals"], cfg.all_metrics))
+    print(metric_lines(result["metrics"], result["intervals"], cfg.all_metrics, result["tasks"]))
     print(f"metrics written to {result['output']}\n  report: python -m llasmol.report {result['folder']}", flush=True)
 
 

@@ -54,9 +54,9 @@ def evaluate(cfg: DictConfig, log_into: Optional[Callable[[Path], None]] = None)
     """Score `cfg.predictions`, or generate with `cfg.ckpt` on `cfg.data.split` and score that (`log_into`: told
     the run directory the answers go into, when they go into one)."""
     quiet_known_noise()
-    check_config(cfg)
+    tasks = check_config(cfg).tasks
     use_cpu_threads(cfg.get("cpu"))  # before torch loads: OpenMP reads its wait policy once
-    use_scoring(cfg.get("scoring"))
+    use_scoring(cfg.get("scoring"), tasks)
     if cfg.output and Path(cfg.output).is_dir():
         raise UserError(f"output={cfg.output} is a directory: name the metrics file, e.g. "
                         f"output={Path(cfg.output) / 'metrics.json'}")
@@ -66,13 +66,13 @@ def evaluate(cfg: DictConfig, log_into: Optional[Callable[[Path], None]] = None)
     from llasmol.inference import jobs
 
     if cfg.predictions:
-        results, intervals, out = jobs.score_file(cfg)
+        results, intervals, out = jobs.score_file(cfg, tasks)
     else:
-        run = jobs.generate_and_score(cfg, log_into)
+        run = jobs.generate_and_score(cfg, tasks, log_into)
         if run.protocol is not None:
             _protocol_row(cfg, run.model_cfg, run.protocol, run.folder, cfg.data.split, run.samples)
         results, intervals, out = run.metrics, run.intervals, run.metrics_file
-    return {"metrics": results, "intervals": intervals, "output": str(out)}
+    return {"metrics": results, "intervals": intervals, "output": str(out), "tasks": tasks}
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="evaluate")
@@ -88,7 +88,7 @@ def main(cfg: DictConfig) -> None:
         raise SystemExit(1) from None
     from llasmol.analysis.tables import metric_lines  # lazy: matplotlib (0.6 s), for the closing lines only
 
-    print(metric_lines(result["metrics"], result["intervals"], cfg.all_metrics))
+    print(metric_lines(result["metrics"], result["intervals"], cfg.all_metrics, result["tasks"]))
     if result["intervals"]:
         print(f"[lo, hi]: {result['intervals']['level']:.0%} bootstrap intervals (tasks with pooled golds resample "
               "inputs), written beside the metrics")

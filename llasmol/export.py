@@ -113,16 +113,16 @@ def _validated_tasks(ckpt: Path) -> list[str]:
 
 
 def model_card(cfg: DictConfig, model_cfg: DictConfig, adapter: str) -> str:
-    from llasmol.core.tasks import declared, get_task
     from llasmol.inference.beam_search import task_settings
 
     facts, evaluation = _run_section(Path(str(cfg.ckpt)))
     base = model_cfg.get("hf_id") or model_cfg.name
-    own = list(declared())  # the run's own tasks, declared from its folder while its section was read
-    smolinstruct = not own or any(get_task(t).in_smolinstruct for t in _validated_tasks(Path(str(cfg.ckpt))))
+    tasks = run_dir.read_tasks(Path(str(cfg.ckpt)))  # the run's own tasks (none for an adapter folder)
+    own = list(tasks.declared)
+    smolinstruct = not own or any(tasks.task(t).in_smolinstruct for t in _validated_tasks(Path(str(cfg.ckpt))))
     beams = ", ".join(f"{task} {b.num_beams}/{b.num_return_sequences}" for task, b in cfg.generation.tasks.items())
     beams += "".join(f", {task} {s.num_beams}/{s.num_return_sequences} (its own)"
-                     for task in own for s in [task_settings(cfg.generation, task)])
+                     for task in own for s in [task_settings(cfg.generation, task, tasks)])
     trained_on = ("SMolInstruct and " if smolinstruct else "") + (f"tasks of its own ({', '.join(own)})" if own
                                                                    else "SMolInstruct")
     lines = [

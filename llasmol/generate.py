@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 from typing import Optional
 
 import hydra
@@ -22,6 +23,8 @@ from omegaconf import DictConfig
 from llasmol.core.config import CONFIG_DIR, VALUED_OPTIONS, check_command_line, compose_config
 from llasmol.core.errors import UserError, report_user_errors
 from llasmol.core.quiet import quiet_known_noise
+from llasmol.core.run_dir import read_tasks
+from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.core.schema import check_config
 from llasmol.core.threads import use_cpu_threads
 from llasmol.data.formatting import PromptFormatter
@@ -53,10 +56,10 @@ def canonicalize_query(query: str) -> str:
     return f"{query[:left]}{before}{SMILES_OPEN} {written} {SMILES_CLOSE} {rest}"
 
 
-def answer_of(response: str, task: Optional[str] = None) -> Optional[str]:
-    """The answer the scorer would extract for `task`; without a task, the text between the first
-    complete pair of answer tags in `response`."""
-    return extract_answer(task, response) if task else any_answer(response)
+def answer_of(response: str, task: Optional[str] = None, tasks: TaskTable = SMOLINSTRUCT) -> Optional[str]:
+    """The answer the scorer would extract for `task` (a task of `tasks`); without a task, the text between the
+    first complete pair of answer tags in `response`."""
+    return extract_answer(task, response, tasks) if task else any_answer(response, tasks)
 
 
 def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
@@ -64,10 +67,15 @@ def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
     return answer_query(cfg, query)[0]
 
 
-def answer_query(cfg: DictConfig, query: Optional[str] = None) -> tuple[list[str], DictConfig]:
-    """`generate`'s responses, and the config of the model that gave them (what the command says it was)."""
+def answer_query(cfg: DictConfig, query: Optional[str] = None) -> tuple[list[str], DictConfig, TaskTable]:
+    """`generate`'s responses, the config of the model that gave them (what the command says it was) and the
+    task table `task=` was read by."""
     quiet_known_noise()
-    check_config(cfg)  # task= names a task, the beams fit: the schema's
+    tasks = check_config(cfg).tasks  # the beams fit: the schema's
+    if cfg.ckpt and Path(str(cfg.ckpt)).is_dir():
+        tasks = read_tasks(Path(str(cfg.ckpt)), tasks)  # a run's own task may be asked for by name
+    if cfg.task is not None:
+        tasks.task(cfg.task, "task= (or leave task out for the default beams)")
     use_cpu_threads(cfg.get("cpu"))  # before torch loads: OpenMP reads its wait policy once
     # lazy: beam search and the pipeline bring torch (1.5 s), which the checks before Hydra do not need
     from llasmol.inference.beam_search import BeamGenerator
@@ -94,12 +102,12 @@ def answer_query(cfg: DictConfig, query: Optional[str] = None) -> tuple[list[str
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, 1)
     # the answering of evaluate, for one question; no task: the default beam settings
     asked = canonicalize_query(query)
-    responses = ModelAnswers(generator, cfg.generation).ask(asked, cfg.task or "")
+    responses = ModelAnswers(generator, cfg.generation, tasks=tasks).ask(asked, cfg.task or "")
     if responses is None:
         length = len(formatter.prompt_ids(asked))
         raise UserError(f"the query's prompt is {length} tokens, longer than generation.max_prompt_tokens="
                         f"{cfg.generation.max_prompt_tokens}: shorten the question or raise the setting")
-    return responses, model_cfg
+    return responses, model_cfg, tasks
 
 
 def _settings() -> frozenset[str]:
@@ -136,16 +144,16 @@ _QUERY: Optional[str] = None  # the question from the command line, literally
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="generate")
 @report_user_errors
 def main(cfg: DictConfig) -> None:
-    responses, model_cfg = answer_query(cfg, _QUERY)
-    for line in answer_lines(responses, cfg.task, bool(model_cfg.get("random_init"))):
+    responses, model_cfg, tasks = answer_query(cfg, _QUERY)
+    for line in answer_lines(responses, cfg.task, bool(model_cfg.get("random_init")), tasks):
         print(line, flush=True)
 
 
-def answer_lines(responses: list[str], task: Optional[str], demo: bool) -> list[str]:
+def answer_lines(responses: list[str], task: Optional[str], demo: bool, tasks: TaskTable = SMOLINSTRUCT) -> list[str]:
     """What `generate` prints: each response as generated, the answer read from the first as the scorer reads
     it, and what the numbers stand on when they cannot be chemistry (the demo's random-weight base)."""
     lines = [f"[{rank}] as generated: {response}" for rank, response in enumerate(responses, 1)]
-    answer = answer_of(responses[0], task) if responses else None
+    answer = answer_of(responses[0], task, tasks) if responses else None
     how = f"as the scorer reads {task}" if task else "the first tagged answer"
     lines.append(f"answer ({how}): {answer if answer is not None else 'none found in [1]'}")
     if not task:

@@ -28,7 +28,7 @@ from llasmol import analysis
 from llasmol.analysis import pairs, trivial
 from llasmol.core.errors import UserError, report_user_errors
 from llasmol.core.files import WRITE_ELSEWHERE, nearest_existing, raise_if_unwritable, write_text
-from llasmol.core.tasks import TASK_NAMES, get_task
+from llasmol.core.tasks import TASK_NAMES
 
 
 def _write(path: Path, text: str, written: list[Path]) -> None:
@@ -88,7 +88,7 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5, all_metri
            + coverage_note(val.tasks) + ("" if all_metrics else ALL_METRICS_NOTE), written)
     floors = {}
     if val.predictions():
-        floor = trivial.constant_answer_table(val.predictions())
+        floor = trivial.constant_answer_table(val.predictions(), val.table)
         _write(out / "trivial.md", floor.to_markdown(), written)
         _write(out / "trivial.csv", floor.to_csv(), written)
         if val.split is None:  # a validation subset is drawn once per run: one floor for all its validations
@@ -122,7 +122,7 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5, all_metri
     worst_by_task = analysis.worst_examples(val, n=worst)
     _write(out / "worst.md", analysis.worst_table(worst_by_task).to_markdown(), written)
     for task, examples in worst_by_task.items():
-        if get_task(task).answer_tag == "SMILES" and analysis.draw_examples(examples, out / f"worst_{task}.png") is not None:
+        if val.table.task(task).answer_tag == "SMILES" and analysis.draw_examples(examples, out / f"worst_{task}.png") is not None:
             written.append(out / f"worst_{task}.png")
     return written
 

@@ -29,7 +29,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     A table of contents: preflight, build, fit, finish, each step a helper of `llasmol.finetune`.
     """
     started = time.monotonic()
-    check_config(cfg)
+    tasks = check_config(cfg).tasks
     # The first line at once: what runs and where, before torch, Lightning and the base take their seconds.
     log.info("training %s + LoRA %s into %s (loading torch, Lightning and the base)", cfg.model.name, cfg.lora.name,
              cfg.paths.output_dir)
@@ -51,7 +51,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     # Preflight: the settings, the run directory (ours alone), what ckpt_path= means, what this machine runs.
     quiet_known_noise()
-    use_scoring(cfg.get("scoring"))
+    use_scoring(cfg.get("scoring"), tasks)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     out = claim_run_dir(cfg.paths.output_dir)
     resume = Resume.plan(cfg.get("ckpt_path"), out, cfg.model.name, cfg.lora.name)
@@ -61,7 +61,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     # Build: the data first, so bad data stops the run before the model loads and the loggers start.
     tokenizer = load_tokenizer(cfg.model)
-    datamodule = build_datamodule(cfg, tokenizer)
+    datamodule = build_datamodule(cfg, tokenizer, tasks)
     model, params = build_model(cfg, tokenizer)
     module = build_module(cfg, model)
     trainer = build_trainer(cfg, datamodule, resume)  # the one place the resume plan meets the trainer

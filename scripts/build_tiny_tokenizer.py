@@ -19,7 +19,7 @@ from typing import Iterator
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from llasmol.metrics.extract import answer_tags
+from llasmol.core.tasks import SMOLINSTRUCT
 
 ROOT = Path(__file__).resolve().parents[1]
 # One pre-token per match; BPE merges never cross pre-tokens. SMILES pieces come first; letter runs stop
@@ -31,7 +31,7 @@ PRETOKENS = (
 # Written out because the order fixes the tags' token ids in the committed tokenizer; the tags themselves are the
 # answer tags of the task table (and SELFIES), checked here.
 TAGS = ["SMILES", "SELFIES", "IUPAC", "MOLFORMULA", "NUMBER", "BOOLEAN"]
-assert sorted(TAGS) == sorted(answer_tags()), f"the tokenizer's tags {TAGS} are not the answer tags {answer_tags()}"
+assert sorted(TAGS) == sorted(SMOLINSTRUCT.answer_tags()), f"the tokenizer's tags {TAGS} are not {SMOLINSTRUCT.answer_tags()}"
 MARKERS = ["[INST]", "[/INST]"] + [f"<{t}>" for t in TAGS] + [f"</{t}>" for t in TAGS]
 SPECIAL = ["<unk>", "<s>", "</s>", "<pad>"]
 

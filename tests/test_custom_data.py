@@ -11,8 +11,9 @@ import pytest
 from conftest import compose_config
 from refusals import refused
 
+from llasmol.core.errors import UserError
 from llasmol.core.schema import check_config
-from llasmol.core.tasks import declare_tasks, get_task
+from llasmol.core.tasks import SMOLINSTRUCT, TaskTable, get_task
 from llasmol.data.custom import read_table
 from llasmol.data.sampler import ShardedShuffleSampler
 from llasmol.data.source import BUNDLED_DATA, SMolInstructSource
@@ -50,26 +51,55 @@ def write_ring_jsonl(path: Path) -> Path:
 LOGP = {"family": "number", "query": "What is the logP of <INPUT>?", "response": "Its logP is <OUTPUT>."}
 RING = {"family": "boolean", "headline": "mcc", "query": ["Does <INPUT> have a ring?", "Is <INPUT> cyclic?"],
         "max_new_tokens": 6}
+# The task tables the tests hand to what reads tasks: values, made here once (nothing is declared process-wide).
+TABLE = TaskTable({"logp": LOGP, "ring": RING})
+LOGP_ONLY = TaskTable({"logp": LOGP})
+RING_ONLY = TaskTable({"ring": RING})
 
 
-@pytest.fixture
-def own_tasks():
-    declare_tasks({"logp": LOGP, "ring": RING})
-    yield
-    declare_tasks(None)  # what the next test's command declares, not these
-
-
-def test_a_declared_task_is_a_row_of_the_table_with_its_family_defaults(own_tasks):
-    logp, ring = get_task("logp"), get_task("ring")
+def test_a_declared_task_is_a_row_of_the_table_with_its_family_defaults():
+    logp, ring = TABLE.task("logp"), TABLE.task("ring")
     assert (logp.answer_tag, logp.headline, logp.pooled, logp.in_smolinstruct) == ("NUMBER", "rmse", False, False)
     assert (ring.answer_tag, ring.headline, dict(ring.generation)) == ("BOOLEAN", "mcc", {"max_new_tokens": 6})
-    assert get_task("property_prediction-bbbp").in_smolinstruct
-    declare_tasks({"logp": LOGP, "ring": RING}, fresh=False)  # the same again: the same task
+    assert TABLE.task("property_prediction-bbbp").in_smolinstruct
+    assert list(TABLE) == [*SMOLINSTRUCT, "logp", "ring"] and TABLE.declared == {"logp": LOGP, "ring": RING}
+    assert TABLE.with_declared({"logp": LOGP, "ring": RING}) == TABLE  # the same again: the same task
     with refused("ring", "declared twice"):
-        declare_tasks({"ring": {"family": "number"}}, fresh=False)
-    declare_tasks(None)
+        TABLE.with_declared({"ring": {"family": "number"}})
+    # SMolInstruct's own table (and the module's lookup, which reads it) never knows a declared task.
+    with refused("unknown task 'ring'"):
+        SMOLINSTRUCT.task("ring")
     with refused("unknown task 'ring'"):
         get_task("ring")
+
+
+def test_two_tables_never_see_each_others_declared_tasks():
+    """Two runs read in one process (each its own table, from its own declarations) keep their tasks apart; a
+    table handed more tasks is a new table, the one it came from unchanged."""
+    first = TaskTable({"a": {"family": "number"}})
+    second = TaskTable({"b": {"family": "boolean", "headline": "mcc"}})
+    assert (first.task("a").family, second.task("b").family) == ("number", "boolean")
+    with refused("unknown task 'b'"):
+        first.task("b")
+    with refused("unknown task 'a'"):
+        second.task("a")
+    for name in ("a", "b"):
+        assert name not in SMOLINSTRUCT
+        with pytest.raises(UserError, match=f"unknown task '{name}'"):
+            SMOLINSTRUCT.task(name)
+        with pytest.raises(UserError, match=f"unknown task '{name}'"):
+            get_task(name)
+    with refused("unknown task 'b'", "data.tasks"):
+        first.check(["a", "b"])
+    assert len(first) == len(second) == len(SMOLINSTRUCT) + 1 == 15
+    both = first.with_declared(second.declared)
+    assert both is not first and set(both.declared) == {"a", "b"} and both.task("b").headline == "mcc"
+    assert set(first.declared) == {"a"} and "b" not in first and len(first) == 15  # the original is unchanged
+    assert set(second.declared) == {"b"} and "a" not in second
+    assert SMOLINSTRUCT.declared == {} and len(SMOLINSTRUCT) == 14
+    changed = first.declared  # a copy: changing it changes no table
+    changed["c"] = {"family": "boolean"}
+    assert "c" not in first and set(first.declared) == {"a"}
 
 
 @pytest.mark.parametrize("declaration, named", [
@@ -99,20 +129,20 @@ def test_names_that_would_be_two_tasks_or_a_paper_task_are_refused():
         check_config(compose_config(["paths.output_dir=/x", "data=custom"]))
 
 
-def test_a_table_is_read_with_its_columns_splits_and_answers_as_the_family_reads_them(tmp_path, own_tasks):
-    declare_tasks({"ring": RING})  # a file without a task column holds the one task declared
-    rows = read_table(write_ring_jsonl(tmp_path / "ring.jsonl"), fractions={})
+def test_a_table_is_read_with_its_columns_splits_and_answers_as_the_family_reads_them(tmp_path):
+    # A file without a task column holds the one task declared.
+    rows = read_table(write_ring_jsonl(tmp_path / "ring.jsonl"), fractions={}, table=RING_ONLY)
     assert [r.output for r in rows[:3]] == ["No", "Yes", "No"]  # JSON true/false read as yes/no
     assert [r.split for r in rows[:5]] == ["train", "train", "train", "validation", "test"]
-    declare_tasks({"logp": LOGP})
     rows = read_table(write_logp_csv(tmp_path / "logp.csv"), {"input": "smiles", "output": "logp"},
-                      {"validation": 0.2, "test": 0.2})
+                      {"validation": 0.2, "test": 0.2}, LOGP_ONLY)
     assert {r.task for r in rows} == {"logp"} and rows[0].number == 2  # its line in the file, after the header
     # Without a split column, an input's hash chooses: the same input always lands in the same split.
-    again = read_table(tmp_path / "logp.csv", {"input": "smiles", "output": "logp"}, {"validation": 0.2, "test": 0.2})
+    again = read_table(tmp_path / "logp.csv", {"input": "smiles", "output": "logp"}, {"validation": 0.2, "test": 0.2},
+                       LOGP_ONLY)
     assert [r.split for r in rows] == [r.split for r in again] and {r.split for r in rows} == {"train", "validation", "test"}
     (tmp_path / "twice.csv").write_text("input,output\nCCO,1.0\nc1ccccc1,2.0\nCCO,1.5\n")
-    twice = read_table(tmp_path / "twice.csv", fractions={"validation": 0.5})
+    twice = read_table(tmp_path / "twice.csv", fractions={"validation": 0.5}, table=LOGP_ONLY)
     assert twice[0].split == twice[2].split
 
 
@@ -125,31 +155,31 @@ def test_a_table_is_read_with_its_columns_splits_and_answers_as_the_family_reads
     ("", "is empty"),
 ])
 def test_a_bad_row_is_one_line_naming_its_file_and_line(tmp_path, text, named):
-    declare_tasks({"ring": RING})
     path = tmp_path / "bad.csv"
     path.write_text(text)
     with refused(named, str(path)):
-        read_table(path)
-    declare_tasks({"logp": LOGP, "ring": RING})
+        read_table(path, table=RING_ONLY)
     (tmp_path / "one.csv").write_text("input,output\nCCO,1\n")
     with refused("names no task", "declared: logp, ring"):
-        read_table(tmp_path / "one.csv")
+        read_table(tmp_path / "one.csv", table=TABLE)
     (tmp_path / "logp.csv").write_text("input,output\nCCO,1\n")
-    assert read_table(tmp_path / "logp.csv")[0].task == "logp"  # named for its task
-    declare_tasks(None)
+    assert read_table(tmp_path / "logp.csv", table=TABLE)[0].task == "logp"  # named for its task
 
 
-def test_samples_are_the_declared_query_and_the_answer_between_its_tags(tmp_path, own_tasks):
-    source = SMolInstructSource(path=str(write_ring_jsonl(tmp_path / "ring.jsonl")), tasks=["ring"])
+def test_samples_are_the_declared_query_and_the_answer_between_its_tags(tmp_path):
+    source = SMolInstructSource(path=str(write_ring_jsonl(tmp_path / "ring.jsonl")), tasks=["ring"], table=TABLE)
     train = source.split("train")
     first, second = train[0], train[1]
     assert first["input"] == "Is <SMILES> CCO </SMILES> cyclic?"  # line 1: the second of the two queries
     assert second["input"] == "Does <SMILES> c1ccccc1 </SMILES> have a ring?" and second["output"] == "<BOOLEAN> Yes </BOOLEAN>"
     assert (len(train), len(source.split("validation")), len(source.split("test"))) == (12, 4, 4)
     assert train.task_row(0).name == "ring" and list(train.core_samples("ring"))[1] == ("c1ccccc1", "Yes", None)
+    assert source.table is TABLE and train.table is TABLE  # the table it was handed, and its splits with it
+    with refused("unknown task 'ring'"):  # a source of SMolInstruct alone does not know it
+        SMolInstructSource(path=str(tmp_path / "ring.jsonl"), tasks=["ring"])
 
 
-def test_smolinstruct_and_tables_mix_with_weights(tmp_path, own_tasks):
+def test_smolinstruct_and_tables_mix_with_weights(tmp_path):
     from conftest import make_datamodule
 
     from llasmol.model.base import load_tokenizer
@@ -157,7 +187,7 @@ def test_smolinstruct_and_tables_mix_with_weights(tmp_path, own_tasks):
     tokenizer = load_tokenizer(compose_config(["paths.output_dir=/x"]).model)
     also = [str(write_logp_csv(tmp_path / "logp.csv", ("input", "output"))), str(write_ring_jsonl(tmp_path / "ring.jsonl"))]
     dm = make_datamodule(tokenizer, path=str(BUNDLED_DATA), tasks=["property_prediction-bbbp", "logp", "ring"],
-                         also=also, weights={"ring": 2.5, "smolinstruct": 0.5})
+                         also=also, weights={"ring": 2.5, "smolinstruct": 0.5}, table=TABLE)
     train = dm.split("train")
     assert train.tasks == ["property_prediction-bbbp", "logp", "ring"]
     counts = train.counts()
@@ -172,16 +202,16 @@ def test_smolinstruct_and_tables_mix_with_weights(tmp_path, own_tasks):
     (tmp_path / "more").mkdir()
     more = write_ring_jsonl(tmp_path / "more" / "ring.jsonl")
     with refused("task ring is in both"):
-        SMolInstructSource(path=str(BUNDLED_DATA), also=[also[1], str(more)]).task_names()
+        SMolInstructSource(path=str(BUNDLED_DATA), also=[also[1], str(more)], table=TABLE).task_names()
     bbbp = tmp_path / "bbbp.csv"
     bbbp.write_text("input,output,task\nCCO,yes,property_prediction-bbbp\n")
     with refused("SMolInstruct's property_prediction-bbbp", "my_bbbp.family=boolean"):
-        SMolInstructSource(path=str(BUNDLED_DATA), also=[str(bbbp)]).task_names()
+        SMolInstructSource(path=str(BUNDLED_DATA), also=[str(bbbp)], table=TABLE).task_names()
     (tmp_path / "empty").mkdir()
     with refused("empty holds no task"):
-        SMolInstructSource(path=str(BUNDLED_DATA), also=[str(tmp_path / "empty")]).task_names()
+        SMolInstructSource(path=str(BUNDLED_DATA), also=[str(tmp_path / "empty")], table=TABLE).task_names()
     with refused("data.weights names logs"):
-        make_datamodule(tokenizer, path=also[0], weights={"logs": 2}).mix()
+        make_datamodule(tokenizer, path=also[0], weights={"logs": 2}, table=TABLE).mix()
 
 
 def test_weights_of_one_keep_the_order_of_no_weights():
@@ -196,7 +226,7 @@ def test_weights_of_one_keep_the_order_of_no_weights():
     assert len(half) == 20 and picked[0] != picked[1]  # (10 + 30) / 2 ranks; a fresh half each epoch
 
 
-def test_a_declared_task_is_scored_by_its_family(own_tasks):
+def test_a_declared_task_is_scored_by_its_family():
     from llasmol.metrics.scoring import score_records
     from llasmol.metrics.support import support_note
 
@@ -204,15 +234,16 @@ def test_a_declared_task_is_scored_by_its_family(own_tasks):
                {"task": "logp", "gold": ["2.0"], "predictions": ["no idea"]},
                {"task": "ring", "gold": ["Yes"], "predictions": ["<BOOLEAN> Yes </BOOLEAN>"]},
                {"task": "ring", "gold": ["No"], "predictions": ["<BOOLEAN> Yes </BOOLEAN>"]}]
-    metrics = score_records(records)
+    metrics = score_records(records, TABLE)
     assert metrics["logp"]["rmse"] == pytest.approx(0.5) and metrics["logp"]["num_no_answer"] == 1
     assert (metrics["ring"]["accuracy"], metrics["ring"]["tp"], metrics["ring"]["fp"]) == (0.5, 1, 1)
-    assert support_note("logp", "rmse", metrics["logp"]) == "n=1 of 2, too few"
+    assert support_note("logp", "rmse", metrics["logp"], TABLE) == "n=1 of 2, too few"
     from llasmol.metrics.families import use_scoring
 
-    declare_tasks({"ring": {**RING, "headline": "rmse"}})
     with refused("data.new_tasks.ring.headline=rmse", "accuracy, f1, mcc"):
-        use_scoring({})
+        use_scoring({}, TaskTable({"ring": {**RING, "headline": "rmse"}}))
+    with refused("unknown task 'logp'"):  # SMolInstruct's table (the scorer's default) scores none of them
+        score_records(records)
 
 
 @pytest.mark.slow
@@ -242,7 +273,8 @@ def test_a_custom_regression_and_yes_no_task_train_validate_evaluate_and_report(
 
     OmegaConf.save(cfg, out / ".hydra" / "config.yaml")
     val = json.loads((out / "metrics" / "val-step2.json").read_text())
-    held_out = [r.split for r in read_table(csv_file, fractions={"validation": 0.3, "test": 0.3})]
+    held_out = [r.split for r in read_table(csv_file, fractions={"validation": 0.3, "test": 0.3},
+                                            table=check_config(cfg).tasks)]
     assert val["logp"]["num_samples"] == min(3, held_out.count("validation")) > 0
     assert "rmse" in val["logp"] and val["ring"]["num_samples"] == 3 and "mcc" in val["ring"]
     queries = [json.loads(line)["input"] for line in (out / "predictions" / "val-step2.jsonl").read_text().splitlines()]
@@ -250,21 +282,21 @@ def test_a_custom_regression_and_yes_no_task_train_validate_evaluate_and_report(
     assert set(json.loads((out / "tasks.json").read_text())) == {"logp", "ring"}
     assert "ring 12 x2 (" in caplog.text  # the training mix, said at start
 
-    declare_tasks(None)  # a fresh process knows none of them: the run's files say what they are
+    # Nothing process-wide knows them: the run's files say what they are.
+    assert "ring" not in SMOLINSTRUCT and "logp" not in SMOLINSTRUCT
     run = load_run(out)
-    assert get_task("ring").headline == "mcc" and set(run.latest.metrics) >= {"logp", "ring"}
+    assert run.table["ring"].headline == "mcc" and set(run.latest.metrics) >= {"logp", "ring"}
+    assert set(run.table.declared) == {"logp", "ring"} and "ring" not in SMOLINSTRUCT
     report_run(out)
     table = (out / "report" / "metrics.md").read_text()
     assert "| ring | mcc |" in table and "| logp | rmse |" in table and "2 of your own (logp, ring" in table
 
-    declare_tasks(None)
     result = evaluate(compose_config([f"paths.output_dir={tmp_path / 'eval'}", f"ckpt={out}", "data.split=test",
                                       "data.max_samples_per_task={test: 2}", "generation.max_new_tokens_limit=6",
                                       "intervals.resamples=0"], "evaluate"))
     assert {t: v["num_samples"] for t, v in result["metrics"].items()} == {
         "property_prediction-bbbp": 2, "logp": min(2, held_out.count("test")), "ring": 2}
     assert (tmp_path / "eval" / "tasks.json").is_file()
-    declare_tasks(None)
 
 
 def test_the_documented_command_declares_the_task_it_says(tmp_path):
@@ -279,14 +311,14 @@ def test_the_documented_command_declares_the_task_it_says(tmp_path):
     assert words[:3] == ["python", "-m", "llasmol.train"]
     overrides = [w.replace("logs.csv", str(tmp_path / "logs.csv")) for w in words[3:]]
     (tmp_path / "logs.csv").write_text("smiles,logs\nCCO,1.1\nc1ccccc1,-1.6\n")
-    values = check_config(compose_config(["paths.output_dir=/x", *overrides]))
-    source = SMolInstructSource.from_config(values["data"])
-    assert get_task("logs").family == "number" and source.task_names() == ["logs"]
+    values, tasks = check_config(compose_config(["paths.output_dir=/x", *overrides]))
+    source = SMolInstructSource.from_config(values["data"])  # its table made from its own new_tasks
+    assert tasks.task("logs").family == "number" and source.task_names() == ["logs"]
+    assert source.table == tasks and source.table.task("logs").family == "number" and "logs" not in SMOLINSTRUCT
     splits = [source.split(name) for name in ("train", "validation", "test")]
     samples = [split[i] for split in splits for i in range(len(split))]
     sample = samples[0]
     assert len(samples) == 2 and sample["input"].startswith("What is the logS of <SMILES> ") and sample["output"].startswith("<NUMBER> ")
-    declare_tasks(None)
 
 
 def test_a_folder_in_smolinstructs_layout_holds_a_declared_task(tmp_path):
@@ -299,14 +331,15 @@ def test_a_folder_in_smolinstructs_layout_holds_a_declared_task(tmp_path):
         target = tmp_path / file.relative_to(BUNDLED_DATA).parent / file.name.replace(task, name)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(file, target)
-    declare_tasks(None)
     with refused("holds no SMolInstruct task"):
         SMolInstructSource(path=str(tmp_path)).task_names()
     source = SMolInstructSource(path=str(tmp_path), new_tasks={name: {"family": "number"}})
     assert source.task_names() == [name]
     sample = source.split("validation")[0]
     assert sample["task"] == name and "<NUMBER>" in sample["output"] and "<SMILES>" in sample["input"]
-    declare_tasks(None)
+    assert name in source.table and name not in SMOLINSTRUCT  # declared for this source alone
+    with refused("holds no SMolInstruct task"):
+        SMolInstructSource(path=str(tmp_path)).task_names()
 
 
 @pytest.mark.parametrize("text, columns, named", [
@@ -315,25 +348,22 @@ def test_a_folder_in_smolinstructs_layout_holds_a_declared_task(tmp_path):
     ("input,input,output\nCCO,c1ccccc1,1\n", {}, "'input' twice"),
 ])
 def test_a_column_that_is_not_there_or_twice_is_refused(tmp_path, text, columns, named):
-    declare_tasks({"logp": LOGP})
     path = tmp_path / "logp.csv"
     path.write_text(text)
     with refused(named):
-        read_table(path, {"input": "input", "output": "output", "split": "split", "task": "task", **columns})
+        read_table(path, {"input": "input", "output": "output", "split": "split", "task": "task", **columns},
+                   table=LOGP_ONLY)
     (tmp_path / "logp.jsonl").write_text('{"input": "CCO", "output": 1, "input": "CC"}\n')
     with refused("'input' twice"):
-        read_table(tmp_path / "logp.jsonl")
-    declare_tasks(None)
+        read_table(tmp_path / "logp.jsonl", table=LOGP_ONLY)
 
 
 def test_one_molecule_spelt_two_ways_lands_in_one_split(tmp_path):
-    declare_tasks({"logp": LOGP})
     (tmp_path / "logp.csv").write_text("input,output\n" + "".join(
         f"{'C' * n},{n}\nC({'C' * (n - 2)})C,{n}\n" for n in range(3, 40)))
-    rows = read_table(tmp_path / "logp.csv", fractions={"validation": 0.3, "test": 0.3})
+    rows = read_table(tmp_path / "logp.csv", fractions={"validation": 0.3, "test": 0.3}, table=LOGP_ONLY)
     assert [a.split for a in rows[::2]] == [b.split for b in rows[1::2]]
     assert len({r.split for r in rows}) == 3
-    declare_tasks(None)
 
 
 def test_a_task_that_cannot_train_is_refused_and_an_empty_weight_still_draws(tmp_path):
@@ -344,35 +374,35 @@ def test_a_task_that_cannot_train_is_refused_and_an_empty_weight_still_draws(tmp
     from llasmol.model.base import load_tokenizer
 
     tokenizer = load_tokenizer(compose_config(["paths.output_dir=/x"]).model)
-    declare_tasks({"ring": RING})
     (tmp_path / "ring.csv").write_text("input,output,split\nCCO,no,test\nC1CC1,yes,validation\n")
     with refused("task ring has no training sample"):
-        make_datamodule(tokenizer, path=str(tmp_path / "ring.csv")).setup("fit")
+        make_datamodule(tokenizer, path=str(tmp_path / "ring.csv"), table=RING_ONLY).setup("fit")
     assert draws(10, 0.04) == (0, 1) and draws(10, 2.5) == (2, 5) and draws(0, 0.5) == (0, 0)
     # A resumed run must draw as the saved one did: the weights are part of the position's meaning.
-    dm = make_datamodule(tokenizer, path=str(write_ring_jsonl(tmp_path / "ring.jsonl")), weights={"ring": 2})
+    dm = make_datamodule(tokenizer, path=str(write_ring_jsonl(tmp_path / "ring.jsonl")), weights={"ring": 2},
+                         table=RING_ONLY)
     state = dm.train_dataloader().state_dict()
-    other = make_datamodule(tokenizer, path=str(tmp_path / "ring.jsonl"), weights={"ring": 0.5}).train_dataloader()
+    other = make_datamodule(tokenizer, path=str(tmp_path / "ring.jsonl"), weights={"ring": 0.5},
+                            table=RING_ONLY).train_dataloader()
     assert isinstance(other, ResumableDataLoader)
     with refused("the training data changed", "weights"):
         other.load_state_dict(state)
-    declare_tasks(None)
 
 
 def test_runs_that_ask_one_task_otherwise_read_together_and_a_stray_tasks_file_is_not_read(tmp_path):
     from llasmol.inference.predictions import read_predictions
 
-    declare_tasks({"logp": LOGP})
-    declare_tasks({"logp": {**LOGP, "query": "logP? <INPUT>", "max_new_tokens": 9}}, fresh=False)  # scored alike
-    assert get_task("logp").generation == ()
+    both = LOGP_ONLY.with_declared({"logp": {**LOGP, "query": "logP? <INPUT>", "max_new_tokens": 9}})  # scored alike
+    assert both.task("logp").generation == () and both.declared == {"logp": LOGP}  # the first declaration kept
     with refused("scored differently"):
-        declare_tasks({"logp": {**LOGP, "headline": "num_valid"}}, fresh=False)
-    declare_tasks(None)
+        both.with_declared({"logp": {**LOGP, "headline": "num_valid"}})
+    assert LOGP_ONLY.task("logp").headline == "rmse"
     (tmp_path / "tasks.json").write_text('["build", "test"]')  # some other tool's file, one folder up
     (tmp_path / "preds").mkdir()
     (tmp_path / "preds" / "p.jsonl").write_text(json.dumps(
         {"task": "property_prediction-bbbp", "input": "CCO", "gold": "No", "predictions": ["No"]}) + "\n")
     assert len(read_predictions(tmp_path / "preds" / "p.jsonl")) == 1
+    assert len(read_predictions(tmp_path / "preds" / "p.jsonl", tasks=LOGP_ONLY)) == 1
 
 
 def test_the_declaration_keys_are_the_schemas_fields():
@@ -395,6 +425,7 @@ def test_the_readmes_commands_for_your_own_data_compose_and_check():
     for command in commands:
         words = shlex.split(command, comments=True)
         assert words[:3] == ["python", "-m", "llasmol.train"]
-        values = check_config(compose_config(["paths.output_dir=/x", *words[3:]]))
-        assert values["data"]["new_tasks"] and get_task(next(iter(values["data"]["new_tasks"]))).in_smolinstruct is False
-    declare_tasks(None)
+        values, tasks = check_config(compose_config(["paths.output_dir=/x", *words[3:]]))
+        name = next(iter(values["data"]["new_tasks"]))
+        assert values["data"]["new_tasks"] and tasks.task(name).in_smolinstruct is False
+        assert set(tasks.declared) == set(values["data"]["new_tasks"]) and name not in SMOLINSTRUCT

@@ -942,7 +942,9 @@ def test_the_evaluate_command_prints_the_metrics_their_intervals_and_the_file(mo
 
     metrics = {"forward_synthesis": {"exact_match": 0.5, "validity": 1.0, "num_samples": 2}}
     intervals = {"level": 0.9, "tasks": {"forward_synthesis": {"exact_match": [0.0, 1.0]}}}
-    result = {"metrics": metrics, "intervals": intervals, "output": "/x/m.json"}
+    from llasmol.core.tasks import SMOLINSTRUCT
+
+    result = {"metrics": metrics, "intervals": intervals, "output": "/x/m.json", "tasks": SMOLINSTRUCT}
     monkeypatch.setattr(command, "evaluate", lambda cfg, log_into=None: result)
     command.main.__wrapped__(OmegaConf.create({"all_metrics": False}))
     assert capsys.readouterr().out.splitlines() == [
@@ -975,11 +977,13 @@ def test_the_evaluate_command_prints_the_metrics_their_intervals_and_the_file(mo
 def test_the_generate_command_labels_each_response_the_answer_and_the_demo_base(monkeypatch, capsys):
     from omegaconf import OmegaConf
 
+    from llasmol.core.tasks import SMOLINSTRUCT
+
     import llasmol.generate as command
 
     responses = ["The product is <SMILES> CCO </SMILES> .", "<SMILES> C </SMILES>"]
     real, demo = OmegaConf.create({"random_init": False}), OmegaConf.create({"random_init": True})
-    monkeypatch.setattr(command, "answer_query", lambda cfg, query: (responses, real))
+    monkeypatch.setattr(command, "answer_query", lambda cfg, query: (responses, real, SMOLINSTRUCT))
     command.main.__wrapped__(OmegaConf.create({"task": None}))
     assert capsys.readouterr().out.splitlines() == [
         "[1] as generated: The product is <SMILES> CCO </SMILES> .", "[2] as generated: <SMILES> C </SMILES>",
@@ -988,13 +992,13 @@ def test_the_generate_command_labels_each_response_the_answer_and_the_demo_base(
         "scorer's answer extraction)"]
     command.main.__wrapped__(OmegaConf.create({"task": "forward_synthesis"}))
     assert capsys.readouterr().out.splitlines()[2:] == ["answer (as the scorer reads forward_synthesis): CCO"]
-    monkeypatch.setattr(command, "answer_query", lambda cfg, query: (["<BOOLEAN> [/INST] <NUMBER>"], demo))
+    monkeypatch.setattr(command, "answer_query", lambda cfg, query: (["<BOOLEAN> [/INST] <NUMBER>"], demo, SMOLINSTRUCT))
     command.main.__wrapped__(OmegaConf.create({"task": "forward_synthesis"}))
     out = capsys.readouterr().out.splitlines()
     assert out[1] == "answer (as the scorer reads forward_synthesis): none found in [1]"
     assert out[2].startswith("note: model=tiny is the demo's small random-weight base, not a chemistry model")
     responses.clear()
-    monkeypatch.setattr(command, "answer_query", lambda cfg, query: (responses, real))
+    monkeypatch.setattr(command, "answer_query", lambda cfg, query: (responses, real, SMOLINSTRUCT))
     command.main.__wrapped__(OmegaConf.create({"task": "forward_synthesis"}))
     assert capsys.readouterr().out.splitlines() == ["answer (as the scorer reads forward_synthesis): none found in [1]"]
 
@@ -1194,7 +1198,7 @@ def test_generate_asks_the_canonical_question_with_the_task_on_the_chosen_device
             return self
 
     class Answers:
-        def __init__(self, generator, generation):
+        def __init__(self, generator, generation, tasks):
             self.generator = generator
 
         def ask(self, query, task):

@@ -13,6 +13,7 @@ import torch
 
 from refusals import refused
 
+from llasmol.core.tasks import SMOLINSTRUCT
 from llasmol.inference.beam_search import BeamGenerator, BeamSettings, task_settings
 from llasmol.inference.partial import PartialPredictions, partial_path
 from llasmol.inference.pipeline import Evaluation, ModelAnswers, RunFiles, Samples, balanced_subset, gather_to_all
@@ -230,6 +231,8 @@ def test_the_balanced_subset_takes_each_tasks_samples_from_its_own_range():
 
 class GoldSplit:
     """Two forward_synthesis samples of one input with different products, and two ESOL samples of one input."""
+
+    table = SMOLINSTRUCT
 
     samples = [{"task": "forward_synthesis", "input": "a", "raw_input": "CC.O", "raw_output": "CCO"},
                {"task": "property_prediction-esol", "input": "b", "raw_input": "C", "raw_output": "1.0"},

@@ -190,6 +190,19 @@ def test_the_package_never_evaluates_text():
     assert offenders == []
 
 
+def test_the_task_table_is_made_in_one_module_and_held_by_no_module_as_state():
+    """Tasks are a value (`llasmol.core.tasks.TaskTable`): only core/tasks.py makes a table's rows, a run's own
+    tasks reach a table through `TaskTable(...)`/`with_declared` (the schema's `checked_tasks`, a run's
+    `read_tasks`), and no module keeps a table it changes: no `global` statement names one."""
+    makes = re.compile(r"\bTaskTable\(|\bwith_declared\(")
+    makers = sorted({p.relative_to(ROOT).as_posix() for p in (ROOT / "llasmol").rglob("*.py")
+                     for line in p.read_text().splitlines() if makes.search(line) and not line.lstrip().startswith("#")})
+    # tasks.py defines both; schema.checked_tasks declares a config's or a file's; pairs.py reads two runs together.
+    assert makers == ["llasmol/analysis/pairs.py", "llasmol/core/schema.py", "llasmol/core/tasks.py"]
+    tasks_source = (ROOT / "llasmol" / "core" / "tasks.py").read_text()
+    assert "global " not in tasks_source and "_BY_NAME" not in tasks_source
+
+
 def test_remote_code_is_off_and_weights_load_from_safetensors():
     from conftest import compose_config
 

@@ -852,10 +852,13 @@ def test_generation_tasks_pool_golds_by_input_and_property_tasks_do_not():
 def test_the_task_table_is_read_only_and_check_tasks_refuses_empty_repeated_or_unknown_lists():
     import dataclasses
 
-    from llasmol.core.tasks import check_tasks
+    from llasmol.core.tasks import SMOLINSTRUCT
 
+    check_tasks = SMOLINSTRUCT.check
     with pytest.raises(dataclasses.FrozenInstanceError):
         get_task("forward_synthesis").pooled = False
+    with pytest.raises(TypeError):  # the table itself is a value: no entry is set or removed
+        SMOLINSTRUCT["mine"] = get_task("forward_synthesis")
     assert check_tasks(("retrosynthesis", "forward_synthesis")) == ["retrosynthesis", "forward_synthesis"]
     with refused("data.tasks", "forward_synthesis"):
         check_tasks([])

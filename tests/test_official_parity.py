@@ -223,7 +223,7 @@ def test_a_partial_llm4chem_file_gets_the_golds_of_the_whole_split_with_pool_gol
 def test_split_golds_come_first_then_the_files_own_and_only_for_pooled_tasks(tmp_path):
     """pool_golds=split: a pooled task's record gets every gold the split gives its input, in the split's order,
     then any gold of its own the split lacks; a task whose golds do not pool keeps its record as it is."""
-    from llasmol.core.tasks import get_task
+    from llasmol.core.tasks import SMOLINSTRUCT, get_task
     from llasmol.inference.jobs import with_split_golds
 
     data, first, other = _data_with_a_second_gold(tmp_path / "data")
@@ -231,12 +231,12 @@ def test_split_golds_come_first_then_the_files_own_and_only_for_pooled_tasks(tmp
     assert get_task("forward_synthesis").pooled and not get_task("property_prediction-bbbp").pooled
     records = [{"task": "forward_synthesis", "input": first["input"], "gold": [other, "CCCCCCCC"], "predictions": []},
                {"task": "property_prediction-bbbp", "input": "not in the split", "gold": ["Yes"], "predictions": []}]
-    out = with_split_golds(records, cfg)
+    out = with_split_golds(records, cfg, SMOLINSTRUCT)
     assert [r["gold"] for r in out] == [[first["output"], other, "CCCCCCCC"], ["Yes"]]
     # The default data (the bundled excerpt, named by an interpolation) is found as the command finds it.
     default = compose_config([f"paths.output_dir={tmp_path}", "pool_golds=split"], "evaluate")
     record = {"task": "forward_synthesis", "input": first["input"], "gold": ["CCCCCCCC"], "predictions": []}
-    assert with_split_golds([record], default)[0]["gold"] == [first["output"], "CCCCCCCC"]
+    assert with_split_golds([record], default, SMOLINSTRUCT)[0]["gold"] == [first["output"], "CCCCCCCC"]
 
 
 @pytest.mark.parametrize("smiles, official", [

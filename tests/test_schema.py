@@ -17,6 +17,7 @@ from refusals import refused, refused_cli
 from llasmol.core import schema
 from llasmol.core.errors import UserError
 from llasmol.core.schema import COMMANDS, check_config, resolved
+from llasmol.core.tasks import SMOLINSTRUCT
 
 # What each command composes, by its choices that add settings (a quantised base, a real base's recipe).
 COMPOSITIONS = [("train", []), ("train", ["model=mistral", "quantization=4bit"]), ("train", ["lora=large"]), ("train", ["trainer=fsdp"]),
@@ -511,7 +512,8 @@ def test_fits_is_strict_and_any_takes_anything():
 def test_check_config_resolves_drops_hydras_node_and_returns_the_values():
     cfg = OmegaConf.create({"task_name": "audit", "examples": "${n}", "n": 3, "held_out": ["test"],
                             "hydra": {"run": {"dir": "/x"}}})
-    assert check_config(cfg) == {"task_name": "audit", "examples": 3, "n": 3, "held_out": ["test"]}
+    values, tasks = check_config(cfg)
+    assert values == {"task_name": "audit", "examples": 3, "n": 3, "held_out": ["test"]} and tasks is SMOLINSTRUCT
     with refused("examples=-1"):
         check_config(OmegaConf.create({"task_name": "audit", "examples": -1}))
     with refused("task_name='nope'", "train, params, evaluate, generate, baseline, audit"):
@@ -549,7 +551,7 @@ def test_once_hydra_runs_the_run_folder_is_resolved_and_checked():
     cfg.hydra.runtime.output_dir = "/runs/a"  # what Hydra sets as its run starts
     try:
         HydraConfig.instance().set_config(cfg)
-        values = check_config(cfg)
+        values = check_config(cfg).values
     finally:
         HydraConfig.instance().cfg = None
     assert values["paths"]["output_dir"] == "/runs/a" and "hydra" not in values

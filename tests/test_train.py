@@ -15,6 +15,7 @@ import torch
 from conftest import HANG_TIMEOUT, QUICK
 from refusals import error_line, refused
 
+from llasmol.core.tasks import SMOLINSTRUCT
 from llasmol.core.threads import usable_cores
 from llasmol.params import count_trainable
 from llasmol.train import train
@@ -562,7 +563,8 @@ def test_the_callbacks_a_resumable_run_needs_come_last_and_no_bar_when_it_is_off
 
 def _datamodule(**source):
     return SimpleNamespace(source=SimpleNamespace(**{"path": "/data/smol", "hub_id": "osunlp/SMolInstruct",
-                                                     "revision": "main", "has_tables": lambda: False, **source}),
+                                                     "revision": "main", "has_tables": lambda: False,
+                                                     "table": SMOLINSTRUCT, **source}),
                            effective_batch_size=12, micro_batch_size=4, tasks=["name_conversion-i2f"],
                            gradient_accumulation=lambda world_size: 12 // (4 * world_size))
 
@@ -680,7 +682,7 @@ def test_a_validation_generates_on_its_ranks_share_logs_every_number_and_writes_
     from llasmol.finetune.validation import GenerationEvaluator
 
     calls = []
-    share = SimpleNamespace(indices=[1, 3], split=SimpleNamespace(tasks=["name_conversion-s2f"]))
+    share = SimpleNamespace(indices=[1, 3], split=SimpleNamespace(tasks=["name_conversion-s2f"], table=SMOLINSTRUCT))
     monkeypatch.setattr(validation.Samples, "of", lambda *args: calls.append(("samples", *args))
                         or SimpleNamespace(share=lambda rank, world: calls.append(("share", rank, world)) or share))
     monkeypatch.setattr(validation, "BeamGenerator", lambda *args: calls.append(("generator", *args)) or "generator")
@@ -693,16 +695,16 @@ def test_a_validation_generates_on_its_ranks_share_logs_every_number_and_writes_
     monkeypatch.setattr(validation, "generation_progress", progress)
     records = [{"index": i, "task": "name_conversion-s2f", "input": "CCO", "gold": ["C2H6O"],
                 "predictions": ["<MOLFORMULA> C2H6O </MOLFORMULA>"], "answers": ["C2H6O"]} for i in (3, 1)]
-    monkeypatch.setattr(validation, "ModelAnswers", lambda generator, generation: SimpleNamespace(
+    monkeypatch.setattr(validation, "ModelAnswers", lambda generator, generation, tasks: SimpleNamespace(
         answer=lambda s, advance: calls.append(("answer", generator, s, advance)) or records))
     monkeypatch.setattr(validation, "gather_to_all", lambda mine: mine)
     monkeypatch.setattr(validation.RunFiles, "named", lambda out, name: (out, name))
-    monkeypatch.setattr(validation, "reduced_metrics", lambda mine, tasks, device: ("reduced", tasks, device))
+    monkeypatch.setattr(validation, "reduced_metrics", lambda mine, tasks, device, table: ("reduced", tasks, device))
     outcome = SimpleNamespace(metrics={"name_conversion-s2f": {"exact_match": 0.5, "num_samples": 2, "note": "x"}},
                               intervals={"tasks": {"name_conversion-s2f": {"exact_match": (0.25, 0.75), "num_samples": None}}})
 
     class Evaluation:
-        def __init__(self, files, intervals, write):
+        def __init__(self, files, intervals, write, tasks):
             calls.append(("evaluation", files, intervals, write))
 
         def write_predictions(self, everything):

@@ -94,7 +94,9 @@ def _cannot_answer():
     from llasmol.classical import get_method
     from llasmol.classical.runner import choose_tasks
 
-    source = SimpleNamespace(task_names=lambda: ["name_conversion-s2i"])
+    from llasmol.core.tasks import SMOLINSTRUCT
+
+    source = SimpleNamespace(task_names=lambda: ["name_conversion-s2i"], table=SMOLINSTRUCT)
     choose_tasks(get_method("rdkit")(), source, named=True)
 
 
@@ -248,10 +250,11 @@ def _launch(world, sharded):
 
 
 def _not_in_split(tmp_path, smol_root):
+    from llasmol.core.tasks import SMOLINSTRUCT
     from llasmol.inference.jobs import with_split_golds
 
     cfg = compose_config([f"data.path={smol_root}"], config_name="evaluate")
-    with_split_golds([{"task": "forward_synthesis", "input": "CCCCCCCCCCCC", "gold": ["C"]}], cfg)
+    with_split_golds([{"task": "forward_synthesis", "input": "CCCCCCCCCCCC", "gold": ["C"]}], cfg, SMOLINSTRUCT)
 
 
 def _nan_loss():

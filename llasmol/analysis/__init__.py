@@ -50,7 +50,7 @@ from llasmol.analysis.runs import (
 )
 from llasmol.analysis.tables import (
     FAILURE_CATEGORIES,
-    HEADLINE,
+    headline,
     Table,
     evaluation_note,
     evaluation_table,

@@ -6,7 +6,7 @@ from typing import Optional, Sequence, Union
 
 from llasmol.analysis.paper import PAPER_MODELS, PAPER_RESULTS, PAPER_SOURCES, PAPER_TRAINABLE
 from llasmol.analysis.runs import PathLike, Run, load_sweep
-from llasmol.analysis.tables import HEADLINE, Table
+from llasmol.analysis.tables import Table, headline
 
 # The paper rows `compare_table` shows unless told: the base of Section 5.4's LoRA ablation (LlaSMol Llama 2,
 # which `paper_trainable` refers to) and the paper's best model.  `paper_models=PAPER_MODELS` shows every
@@ -32,7 +32,7 @@ def comparison_columns(runs: Sequence[Run], metrics: Optional[dict[str, Sequence
     columns: list[tuple[str, str]] = []
     for run in runs:
         for task in _compared(run):
-            wanted = (metrics or {}).get(task) or [HEADLINE.get(task)]
+            wanted = (metrics or {}).get(task) or [headline(task, run.table)]
             for m in wanted:
                 if m and (task, m) not in columns:
                     columns.append((task, m))
@@ -115,7 +115,7 @@ def paper_table(
     metrics `metrics[task]` names).  Blank where the paper's number is not here (see `paper`)."""
     if tasks is None:
         tasks = list(dict.fromkeys(t for m in models for t in PAPER_RESULTS[m]))
-    columns = [(t, m) for t in tasks for m in ((metrics or {}).get(t) or [HEADLINE.get(t)]) if m]
+    columns = [(t, m) for t in tasks for m in ((metrics or {}).get(t) or [headline(t)]) if m]  # the paper's: SMolInstruct's
     rows = [
         [model, PAPER_SOURCES[model].kind, PAPER_SOURCES[model].label, PAPER_SOURCES[model].caveat or None]
         + [PAPER_RESULTS[model].get(t, {}).get(m) for t, m in columns]

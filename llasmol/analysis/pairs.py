@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from llasmol.analysis.runs import Run, Validation
-from llasmol.analysis.tables import HEADLINE, Table
+from llasmol.analysis.tables import Table, headline
 from llasmol.core.run_dir import PREDICTIONS, intervals_file
+from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.inference.predictions import read_predictions
 from llasmol.metrics.intervals import bootstrap_intervals, paired_difference, per_sample_statistics
 
@@ -25,7 +26,7 @@ def basis(run: Run) -> tuple[str, list[dict]]:
     """What `run` is compared on: (``test`` or its latest validation's name, those prediction records)."""
     test = run.path / PREDICTIONS / "test.jsonl"
     if test.is_file():
-        return "test", read_predictions(test, allow_empty=True)
+        return "test", read_predictions(test, allow_empty=True, tasks=run.table)
     latest = run.latest
     if latest is None or latest.predictions_path is None:
         return "-", []
@@ -43,7 +44,7 @@ def _saved(metrics_path: Path) -> dict:
 
 
 def intervals_of(metrics_path: Path, records: Sequence[dict], resamples: int = 1000, seed: int = 0,
-                 level: float = 0.95) -> dict:
+                 level: float = 0.95, tasks: TaskTable = SMOLINSTRUCT) -> dict:
     """The intervals written beside `metrics_path` (``{task: {metric: [lo, hi]}}``), or, for a run written
     before intervals were (no such file), computed now from its prediction records."""
     saved = _saved(metrics_path)
@@ -51,12 +52,12 @@ def intervals_of(metrics_path: Path, records: Sequence[dict], resamples: int = 1
         return saved["tasks"]
     if not records:
         return {}
-    return bootstrap_intervals(per_sample_statistics(records), resamples, seed, level)
+    return bootstrap_intervals(per_sample_statistics(records, tasks), resamples, seed, level)
 
 
 def interval_table(val: Validation) -> Table:
     """One row per task and metric with an interval: the value beside its bounds."""
-    intervals = intervals_of(val.metrics_path, val.predictions())
+    intervals = intervals_of(val.metrics_path, val.predictions(), tasks=val.table)
     rows = []
     for task, values in val.metrics.items():
         for name, pair in intervals.get(task, {}).items():
@@ -76,10 +77,11 @@ def ablation_intervals(runs: Sequence[Run], labels: Sequence[str]) -> dict[str, 
         shown = run.latest if run.latest is not None else (run.evaluation("test") if "test" in run.evaluations else None)
         if shown is None:
             continue
-        for task, values in intervals_of(shown.metrics_path, shown.predictions()).items():
-            pair = values.get(HEADLINE.get(task, ""))
+        for task, values in intervals_of(shown.metrics_path, shown.predictions(), tasks=run.table).items():
+            name = headline(task, run.table)
+            pair = values.get(name or "")
             if pair is not None:
-                out.setdefault(f"{task}/{HEADLINE[task]}", {})[label] = pair
+                out.setdefault(f"{task}/{name}", {})[label] = pair
     return out
 
 
@@ -109,8 +111,9 @@ def paired_table(runs: Sequence[Run], labels: Sequence[str], resamples: int = 10
             # One was evaluated on the test split, the other not: compare their latest validations instead.
             where_a, records_a = (a.latest.name, a.latest.predictions()) if a.latest else ("-", [])
             where_b, records_b = (b.latest.name, b.latest.predictions()) if b.latest else ("-", [])
-        tasks = {r["task"]: HEADLINE[r["task"]] for r in records_a}
-        result = paired_difference(records_a, records_b, tasks, resamples, seed, level)
+        table = a.table.with_declared(b.table.declared)  # one task by one name in both, or one line
+        tasks = {r["task"]: headline(r["task"], table) for r in records_a}
+        result = paired_difference(records_a, records_b, tasks, resamples, seed, level, table)
         on = where_a if where_a == where_b else f"{where_a} / {where_b}"
         for task, d in result.items():
             lo, hi = d["interval"] or (None, None)

@@ -22,7 +22,7 @@ from typing import Optional, Union
 
 from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
-from llasmol.core.schema import declare_found_tasks
+from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.inference.predictions import read_predictions
 from llasmol.metrics.support import with_support
 
@@ -44,10 +44,10 @@ def _finite_or_none(value):
     return value if math.isfinite(value) else None
 
 
-def _task_metrics(data: dict) -> dict[str, dict[str, Optional[float]]]:
+def _task_metrics(data: dict, tasks: TaskTable) -> dict[str, dict[str, Optional[float]]]:
     """A metrics file's ``{task: {metric: value}}``, each value with how many samples it stands on
     (`llasmol.metrics.support`: tables print ``0.630 (n=1 of 30, too few)``)."""
-    return {task: with_support(task, {name: _finite_or_none(v) for name, v in values.items()})
+    return {task: with_support(task, {name: _finite_or_none(v) for name, v in values.items()}, tasks)
             for task, values in data.items() if isinstance(values, dict)}
 
 
@@ -69,6 +69,7 @@ class Validation:
     metrics: dict[str, dict[str, Optional[float]]]
     _records: Optional[list[dict]] = field(default=None, repr=False)
     split: Optional[str] = None
+    table: TaskTable = SMOLINSTRUCT  # the run's tasks: SMolInstruct's and its own (its tasks.json)
 
     @property
     def name(self) -> str:
@@ -81,7 +82,8 @@ class Validation:
     def predictions(self) -> list[dict]:
         """The prediction records (one per sample), or ``[]`` when the file is missing."""
         if self._records is None:
-            self._records = read_predictions(self.predictions_path, allow_empty=True) if self.predictions_path else []
+            self._records = (read_predictions(self.predictions_path, allow_empty=True, tasks=self.table)
+                             if self.predictions_path else [])
         return self._records
 
 
@@ -98,6 +100,7 @@ class Run:
     baseline: Optional[dict] = None
     # Another system's answers scored by `evaluate predictions=... name=...`: its system.json.
     system: Optional[dict] = None
+    table: TaskTable = SMOLINSTRUCT  # the run's tasks: SMolInstruct's and its own (its tasks.json)
 
     @property
     def name(self) -> str:
@@ -137,7 +140,7 @@ class Run:
         predictions = self.path / layout.PREDICTIONS / f"{split}.jsonl"
         return Validation(step=None, metrics_path=self.path / layout.METRICS / f"{split}.json",
                           predictions_path=predictions if predictions.is_file() else None,
-                          metrics=self.evaluations[split], split=split)
+                          metrics=self.evaluations[split], split=split, table=self.table)
 
     def validation(self, which: Union[None, int, str] = None) -> Validation:
         """The latest validation (``None``), the one at a list position (``-1``, ``0``) or by name
@@ -225,7 +228,7 @@ def read_csv_log(path: PathLike) -> list[dict[str, Optional[float]]]:
     return rows
 
 
-def _load_validations(path: Path) -> list[Validation]:
+def _load_validations(path: Path, tasks: TaskTable) -> list[Validation]:
     out = []
     metrics_dir = path / layout.METRICS
     if not metrics_dir.is_dir():
@@ -237,7 +240,7 @@ def _load_validations(path: Path) -> list[Validation]:
         data = _read_json(file)
         if not isinstance(data, dict):
             raise UserError(f"{file} is not a {{task: {{metric: value}}}} object")
-        metrics = _task_metrics(data)
+        metrics = _task_metrics(data, tasks)
         predictions = path / layout.PREDICTIONS / f"{file.stem}.jsonl"
         out.append(
             Validation(
@@ -245,20 +248,21 @@ def _load_validations(path: Path) -> list[Validation]:
                 metrics_path=file,
                 predictions_path=predictions if predictions.is_file() else None,
                 metrics=metrics,
+                table=tasks,
             )
         )
     out.sort(key=lambda v: v.step)
     return out
 
 
-def _load_evaluations(path: Path) -> dict[str, dict[str, dict[str, Optional[float]]]]:
+def _load_evaluations(path: Path, tasks: TaskTable) -> dict[str, dict[str, dict[str, Optional[float]]]]:
     out = {}
     for file in sorted((path / layout.METRICS).glob("*.json")) if (path / layout.METRICS).is_dir() else []:
         if layout.validation_step(file.stem) is not None or file.stem.endswith(layout.INTERVALS_SUFFIX):
             continue
         data = _read_json(file)
         if isinstance(data, dict):
-            out[file.stem] = _task_metrics(data)
+            out[file.stem] = _task_metrics(data, tasks)
     return out
 
 
@@ -295,7 +299,7 @@ def load_run(path: PathLike, require_validation: bool = False) -> Run:
         raise UserError(
             f"{path} is not a run directory (no params.json, metrics/, predictions/ or csv/metrics.csv)"
         )
-    declare_found_tasks(path)  # the run's own tasks, before its files name them
+    tasks = layout.read_tasks(path)  # the run's own tasks, before its files name them
     params_file = path / layout.PARAMS
     params = _read_json(params_file) if params_file.is_file() else {}
     if not isinstance(params, dict):
@@ -303,9 +307,10 @@ def load_run(path: PathLike, require_validation: bool = False) -> Run:
     baseline_file = path / layout.BASELINE
     baseline = _read_json(baseline_file) if baseline_file.is_file() else None
     system = _read_json(path / layout.SYSTEM) if (path / layout.SYSTEM).is_file() else None
-    run = Run(path=path, params=params, validations=_load_validations(path), evaluations=_load_evaluations(path),
+    run = Run(path=path, params=params, validations=_load_validations(path, tasks),
+              evaluations=_load_evaluations(path, tasks),
               baseline=baseline if isinstance(baseline, dict) else None,
-              system=system if isinstance(system, dict) else None)
+              system=system if isinstance(system, dict) else None, table=tasks)
     if require_validation and not (run.validations or run.evaluations):
         raise UserError(f"{path} {NO_VALIDATION} (nor an evaluated split: metrics/<split>.json)")
     return run

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 from llasmol.analysis.paper import NOT_TRANSCRIBED, PAPER_MODEL_OF_BASE, PAPER_MODELS, PAPER_RESULTS, PAPER_SOURCES
 from llasmol.analysis.runs import Run, Validation
 from llasmol.core.errors import UserError
-from llasmol.core.tasks import ByTask, get_task
+from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.metrics.families import CATEGORIES, COUNTS, FAMILIES, METRIC_ORDER, TOPK
 from llasmol.metrics.scoring import as_list, is_skipped, judge, record_answers, record_golds
 from llasmol.metrics.support import shown, with_support
@@ -26,7 +26,10 @@ from llasmol.metrics.support import shown, with_support
 Cell = Union[str, int, float, None]
 
 # The metric the paper's main tables (Tables 2 and 3) report first for each task (the task table's).
-HEADLINE: ByTask = ByTask(lambda task: task.headline)  # task -> the metric its tables show first
+def headline(task: str, tasks: TaskTable = SMOLINSTRUCT) -> Optional[str]:
+    """The metric `task`'s tables show first (its row's in `tasks`); None for a task `tasks` lacks."""
+    row = tasks.get(task)
+    return row.headline if row is not None else None
 
 FAILURE_CATEGORIES: tuple[str, ...] = CATEGORIES
 """Per-sample outcome of the top-1 answer (`llasmol.metrics.families.CATEGORIES`):
@@ -119,22 +122,24 @@ def _text_cell(value: Any) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
-def headline_metrics(task: str, values: dict[str, Any]) -> list[str]:
+def headline_metrics(task: str, values: dict[str, Any], tasks: TaskTable = SMOLINSTRUCT) -> list[str]:
     """The metrics shown for `task` by default: its headline metric (the task table's) and its sample count,
     those of the two `values` has. Every metric stays in the files; `all_metrics=true` (evaluate, baseline)
     and `report --all-metrics` show them all."""
-    wanted = [HEADLINE.get(task), "num_samples"]
+    wanted = [headline(task, tasks), "num_samples"]
     return [name for name in wanted if name in values]
 
 
-def metric_lines(results: dict[str, dict[str, Any]], intervals: Optional[dict] = None, all_metrics: bool = False) -> str:
+def metric_lines(results: dict[str, dict[str, Any]], intervals: Optional[dict] = None, all_metrics: bool = False,
+                 tasks: TaskTable = SMOLINSTRUCT) -> str:
     """What `evaluate` and `baseline` print: one line per task, its headline metric and sample count (all its
-    metrics with `all_metrics`) as `name=value [lo, hi]`."""
+    metrics with `all_metrics`) as `name=value [lo, hi]`; `tasks`: the table the results' tasks are rows of."""
     width = max((len(t) for t in results), default=4)
     bounds = (intervals or {}).get("tasks", {})
-    results = {task: with_support(task, metrics) for task, metrics in results.items()}
+    results = {task: with_support(task, metrics, tasks) for task, metrics in results.items()}
     if not all_metrics:
-        results = {task: {m: metrics[m] for m in headline_metrics(task, metrics)} for task, metrics in results.items()}
+        results = {task: {m: metrics[m] for m in headline_metrics(task, metrics, tasks)}
+                   for task, metrics in results.items()}
 
     def cell(task: str, name: str, value: Any) -> str:
         interval = bounds.get(task, {}).get(name)
@@ -164,8 +169,8 @@ def headline_table(source: Union[Run, Validation], validation=None) -> Table:
     """One row per task of a validation (the latest unless `validation` picks one): its headline metric's
     name and value and the samples scored (`metric_table` has every metric)."""
     val = _validation(source, validation)
-    rows = [[task, HEADLINE.get(task), values.get(HEADLINE.get(task)), values.get("num_samples")]
-            for task, values in val.metrics.items()]
+    rows = [[task, name, values.get(name), values.get("num_samples")]
+            for task, values in val.metrics.items() for name in [headline(task, val.table)]]
     return Table(["task", "metric", "value", "num_samples"], rows, title=f"Headline metrics at {val.name}")
 
 
@@ -206,12 +211,12 @@ def topk_table(source: Union[Run, Validation], validation=None) -> Table:
 
 
 def judge_sample(task: str, predictions: Sequence[str], golds: Sequence[str],
-                 answers=None) -> tuple[str, Optional[float]]:
+                 answers=None, tasks: TaskTable = SMOLINSTRUCT) -> tuple[str, Optional[float]]:
     """The failure category (`FAILURE_CATEGORIES`, except ``skipped``) of one sample's top-1 answer,
     and a per-sample score where one exists: Morgan Tanimoto similarity to the closest gold for
     SMILES tasks, absolute error for ESOL/Lipo, METEOR for captions (None otherwise). `answers`: what is
     scored of each prediction when already read (`llasmol.metrics.scoring.record_answers`)."""
-    return judge(task, list(predictions), list(golds), answers=answers)
+    return judge(task, list(predictions), list(golds), answers=answers, tasks=tasks)
 
 
 def judged_samples(source: Union[Run, Validation], validation=None) -> list[dict]:
@@ -220,14 +225,14 @@ def judged_samples(source: Union[Run, Validation], validation=None) -> list[dict
     val = _validation(source, validation)
     records = val.predictions()
     out = []
-    for record, golds in zip(records, record_golds(records)):
+    for record, golds in zip(records, record_golds(records, val.table)):
         task = record["task"]
         predictions = as_list(record.get("predictions"))
-        answers = record_answers(record)
+        answers = record_answers(record, val.table)
         if is_skipped(record):
             category, score = "skipped", None
         else:
-            category, score = judge_sample(task, predictions, golds, answers)
+            category, score = judge_sample(task, predictions, golds, answers, val.table)
         out.append(
             {
                 **record,
@@ -235,6 +240,7 @@ def judged_samples(source: Union[Run, Validation], validation=None) -> list[dict
                 "answer": answers[0] if answers else None,
                 "category": category,
                 "score": score,
+                "lower_is_better": FAMILIES[val.table.task(task).family].score_lower_is_better,
             }
         )
     return out
@@ -270,7 +276,7 @@ def _badness(sample: dict) -> tuple:
     rank = _CATEGORY_RANK[sample["category"]]
     if score is None:
         return (rank, 0.0)
-    if FAMILIES[get_task(sample["task"]).family].score_lower_is_better:  # an error: larger is worse
+    if sample["lower_is_better"]:  # an error: larger is worse
         return (rank, -score)
     return (rank, score)  # similarity / METEOR: smaller is worse
 
@@ -308,14 +314,14 @@ def worst_table(worst: dict[str, list[dict]]) -> Table:
 
 def metric_trends(run: Run, metrics: Union[None, str, Sequence[str]] = None) -> Table:
     """One row per validation, oldest first (by optimizer step), one column ``<task>/<metric>`` per task
-    and metric: each task's headline metric (`HEADLINE`) by default, or the given metric name(s)
+    and metric: each task's headline metric (`headline`) by default, or the given metric name(s)
     for every task that reports them."""
     if isinstance(metrics, str):
         metrics = [metrics]
     columns: list[tuple[str, str]] = []
     for val in run.validations:
         for task, values in val.metrics.items():
-            wanted = metrics if metrics else [HEADLINE.get(task)]
+            wanted = metrics if metrics else [headline(task, run.table)]
             for m in wanted:
                 if m in values and (task, m) not in columns:
                     columns.append((task, m))
@@ -367,7 +373,7 @@ def evaluation_table(run: Run, split: str = "test") -> Table:
     rows = []
     for task, values in run.evaluations[split].items():
         reported = paper.get(task, {})
-        names = [m for m in _ordered_metrics(reported) if m in values] or [HEADLINE.get(task)]
+        names = [m for m in _ordered_metrics(reported) if m in values] or [headline(task, run.table)]
         rows += [[task, m, values.get(m), reported.get(m)] for m in names if m]
     source = f" (paper, {PAPER_SOURCES[paper_model].label})" if paper_model else ""
     title = f"{run.label}: {split} results" + (f" beside {paper_model}{source}" if paper_model else "")

@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from typing import Optional, Sequence
 
 from llasmol.analysis.tables import Table
-from llasmol.core.tasks import get_task
+from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.metrics.intervals import per_sample_statistics
 
 NOTE = (
@@ -24,8 +24,8 @@ NOTE = (
 )
 
 
-def _constant(task: str, golds: list[str]) -> Optional[str]:
-    if get_task(task).family == "number":
+def _constant(family: str, golds: list[str]) -> Optional[str]:
+    if family == "number":
         values = []
         for gold in golds:
             try:
@@ -36,20 +36,21 @@ def _constant(task: str, golds: list[str]) -> Optional[str]:
     return Counter(golds).most_common(1)[0][0] if golds else None
 
 
-def constant_answer_table(records: Sequence[dict]) -> Table:
-    """One row per task: the constant answer, its headline metric on `records`, and the samples scored."""
+def constant_answer_table(records: Sequence[dict], tasks: TaskTable = SMOLINSTRUCT) -> Table:
+    """One row per task: the constant answer, its headline metric on `records`, and the samples scored
+    (`tasks`: the table the records' tasks are rows of)."""
     by_task: dict[str, list[dict]] = defaultdict(list)
     for record in records:
         by_task[record["task"]].append(record)
     rows = []
     for task, group in by_task.items():
-        row = get_task(task)
-        answer = _constant(task, [r["gold"][0] for r in group if r.get("gold")])
+        row = tasks.task(task)
+        answer = _constant(row.family, [r["gold"][0] for r in group if r.get("gold")])
         if answer is None:
             continue
         response = f"<{row.answer_tag}> {answer} </{row.answer_tag}>" if row.answer_tag else answer
         scored = [{**r, "predictions": [response], "skipped": False} for r in group]
-        metrics = per_sample_statistics(scored)[task].metrics()
+        metrics = per_sample_statistics(scored, tasks)[task].metrics()
         rows.append([task, answer, row.headline, metrics.get(row.headline), len(group)])
     return Table(["task", "constant answer", "metric", "value", "samples"], rows,
                  title="The best constant answer on the same samples (chosen with the golds in view)")

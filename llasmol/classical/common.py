@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from llasmol.core.tasks import TASKS, Task
+from llasmol.core.tasks import SMOLINSTRUCT, TASKS, Task, TaskTable
 
 
 @dataclass
@@ -45,10 +45,12 @@ class Baseline:
     # Config blocks besides the method's own that its settings take (e.g. "morgan", the shared fingerprint).
     shared_settings: tuple[str, ...] = ()
 
-    def __init__(self, settings: Optional[Mapping[str, Any]] = None, seed: int = 0, n_jobs: int = 1) -> None:
+    def __init__(self, settings: Optional[Mapping[str, Any]] = None, seed: int = 0, n_jobs: int = 1,
+                 tasks: TaskTable = SMOLINSTRUCT) -> None:
         self.settings = dict(settings or {})
         self.seed = seed
         self.n_jobs = max(1, int(n_jobs))
+        self.tasks = tasks  # the run's task table: the rows of the tasks it is asked to answer
 
     def why_not(self, task: Task) -> Optional[str]:
         """Why this method cannot answer `task` (one phrase), or None when it can."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from llasmol.classical.common import Baseline, Examples
 from llasmol.classical.morgan import morgan_packed
-from llasmol.core.tasks import Task, get_task
+from llasmol.core.tasks import Task
 from llasmol.metrics.families import parse_boolean, parse_number
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class FingerprintForest(Baseline):
                    min_samples_leaf=int(self.settings["min_samples_leaf"]), n_jobs=self.n_jobs, random_state=seed)
 
     def fit(self, task: str, train: Examples) -> None:
-        regression = get_task(task).family == "number"
+        regression = self.tasks.task(task).family == "number"
         parse = parse_number if regression else parse_boolean
         self._models[task] = {}
         for target, rows in train.groups().items():
@@ -70,7 +70,7 @@ class FingerprintForest(Baseline):
         self._models.pop(task, None)
 
     def predict(self, task: str, test: Examples, k: int) -> list[list[str]]:
-        regression = get_task(task).family == "number"
+        regression = self.tasks.task(task).family == "number"
         out: list[list[str]] = [[] for _ in range(len(test))]
         for target, rows in test.groups().items():
             forest = self._models.get(task, {}).get(target)

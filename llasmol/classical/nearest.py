@@ -17,7 +17,7 @@ import numpy as np
 
 from llasmol.classical.common import Baseline, Examples
 from llasmol.classical.morgan import morgan_packed, top_k_similar
-from llasmol.core.tasks import Task, get_task
+from llasmol.core.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class NearestNeighbor(Baseline):
 
     # -- learning and answering ----------------------------------------------------------------
     def fit(self, task: str, train: Examples) -> None:
-        smiles = get_task(task).input_kind == "smiles"
+        smiles = self.tasks.task(task).input_kind == "smiles"
         cap = self.settings.get("max_train_inputs")
         self._indexes[task] = {}
         for target, rows in train.groups().items():
@@ -76,7 +76,7 @@ class NearestNeighbor(Baseline):
                  sum(len(ix.inputs) for ix in self._indexes[task].values()))
 
     def _neighbours(self, task: str, target: Optional[str], index: _Index, queries: list[str], k: int) -> np.ndarray:
-        if get_task(task).input_kind == "smiles":
+        if self.tasks.task(task).input_kind == "smiles":
             rows, _ = top_k_similar(self._molecules(queries), index.features, k,
                                     table_rows=int(self.settings.get("table_rows", 8192)))
             return rows

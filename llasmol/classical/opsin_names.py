@@ -15,7 +15,7 @@ from typing import Optional
 from llasmol.classical.common import Baseline, Examples
 from llasmol.classical.rdkit_formula import smiles_formula
 from llasmol.core.errors import UserError
-from llasmol.core.tasks import Task, get_task
+from llasmol.core.tasks import Task
 from llasmol.core.smiles import canonical_kekule
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class OpsinNames(Baseline):
         failed = sum(self._parsed[x] is None for x in test.inputs)
         if failed:
             log.info("opsin: %s: OPSIN cannot parse %d of %d names (no answer)", task, failed, len(test))
-        convert = smiles_formula if get_task(task).family == "formula" else canonical_kekule
+        convert = smiles_formula if self.tasks.task(task).family == "formula" else canonical_kekule
         answers = []
         for name in test.inputs:
             smiles = self._parsed[name]

@@ -18,7 +18,6 @@ from llasmol.classical.common import Baseline, Examples
 from llasmol.core import run_dir
 from llasmol.core.errors import UserError
 from llasmol.core.files import write_json
-from llasmol.core.tasks import get_task
 from llasmol.data.source import SMolInstructSource
 from llasmol.inference.beam_search import task_settings
 from llasmol.inference.pipeline import Evaluation, RunFiles, Samples
@@ -34,7 +33,7 @@ def choose_tasks(method: Baseline, source: SMolInstructSource, named: bool) -> t
     answer is an error; of the tasks a copy has (data.tasks null) those are skipped, each said in the log."""
     answered, skipped = [], {}
     for task in source.task_names():
-        why = method.why_not(get_task(task))
+        why = method.why_not(source.table.task(task))
         if why is None:
             answered.append(task)
         elif named:
@@ -87,10 +86,10 @@ class MethodAnswers:
             tick = time.perf_counter()
             rows = [i for i, s in split.items() if s["task"] == task]
             test = Examples([split[i]["raw_input"] for i in rows], [], [split[i]["target"] for i in rows])
-            answers = method.predict(task, test, task_settings(self.gen_cfg, task).num_return_sequences)
+            answers = method.predict(task, test, task_settings(self.gen_cfg, task, method.tasks).num_return_sequences)
             for i, core in zip(rows, answers):
                 # No answer is an empty response, as a model that said nothing: scored as no answer.
-                records.append(make_record(i, split[i], samples.golds, [wrap_answer(task, a) for a in core] or [""]))
+                records.append(make_record(i, split[i], samples.golds, [wrap_answer(task, a, method.tasks) for a in core] or [""]))
             method.forget(task)
             self.seconds["answer"] += time.perf_counter() - tick
             if advance is not None:
@@ -125,7 +124,8 @@ def run_baseline(method: Baseline, source: SMolInstructSource, split_name: str, 
         source.close()
 
     tick = time.perf_counter()
-    outcome = Evaluation(RunFiles.named(out_dir, split_name, metrics_path), intervals_cfg).finish(records)
+    outcome = Evaluation(RunFiles.named(out_dir, split_name, metrics_path), intervals_cfg,
+                         tasks=source.table).finish(records)
     seconds = answerer.seconds
     seconds["score"] = time.perf_counter() - tick
     seconds["total"] = time.perf_counter() - started

@@ -4,9 +4,14 @@ analysis read them. (The checkpoint folder and the CSV logger's folder are also 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Optional
+
+from llasmol.core.errors import UserError
+from llasmol.core.schema import checked_tasks
+from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 
 PARAMS = "params.json"  # trainable/total parameters, model and LoRA variant
 RESULT = "result.json"  # final metrics, best checkpoint, global step
@@ -23,7 +28,8 @@ WANDB_ID = "wandb_run_id"  # the run's W&B id, continued by an in-place resume
 SYSTEM = "system.json"  # evaluate predictions= name=<label>: an outside system's row (its name, its source file)
 BASELINE = "baseline.json"  # a baseline's folder: the method, its settings, tasks answered and skipped, time, memory
 # The declarations of the tasks of the user's own that the folder's files name (`llasmol.core.tasks`), so that
-# a reader knows them as the command that wrote them did.
+# a reader knows them as the command that wrote them did: written once (train at start, an evaluation beside
+# its files), read by `read_tasks` alone.
 DECLARED_TASKS = "tasks.json"
 EVALUATE_LOG = "evaluate.log"  # every evaluate that wrote into the run, appended (its command's folder has one too)
 
@@ -51,3 +57,27 @@ def validation_step(stem: str) -> Optional[int]:
     `stem` names no validation (an evaluated split such as `test`)."""
     match = VALIDATION_STEM.match(stem)
     return int(match.group(1)) if match else None
+
+
+MAX_DECLARED_BYTES = 1_000_000  # a few hundred bytes a task
+
+
+def read_tasks(folder: Path, beside: TaskTable = SMOLINSTRUCT) -> TaskTable:
+    """`beside` and the tasks of the user's own that a folder written by a command declares (its `tasks.json`),
+    checked as a command's own config is; `beside` itself when the folder has none. A run's predictions and
+    metrics then read as they were written."""
+    path = Path(folder) / DECLARED_TASKS
+    if not path.exists():
+        return beside
+    fix = "it is written by llasmol's commands beside their files: restore it, or remove the folder's own tasks"
+    if not path.is_file():
+        raise UserError(f"{path} is not a regular file (a folder, pipe or device): {fix}")
+    try:
+        if path.stat().st_size > MAX_DECLARED_BYTES:
+            raise UserError(f"{path} is larger than any task declarations: {fix}")
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as err:
+        raise UserError(f"{path} cannot be read as JSON ({type(err).__name__}): {fix}") from None
+    if not isinstance(found, dict):
+        raise UserError(f"{path} holds a JSON {type(found).__name__}, not task declarations by name: {fix}")
+    return checked_tasks(found, beside, str(path))

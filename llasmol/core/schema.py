@@ -28,8 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue, OmegaConfBaseException
 
 from llasmol.core.errors import UserError
-from llasmol.core.tasks import (SMOLINSTRUCT_WEIGHT, check_tasks, declaration_problem, declare_tasks, declared, get_task,
-                                 task_names)
+from llasmol.core.tasks import SMOLINSTRUCT, SMOLINSTRUCT_WEIGHT, TaskTable, declaration_problem
 
 
 @dataclass(frozen=True)
@@ -78,12 +77,14 @@ def _number(x: float) -> str:
 
 def setting(low: Optional[float] = None, high: Optional[float] = None, *, above: Optional[float] = None,
             below: Optional[float] = None, also: tuple = (), multiple_of: Optional[int] = None, choices: tuple = (),
-            hint: str = "", rule: Optional[Callable[[Any], Optional[str]]] = None) -> Any:
+            hint: str = "", rule: Optional[Callable[[Any], Optional[str]]] = None,
+            task_rule: Optional[Callable[[Any, TaskTable], Optional[str]]] = None) -> Any:
     """A schema field: `low`/`high` inclusive, `above`/`below` exclusive bounds; `rule(value)` returns what is wrong
-    with a value its type allows (None when nothing is)."""
+    with a value its type allows (None when nothing is); `task_rule(value, tasks)` likewise, for a setting that
+    names tasks, with the task table the config declares."""
     bounds = Bounds(low if above is None else above, above is not None, high if below is None else below,
                     below is not None, tuple(also), multiple_of, tuple(choices), hint)
-    return field(metadata={"bounds": bounds, "rule": rule})
+    return field(metadata={"bounds": bounds, "rule": rule, "task_rule": task_rule})
 
 
 # Sizes past these cannot fit any machine this runs on; they stop the command before an allocation error or
@@ -190,15 +191,15 @@ def _declarations(new_tasks: dict) -> Optional[str]:
 
 @dataclass
 class DeclaredTasksSchema:
-    """The tasks a data config declares: checked and declared before the rest of the config is checked, which
-    may name them (`check_config`)."""
+    """The tasks a data config declares: checked and made into the run's task table before the rest of the config
+    is checked, which may name them (`check_config`)."""
 
     new_tasks: Optional[Dict[str, NewTaskSchema]] = setting(rule=_declarations)
 
 
-def _weights(weights: dict) -> Optional[str]:
+def _weights(weights: dict, tasks: TaskTable) -> Optional[str]:
     for name, weight in weights.items():
-        if name != SMOLINSTRUCT_WEIGHT and name not in task_names():
+        if name != SMOLINSTRUCT_WEIGHT and name not in tasks:
             return (f"data.weights names {name!r}, which is no task: name a task of data.tasks or "
                     f"{SMOLINSTRUCT_WEIGHT} (every SMolInstruct task not named)")
         if not 0 < weight <= 1000 or not math.isfinite(weight):  # a number: the type is checked first
@@ -234,9 +235,9 @@ class DataSchema(DeclaredTasksSchema):
     path: Optional[str] = setting()
     hub_id: Optional[str] = setting()
     revision: str = setting()
-    tasks: Optional[List[str]] = setting(rule=lambda tasks: _task_names(tasks, "data.tasks"))
+    tasks: Optional[List[str]] = setting(task_rule=lambda names, tasks: _said(tasks.check, names, "data.tasks"))
     also: Optional[List[str]] = setting(hint="more data to train beside data.path: folders or CSV/JSONL files")
-    weights: Optional[Dict[str, float]] = setting(rule=_weights)
+    weights: Optional[Dict[str, float]] = setting(task_rule=_weights)
     columns: Optional[Dict[str, str]] = setting(rule=_columns)
     split_fractions: Optional[Dict[str, float]] = setting(rule=_fractions)
     splits: Dict[str, str] = setting()
@@ -269,7 +270,7 @@ class BeamSchema:
 
 @dataclass
 class NewTaskSchema(BeamSchema):
-    """A task of the user's own (`data.new_tasks.<name>`, `llasmol.core.tasks.declare_tasks`: which keys it may
+    """A task of the user's own (`data.new_tasks.<name>`, `llasmol.core.tasks.TaskTable`: which keys it may
     have, the family and input kind it may name, and what its tags and templates must hold, are checked there)."""
 
     family: str = setting()
@@ -291,14 +292,11 @@ def _said(check: Callable, *args) -> Optional[str]:
     return None
 
 
-def _task_names(names, where: str) -> Optional[str]:
-    return _said(check_tasks, names, where)
-
-
 @dataclass
 class GenerationSchema:
     default: BeamSchema
-    tasks: Dict[str, BeamSchema] = setting(rule=lambda tasks: _task_names(list(tasks), "generation.tasks"))
+    tasks: Dict[str, BeamSchema] = setting(
+        task_rule=lambda names, tasks: _said(tasks.check, list(names), "generation.tasks"))
     max_prompt_tokens: int = setting(1, TOKENS)
     max_new_tokens_limit: Optional[int] = setting(1, TOKENS)
     batch_size: int = setting(1, 1 << 16)
@@ -610,11 +608,13 @@ class EvaluateSchema(ModelCommandSchema):
     RULES = (_something_to_evaluate,)
 
 
-def _generate_task(cfg: dict) -> Optional[str]:
+def _generate_task(cfg: dict, tasks: TaskTable) -> Optional[str]:
+    """task= names a task of the config's table; with ckpt=<a folder> (a run's own tasks may be asked for by
+    name) `llasmol.generate` checks it against the run's table, which it reads."""
     task, ckpt = cfg.get("task"), cfg.get("ckpt")
-    if task is not None and isinstance(ckpt, str) and Path(ckpt).is_dir():
-        declare_found_tasks(Path(ckpt))  # a run's own task may be asked for by name
-    return None if task is None else _said(get_task, task, "task= (or leave task out for the default beams)")
+    if task is None or (isinstance(ckpt, str) and Path(ckpt).is_dir()):
+        return None
+    return _said(tasks.task, task, "task= (or leave task out for the default beams)")
 
 
 @dataclass
@@ -625,7 +625,7 @@ class GenerateSchema(ModelCommandSchema):
     device: str = setting(rule=_device)
     merge_adapter: bool = setting()
 
-    RULES = (_generate_task,)
+    TASK_RULES = (_generate_task,)
 
 
 def _export_base(cfg: dict) -> Optional[str]:
@@ -786,14 +786,15 @@ def _show(value) -> str:
     return repr(value) if not isinstance(value, (dict, list)) else str(value)[:80]
 
 
-def check_group(values: dict, schema: type, prefix: str = "") -> None:
-    """A `UserError` naming the first setting of `values` (plain, resolved) that its `schema` does not allow."""
+def check_group(values: dict, schema: type, prefix: str = "", tasks: TaskTable = SMOLINSTRUCT) -> None:
+    """A `UserError` naming the first setting of `values` (plain, resolved) that its `schema` does not allow
+    (`tasks`: the task table the settings may name)."""
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
         if f.name not in values or values[f.name] is _UNRESOLVED:
             continue
         key, value, hint = f"{prefix}{f.name}", values[f.name], hints[f.name]
-        bounds, rule = f.metadata.get("bounds") or Bounds(), f.metadata.get("rule")
+        bounds, rule, task_rule = f.metadata.get("bounds") or Bounds(), f.metadata.get("rule"), f.metadata.get("task_rule")
         kinds = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) is Union else [hint]
         nullable = typing.get_origin(hint) is Union and type(None) in typing.get_args(hint)
         core = _kind(Union[tuple(kinds)] if len(kinds) > 1 else kinds[0])
@@ -811,28 +812,32 @@ def check_group(values: dict, schema: type, prefix: str = "") -> None:
         if not _fits(value, hint) or (value is not None and not bounds.allows(value)
                                       if bounds.choices or numeric else False):
             raise UserError(f"{key}={_show(value)} must be {must}")
-        if rule is not None and value is not None:
-            why = rule(value)
+        if value is not None and (rule or task_rule):
+            why = rule(value) if rule else task_rule(value, tasks)
             if why:  # "must ..." is said of the value; anything else is a whole sentence (an unknown task)
                 raise UserError(f"{key}={_show(value)} {why}" if why.startswith("must") else why)
-        _nested(value, hint, key)
+        _nested(value, hint, key, tasks)
     for check in getattr(schema, "RULES", ()):
         why = check(values)
         if why:
             raise UserError(why)
+    for check in getattr(schema, "TASK_RULES", ()):
+        why = check(values, tasks)
+        if why:
+            raise UserError(why)
 
 
-def _nested(value, hint, key: str) -> None:
+def _nested(value, hint, key: str, tasks: TaskTable) -> None:
     """Check the groups inside a group: a dataclass field, or a mapping of them (generation.tasks.<task>)."""
     args = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) is Union else [hint]
     for arg in args:
         if dataclasses.is_dataclass(arg) and isinstance(value, dict):
-            check_group(value, arg, f"{key}.")
+            check_group(value, arg, f"{key}.", tasks)
         elif typing.get_origin(arg) in (dict, Dict) and isinstance(value, dict):
             inner = typing.get_args(arg)[1]
             if dataclasses.is_dataclass(inner):
                 for name, values in value.items():
-                    check_group(values, inner, f"{key}.{name}.")
+                    check_group(values, inner, f"{key}.{name}.", tasks)
 
 
 def _beams(values: dict, where: str) -> Optional[str]:
@@ -843,74 +848,54 @@ def _beams(values: dict, where: str) -> Optional[str]:
     return None
 
 
-def _generation_rule(values: dict) -> Optional[str]:
-    default, tasks = values.get("default") or {}, values.get("tasks") or {}
+def _generation_rule(values: dict, tasks: TaskTable) -> Optional[str]:
+    default, given = values.get("default") or {}, values.get("tasks") or {}
     for where, beams in [("generation.default", default),
-                         *((f"generation.tasks.{t}", v or {}) for t, v in tasks.items())]:
+                         *((f"generation.tasks.{t}", v or {}) for t, v in given.items())]:
         why = _beams(beams, where)
         if why:
             return why
-    for task in declared():  # a task's own beams, over the default and under generation.tasks.<task>
-        merged = {**default, **dict(get_task(task).generation), **(tasks.get(task) or {})}
+    for task in tasks.declared:  # a task's own beams, over the default and under generation.tasks.<task>
+        merged = {**default, **dict(tasks[task].generation), **(given.get(task) or {})}
         why = _beams(merged, f"data.new_tasks.{task}")  # num_beams maybe generation.default's
         if why:
             return why
     return None
 
 
-GenerationSchema.RULES = (_generation_rule,)
+GenerationSchema.TASK_RULES = (_generation_rule,)
 
 
-MAX_DECLARED_BYTES = 1_000_000  # a few hundred bytes a task
+class Checked(typing.NamedTuple):
+    """What `check_config` returns: the resolved settings and the task table they declare."""
+
+    values: dict
+    tasks: TaskTable
 
 
-def declare_found_tasks(folder: Path) -> None:
-    """Declare the tasks of the user's own that a folder written by a command names (its `tasks.json`,
-    `llasmol.core.run_dir.DECLARED_TASKS`), checked as a command's own config is; nothing without one. A run's
-    predictions and metrics then read as they were written."""
-    import json
-
-    from llasmol.core.run_dir import DECLARED_TASKS
-
-    path = Path(folder) / DECLARED_TASKS
-    if not path.is_file():
-        return
-    fix = "it is written by llasmol's commands beside their files: restore it, or remove the folder's own tasks"
-    try:
-        if path.stat().st_size > MAX_DECLARED_BYTES:
-            raise UserError(f"{path} is larger than any task declarations: {fix}")
-        found = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as err:
-        raise UserError(f"{path} cannot be read as JSON ({type(err).__name__}): {fix}") from None
-    if not isinstance(found, dict):
-        raise UserError(f"{path} holds a JSON {type(found).__name__}, not task declarations by name: {fix}")
-    declare_checked(found, str(path))
-
-
-def declare_checked(new_tasks: Optional[dict], where: Optional[str] = None) -> None:
-    """Declare `new_tasks` (name -> declaration), checked as a command's own `data.new_tasks` is, beside the
-    tasks declared already; `where`: the file they were read from (a run's config, its `tasks.json`)."""
-    if not new_tasks:
-        return
-    if OmegaConf.is_config(new_tasks):  # a command's `cfg.data` as it is
+def checked_tasks(new_tasks: Optional[dict], beside: TaskTable = SMOLINSTRUCT, where: Optional[str] = None) -> TaskTable:
+    """`beside` and the tasks `new_tasks` declares (name -> declaration), checked as a command's own
+    `data.new_tasks` is; `where`: the file they were read from (a run's `tasks.json`)."""
+    if OmegaConf.is_config(new_tasks):  # a command's `cfg.data.new_tasks` as it is
         new_tasks = OmegaConf.to_container(new_tasks, resolve=True)
+    if not new_tasks:
+        return beside
     try:
         check_group({"new_tasks": new_tasks}, DeclaredTasksSchema, "data.")
     except UserError as err:
         raise UserError(f"{where}: {err}" if where else str(err)) from None
-    declare_tasks(new_tasks, fresh=False)
+    return beside.with_declared(new_tasks)
 
 
-def check_config(cfg: DictConfig) -> dict:
-    """Resolve `cfg`'s interpolations and check every setting of its command's schema (`task_name`); returns the
-    resolved settings. One `UserError` for the first problem."""
+def check_config(cfg: DictConfig) -> Checked:
+    """Resolve `cfg`'s interpolations and check every setting of its command's schema (`task_name`) against the
+    task table its data declares; returns both. One `UserError` for the first problem."""
     values = resolved(cfg)
     schema = COMMANDS.get(values.get("task_name"))
     if schema is None:
         raise UserError(f"task_name={values.get('task_name')!r} names no llasmol command: one of {', '.join(COMMANDS)}")
     data = values.get("data")
-    if isinstance(data, dict):  # the tasks it declares first: data.tasks, weights and generation may name them
-        check_group(data, DeclaredTasksSchema, "data.")
-    declare_tasks((data or {}).get("new_tasks") if isinstance(data, dict) else None)
-    check_group(values, schema)
-    return values
+    # The tasks it declares first: data.tasks, weights and generation may name them.
+    tasks = checked_tasks(data.get("new_tasks")) if isinstance(data, dict) else SMOLINSTRUCT
+    check_group(values, schema, tasks=tasks)
+    return Checked(values, tasks)

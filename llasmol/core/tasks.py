@@ -6,10 +6,11 @@ samples must share a split, its sample counts in the paper's Table 1, and what i
 SMILES, an IUPAC name or free text: what a non-LLM baseline can read). Adding a SMolInstruct task is one row
 here, plus its beam settings in `conf/generation/paper.yaml`.
 
-A user's own task (`data.new_tasks`, conf/data/custom.yaml) joins the table at run time: `declare_tasks` makes
-its row from its declaration (its family, tags, headline metric, pooling, beams), and every lookup of a task
-(`get_task`, `by_task`) finds it as it finds the 14. A command declares the tasks of its own config before it
-checks the rest (`llasmol.core.schema.check_config`); a command that reads a run declares the run's.
+A user's own task (`data.new_tasks`, conf/data/custom.yaml) is a row made from its declaration (its family,
+tags, headline metric, pooling, beams) in a `TaskTable`: an immutable table of the 14 and a run's own tasks,
+made by the config check (`llasmol.core.schema.checked_tasks`) or from a run's `tasks.json`
+(`llasmol.core.run_dir.read_tasks`) and handed to what reads tasks. Nothing in this module changes after import:
+`SMOLINSTRUCT` is the table with nothing declared, and `get_task` looks up SMolInstruct's 14 alone.
 
 Pooling follows the official scorer (LLM4Chem config.py `TASKS_WITH_READING_GOLD_FROM_DATASET`): for the
 generation tasks any gold of the samples with the same core input (and target) is right; property tasks
@@ -30,9 +31,10 @@ its test column is cut off in our text of it.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from llasmol.core.errors import UserError
 
@@ -53,7 +55,7 @@ class Task:
 
     @property
     def in_smolinstruct(self) -> bool:
-        """Whether this is one of SMolInstruct's 14 tasks (not a user's, `declare_tasks`)."""
+        """Whether this is one of SMolInstruct's 14 tasks (not a user's own, declared in `data.new_tasks`)."""
         return self.paper_counts is not None
 
     @property
@@ -101,8 +103,6 @@ TASK_NAMES: tuple[str, ...] = tuple(t.name for t in TASKS)
 PAPER_TOTALS = (3_288_855, 20_498, 33_061)  # Table 1's "Overall" row: the rows above add up to it
 _SMOLINSTRUCT = {t.name: t for t in TASKS}
 assert len(_SMOLINSTRUCT) == len(TASKS)
-_BY_NAME: dict[str, Task] = dict(_SMOLINSTRUCT)  # and the tasks declared in this process (`declare_tasks`)
-_DECLARED: dict[str, dict] = {}  # name -> its declaration, as given
 
 FAMILY_NAMES: tuple[str, ...] = tuple(dict.fromkeys(t.family for t in TASKS))
 INPUT_KINDS: tuple[str, ...] = tuple(_INPUT_TAGS)
@@ -115,16 +115,6 @@ DECLARATION_KEYS = ("family", "headline", "answer_tag", "input_kind", "pooled", 
 SMOLINSTRUCT_WEIGHT = "smolinstruct"  # data.weights' key for every SMolInstruct task not named on its own
 _TAG = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-
-
-def task_names() -> tuple[str, ...]:
-    """Every task known in this process: SMolInstruct's 14 (table order), then the declared ones."""
-    return tuple(_BY_NAME)
-
-
-def declared() -> dict[str, dict]:
-    """The declarations of the tasks declared in this process, by name (a copy)."""
-    return {name: dict(decl) for name, decl in _DECLARED.items()}
 
 
 def declaration_problem(name: Any, decl: Any, beside: Iterable[str] = ()) -> Optional[str]:
@@ -181,92 +171,113 @@ def _row(name: str, decl: Mapping) -> Task:
                 tuple((k, decl[k]) for k in _BEAM_KEYS if decl.get(k) is not None))
 
 
-def declare_tasks(declarations: Optional[Mapping[str, Mapping]], *, fresh: bool = True) -> list[Task]:
-    """Add the tasks of `declarations` (`data.new_tasks`: name -> declaration) to the table and return their
-    rows; `fresh`: the tasks declared earlier in this process are forgotten first (a command's config
-    declares all of its own). A task declared again is the same task, its first declaration kept, when it is
-    scored alike (runs read together may ask it with other templates or beams); scored otherwise, a `UserError`."""
-    if fresh:
-        for name in _DECLARED:
-            del _BY_NAME[name]
-        _DECLARED.clear()
-    rows = []
-    for name, decl in (declarations or {}).items():
-        problem = declaration_problem(name, decl, [*_DECLARED, *(declarations or {})])
-        if problem:
-            raise UserError(problem)
-        decl, row = dict(decl), _row(name, dict(decl))
-        if name in _DECLARED:
-            known = _BY_NAME[name]
-            # Runs read together may have asked a task otherwise (templates, beams): it is scored alike.
-            if _scored(known) != _scored(row):
-                raise UserError(f"task {name} is declared twice, scored differently ({_scored(known)} and "
-                                f"{_scored(row)}): runs read together must mean one task by one name; rename the "
-                                "task in one of them")
-            rows.append(known)
-            continue
-        _DECLARED[name] = decl
-        _BY_NAME[name] = row
-        rows.append(row)
-    return rows
-
-
 def _scored(task: Task) -> dict:
     """What reading and scoring a task's answers depends on: its row without its beams."""
     return {"family": task.family, "answer_tag": task.answer_tag, "pooled": task.pooled, "headline": task.headline,
             "input_kind": task.input_kind}
 
 
-class ByTask(Mapping):
-    """One fact of every known task, read from its row when asked (`STATS[task]`, `HEADLINE.get(task)`): a
-    table over the tasks that sees the declared ones too."""
-
-    def __init__(self, fact: Callable[[Task], Any]) -> None:
-        self._fact = fact
-
-    def __getitem__(self, name: str) -> Any:
-        return self._fact(_BY_NAME[name])
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_BY_NAME)
-
-    def __len__(self) -> int:
-        return len(_BY_NAME)
-
-
-def _look_alike(name: str) -> Optional[str]:
-    """The task name that `name` becomes once Unicode's compatibility forms (full-width letters), invisible
+def _look_alike(name: str, known: Iterable[str]) -> Optional[str]:
+    """The name of `known` that `name` becomes once Unicode's compatibility forms (full-width letters), invisible
     characters (zero-width spaces, soft hyphens), case and surrounding spaces are set aside; None if none."""
-    import unicodedata
-
     plain = "".join(c for c in unicodedata.normalize("NFKC", name) if unicodedata.category(c) not in ("Cf", "Cc"))
     plain = plain.strip().casefold()
-    return next((known for known in _BY_NAME if known.casefold() == plain), None)
+    return next((k for k in known if k.casefold() == plain), None)
+
+
+class TaskTable(Mapping):
+    """The tasks one run knows, by name: SMolInstruct's 14 (table order), then the run's own declared ones
+    (`data.new_tasks`). A value: made once from a config or a run's `tasks.json` and handed to whatever reads
+    tasks (the data source, the evaluation pipeline, the scorer, the report); `with_declared` returns a new
+    table and changes none. Two runs read in one process hold two tables and never see each other's tasks."""
+
+    __slots__ = ("_rows", "_declared")
+
+    def __init__(self, declarations: Optional[Mapping[str, Mapping]] = None) -> None:
+        rows, declared = dict(_SMOLINSTRUCT), {}
+        for name, decl in (declarations or {}).items():
+            problem = declaration_problem(name, decl, declarations or {})
+            if problem:
+                raise UserError(problem)
+            declared[name] = dict(decl)
+            rows[name] = _row(name, declared[name])
+        self._rows: dict[str, Task] = rows
+        self._declared: dict[str, dict] = declared
+
+    def __getitem__(self, name: str) -> Task:
+        return self._rows[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TaskTable) and self._declared == other._declared
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._declared))
+
+    def __repr__(self) -> str:
+        return f"TaskTable(declared={list(self._declared)})"
+
+    @property
+    def declared(self) -> dict[str, dict]:
+        """The declarations of the table's own tasks, by name, as given (a copy)."""
+        return {name: dict(decl) for name, decl in self._declared.items()}
+
+    def with_declared(self, declarations: Optional[Mapping[str, Mapping]]) -> "TaskTable":
+        """This table and the tasks of `declarations` (runs read together). A task declared again is the same
+        task, its first declaration kept, when it is scored alike (runs may ask it with other templates or
+        beams); scored otherwise, a `UserError`."""
+        merged = self.declared
+        for name, decl in (declarations or {}).items():
+            if name in merged:
+                known, row = self._rows[name], TaskTable({name: decl})[name]
+                if _scored(known) != _scored(row):
+                    raise UserError(f"task {name} is declared twice, scored differently ({_scored(known)} and "
+                                    f"{_scored(row)}): runs read together must mean one task by one name; rename "
+                                    "the task in one of them")
+                continue
+            merged[name] = decl
+        return TaskTable(merged)
+
+    def task(self, name: str, where: str = "the task name") -> Task:
+        """The row of task `name`, spelt exactly as the table spells it (a name that only looks like one is
+        refused, so no two spellings ever count as one task or as two); the one unknown-task error, naming
+        `where` the name came from."""
+        try:
+            return self._rows[name]
+        except (KeyError, TypeError):
+            alike = _look_alike(name, self._rows) if isinstance(name, str) else None
+            if alike is not None:
+                raise UserError(f"unknown task {ascii(name)} in {where}: it looks like {alike} but is spelt with "
+                                f"other characters; write {alike}") from None
+            own = " (or declare your own in data.new_tasks)" if not self._declared else ""
+            raise UserError(f"unknown task {name!r} in {where}: choose from " + ", ".join(self._rows) + own) from None
+
+    def check(self, names: Iterable[str], where: str = "data.tasks") -> list[str]:
+        """`names` as a list, each a task of this table, none twice, at least one."""
+        names = list(names)
+        if not names:
+            raise UserError(f"{where} is empty: name at least one of " + ", ".join(self._rows))
+        for name in names:
+            self.task(name, where)
+        if len(set(names)) != len(names):
+            raise UserError(f"{where} lists a task twice: {names}")
+        return names
+
+    def answer_tags(self) -> tuple[str, ...]:
+        """The tags any answer may sit in: each task's, in table order, and SELFIES for
+        `data.representation=selfies`."""
+        return tuple(dict.fromkeys([*filter(None, (t.answer_tag for t in self._rows.values())), "SELFIES"]))
+
+
+SMOLINSTRUCT = TaskTable()  # SMolInstruct's 14 tasks and nothing declared: what a command without own tasks knows
 
 
 def get_task(name: str, where: str = "the task name") -> Task:
-    """The row of task `name`, spelt exactly as the table spells it (a name that only looks like one is
-    refused, so no two spellings ever count as one task or as two); the one unknown-task error, naming
-    `where` the name came from."""
-    try:
-        return _BY_NAME[name]
-    except (KeyError, TypeError):
-        alike = _look_alike(name) if isinstance(name, str) else None
-        if alike is not None:
-            raise UserError(f"unknown task {ascii(name)} in {where}: it looks like {alike} but is spelt with other "
-                            f"characters; write {alike}") from None
-        own = " (or declare your own in data.new_tasks)" if not _DECLARED else ""
-        raise UserError(f"unknown task {name!r} in {where}: choose from " + ", ".join(_BY_NAME) + own) from None
-
-
-def check_tasks(names: Iterable[str], where: str = "data.tasks") -> list[str]:
-    """`names` as a list, each a known task, none twice, at least one."""
-    names = list(names)
-    if not names:
-        raise UserError(f"{where} is empty: name at least one of " + ", ".join(_BY_NAME))
-    for name in names:
-        get_task(name, where)
-    if len(set(names)) != len(names):
-        raise UserError(f"{where} lists a task twice: {names}")
-    return names
-
+    """The row of SMolInstruct task `name` (`TaskTable.task` of `SMOLINSTRUCT`): for code that reads
+    SMolInstruct alone (the archive's reader, the leakage audit, the classical baselines' SMolInstruct rows)."""
+    return SMOLINSTRUCT.task(name, where)

@@ -32,7 +32,7 @@ import numpy as np
 from llasmol.core.errors import UserError
 from llasmol.core.files import unreadable
 from llasmol.core.schema import TABLE_COLUMNS
-from llasmol.core.tasks import Task, declared, get_task, tag_pair
+from llasmol.core.tasks import SMOLINSTRUCT, Task, TaskTable, tag_pair
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl")
 SPLIT_NAMES = {"train": "train", "validation": "validation", "valid": "validation", "val": "validation",
@@ -201,15 +201,16 @@ def _hashed_split(text: str, fractions: Mapping[str, float]) -> str:
 
 
 def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
-               fractions: Optional[Mapping[str, float]] = None) -> list[Row]:
+               fractions: Optional[Mapping[str, float]] = None, table: TaskTable = SMOLINSTRUCT) -> list[Row]:
     """Every row of table data `path` (`is_table`), checked, with its task and split (`columns`: role -> column
-    name, `data.columns`; `fractions`: what a table without splits holds out, `data.split_fractions`)."""
+    name, `data.columns`; `fractions`: what a table without splits holds out, `data.split_fractions`; `table`: the
+    run's tasks, whose declared ones the rows may be)."""
     path = Path(path)
     given = {role: name for role, name in (columns or {}).items() if name != role}
     names = {**{role: role for role in TABLE_COLUMNS}, **(columns or {})}
     fractions = fractions or {}
     files = {None: path} if path.is_file() or path.suffix.lower() in TABLE_SUFFIXES else _split_files(path)
-    own = list(declared())
+    own = list(table.declared)
     # A file without a task column: the declared task it (or its folder of splits) is named for, or the only one.
     stem = path.stem if path.suffix.lower() in TABLE_SUFFIXES else path.name
     named = stem if stem in own else own[0] if len(own) == 1 else None
@@ -228,7 +229,7 @@ def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
                                 "the file (or its folder) for a declared task, or declare one task, "
                                 "+data.new_tasks.<name>.family=<smiles, formula, iupac, number, boolean or caption> "
                                 f"(declared: {', '.join(own) or 'none'})")
-            task = get_task(task_name, f"the {names['task']} column of {file} line {number}")
+            task = table.task(task_name, f"the {names['task']} column of {file} line {number}")
             if task.in_smolinstruct:
                 raise UserError(f"{file} line {number} is a sample of SMolInstruct's {task.name}, whose queries and "
                                 "tags its own files hold: give your rows a task of your own (data.new_tasks, e.g. "
@@ -264,7 +265,7 @@ class TableSplit:
     """One split of table data, with the access `SMolInstructSplit` gives (samples task after task)."""
 
     def __init__(self, rows: list[Row], split: str, tasks: list[str], insert_core_tags: bool = True,
-                 max_samples_per_task: Optional[int] = None) -> None:
+                 max_samples_per_task: Optional[int] = None, table: TaskTable = SMOLINSTRUCT) -> None:
         self.split = split
         by_task: dict[str, list[Row]] = {}
         for row in rows:
@@ -276,8 +277,9 @@ class TableSplit:
         kept = [by_task[t][:max_samples_per_task] if max_samples_per_task else by_task[t] for t in self.tasks]
         self._rows: list[Row] = [row for mine in kept for row in mine]
         self._ends = np.cumsum([len(mine) for mine in kept])
-        self._task_rows = {t: get_task(t) for t in self.tasks}  # kept: a worker process need not declare them
-        decl = declared()
+        self.table = table
+        self._task_rows = {t: table.task(t) for t in self.tasks}
+        decl = table.declared
         self._templates = {t: (_texts(decl.get(t, {}).get("query"), None),
                                _texts(decl.get(t, {}).get("response"), "<OUTPUT>")) for t in self.tasks}
 
@@ -332,6 +334,7 @@ class MixedSplit:
 
     def __init__(self, parts: list) -> None:
         self.parts = [p for p in parts if len(p.tasks)]
+        self.table = parts[0].table  # one source's parts share its task table
         self.tasks = [t for p in self.parts for t in p.tasks]
         self.skipped = {k: v for p in self.parts for k, v in p.skipped.items()}
         self._ends = np.cumsum([len(p) for p in self.parts])

@@ -9,7 +9,7 @@ import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
 from llasmol.core.errors import UserError
-from llasmol.core.tasks import SMOLINSTRUCT_WEIGHT, get_task
+from llasmol.core.tasks import SMOLINSTRUCT_WEIGHT
 from llasmol.data.collate import PackCollator, PadCollator
 from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter
 from llasmol.data.resumable_loader import ResumableDataLoader
@@ -182,7 +182,7 @@ class SMolInstructDataModule(L.LightningDataModule):
                             f"{', '.join(counts)}")
         blocks, start = [], 0
         for task, count in counts.items():
-            default = self.weights.get(SMOLINSTRUCT_WEIGHT, 1.0) if get_task(task).in_smolinstruct else 1.0
+            default = self.weights.get(SMOLINSTRUCT_WEIGHT, 1.0) if self.source.table[task].in_smolinstruct else 1.0
             blocks.append((start, start + count, float(self.weights.get(task, default))))
             start += count
         return None if all(w == 1.0 for *_, w in blocks) else blocks

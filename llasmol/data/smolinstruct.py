@@ -28,7 +28,7 @@ import numpy as np
 
 from llasmol.core.errors import UserError
 from llasmol.core.files import unreadable
-from llasmol.core.tasks import Task, get_task
+from llasmol.core.tasks import SMOLINSTRUCT, Task, TaskTable
 
 log = logging.getLogger(__name__)
 
@@ -312,12 +312,14 @@ class SMolInstructSplit:
         representation: str = "smiles",
         max_samples_per_task: Optional[int] = None,
         skip_bad_lines: bool = False,
+        table: TaskTable = SMOLINSTRUCT,
     ) -> None:
         if representation not in ("smiles", "selfies"):
             raise UserError(f"unknown data.representation {representation!r}: use smiles or selfies")
         self.root = Path(root)
         self.split = split
         self.tasks = list(tasks)
+        self.table = table  # the run's tasks: a folder of one's own in this layout holds declared tasks
         self.insert_core_tags = insert_core_tags
         self.selfies = representation == "selfies"
         # SELFIES comes from the archive's raw_selfies/ when present, else is encoded on the fly.
@@ -416,7 +418,7 @@ class SMolInstructSplit:
 
     def task_row(self, i: int) -> Task:
         """The task-table row of global sample `i`."""
-        return get_task(self.tasks[self.task_index(i)])
+        return self.table.task(self.tasks[self.task_index(i)])
 
     def length_hints(self) -> np.ndarray:
         """Approximate size of every sample from its raw line's bytes and its templates' characters, without

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from llasmol.core.errors import UserError
-from llasmol.core.schema import declare_checked
-from llasmol.core.tasks import TASK_NAMES, check_tasks, task_names
+from llasmol.core.schema import checked_tasks
+from llasmol.core.tasks import TASK_NAMES, TaskTable
 from llasmol.data.hub import fetch_smolinstruct
 from llasmol.data.smolinstruct import SMolInstructSplit, count_samples, raw_path, raw_split
 from llasmol.data.custom import MixedSplit, Row, TableSplit, is_table, read_table
@@ -44,17 +44,20 @@ class SMolInstructSource:
     representation: str = "smiles"
     max_samples_per_task: dict = field(default_factory=dict)  # split name -> samples per task at most
     skip_bad_lines: bool = False
-    new_tasks: Optional[dict] = None  # the tasks of your own this data holds (`llasmol.core.tasks.declare_tasks`)
+    new_tasks: Optional[dict] = None  # the tasks of your own this data holds (`llasmol.core.tasks.TaskTable`)
     also: Optional[list] = None  # more data beside `path`: SMolInstruct copies or tables
     columns: Optional[dict] = None  # a table's column names for input, output, split, task
     split_fractions: Optional[dict] = None  # a table without splits: the inputs to validation and test
+    # The run's task table: SMolInstruct's and `new_tasks`' when not handed one (a run read back: its tasks.json).
+    table: Optional[TaskTable] = None
 
     def __post_init__(self) -> None:
         self.splits = dict(self.splits or DEFAULT_SPLITS)
         self.max_samples_per_task = dict(self.max_samples_per_task or {})
-        declare_checked(self.new_tasks)  # the command's own, declared already by its config check; a run's data its own
+        if self.table is None:  # the tasks `new_tasks` declares, unless a command hands the table it holds
+            self.table = checked_tasks(self.new_tasks)
         if self.tasks is not None:
-            self.tasks = check_tasks(self.tasks)
+            self.tasks = self.table.check(self.tasks)
         self._opened: dict[str, object] = {}
         self._tables: dict[str, list[Row]] = {}
         self._holders: Optional[dict[str, str]] = None  # task -> the place of the data that holds it
@@ -92,13 +95,13 @@ class SMolInstructSource:
             if self.representation != "smiles":
                 raise UserError(f"data.representation={self.representation} reads SMolInstruct's raw_selfies; the "
                                 f"table {place} is read as written: convert it, or use data.representation=smiles")
-            self._tables[place] = read_table(place, self.columns, self.split_fractions)
+            self._tables[place] = read_table(place, self.columns, self.split_fractions, self.table)
         return self._tables[place]
 
     def _tasks_in(self, place: str) -> list[str]:
         if is_table(place):
             return list(dict.fromkeys(row.task for row in self._table(place)))
-        return [t for t in task_names() if (Path(place) / "core_tag" / f"{t}.json").is_file()]
+        return [t for t in self.table if (Path(place) / "core_tag" / f"{t}.json").is_file()]
 
     def holders(self) -> dict[str, str]:
         """Each task read -> the place that holds it (`places`), in the order the places and tasks come."""
@@ -195,7 +198,7 @@ class SMolInstructSource:
             if is_table(place):
                 if name not in ("train", "validation", "test"):
                     raise UserError(f"unknown split {name!r}: a table has train, validation and test")
-                parts.append(TableSplit(self._table(place), name, tasks, self.insert_core_tags, limit))
+                parts.append(TableSplit(self._table(place), name, tasks, self.insert_core_tags, limit, self.table))
             else:
                 parts.append(self._smolinstruct(place, folder, tasks, limit))
         return parts[0] if len(parts) == 1 else MixedSplit(parts)
@@ -204,5 +207,5 @@ class SMolInstructSource:
         return SMolInstructSplit(
             root, folder, tasks, sample_group=self.sample_group,
             insert_core_tags=self.insert_core_tags, representation=self.representation,
-            max_samples_per_task=limit, skip_bad_lines=self.skip_bad_lines,
+            max_samples_per_task=limit, skip_bad_lines=self.skip_bad_lines, table=self.table,
         )

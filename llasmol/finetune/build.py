@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Optional
 
 import hydra
 from lightning import Trainer
@@ -14,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from llasmol.core import run_dir
 from llasmol.core.files import write_json
-from llasmol.core.tasks import declared
+from llasmol.core.tasks import TaskTable
 from llasmol.core.threads import retune_threads
 from llasmol.data.datamodule import SMolInstructDataModule
 from llasmol.model.base import load_base_model
@@ -35,9 +36,11 @@ def instantiate_all(group: DictConfig | None) -> list:
     return [hydra.utils.instantiate(node) for node in group.values() if node and "_target_" in node]
 
 
-def build_datamodule(cfg: DictConfig, tokenizer) -> SMolInstructDataModule:
-    """The DataModule of `cfg.data`; a local copy is indexed now, so bad data stops the run before loggers start."""
-    datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
+def build_datamodule(cfg: DictConfig, tokenizer, tasks: Optional[TaskTable] = None) -> SMolInstructDataModule:
+    """The DataModule of `cfg.data` (`tasks`: the table the config check made of it); a local copy is indexed now,
+    so bad data stops the run before loggers start."""
+    datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all",
+                                         **({"table": tasks} if tasks is not None else {}))
     if datamodule.path:
         datamodule.setup("fit")
         mix = datamodule.mix()
@@ -120,8 +123,9 @@ def record_run(cfg: DictConfig, trainer: Trainer, datamodule: SMolInstructDataMo
     the composed config with the parameter counts as every logger's hyperparameters."""
     accumulation = trainer.accumulate_grad_batches
     write_json(Path(cfg.paths.output_dir) / run_dir.PARAMS, params)
-    if declared():  # the run's own tasks, for every later command that reads it (before any file names them)
-        write_json(Path(cfg.paths.output_dir) / run_dir.DECLARED_TASKS, declared())
+    own = datamodule.source.table.declared
+    if own:  # the run's own tasks, for every later command that reads it (before any file names them)
+        write_json(Path(cfg.paths.output_dir) / run_dir.DECLARED_TASKS, own)
     facts = card_facts(cfg, params, datamodule, accumulation)
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, AdapterModelCheckpoint):

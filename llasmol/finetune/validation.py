@@ -22,7 +22,7 @@ from typing import Optional
 from lightning.pytorch.callbacks import Callback
 
 from llasmol.core.run_dir import validation_name
-from llasmol.core.tasks import get_task
+from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.inference.beam_search import BeamGenerator
 from llasmol.inference.pipeline import Evaluation, ModelAnswers, RunFiles, Samples, gather_to_all
 from llasmol.inference.progress import generation_progress
@@ -46,6 +46,7 @@ class GenerationEvaluator(Callback):
         self.output_dir = output_dir
         self._samples: Optional[Samples] = None  # the subset of the validation split and its golds, drawn once
         self._last_results: Optional[dict] = None
+        self._tasks: TaskTable = SMOLINSTRUCT  # the table the last results were scored by
         self._best: Optional[tuple[float, int]] = None  # (val/loss, step)
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
@@ -58,15 +59,16 @@ class GenerationEvaluator(Callback):
         generator = BeamGenerator(pl_module.model, dm.tokenizer, dm.formatter,
                                   self.generation["max_prompt_tokens"], self.generation["batch_size"])
         with generation_progress("Generation", len(share.indices), live_progress(trainer)) as advance:
-            records = ModelAnswers(generator, self.generation).answer(share, advance)
+            records = ModelAnswers(generator, self.generation, tasks=share.split.table).answer(share, advance)
         everything = sorted(gather_to_all(records), key=lambda r: r["index"])
         out = Path(self.output_dir or trainer.default_root_dir)
+        tasks = share.split.table
         evaluation = Evaluation(RunFiles.named(out, validation_name(trainer.global_step)), self.intervals,
-                                write=trainer.is_global_zero)
+                                write=trainer.is_global_zero, tasks=tasks)
         evaluation.write_predictions(everything)  # rank 0; before scoring, which may fail
         # The metrics are summed across ranks (every rank calls this); the intervals resample all ranks'
         # records (gathered: the same on every rank, seeded).
-        outcome = evaluation.score(everything, reduced_metrics(records, list(share.split.tasks), pl_module.device))
+        outcome = evaluation.score(everything, reduced_metrics(records, list(share.split.tasks), pl_module.device, tasks))
         results = outcome.metrics
         flat = {f"val/{task}/{name}": float(value) for task, values in results.items()
                 for name, value in values.items() if isinstance(value, (int, float))}
@@ -80,9 +82,9 @@ class GenerationEvaluator(Callback):
                 log_predictions_table(trainer, everything)
                 notes = {f"val/{task}/{name}": (counted[0], note_of(counted))
                          for task, values in results.items() for name in values
-                         if (counted := support(task, name, values)) is not None}
+                         if (counted := support(task, name, values, tasks)) is not None}
                 update_best_summary(trainer, flat, notes)
-        self._last_results = results
+        self._last_results, self._tasks = results, tasks
 
     def on_validation_end(self, trainer, pl_module) -> None:
         # val/loss is aggregated only after the epoch-end hooks, so its best value and the log line are here.
@@ -96,10 +98,11 @@ class GenerationEvaluator(Callback):
             self._best = (loss, trainer.global_step)
         # One line per validation in the run's log (train.log): a run without a terminal tells its story.
         shown = []
+        tasks = self._tasks
         for task, values in (self._last_results or {}).items():
-            name = get_task(task).headline
+            name = tasks[task].headline
             if isinstance(values.get(name), float) and math.isfinite(values[name]):
-                shown.append((f"{task} {name} {values[name]:.3f}", support_note(task, name, values)))
+                shown.append((f"{task} {name} {values[name]:.3f}", support_note(task, name, values, tasks)))
         notes = {note for _, note in shown}
         if len(notes) == 1 and len(shown) > 1:  # the demo's: every task on its 8 samples, said once
             headline = ", ".join(text for text, _ in shown) + (f" (each {notes.pop()})" if notes != {""} else "")

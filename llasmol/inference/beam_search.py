@@ -18,7 +18,7 @@ from typing import Iterator, Optional
 import torch
 import torch.distributed as dist
 
-from llasmol.core.tasks import get_task, task_names
+from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.model.blocks import is_sharded
 
 
@@ -30,10 +30,10 @@ class BeamSettings:
     early_stopping: bool = False
 
 
-def task_settings(gen_cfg, task: Optional[str]) -> BeamSettings:
-    """The default settings overlaid with the task's own (a declared task's from its declaration, then
+def task_settings(gen_cfg, task: Optional[str], tasks: TaskTable = SMOLINSTRUCT) -> BeamSettings:
+    """The default settings overlaid with the task's own (a declared task's from its declaration in `tasks`, then
     `generation.tasks.<task>`), capped by `max_new_tokens_limit`; `task` None: the default."""
-    declared = dict(get_task(task).generation) if task in task_names() else {}
+    declared = dict(tasks[task].generation) if task in tasks else {}
     merged = {**gen_cfg["default"], **declared, **(gen_cfg["tasks"].get(task) or {})}
     limit = gen_cfg.get("max_new_tokens_limit")
     if limit:

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from llasmol.core import run_dir
 from llasmol.core.errors import Stopped, UserError
 from llasmol.core.files import write_json
-from llasmol.core.tasks import get_task
+from llasmol.core.tasks import TaskTable
 from llasmol.data.formatting import PromptFormatter
 from llasmol.data.source import SMolInstructSource
 from llasmol.inference.prompting import Protocol, build_queries, protocol_for, read_answers
@@ -29,34 +29,36 @@ from llasmol.inference.beam_search import BeamGenerator
 from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
 from llasmol.inference.partial import PartialPredictions
 from llasmol.inference.pipeline import Evaluation, ModelAnswers, RunFiles, Samples, split_golds
-from llasmol.inference.predictions import make_record, read_predictions
+from llasmol.inference.predictions import make_record, predictions_tasks, read_predictions
 from llasmol.inference.progress import generation_progress
 
 log = logging.getLogger(__name__)
 
 
-def score_file(cfg: DictConfig) -> tuple[dict, Optional[dict], Path]:
-    """Score the predictions file `cfg.predictions`: (metrics, intervals or None, metrics file)."""
-    records = read_predictions(cfg.predictions)
+def score_file(cfg: DictConfig, tasks: TaskTable) -> tuple[dict, Optional[dict], Path]:
+    """Score the predictions file `cfg.predictions` (`tasks`: the command's table; a run's predictions add the
+    run's own tasks): (metrics, intervals or None, metrics file)."""
+    tasks = predictions_tasks(cfg.predictions, tasks)
+    records = read_predictions(cfg.predictions, tasks=tasks)
     if cfg.pool_golds == "split":
-        records = with_split_golds(records, cfg)
+        records = with_split_golds(records, cfg, tasks)
     src = Path(cfg.predictions)
     if cfg.get("name"):  # another system's answers, kept as a row that report and the notebooks read
-        return _system_row(cfg, records, src)
+        return _system_row(cfg, records, src, tasks)
     out = Path(cfg.output) if cfg.output else src.with_name(src.stem + ".metrics.json")
     files = RunFiles(None, out).check_writable()  # the predictions file itself stays as it is
-    outcome = Evaluation(files, cfg.intervals).finish(records)
+    outcome = Evaluation(files, cfg.intervals, tasks=tasks).finish(records)
     return outcome.metrics, outcome.intervals, out
 
 
-def with_split_golds(records: list[dict], cfg: DictConfig) -> list[dict]:
+def with_split_golds(records: list[dict], cfg: DictConfig, tasks: TaskTable) -> list[dict]:
     """`records` with the golds of every sample of `data.split` that shares an input, for the tasks whose golds
     pool: what the official compute_metrics.py `read_result` reads from the dataset (lines 12-25, 38-43),
     so a file with part of a split gets the golds the whole split gives each of its inputs."""
-    source = SMolInstructSource.from_config(OmegaConf.to_container(cfg.data, resolve=True))
+    source = SMolInstructSource.from_config(OmegaConf.to_container(cfg.data, resolve=True), table=tasks)
     pool = split_golds(source.pooling_split(cfg.data.split))
     for record in records:
-        if get_task(record["task"]).pooled:
+        if tasks.task(record["task"]).pooled:
             golds = pool.golds(record, None)
             if not golds:  # the official scorer stops here too (a KeyError)
                 core = record.get("raw_input", record["input"])
@@ -67,9 +69,10 @@ def with_split_golds(records: list[dict], cfg: DictConfig) -> list[dict]:
     return records
 
 
-def _system_row(cfg: DictConfig, records: list[dict], src: Path) -> tuple[dict, Optional[dict], Path]:
+def _system_row(cfg: DictConfig, records: list[dict], src: Path, tasks: TaskTable) -> tuple[dict, Optional[dict], Path]:
     folder, split = Path(cfg.paths.output_dir), cfg.data.split
-    outcome = Evaluation(RunFiles.named(folder, split, cfg.output).check_writable(), cfg.intervals).finish(records)
+    outcome = Evaluation(RunFiles.named(folder, split, cfg.output).check_writable(), cfg.intervals,
+                         tasks=tasks).finish(records)
     write_json(folder / run_dir.SYSTEM, {"name": str(cfg.name), "predictions": str(src.resolve()), "split": split,
                                          "samples": len(records)})
     return outcome.metrics, outcome.intervals, outcome.files.metrics
@@ -122,10 +125,14 @@ class ModelEvaluation:
     folder: Optional[Path] = None
 
 
-def generate_and_score(cfg: DictConfig, log_into: Optional[Callable[[Path], None]] = None) -> ModelEvaluation:
+def generate_and_score(cfg: DictConfig, tasks: TaskTable,
+                       log_into: Optional[Callable[[Path], None]] = None) -> ModelEvaluation:
     """Generate with `cfg.ckpt` on `cfg.data.split` (continuing a stopped run's partial file) and score;
-    `log_into(folder)` is called with the run directory when the answers go there (the command logs there too)."""
+    `tasks`: the command's task table (a run directory's adds its own tasks.json); `log_into(folder)` is called
+    with the run directory when the answers go there (the command logs there too)."""
     model_cfg, adapter, run_data = resolve_checkpoint(cfg.ckpt, cfg)
+    if run_data is not None:
+        tasks = run_dir.read_tasks(Path(cfg.ckpt), tasks)
     protocol = protocol_for(cfg.get("prompting") or {}, bare=adapter is None)
     data_cfg = run_data if run_data is not None else cfg.data
     if protocol is not None and data_cfg.get("representation") == "selfies":
@@ -136,7 +143,7 @@ def generate_and_score(cfg: DictConfig, log_into: Optional[Callable[[Path], None
     caps = OmegaConf.to_container(cfg.data, resolve=True).get("max_samples_per_task")
     source = SMolInstructSource.from_config(
         OmegaConf.to_container(run_data if run_data is not None else cfg.data, resolve=True),
-        max_samples_per_task=caps,
+        max_samples_per_task=caps, table=tasks,
     )
     samples = Samples.of(source, split_name, None, cfg.seed)
     if not samples.indices:
@@ -176,7 +183,7 @@ def generate_and_score(cfg: DictConfig, log_into: Optional[Callable[[Path], None
     if protocol is not None:
         generator.strip = False  # the rules read the text as generated
         queries = build_queries(protocol, samples.split, indices, source.split("train") if protocol.shots else None)
-    answers = ModelAnswers(generator, cfg.generation, queries, done, partial.append)
+    answers = ModelAnswers(generator, cfg.generation, queries, done, partial.append, tasks)
     try:
         with stoppable(), generation_progress(f"Generating on {split_name}", len(indices), done=len(done),
                                                log_every_s=cfg.progress_every_s) as advance:
@@ -189,7 +196,7 @@ def generate_and_score(cfg: DictConfig, log_into: Optional[Callable[[Path], None
     partial.close()
     if protocol is not None:
         records = read_answers(protocol, records, queries)
-    outcome = Evaluation(files, cfg.intervals).finish(records)
+    outcome = Evaluation(files, cfg.intervals, tasks=tasks).finish(records)
     partial.remove()
     labelled = protocol is not None and out_dir == Path(cfg.paths.output_dir)
     return ModelEvaluation(outcome.metrics, outcome.intervals, files.metrics, len(records),

@@ -16,7 +16,7 @@ from llasmol.core import run_dir as layout
 from llasmol.core.config import CONFIG_DIR
 from llasmol.core.errors import UserError
 from llasmol.core.files import unreadable
-from llasmol.core.schema import ModelSchema, check_group, declare_checked
+from llasmol.core.schema import ModelSchema, check_group
 from llasmol.model.adapters import (ADAPTER_CONFIG, WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS, adapter_dir, load_adapter,
                                     readable_adapter)
 from llasmol.model.lora import TINY_BASE
@@ -41,10 +41,7 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
     path = Path(ckpt)
     if (path / layout.HYDRA_CONFIG).is_file():
         run_cfg = read_run_config(path / layout.HYDRA_CONFIG)
-        _check_run_data(path, run_cfg)
-        new_tasks = OmegaConf.select(run_cfg, "data.new_tasks")  # the run's own tasks, as it declared them
-        declare_checked(OmegaConf.to_container(new_tasks) if isinstance(new_tasks, DictConfig) else new_tasks,
-                        str(path / layout.HYDRA_CONFIG))
+        _check_run_data(path, run_cfg)  # its own tasks are its tasks.json's (`llasmol.core.run_dir.read_tasks`)
         return _run_model(path, run_cfg, cfg), str(_best_adapter(path)), run_cfg.data
     if (path / ADAPTER_CONFIG).is_file():
         _check_adapter_base(path, cfg.model)

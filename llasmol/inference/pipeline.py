@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from llasmol.core.files import check_writable_file, write_json, write_jsonl
 from llasmol.core.run_dir import DECLARED_TASKS, METRICS, PREDICTIONS, intervals_file
-from llasmol.core.tasks import declared
+from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.inference.beam_search import BeamGenerator, most_of_any_rank, task_settings
 from llasmol.inference.predictions import make_record
 from llasmol.metrics.intervals import interval_report, wants_intervals
@@ -39,8 +39,8 @@ Advance = Callable[[int], None]  # called with the number of samples just answer
 
 
 def split_golds(split) -> GoldPool:
-    """The golds of every sample of `split`, pooled by the task table's rule."""
-    pool = GoldPool()
+    """The golds of every sample of `split`, pooled by the rule of its task table (`split.table`)."""
+    pool = GoldPool(split.table)
     for i in range(len(split)):
         if split.task_row(i).pooled:
             sample = split[i]
@@ -110,9 +110,11 @@ class ModelAnswers:
     """
 
     def __init__(self, generator: BeamGenerator, generation, queries: Optional[dict[int, str]] = None,
-                 done: Optional[dict[int, dict]] = None, sink: Optional[Callable[[list[dict]], None]] = None) -> None:
+                 done: Optional[dict[int, dict]] = None, sink: Optional[Callable[[list[dict]], None]] = None,
+                 tasks: TaskTable = SMOLINSTRUCT) -> None:
         self.generator = generator
         self.generation = generation
+        self.tasks = tasks  # whose declared tasks bring their own beams
         self.queries = queries
         self.done = done or {}
         self.sink = sink
@@ -120,7 +122,7 @@ class ModelAnswers:
     def ask(self, query: str, task: str = "") -> Optional[list[str]]:
         """The responses to one question, best first, with `task`'s beams ("" for the default beams); None
         when it is over the prompt limit."""
-        return self.generator.generate([query], task_settings(self.generation, task))[0]
+        return self.generator.generate([query], task_settings(self.generation, task, self.tasks))[0]
 
     def answer(self, samples: Samples, advance: Optional[Advance] = None) -> list[dict]:
         """One record per sample, grouped by task (each task's samples in index order): task, index, input,
@@ -142,7 +144,8 @@ class ModelAnswers:
                 continue
             todo = [i for i, _ in pairs]
             queries = [q for _, q in pairs]
-            for positions, outputs in self.generator.generate_batches(queries, task_settings(self.generation, task)):
+            for positions, outputs in self.generator.generate_batches(queries, task_settings(self.generation, task,
+                                                                                              self.tasks)):
                 batch = [make_record(todo[p], todo_samples[todo[p]], samples.golds, out)
                          for p, out in zip(positions, outputs)]
                 if self.sink is not None:
@@ -203,10 +206,11 @@ class Outcome:
 class Evaluation:
     """The scorer: records in, predictions, metrics and intervals (`intervals`: the intervals settings,
     None for none) out, written under `files` unless `write` is false (the ranks of a DDP validation but
-    the first)."""
+    the first); `tasks`: the task table the records' tasks are rows of."""
 
-    def __init__(self, files: RunFiles, intervals=None, write: bool = True) -> None:
+    def __init__(self, files: RunFiles, intervals=None, write: bool = True, tasks: TaskTable = SMOLINSTRUCT) -> None:
         self.files = files
+        self.tasks = tasks
         self.intervals = intervals
         self.write = write
 
@@ -222,7 +226,7 @@ class Evaluation:
 
     def write_declared(self, records: list[dict]) -> None:
         """The declarations of the user's own tasks among `records`, added to the folder's `tasks.json`."""
-        own = declared()
+        own = self.tasks.declared
         named = {r.get("task") for r in records} & set(own)
         if not named:
             return
@@ -236,7 +240,7 @@ class Evaluation:
     def score(self, records: list[dict], metrics: Optional[dict] = None) -> Outcome:
         """The metrics of `records` (`metrics` when given: the DDP reducer's, equal on every rank) from their
         per-sample statistics, which the intervals resample too (computed once for both), written."""
-        samples = per_sample_statistics(records) if metrics is None or wants_intervals(self.intervals) else {}
+        samples = per_sample_statistics(records, self.tasks) if metrics is None or wants_intervals(self.intervals) else {}
         metrics = task_metrics(samples) if metrics is None else metrics
         intervals = interval_report(samples, self.intervals)
         if self.write:

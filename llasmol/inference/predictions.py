@@ -28,9 +28,8 @@ from typing import Optional
 
 from llasmol.core.errors import UserError
 from llasmol.core.files import unreadable
-from llasmol.core.run_dir import PREDICTIONS
-from llasmol.core.schema import declare_found_tasks
-from llasmol.core.tasks import get_task
+from llasmol.core.run_dir import PREDICTIONS, read_tasks
+from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.metrics.extract import extract_answer
 from llasmol.metrics.scoring import GoldPool, is_skipped
 
@@ -80,7 +79,7 @@ def make_record(index: int, sample: dict, golds: GoldPool, predictions: Optional
     return Prediction(
         task=task, index=index, input=sample["input"], raw_input=sample["raw_input"], target=sample.get("target"),
         gold=golds.golds(sample, sample["raw_output"]), predictions=predictions,
-        answers=None if predictions is None else [extract_answer(task, p) for p in predictions],
+        answers=None if predictions is None else [extract_answer(task, p, golds.tasks) for p in predictions],
         skipped=predictions is None,
     ).to_dict()
 
@@ -138,14 +137,22 @@ def _field_types(record: dict, where: str) -> None:
         raise UserError(f"{where}: skipped must be true or false, not {json.dumps(record['skipped'])[:40]}")
 
 
-def read_predictions(path: str | Path, allow_empty: bool = False) -> list[dict]:
-    """Records of a predictions JSONL file (or a folder of them), checked line by line (an empty file is an
-    error unless `allow_empty`: a run's validation may have had nothing to generate)."""
+def predictions_tasks(path: str | Path, beside: TaskTable = SMOLINSTRUCT) -> TaskTable:
+    """`beside` and the tasks of the run whose `predictions/` holds `path` (its `tasks.json`): the table a
+    predictions file's tasks are read and scored by."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    return read_tasks(folder.parent, beside) if folder.name == PREDICTIONS else beside
+
+
+def read_predictions(path: str | Path, allow_empty: bool = False, tasks: Optional[TaskTable] = None) -> list[dict]:
+    """Records of a predictions JSONL file (or a folder of them), checked line by line, each task one of `tasks`
+    (`predictions_tasks(path)` when not given). An empty file is an error unless `allow_empty`: a run's
+    validation may have had nothing to generate."""
+    tasks = predictions_tasks(path) if tasks is None else tasks
     records = []
     for file in _files(Path(path)):
-        if file.parent.name == PREDICTIONS:  # a run's predictions/: the run says what its own tasks are
-            declare_found_tasks(file.parent.parent)
-        records += _read_file(file)
+        records += _read_file(file, tasks)
     if not records and not allow_empty:
         raise UserError(f"predictions file {path} is empty: it needs one JSON object per line")
     return records
@@ -170,7 +177,7 @@ def _encodable(value, where: str, key: str = "") -> None:
             _encodable(v, where, f"{key}[{i}]")
 
 
-def _read_file(path: Path) -> list[dict]:
+def _read_file(path: Path, tasks: TaskTable) -> list[dict]:
     records = []
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, 1):
@@ -200,7 +207,7 @@ def _read_file(path: Path) -> list[dict]:
                 )
             if not isinstance(record["task"], str):
                 raise UserError(f"{where}: task must be a task name, not {json.dumps(record['task'])[:40]}")
-            get_task(record["task"], where)
+            tasks.task(record["task"], where)
             _field_types(record, where)
             record["skipped"] = is_skipped(record)
             record["gold"] = _texts(record["gold"], "gold", where)

@@ -24,7 +24,7 @@ import numpy as np
 
 from llasmol.core.errors import UserError
 from llasmol.core.schema import DATASET_STYLE
-from llasmol.core.tasks import get_task
+from llasmol.core.tasks import TASK_NAMES
 from llasmol.data.untuned_queries import Example, galactica_query, icl_query, molinst_query
 from llasmol.metrics.answer_rules import TEXT_WITH_PROMPT, check_rules, extract_base_answer
 
@@ -74,7 +74,7 @@ def _example(sample: dict) -> Example:
 
 def build_queries(protocol: Protocol, split, indices: list[int], train=None) -> dict[int, str]:
     """The query of every evaluated sample, by index (`train`: the training split, for icl examples)."""
-    own = [t for t in split.tasks if not get_task(t).in_smolinstruct]
+    own = [t for t in split.tasks if t not in TASK_NAMES]
     if own:
         raise UserError(f"prompting.style={protocol.style} asks SMolInstruct's tasks as the paper asked untuned bases; "
                         f"{own[0]} is a task of your own, which it has no query for: use prompting=dataset, or "

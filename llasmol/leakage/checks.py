@@ -39,7 +39,7 @@ from llasmol.inference.progress import generation_progress
 from llasmol.leakage.sample_keys import SMILES, TEXT, Field, keyed_records, kind_of_tag, pair_key
 from llasmol.core.errors import UserError
 from llasmol.core.threads import usable_cores
-from llasmol.core.tasks import REACTION, TASKS, get_task
+from llasmol.core.tasks import REACTION, TASKS
 from llasmol.data.smolinstruct import raw_split, read_core_tags, read_raw_records
 from llasmol.data.source import SMolInstructSource
 
@@ -99,7 +99,7 @@ class _Audit:
     # -- one raw file -----------------------------------------------------------------------------
     def scan(self, task: str, split: str, kinds: tuple[str, str]) -> None:
         path = self.source.raw_file(split, task)
-        side, indexed, group = (task, split), split != "train", get_task(task).split_group
+        side, indexed, group = (task, split), split != "train", self.source.table.task(task).split_group
         keys, lines = array("Q"), array("I")
 
         def bad(line: int, why: str) -> None:

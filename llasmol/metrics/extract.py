@@ -21,27 +21,20 @@ crashes scoring.
 
 from __future__ import annotations
 
-from llasmol.core.tasks import ByTask, get_task
+from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 
-_ANSWER_TAG = ByTask(lambda task: task.answer_tag)
-
-
-def answer_tags() -> tuple[str, ...]:
-    """The tags any answer may sit in: each known task's (a declared task's too, `llasmol.core.tasks`), in
-    table order, and SELFIES for `data.representation=selfies`."""
-    return tuple(dict.fromkeys([*filter(None, _ANSWER_TAG.values()), "SELFIES"]))
 # What the official reader takes out of an untagged answer: end of sequence and padding (extract_prediction.py:16).
 UNTAGGED_DROP: tuple[str, ...] = ("<unk>", "</s>")
 # A reasoning model's thoughts, before its answer (Qwen3's chat template writes them so).
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
-def extract_answer(task: str, text: str) -> str | None:
-    """The core answer in `text` for `task`, stripped; ``None`` when there is none.
+def extract_answer(task: str, text: str, tasks: TaskTable = SMOLINSTRUCT) -> str | None:
+    """The core answer in `text` for `task` (a task of `tasks`), stripped; ``None`` when there is none.
 
     Raises a `UserError` only for a task name the task table lacks (never for model output).
     """
-    tag = get_task(task).answer_tag
+    tag = tasks.task(task).answer_tag
     if not isinstance(text, str):
         return None
     text = _after_reasoning(text)
@@ -52,10 +45,10 @@ def extract_answer(task: str, text: str) -> str | None:
     return _between(text, tag)
 
 
-def wrap_answer(task: str, answer: str) -> str:
+def wrap_answer(task: str, answer: str, tasks: TaskTable = SMOLINSTRUCT) -> str:
     """A response carrying `answer` as SMolInstruct writes it (``<SMILES> CCO </SMILES>``; a caption as it
     is): what a system that is not a language model answers, so the same extraction reads it back."""
-    tag = get_task(task).answer_tag
+    tag = tasks.task(task).answer_tag
     return answer if tag is None else f"<{tag}> {answer} </{tag}>"
 
 
@@ -83,13 +76,14 @@ def _between(text: str, tag: str) -> str | None:
     return answer or None
 
 
-def any_answer(text: str) -> str | None:
-    """Without a task: the answer of the complete tag pair that closes first, whichever answer tag it is."""
+def any_answer(text: str, tasks: TaskTable = SMOLINSTRUCT) -> str | None:
+    """Without a task: the answer of the complete tag pair that closes first, whichever answer tag of `tasks`
+    it is."""
     if not isinstance(text, str):
         return None
     text = _after_reasoning(text)
     found = []
-    for tag in answer_tags():
+    for tag in tasks.answer_tags():
         answer = _between(text, tag)
         if answer is not None:
             found.append((text.find(f"</{tag}>", text.find(f"<{tag}>")), answer))

@@ -49,7 +49,7 @@ import math
 from typing import Optional, Sequence
 
 from llasmol.core.errors import UserError
-from llasmol.core.tasks import declared, get_task
+from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.metrics.formula import formula_key
 from llasmol.metrics.molecules import FINGERPRINTS, molecule_keys, parse_gold_molecule, tanimoto, too_complex
 from llasmol.metrics.text import bleu_from_stats, caption_stats  # loads NLTK/WordNet itself, when captions are scored
@@ -411,10 +411,10 @@ FAMILIES: dict[str, Family] = {
 
 
 
-def check_headlines() -> None:
+def check_headlines(tasks: TaskTable) -> None:
     """Each declared task's headline metric (`data.new_tasks.<name>.headline`) is a score its family reports."""
-    for name in declared():
-        task = get_task(name)
+    for name in tasks.declared:
+        task = tasks[name]
         family = FAMILIES[task.family]
         scores = [m for m in family.metric_names if m not in family.counts]
         if task.headline not in scores:
@@ -422,13 +422,14 @@ def check_headlines() -> None:
                             f"choose from {', '.join(scores)}")
 
 
-def use_scoring(settings) -> None:
+def use_scoring(settings, tasks: TaskTable = SMOLINSTRUCT) -> None:
     """Apply the `scoring` config group (conf/scoring/, checked by the schema) to this process's scorer; a
     command calls it once at start, before anything is scored (each DDP process runs the command's start
-    too). A setting not given is the official scorer's reading."""
+    too). A setting not given is the official scorer's reading. `tasks`: the command's table, whose declared
+    headlines are checked here, where the families' scores are known."""
     from llasmol.metrics.molecules import use_strict_smiles
 
-    check_headlines()
+    check_headlines(tasks)
     settings = settings or {}
     FAMILIES["formula"].lenient = bool(settings.get("lenient_formulas", False))
     FAMILIES["boolean"].lenient = bool(settings.get("lenient_booleans", False))

@@ -20,7 +20,8 @@ from typing import Optional
 import numpy as np
 
 from llasmol.metrics.families import COUNTS
-from llasmol.metrics.scoring import STATS, TaskSample, finalize, gold_key, per_sample_statistics
+from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
+from llasmol.metrics.scoring import TaskSample, finalize, gold_key, per_sample_statistics, stat_names
 
 __all__ = ["TaskSample", "bootstrap_intervals", "interval_report", "paired_difference", "per_sample_statistics",
            "wants_intervals"]
@@ -37,9 +38,9 @@ def _weights(rng: np.random.Generator, sample: TaskSample, count: int) -> np.nda
     return per_unit[:, sample.units]
 
 
-def _metric_rows(task: str, sums: np.ndarray) -> list[dict[str, float]]:
-    names = STATS[task]
-    return [finalize(task, dict(zip(names, row))) for row in sums]
+def _metric_rows(sample: TaskSample, sums: np.ndarray) -> list[dict[str, float]]:
+    names = stat_names(sample.task, sample.tasks)
+    return [finalize(sample.task, dict(zip(names, row)), sample.tasks) for row in sums]
 
 
 def _percentiles(values: list[float], level: float) -> Optional[list[float]]:
@@ -62,7 +63,7 @@ def bootstrap_intervals(samples: dict[str, TaskSample], resamples: int = 1000, s
         collected: dict[str, list[float]] = defaultdict(list)
         for start in range(0, resamples, CHUNK):
             weights = _weights(rng, sample, min(CHUNK, resamples - start))
-            for metrics in _metric_rows(task, weights @ sample.stats):
+            for metrics in _metric_rows(sample, weights @ sample.stats):
                 for name, value in metrics.items():
                     if name not in COUNTS:
                         collected[name].append(value)
@@ -102,7 +103,8 @@ def _pair_keys(records: list[dict], by_index: bool) -> list[tuple]:
 
 
 def paired_difference(records_a: list[dict], records_b: list[dict], metrics: dict[str, str],
-                      resamples: int = 1000, seed: int = 0, level: float = 0.95) -> dict[str, dict]:
+                      resamples: int = 1000, seed: int = 0, level: float = 0.95,
+                      tasks: TaskTable = SMOLINSTRUCT) -> dict[str, dict]:
     """For each task in `metrics` ({task: metric}) evaluated in both: A's value minus B's, with a paired
     bootstrap interval, on the samples both evaluated (matched by task, sample index and input; by input
     and order for files without indices).
@@ -114,8 +116,8 @@ def paired_difference(records_a: list[dict], records_b: list[dict], metrics: dic
     keys_a, keys_b = _pair_keys(records_a, indexed), _pair_keys(records_b, indexed)
     b_by_key = dict(zip(keys_b, records_b))
     shared = [(r, b_by_key[k]) for r, k in zip(records_a, keys_a) if k in b_by_key]
-    stats_a = per_sample_statistics([a for a, _ in shared])
-    stats_b = per_sample_statistics([b for _, b in shared])
+    stats_a = per_sample_statistics([a for a, _ in shared], tasks)
+    stats_b = per_sample_statistics([b for _, b in shared], tasks)
     out = {}
     for task, metric in metrics.items():
         if task not in stats_a:
@@ -126,7 +128,7 @@ def paired_difference(records_a: list[dict], records_b: list[dict], metrics: dic
         differences = []
         for start in range(0, resamples, CHUNK):
             weights = _weights(rng, sa, min(CHUNK, resamples - start))  # the same draws for both
-            for ma, mb in zip(_metric_rows(task, weights @ sa.stats), _metric_rows(task, weights @ sb.stats)):
+            for ma, mb in zip(_metric_rows(sa, weights @ sa.stats), _metric_rows(sb, weights @ sb.stats)):
                 differences.append(ma[metric] - mb[metric])
         difference = value_a - value_b
         if not math.isfinite(difference):  # e.g. RMSE with no valid answer on one side: no difference to bound

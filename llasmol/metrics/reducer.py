@@ -14,8 +14,8 @@ from collections import defaultdict
 import torch
 from torchmetrics import Metric
 
-from llasmol.core.tasks import check_tasks
-from llasmol.metrics.scoring import STATS, finalize, record_stats
+from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
+from llasmol.metrics.scoring import finalize, record_stats, stat_names
 
 
 def state_name(task: str, stat: str) -> str:
@@ -30,12 +30,13 @@ class ChemistryMetrics(Metric):
     is_differentiable = False
     higher_is_better = None
 
-    def __init__(self, tasks: list[str], **kwargs) -> None:
+    def __init__(self, tasks: list[str], table: TaskTable = SMOLINSTRUCT, **kwargs) -> None:
         super().__init__(**kwargs)
-        tasks = check_tasks(tasks, "ChemistryMetrics(tasks)")
-        self.tasks = tasks
+        tasks = table.check(tasks, "ChemistryMetrics(tasks)")
+        self.tasks, self.table = tasks, table
+        self.stat_names = {task: stat_names(task, table) for task in tasks}
         for task in tasks:
-            for stat in STATS[task]:
+            for stat in self.stat_names[task]:
                 self.add_state(
                     state_name(task, stat),
                     default=torch.tensor(0.0, dtype=torch.float64),
@@ -50,7 +51,7 @@ class ChemistryMetrics(Metric):
         for task, sample in zip(tasks, stats):
             if task not in self.tasks:
                 raise ValueError(f"task {task!r} is not one of this metric's tasks {self.tasks}")
-            allowed = STATS[task]
+            allowed = self.stat_names[task]
             for stat, value in sample.items():
                 if stat not in allowed:
                     raise ValueError(f"{stat!r} is not a statistic of {task!r}: {allowed}")
@@ -61,22 +62,24 @@ class ChemistryMetrics(Metric):
 
     def summed_stats(self) -> dict[str, dict[str, float]]:
         """The current (local, unsynced) sums: ``{task: {stat: value}}``."""
-        return {task: {stat: float(getattr(self, state_name(task, stat))) for stat in STATS[task]} for task in self.tasks}
+        return {task: {stat: float(getattr(self, state_name(task, stat))) for stat in self.stat_names[task]}
+                for task in self.tasks}
 
     def compute(self) -> dict[str, dict[str, float]]:
         """Metrics of every task that saw at least one sample (states already synced)."""
         results = {}
         for task, stats in self.summed_stats().items():
             if stats["num_samples"] > 0:
-                results[task] = finalize(task, stats)
+                results[task] = finalize(task, stats, self.table)
         return results
 
 
-def reduced_metrics(records: list[dict], tasks: list[str], device) -> dict[str, dict[str, float]]:
+def reduced_metrics(records: list[dict], tasks: list[str], device,
+                    table: TaskTable = SMOLINSTRUCT) -> dict[str, dict[str, float]]:
     """The metrics of every rank's `records` together, summed across ranks (every rank must call it); each
-    record's `gold` is taken as it is (already pooled over the split)."""
-    metric = ChemistryMetrics(tasks).to(device)
+    record's `gold` is taken as it is (already pooled over the split); `table`: the run's tasks."""
+    metric = ChemistryMetrics(tasks, table).to(device)
     for record in records:
-        stats = record_stats(record)
+        stats = record_stats(record, tasks=table)
         metric.update([record["task"]], [stats])
     return metric.compute()

@@ -12,20 +12,19 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from llasmol.core.tasks import ByTask
+from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.metrics.families import FAMILIES
 
 # Under 10 samples one answer more or less moves a share by more than 0.1, more than most differences the
 # paper's tables draw, and a percentile bootstrap interval of so few is narrower than the truth.
 FEWEST_TO_COMPARE = 10
 
-_FAMILY_OF = ByTask(lambda task: FAMILIES[task.family])
 
-
-def support(task: str, metric: str, values: dict) -> Optional[tuple[int, int]]:
+def support(task: str, metric: str, values: dict, tasks: TaskTable = SMOLINSTRUCT) -> Optional[tuple[int, int]]:
     """(samples `metric`'s value stands on, samples scored) from a task's metric `values`; None for a count,
-    an unknown task or metric, or values without their counts."""
-    family = _FAMILY_OF.get(task)
+    a task `tasks` lacks, an unknown metric, or values without their counts."""
+    row = tasks.get(task)
+    family = FAMILIES[row.family] if row is not None else None
     total = values.get("num_samples")
     if family is None or total is None:
         return None
@@ -35,9 +34,9 @@ def support(task: str, metric: str, values: dict) -> Optional[tuple[int, int]]:
     return int(basis), int(total)
 
 
-def support_note(task: str, metric: str, values: dict) -> str:
+def support_note(task: str, metric: str, values: dict, tasks: TaskTable = SMOLINSTRUCT) -> str:
     """``n=1 of 30, too few``, ``n=12 of 30``, ``n=4, too few``; '' for a value on enough samples, all of them."""
-    return note_of(support(task, metric, values))
+    return note_of(support(task, metric, values, tasks))
 
 
 def note_of(counted: Optional[tuple[int, int]]) -> str:
@@ -66,11 +65,11 @@ class Counted(float):
         return (Counted, (float(self), self.note))
 
 
-def with_support(task: str, values: dict) -> dict:
+def with_support(task: str, values: dict, tasks: TaskTable = SMOLINSTRUCT) -> dict:
     """`values` with each metric whose `support_note` is not empty as a `Counted` (None stays None)."""
     out = {}
     for name, value in values.items():
-        note = support_note(task, name, values) if isinstance(value, float) else ""
+        note = support_note(task, name, values, tasks) if isinstance(value, float) else ""
         out[name] = Counted(value, note) if note else value
     return out
 
