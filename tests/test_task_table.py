@@ -97,3 +97,25 @@ def test_a_tasks_json_that_is_no_file_is_named(tmp_path):
     with pytest.raises(UserError, match="tasks.json is not a regular file"):
         read_tasks(tmp_path)
     assert TaskTable() == SMOLINSTRUCT and len(SMOLINSTRUCT) == 14
+
+
+def test_a_declared_tasks_beams_sit_over_the_default_and_under_generation_tasks():
+    """Precedence of a task's beams: `generation.default` < its declaration < `generation.tasks.<task>`, each
+    pair both ways round, and a table without the task takes the default."""
+    from omegaconf import OmegaConf
+
+    from llasmol.inference.beam_search import task_settings as settings
+
+    def task_settings(*args):
+        s = settings(*args)
+        return s.num_beams, s.num_return_sequences, s.max_new_tokens
+
+    table = TaskTable({"alpha": {"family": "smiles", "num_beams": 6, "num_return_sequences": 3}})
+    gen = OmegaConf.create({"default": {"num_beams": 4, "num_return_sequences": 1, "max_new_tokens": 50},
+                            "tasks": {}})
+    assert task_settings(gen, "alpha", table) == (6, 3, 50)  # declared over the default, the rest default
+    assert task_settings(gen, "alpha") == (4, 1, 50)  # SMolInstruct's table knows no alpha: the default
+    gen.tasks["alpha"] = {"num_beams": 2, "num_return_sequences": 2}
+    assert task_settings(gen, "alpha", table) == (2, 2, 50)  # generation.tasks over the declaration
+    gen.tasks["alpha"] = {"max_new_tokens": 7}
+    assert task_settings(gen, "alpha", table) == (6, 3, 7)  # only what it names

@@ -240,7 +240,6 @@ def judged_samples(source: Union[Run, Validation], validation=None) -> list[dict
                 "answer": answers[0] if answers else None,
                 "category": category,
                 "score": score,
-                "lower_is_better": FAMILIES[val.table.task(task).family].score_lower_is_better,
             }
         )
     return out
@@ -271,12 +270,12 @@ def failure_table(source: Union[Run, Validation], validation=None) -> Table:
 _CATEGORY_RANK = {"wrong": 0, "scored": 0, "invalid": 1, "no_answer": 2, "skipped": 3}
 
 
-def _badness(sample: dict) -> tuple:
+def _badness(sample: dict, lower_is_better: bool) -> tuple:
     score = sample["score"]
     rank = _CATEGORY_RANK[sample["category"]]
     if score is None:
         return (rank, 0.0)
-    if sample["lower_is_better"]:  # an error: larger is worse
+    if lower_is_better:  # an error: larger is worse
         return (rank, -score)
     return (rank, score)  # similarity / METEOR: smaller is worse
 
@@ -287,12 +286,14 @@ def worst_examples(
     """Up to `n` samples per task that are not correct, worst first: well-formed but wrong (or
     scored) answers ordered by lowest similarity to the gold (SMILES), largest error (ESOL/Lipo)
     or lowest METEOR (captions); then invalid answers, then missing answers, then skipped."""
+    val = _validation(source, validation)
     worst: dict[str, list[dict]] = {}
-    for sample in judged_samples(source, validation):
+    for sample in judged_samples(val):
         if sample["category"] == "correct" or (tasks and sample["task"] not in tasks):
             continue
         worst.setdefault(sample["task"], []).append(sample)
-    return {task: sorted(samples, key=_badness)[:n] for task, samples in worst.items()}
+    errors = {task: FAMILIES[val.table.task(task).family].score_lower_is_better for task in worst}
+    return {task: sorted(samples, key=lambda s: _badness(s, errors[task]))[:n] for task, samples in worst.items()}
 
 
 def worst_table(worst: dict[str, list[dict]]) -> Table:

@@ -234,7 +234,7 @@ class TaskTable(Mapping):
         merged = self.declared
         for name, decl in (declarations or {}).items():
             if name in merged:
-                known, row = self._rows[name], TaskTable({name: decl})[name]
+                known, row = self._rows[name], TaskTable({name: decl})[name]  # checked as any declaration
                 if _scored(known) != _scored(row):
                     raise UserError(f"task {name} is declared twice, scored differently ({_scored(known)} and "
                                     f"{_scored(row)}): runs read together must mean one task by one name; rename "
