@@ -290,3 +290,27 @@ def test_a_saved_position_of_other_data_is_refused_naming_what_changed():
         _loader(batch_size=5, seed=4).load_state_dict(state)
     with pytest.raises(TypeError, match="needs a ShardedShuffleSampler"):
         ResumableDataLoader(list(range(4)), batch_size=2)
+
+
+def test_each_kind_of_data_is_a_split_of_the_one_interface_with_the_sources_table(tmp_path):
+    """A SMolInstruct copy, a table of one's own and the two served as one (`data.also`) each give a `Split`
+    whose rows are the source's task table's: the readers never ask which kind they hold."""
+    from llasmol.data.custom import MixedSplit, TableSplit
+    from llasmol.data.smolinstruct import SMolInstructSplit
+    from llasmol.data.split import Split
+
+    table = tmp_path / "logp.csv"
+    table.write_text("input,output,split\nCCO,-0.3,validation\nCCCO,0.3,validation\nCC,1.1,train\n")
+    own = {"logp": {"family": "number"}}
+    copy = SMolInstructSource(path=str(BUNDLED_DATA), tasks=["property_prediction-esol"])
+    alone = SMolInstructSource(path=str(table), new_tasks=own)
+    mixed = SMolInstructSource(path=str(BUNDLED_DATA), also=[str(table)], new_tasks=own,
+                               tasks=["property_prediction-esol", "logp"])
+    for source, kind in ((copy, SMolInstructSplit), (alone, TableSplit), (mixed, MixedSplit)):
+        split = source.split("validation")
+        assert isinstance(split, Split) and type(split) is kind and split.table is source.table
+        rows = {split.task_row(i).name for i in range(len(split))}
+        assert rows == set(split.counts()) == set(split.tasks)
+    assert mixed.split("validation").counts()["logp"] == alone.split("validation").counts()["logp"] == 2
+    with refused("unknown split 'dev'", "a table has train, validation and test"):
+        SMolInstructSource(path=str(table), new_tasks=own, splits={"dev": "dev"}).split("dev")

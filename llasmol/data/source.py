@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 from llasmol.core.errors import UserError
 from llasmol.core.schema import checked_tasks
@@ -21,6 +21,7 @@ from llasmol.core.tasks import TASK_NAMES, TaskTable
 from llasmol.data.hub import fetch_smolinstruct
 from llasmol.data.smolinstruct import SMolInstructSplit, count_samples, raw_path, raw_split
 from llasmol.data.custom import MixedSplit, Row, TableSplit, is_table, read_table
+from llasmol.data.split import Split
 
 DEFAULT_SPLITS = {"train": "train", "validation": "dev", "test": "test"}
 BUNDLED_DATA = Path(__file__).resolve().parent / "bundled"  # conf/data/bundled.yaml's path
@@ -58,8 +59,8 @@ class SMolInstructSource:
             self.table = checked_tasks(self.new_tasks)
         if self.tasks is not None:
             self.tasks = self.table.check(self.tasks)
-        self._opened: dict[str, object] = {}
-        self._tables: dict[str, list[Row]] = {}
+        self._opened: dict[str, Split] = {}
+        self._places: dict[str, Place] = {}  # each place of the data, read once
         self._holders: Optional[dict[str, str]] = None  # task -> the place of the data that holds it
 
     @classmethod
@@ -90,25 +91,19 @@ class SMolInstructSource:
         """Whether any of the data is a table of your own, or there is more than one place (`also`)."""
         return len(self.places()) > 1 or is_table(self.root())
 
-    def _table(self, place: str) -> list[Row]:
-        if place not in self._tables:
-            if self.representation != "smiles":
-                raise UserError(f"data.representation={self.representation} reads SMolInstruct's raw_selfies; the "
-                                f"table {place} is read as written: convert it, or use data.representation=smiles")
-            self._tables[place] = read_table(place, self.columns, self.split_fractions, self.table)
-        return self._tables[place]
-
-    def _tasks_in(self, place: str) -> list[str]:
-        if is_table(place):
-            return list(dict.fromkeys(row.task for row in self._table(place)))
-        return [t for t in self.table if (Path(place) / "core_tag" / f"{t}.json").is_file()]
+    def _place(self, path: str) -> "Place":
+        """The place at `path`, a copy in SMolInstruct's layout or a table of one's own (the one place that
+        tells the two apart), made once."""
+        if path not in self._places:
+            self._places[path] = (TablePlace if is_table(path) else CopyPlace)(path, self)
+        return self._places[path]
 
     def holders(self) -> dict[str, str]:
         """Each task read -> the place that holds it (`places`), in the order the places and tasks come."""
         if self._holders is None:
             holders: dict[str, str] = {}
             for place in self.places():
-                found = self._tasks_in(place)
+                found = self._place(place).task_names()
                 if not found:
                     raise UserError(f"{place} holds no task: give SMolInstruct's layout (core_tag/<task>.json), a "
                                     "CSV/JSONL file, or a folder of train, validation and test files")
@@ -135,7 +130,7 @@ class SMolInstructSource:
         if self.has_tables():
             return list(self.holders())
         if self.tasks is None:
-            found = self._tasks_in(self.root())
+            found = self._place(self.root()).task_names()
             if not found:
                 raise UserError(f"{self.root()} holds no SMolInstruct task (no core_tag/<task>.json): is data.path "
                                 "the root of a SMolInstruct copy, or a CSV/JSONL file (or a folder of train, "
@@ -150,7 +145,7 @@ class SMolInstructSource:
             self.tasks = found
         return self.tasks
 
-    def split(self, name: str):
+    def split(self, name: str) -> Split:
         """Split `name` (train, validation or test), opened on first use: a `SMolInstructSplit`, or for
         tables or several places a `TableSplit` or `MixedSplit` with the same access."""
         if name not in self._opened:
@@ -187,25 +182,59 @@ class SMolInstructSource:
         for split in self._opened.values():
             split.close()
 
-    def _open(self, folder: str, limit: Optional[int], name: str):
-        if not self.has_tables():
-            return self._smolinstruct(self.root(), folder, self.task_names(), limit)
-        parts = []
-        for place in self.places():
-            tasks = [t for t, holder in self.holders().items() if holder == place]
-            if not tasks:
-                continue
-            if is_table(place):
-                if name not in ("train", "validation", "test"):
-                    raise UserError(f"unknown split {name!r}: a table has train, validation and test")
-                parts.append(TableSplit(self._table(place), name, tasks, self.insert_core_tags, limit, self.table))
-            else:
-                parts.append(self._smolinstruct(place, folder, tasks, limit))
+    def _open(self, folder: str, limit: Optional[int], name: str) -> Split:
+        if self.has_tables():  # each place's own tasks
+            tasks_of = {place: [t for t, holder in self.holders().items() if holder == place] for place in self.places()}
+        else:  # one copy: its tasks as `task_names` reads them (said when some are missing)
+            tasks_of = {self.root(): self.task_names()}
+        parts = [self._place(place).open(name, folder, tasks, limit) for place, tasks in tasks_of.items() if tasks]
         return parts[0] if len(parts) == 1 else MixedSplit(parts)
 
-    def _smolinstruct(self, root: str, folder: str, tasks: list[str], limit: Optional[int]) -> SMolInstructSplit:
+
+class CopyPlace:
+    """A folder in SMolInstruct's layout (core_tag/, raw/, sample lists), whose splits are `SMolInstructSplit`s."""
+
+    def __init__(self, root: str, source: SMolInstructSource) -> None:
+        self.root, self.source = root, source
+
+    def task_names(self) -> list[str]:
+        """The tasks of the source's table that this copy has files for, in table order."""
+        return [t for t in self.source.table if (Path(self.root) / "core_tag" / f"{t}.json").is_file()]
+
+    def open(self, name: str, folder: str, tasks: list[str], limit: Optional[int]) -> SMolInstructSplit:
+        source = self.source
         return SMolInstructSplit(
-            root, folder, tasks, sample_group=self.sample_group,
-            insert_core_tags=self.insert_core_tags, representation=self.representation,
-            max_samples_per_task=limit, skip_bad_lines=self.skip_bad_lines, table=self.table,
+            self.root, folder, tasks, sample_group=source.sample_group,
+            insert_core_tags=source.insert_core_tags, representation=source.representation,
+            max_samples_per_task=limit, skip_bad_lines=source.skip_bad_lines, table=source.table,
         )
+
+
+class TablePlace:
+    """Table data of one's own (`llasmol.data.custom`: a CSV/TSV/JSONL file, or a folder of split files), read
+    once, whose splits are `TableSplit`s."""
+
+    def __init__(self, path: str, source: SMolInstructSource) -> None:
+        self.path, self.source = path, source
+        self._rows: Optional[list[Row]] = None
+
+    def rows(self) -> list[Row]:
+        source = self.source
+        if self._rows is None:
+            if source.representation != "smiles":
+                raise UserError(f"data.representation={source.representation} reads SMolInstruct's raw_selfies; the "
+                                f"table {self.path} is read as written: convert it, or use data.representation=smiles")
+            self._rows = read_table(self.path, source.columns, source.split_fractions, source.table)
+        return self._rows
+
+    def task_names(self) -> list[str]:
+        """The tasks the rows name, in the order they first come."""
+        return list(dict.fromkeys(row.task for row in self.rows()))
+
+    def open(self, name: str, folder: str, tasks: list[str], limit: Optional[int]) -> TableSplit:
+        if name not in ("train", "validation", "test"):
+            raise UserError(f"unknown split {name!r}: a table has train, validation and test")
+        return TableSplit(self.rows(), name, tasks, self.source.insert_core_tags, limit, self.source.table)
+
+
+Place = Union[CopyPlace, TablePlace]  # where data is: each makes the `Split`s of its tasks

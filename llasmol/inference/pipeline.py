@@ -30,6 +30,7 @@ import torch.distributed as dist
 from llasmol.core.files import check_writable_file, write_json, write_jsonl
 from llasmol.core.run_dir import DECLARED_TASKS, METRICS, PREDICTIONS, intervals_file
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
+from llasmol.data.split import Split
 from llasmol.inference.beam_search import BeamGenerator, most_of_any_rank, task_settings
 from llasmol.inference.predictions import make_record
 from llasmol.metrics.intervals import interval_report, wants_intervals
@@ -38,7 +39,7 @@ from llasmol.metrics.scoring import GoldPool, per_sample_statistics, task_metric
 Advance = Callable[[int], None]  # called with the number of samples just answered (a progress bar)
 
 
-def split_golds(split) -> GoldPool:
+def split_golds(split: Split) -> GoldPool:
     """The golds of every sample of `split`, pooled by the rule of its task table (`split.table`)."""
     pool = GoldPool(split.table)
     for i in range(len(split)):
@@ -66,7 +67,7 @@ class Samples:
     """What is answered: `indices` of `split` (in the split's order), and the golds they are scored against
     (pooled over the whole split, or over the full split a subset was drawn from)."""
 
-    split: object  # a `llasmol.data.smolinstruct.SMolInstructSplit`
+    split: Split
     indices: list[int]
     golds: GoldPool
 
