@@ -23,7 +23,7 @@ from llasmol.core.files import check_target
 from llasmol.core.quiet import quiet_known_noise
 from llasmol.core.schema import check_config
 from llasmol.data.source import SMolInstructSource
-from llasmol.metrics.families import use_scoring
+from llasmol.metrics.families import check_headlines
 
 
 def make_method(cfg: DictConfig):
@@ -52,7 +52,7 @@ def baseline(cfg: DictConfig) -> dict:
 
     quiet_known_noise()
     method = make_method(cfg)
-    use_scoring(cfg.get("scoring"), method.tasks)
+    check_headlines(method.tasks)
     if cfg.output:
         check_target(cfg.output, "output")  # before any work: a FIFO or device is not replaced at the end
     data = OmegaConf.to_container(cfg.data, resolve=True)

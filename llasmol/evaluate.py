@@ -25,7 +25,7 @@ from llasmol.core.log_files import log_also_to
 from llasmol.core.quiet import quiet_known_noise
 from llasmol.core.schema import check_config
 from llasmol.core.threads import use_cpu_threads
-from llasmol.metrics.families import use_scoring
+from llasmol.metrics.families import check_headlines
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def evaluate(cfg: DictConfig, log_into: Optional[Callable[[Path], None]] = None)
     quiet_known_noise()
     tasks = check_config(cfg).tasks
     use_cpu_threads(cfg.get("cpu"))  # before torch loads: OpenMP reads its wait policy once
-    use_scoring(cfg.get("scoring"), tasks)
+    check_headlines(tasks)
     if cfg.output and Path(cfg.output).is_dir():
         raise UserError(f"output={cfg.output} is a directory: name the metrics file, e.g. "
                         f"output={Path(cfg.output) / 'metrics.json'}")

@@ -42,7 +42,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # Here, not at the top: importing the command (the Hydra shell, the checks before Hydra) loads no torch.
     import lightning as L
 
-    from llasmol.metrics.families import use_scoring
+    from llasmol.metrics.families import check_headlines
     from llasmol.model.base import load_tokenizer
     from llasmol.finetune.build import build_datamodule, build_model, build_module, build_trainer, record_run
     from llasmol.finetune.fit import finish, fit, run_result, validate_last_step
@@ -51,7 +51,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     # Preflight: the settings, the run directory (ours alone), what ckpt_path= means, what this machine runs.
     quiet_known_noise()
-    use_scoring(cfg.get("scoring"), tasks)
+    check_headlines(tasks)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     out = claim_run_dir(cfg.paths.output_dir)
     resume = Resume.plan(cfg.get("ckpt_path"), out, cfg.model.name, cfg.lora.name)

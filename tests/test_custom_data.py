@@ -238,10 +238,10 @@ def test_a_declared_task_is_scored_by_its_family():
     assert metrics["logp"]["rmse"] == pytest.approx(0.5) and metrics["logp"]["num_no_answer"] == 1
     assert (metrics["ring"]["accuracy"], metrics["ring"]["tp"], metrics["ring"]["fp"]) == (0.5, 1, 1)
     assert support_note("logp", "rmse", metrics["logp"], TABLE) == "n=1 of 2, too few"
-    from llasmol.metrics.families import use_scoring
+    from llasmol.metrics.families import check_headlines
 
     with refused("data.new_tasks.ring.headline=rmse", "accuracy, f1, mcc"):
-        use_scoring({}, TaskTable({"ring": {**RING, "headline": "rmse"}}))
+        check_headlines(TaskTable({"ring": {**RING, "headline": "rmse"}}))
     with refused("unknown task 'logp'"):  # SMolInstruct's table (the scorer's default) scores none of them
         score_records(records)
 

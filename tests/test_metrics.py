@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
 
 from refusals import refused
 
-from llasmol.core.tasks import TASK_NAMES, get_task
+from llasmol.core.tasks import SMOLINSTRUCT, TASK_NAMES, Scoring, get_task
 from llasmol.metrics import STATS, add_stats, extract_answer, finalize, sample_stats, score_records
 from llasmol.metrics.formula import parse_formula
 from llasmol.metrics.molecules import parse_molecule
@@ -24,11 +23,13 @@ def tagged(task: str, text: str) -> str:
     return f"Here: <{tag}> {text} </{tag}>"
 
 
-def score(task: str, samples: list[tuple[list[str], list[str]]]) -> dict[str, float]:
+def score(task: str, samples: list[tuple[list[str], list[str]]], tasks=None) -> dict[str, float]:
+    """`samples` scored as the official scorer reads them, or as the table `tasks` says (`read_as`)."""
+    tasks = tasks or SMOLINSTRUCT
     total: dict[str, float] = {}
     for predictions, golds in samples:
-        add_stats(total, sample_stats(task, predictions, golds))
-    return finalize(task, total)
+        add_stats(total, sample_stats(task, predictions, golds, tasks=tasks))
+    return finalize(task, total, tasks)
 
 
 # --------------------------------------------------------------------------- extraction
@@ -148,16 +149,9 @@ def test_smiles_any_gold_matches():
     assert score("forward_synthesis", [([smiles("CCC")], golds)])["exact_match"] == 0.0
 
 
-@contextlib.contextmanager
-def scoring(**settings):
-    """The scorer with `settings` (the `scoring` config group) for the block, then the official readings."""
-    from llasmol.metrics.families import use_scoring
-
-    use_scoring(settings)
-    try:
-        yield
-    finally:
-        use_scoring(None)
+def read_as(**settings):
+    """SMolInstruct's table with its answers read as `settings` (the `scoring` config group) say."""
+    return SMOLINSTRUCT.with_scoring(Scoring(**settings))
 
 
 def test_smiles_validity_and_no_answer():
@@ -177,8 +171,8 @@ def test_smiles_validity_and_no_answer():
     assert metrics["num_valid"] == 3
     assert metrics["validity"] == pytest.approx(3 / 6)
     assert metrics["exact_match"] == pytest.approx(1 / 8)  # over all samples
-    with scoring(strict_smiles=True):  # the stricter reading: whitespace inside a part is no SMILES
-        assert score("name_conversion-i2s", samples)["num_valid"] == 2
+    # the stricter reading: whitespace inside a part is no SMILES
+    assert score("name_conversion-i2s", samples, read_as(strict_smiles=True))["num_valid"] == 2
 
 
 def test_smiles_fts_known_value():
@@ -399,8 +393,7 @@ def test_classification_known_confusion():
     assert metrics["accuracy"] == pytest.approx(5 / 10)
     assert metrics["f1"] == pytest.approx(6 / 8)  # 2tp / (2tp + fp + fn)
     assert metrics["mcc"] == pytest.approx(5 / 12)  # (3*2 - 1*1) / sqrt(4*4*3*3)
-    with scoring(lenient_booleans=True):  # one trailing period dropped: the last sample is a tp
-        lenient = score(task, samples)
+    lenient = score(task, samples, read_as(lenient_booleans=True))  # one trailing period dropped: the last is a tp
     assert (lenient["tp"], lenient["num_invalid"], lenient["accuracy"]) == (4, 1, pytest.approx(6 / 10))
     assert lenient["mcc"] == pytest.approx(7 / 15)  # (4*2 - 1*1) / sqrt(5*5*3*3)
 
@@ -674,12 +667,18 @@ def test_molecules_without_an_inchi_share_the_empty_one_unless_smiles_are_read_s
     assert parse_molecule("*CC").keys == parse_molecule("*CCC").keys == frozenset({""})
     assert parse_molecule("*C.CCO").keys == parse_molecule("*CC.OCC").keys != parse_molecule("*C").keys
     assert sample_stats("forward_synthesis", ["<SMILES> *CCC </SMILES>"], ["*CC"])["hit_top1"] == 1.0
-    with scoring(strict_smiles=True):
-        assert parse_molecule("*CC").keys == parse_molecule("CC*").keys == frozenset({"smiles:*CC"})
-        assert parse_molecule("*CC").keys != parse_molecule("*CCC").keys
-        assert sample_stats("forward_synthesis", ["<SMILES> CC* </SMILES>"], ["*CC"])["hit_top1"] == 1.0
-        assert sample_stats("forward_synthesis", ["<SMILES> *CCC </SMILES>"], ["*CC"])["hit_top1"] == 0.0
-    assert parse_molecule("*CC").keys == frozenset({""})  # the caches hold one reading at a time
+    strict = read_as(strict_smiles=True)
+    assert parse_molecule("*CC", strict=True).keys == parse_molecule("CC*", strict=True).keys == frozenset({"smiles:*CC"})
+    assert parse_molecule("*CC", strict=True).keys != parse_molecule("*CCC", strict=True).keys
+    assert sample_stats("forward_synthesis", ["<SMILES> CC* </SMILES>"], ["*CC"], tasks=strict)["hit_top1"] == 1.0
+    assert sample_stats("forward_synthesis", ["<SMILES> *CCC </SMILES>"], ["*CC"], tasks=strict)["hit_top1"] == 0.0
+    # Every rank of the top-k reads as the table says, not the first alone.
+    lower = ["<SMILES> C </SMILES>", "<SMILES> CC O </SMILES>"]  # officially ethane named O; strictly none
+    assert sample_stats("forward_synthesis", lower, ["CC"])["hit_top3"] == 1.0
+    assert sample_stats("forward_synthesis", lower, ["CC"], tasks=strict)["hit_top3"] == 0.0
+    # Both readings live side by side (each cached apart): the official one is unchanged by the strict one.
+    assert parse_molecule("*CC").keys == frozenset({""})
+    assert sample_stats("forward_synthesis", ["<SMILES> *CCC </SMILES>"], ["*CC"])["hit_top1"] == 1.0
 
 
 def test_a_number_answer_of_up_to_1000_characters_is_read_and_a_longer_one_is_no_number():
@@ -789,20 +788,26 @@ def test_bleu2_and_bleu4_are_the_orders_their_names_say():
     assert metrics["bleu4"] == pytest.approx(0.0, abs=1e-9)
 
 
-def test_use_scoring_defaults_to_the_official_readings_and_takes_each_other_one():
-    from llasmol.metrics import molecules
-    from llasmol.metrics.families import FAMILIES, use_scoring
+def test_the_scoring_settings_default_to_the_official_readings_and_travel_with_the_table():
+    from conftest import compose_config
 
-    try:
-        use_scoring({"lenient_formulas": True, "lenient_booleans": True, "strict_smiles": True})
-        assert FAMILIES["formula"].lenient is FAMILIES["boolean"].lenient is molecules.STRICT_SMILES is True
-        use_scoring({})  # not said: official
-        assert FAMILIES["formula"].lenient is FAMILIES["boolean"].lenient is molecules.STRICT_SMILES is False
-        use_scoring({"lenient_formulas": True})
-        use_scoring(None)
-        assert FAMILIES["formula"].lenient is False
-    finally:
-        use_scoring(None)
+    from llasmol.core.schema import check_config
+    from llasmol.core.tasks import OFFICIAL
+    from llasmol.metrics.families import FAMILIES, families
+
+    every = {"lenient_formulas": True, "lenient_booleans": True, "strict_smiles": True}
+    assert Scoring.of(every) == Scoring(True, True, True) and Scoring.of({}) == Scoring.of(None) == OFFICIAL
+    assert Scoring.of({"lenient_formulas": True}) == Scoring(lenient_formulas=True)
+    relaxed = families(Scoring.of(every))
+    assert relaxed["formula"].scoring.lenient_formulas and relaxed["smiles"].scoring.strict_smiles
+    assert FAMILIES["formula"].scoring == FAMILIES["boolean"].scoring == OFFICIAL  # the shared ones stay official
+    assert families(Scoring.of(every)) is relaxed  # made once per reading
+    # A command's table reads as its config says; the next command's, as its own says.
+    words = ["paths.output_dir=/x", "predictions=/x.jsonl"]
+    strict = check_config(compose_config([*words, "scoring.strict_smiles=true"], "evaluate")).tasks
+    plain = check_config(compose_config(words, "evaluate")).tasks
+    assert strict.scoring == Scoring(strict_smiles=True) and plain.scoring == OFFICIAL and plain is SMOLINSTRUCT
+    assert strict.with_declared({"own": {"family": "number"}}).scoring == strict.scoring  # kept as runs are read
 
 
 def test_sample_stats_counts_a_skipped_sample_only_when_told():

@@ -10,7 +10,8 @@ import pytest
 
 from conftest import compose_config
 from refusals import refused
-from llasmol.metrics.families import FAMILIES, use_scoring
+from llasmol.core.tasks import SMOLINSTRUCT, Scoring
+from llasmol.metrics.families import FAMILIES
 from llasmol.metrics.formula import formula_key, parse_formula_official
 from llasmol.metrics.scoring import score_records
 
@@ -24,9 +25,8 @@ def _load(name: str):
 
 @pytest.fixture
 def lenient_formulas():
-    use_scoring({"lenient_formulas": True})
-    yield
-    use_scoring(None)
+    """SMolInstruct's table with formulas read leniently (`scoring.lenient_formulas=true`)."""
+    return SMOLINSTRUCT.with_scoring(Scoring(lenient_formulas=True))
 
 
 # --------------------------------------------------------------------------- formulas (#23 item 3)
@@ -50,7 +50,7 @@ def test_the_paper_configuration_scores_formulas_as_the_official_code_and_lenien
     cases = [c for c in _load("formula_official.json") if c["prediction"] == c["prediction"].strip()]
     official_match = sum(c["match"] for c in cases) / len(cases)
     official_invalid = sum(c["invalid"] for c in cases)
-    assert FAMILIES["formula"].lenient is False  # the default
+    assert FAMILIES["formula"].scoring.lenient_formulas is False  # the default
     metrics = score_records(_i2f_records(cases))[I2F]
     assert metrics["exact_match"] == pytest.approx(official_match)
     assert metrics["num_invalid"] == official_invalid == 9
@@ -69,15 +69,15 @@ def test_the_paper_configuration_scores_formulas_as_the_official_code_and_lenien
             assert got["exact_match"] > official_match
         else:
             assert got["exact_match"] == pytest.approx(official_match)
-    use_scoring(None)
 
 
 def test_lenient_formulas_reads_what_the_official_syntax_refuses(lenient_formulas):
     records = [{"task": I2F, "input": str(i), "gold": gold, "predictions": [f"<MOLFORMULA> {p} </MOLFORMULA>"]}
                for i, (p, gold) in enumerate([("C2 H6 O", "C2H6O"), ("(CH3)2O", "C2H6O"), ("C2H6O.2H2O", "C2H10O3"),
                                                ("Na Cl", "ClNa"), ("c2h6o", "C2H6O")])]
-    metrics = score_records(records)[I2F]
+    metrics = score_records(records, lenient_formulas)[I2F]
     assert metrics["exact_match"] == pytest.approx(4 / 5) and metrics["num_invalid"] == 1  # c2h6o: no element
+    assert score_records(records)[I2F]["exact_match"] < 4 / 5  # the official reading, beside it in one process
 
 
 # --------------------------------------------------------------------------- Kekulé form (#23 item 4)
@@ -338,15 +338,13 @@ def test_odd_smiles_and_yes_no_answers_are_scored_as_the_official_scorer_scores_
 def test_the_stricter_and_kinder_readings_are_settings_off_by_default():
     from llasmol.metrics.scoring import sample_stats
 
-    def hit(answer, gold, task="forward_synthesis"):
-        stats = sample_stats(task, None, [gold], answers=[answer])
+    def hit(answer, gold, task="forward_synthesis", tasks=SMOLINSTRUCT):
+        stats = sample_stats(task, None, [gold], answers=[answer], tasks=tasks)
         return stats["hit_top1"] if "hit_top1" in stats else stats["tp"] + stats["tn"]
 
     cfg = compose_config(["paths.output_dir=/x", "predictions=/x.jsonl"], "evaluate")
     assert dict(cfg.scoring) == {"lenient_formulas": False, "lenient_booleans": False, "strict_smiles": False}
-    try:
-        assert hit("CCO (ethanol)", "CCO") == hit("*C", "*CC") == 1 and hit("Yes.", "Yes", "property_prediction-bbbp") == 0
-        use_scoring({"strict_smiles": True, "lenient_booleans": True})
-        assert hit("CCO (ethanol)", "CCO") == hit("*C", "*CC") == 0 and hit("Yes.", "Yes", "property_prediction-bbbp") == 1
-    finally:
-        use_scoring(None)
+    assert hit("CCO (ethanol)", "CCO") == hit("*C", "*CC") == 1 and hit("Yes.", "Yes", "property_prediction-bbbp") == 0
+    other = SMOLINSTRUCT.with_scoring(Scoring(strict_smiles=True, lenient_booleans=True))
+    assert (hit("CCO (ethanol)", "CCO", tasks=other) == hit("*C", "*CC", tasks=other) == 0
+            and hit("Yes.", "Yes", "property_prediction-bbbp", other) == 1)

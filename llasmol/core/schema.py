@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue, OmegaConfBaseException
 
 from llasmol.core.errors import UserError
-from llasmol.core.tasks import SMOLINSTRUCT, SMOLINSTRUCT_WEIGHT, TaskTable, declaration_problem
+from llasmol.core.tasks import SMOLINSTRUCT, SMOLINSTRUCT_WEIGHT, Scoring, TaskTable, declaration_problem
 
 
 @dataclass(frozen=True)
@@ -867,7 +867,8 @@ GenerationSchema.TASK_RULES = (_generation_rule,)
 
 
 class Checked(typing.NamedTuple):
-    """What `check_config` returns: the resolved settings and the task table they declare."""
+    """What `check_config` returns: the resolved settings and the task table they declare, its answers read as
+    their `scoring` group says."""
 
     values: dict
     tasks: TaskTable
@@ -898,4 +899,4 @@ def check_config(cfg: DictConfig) -> Checked:
     # The tasks it declares first: data.tasks, weights and generation may name them.
     tasks = checked_tasks(data.get("new_tasks")) if isinstance(data, dict) else SMOLINSTRUCT
     check_group(values, schema, tasks=tasks)
-    return Checked(values, tasks)
+    return Checked(values, tasks.with_scoring(Scoring.of(values.get("scoring"))))

@@ -10,7 +10,8 @@ A user's own task (`data.new_tasks`, conf/data/custom.yaml) is a row made from i
 tags, headline metric, pooling, beams) in a `TaskTable`: an immutable table of the 14 and a run's own tasks,
 made by the config check (`llasmol.core.schema.checked_tasks`) or from a run's `tasks.json`
 (`llasmol.core.run_dir.read_tasks`) and handed to what reads tasks. Nothing in this module changes after import:
-`SMOLINSTRUCT` is the table with nothing declared, and `get_task` looks up SMolInstruct's 14 alone.
+`SMOLINSTRUCT` is the table with nothing declared, and `get_task` looks up SMolInstruct's 14 alone. A table also
+says how its answers are read (`Scoring`, the `scoring` config group), so the scorer it is handed reads them so.
 
 Pooling follows the official scorer (LLM4Chem config.py `TASKS_WITH_READING_GOLD_FROM_DATASET`): for the
 generation tasks any gold of the samples with the same core input (and target) is right; property tasks
@@ -177,6 +178,26 @@ def _scored(task: Task) -> dict:
             "input_kind": task.input_kind}
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """How a run's answers are read (the `scoring` config group, conf/scoring/): each reading the official
+    scorer's unless relaxed or tightened on request. It travels with the task table the scorer is handed."""
+
+    lenient_formulas: bool = False  # formula syntax forgiven (`llasmol.metrics.formula`)
+    lenient_booleans: bool = False  # one trailing period dropped from a yes/no answer
+    strict_smiles: bool = False  # whitespace inside a SMILES part makes it invalid (`llasmol.metrics.molecules`)
+
+    @classmethod
+    def of(cls, settings: Optional[Mapping]) -> "Scoring":
+        """The readings a `scoring` group's settings ask for (checked by the schema); a setting not given is
+        the official scorer's reading."""
+        settings = settings or {}
+        return cls(**{f: bool(settings.get(f, False)) for f in cls.__dataclass_fields__})
+
+
+OFFICIAL = Scoring()  # the official scorer's readings
+
+
 def _look_alike(name: str, known: Iterable[str]) -> Optional[str]:
     """The name of `known` that `name` becomes once Unicode's compatibility forms (full-width letters), invisible
     characters (zero-width spaces, soft hyphens), case and surrounding spaces are set aside; None if none."""
@@ -191,9 +212,9 @@ class TaskTable(Mapping):
     tasks (the data source, the evaluation pipeline, the scorer, the report); `with_declared` returns a new
     table and changes none. Two runs read in one process hold two tables and never see each other's tasks."""
 
-    __slots__ = ("_rows", "_declared")
+    __slots__ = ("_rows", "_declared", "scoring")
 
-    def __init__(self, declarations: Optional[Mapping[str, Mapping]] = None) -> None:
+    def __init__(self, declarations: Optional[Mapping[str, Mapping]] = None, scoring: Scoring = OFFICIAL) -> None:
         rows, declared = dict(_SMOLINSTRUCT), {}
         for name, decl in (declarations or {}).items():
             problem = declaration_problem(name, decl, declarations or {})
@@ -203,6 +224,7 @@ class TaskTable(Mapping):
             rows[name] = _row(name, declared[name])
         self._rows: dict[str, Task] = rows
         self._declared: dict[str, dict] = declared
+        self.scoring = scoring  # how the tasks' answers are read (`Scoring`)
 
     def __getitem__(self, name: str) -> Task:
         return self._rows[name]
@@ -214,13 +236,13 @@ class TaskTable(Mapping):
         return len(self._rows)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, TaskTable) and self._declared == other._declared
+        return isinstance(other, TaskTable) and (self._declared, self.scoring) == (other._declared, other.scoring)
 
     def __hash__(self) -> int:
-        return hash(tuple(self._declared))
+        return hash((tuple(self._declared), self.scoring))
 
     def __repr__(self) -> str:
-        return f"TaskTable(declared={list(self._declared)})"
+        return f"TaskTable(declared={list(self._declared)}, scoring={self.scoring})"
 
     @property
     def declared(self) -> dict[str, dict]:
@@ -241,7 +263,11 @@ class TaskTable(Mapping):
                                     "the task in one of them")
                 continue
             merged[name] = decl
-        return TaskTable(merged)
+        return TaskTable(merged, self.scoring)
+
+    def with_scoring(self, scoring: Scoring) -> "TaskTable":
+        """This table with its answers read as `scoring` says."""
+        return self if scoring == self.scoring else TaskTable(self._declared, scoring)
 
     def task(self, name: str, where: str = "the task name") -> Task:
         """The row of task `name`, spelt exactly as the table spells it (a name that only looks like one is

@@ -19,7 +19,7 @@ official scorer counts it:
   fingerprint to score (`molecules.MAX_ATOMS`, `MAX_RING_CLOSURES`, `MAX_SUBGRAPHS`), counted as not valid.
 - formula (NC-I2F, NC-S2F): ``exact_match``/``top{k}_exact_match`` when the atom counts and charge are
   equal; ``num_invalid`` = answers that do not parse as a formula. Which formulas parse is the official
-  scorer's syntax unless ``scoring.lenient_formulas`` is set (`llasmol.metrics.formula`, `use_scoring`).
+  scorer's syntax unless ``scoring.lenient_formulas`` is set (`llasmol.metrics.formula`, the table's `Scoring`).
 - iupac (NC-S2I): ``exact_match``/``top{k}_exact_match`` when the sets of non-empty ``';'``-separated
   parts, each stripped, are equal (case and inner spacing matter).
 - number (ESOL, Lipo): ``rmse`` over top-1 answers that parse as finite numbers (Python ``float``,
@@ -45,11 +45,12 @@ Values are fractions in [0, 1]; a fraction whose denominator is 0 is 0.0.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Sequence
 
 from llasmol.core.errors import UserError
-from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
+from llasmol.core.tasks import OFFICIAL, Scoring, TaskTable
 from llasmol.metrics.formula import formula_key
 from llasmol.metrics.molecules import FINGERPRINTS, molecule_keys, parse_gold_molecule, tanimoto, too_complex
 from llasmol.metrics.text import bleu_from_stats, caption_stats  # loads NLTK/WordNet itself, when captions are scored
@@ -84,6 +85,9 @@ class Family:
     counts: frozenset[str] = frozenset()  # metrics that count samples (printed as integers)
     lower_is_better: frozenset[str] = frozenset()  # metrics where smaller is better
     score_lower_is_better: bool = False  # how `judge`'s per-sample score reads (an error, or a similarity)
+
+    def __init__(self, scoring: Scoring = OFFICIAL) -> None:
+        self.scoring = scoring  # how answers are read: the official scorer's reading unless asked otherwise
 
     def all_stats(self) -> tuple[str, ...]:
         return COMMON_STATS + self.stats
@@ -142,16 +146,17 @@ class SmilesFamily(Family):
     lower_is_better = frozenset({"num_too_complex"})
 
     def fill(self, answers, golds, stats):
-        gold_mols = [parse_gold_molecule(g) for g in golds]
+        strict = self.scoring.strict_smiles
+        gold_mols = [parse_gold_molecule(g, strict) for g in golds]
         gold_keys = {m.keys for m in gold_mols if m is not None}
         # Parsed through the caches: answers repeat across beams and samples, and right ones equal a gold.
-        top1 = parse_gold_molecule(answers[0]) if answers and isinstance(answers[0], str) else None
+        top1 = parse_gold_molecule(answers[0], strict) if answers and isinstance(answers[0], str) else None
         hits = []
         for i, answer in enumerate(answers[: max(TOPK)]):
-            keys = (top1.keys if top1 is not None else None) if i == 0 else molecule_keys(answer)
+            keys = (top1.keys if top1 is not None else None) if i == 0 else molecule_keys(answer, strict)
             hits.append(keys is not None and keys in gold_keys)
         _topk_stats(hits, stats)
-        if top1 is None and answers and too_complex(answers[0]):
+        if top1 is None and answers and too_complex(answers[0], strict):
             stats["num_too_complex"] = 1.0  # refused unscored (molecules.MAX_ATOMS, ..., MAX_SUBGRAPHS)
         if top1 is not None:
             stats["num_valid"] = 1.0
@@ -194,11 +199,10 @@ class FormulaFamily(Family):
     metric_names = _TOPK_METRICS + ("num_invalid",)
     counts = frozenset({"num_invalid"})
     lower_is_better = frozenset({"num_invalid"})
-    lenient: bool = False  # scoring.lenient_formulas; set once per process by `use_scoring`
-
     def fill(self, answers, golds, stats):
-        gold_keys = {formula_key(g, self.lenient) for g in golds} - {None}
-        parsed = [formula_key(a, self.lenient) for a in answers[: max(TOPK)]]
+        lenient = self.scoring.lenient_formulas
+        gold_keys = {formula_key(g, lenient) for g in golds} - {None}
+        parsed = [formula_key(a, lenient) for a in answers[: max(TOPK)]]
         _topk_stats([p is not None and p in gold_keys for p in parsed], stats)
         if answers and answers[0] is not None and parsed[0] is None:
             stats["num_invalid"] = 1.0
@@ -327,14 +331,13 @@ class BooleanFamily(Family):
     metric_names = ("accuracy", "f1", "mcc", "num_invalid", "tp", "fp", "tn", "fn")
     counts = frozenset({"num_invalid", "tp", "fp", "tn", "fn"})
     lower_is_better = frozenset({"num_invalid"})
-    lenient: bool = False  # scoring.lenient_booleans; set once per process by `use_scoring`
 
     def no_answer(self, answer):
         return answer is None or not answer.strip()  # stripped before the official check (utils/metrics.py:473)
 
     def fill(self, answers, golds, stats):
         gold_labels = {parse_boolean(g) for g in golds} - {None}
-        predicted = parse_boolean(answers[0], self.lenient) if answers else None
+        predicted = parse_boolean(answers[0], self.scoring.lenient_booleans) if answers else None
         if predicted is None:
             if answers and answers[0] is not None:
                 stats["num_invalid"] = 1.0
@@ -405,14 +408,20 @@ class CaptionFamily(Family):
         return "scored", stats["meteor_sum"]
 
 
-FAMILIES: dict[str, Family] = {
-    f.name: f for f in (SmilesFamily(), FormulaFamily(), IupacFamily(), NumberFamily(), BooleanFamily(), CaptionFamily())
-}
+@functools.lru_cache(maxsize=None)
+def families(scoring: Scoring = OFFICIAL) -> dict[str, Family]:
+    """Each family by name, reading answers as `scoring` says (made once per reading: the scorer asks for the
+    families of the table it is handed, `llasmol.metrics.scoring.family`)."""
+    return {f.name: f for f in (SmilesFamily(scoring), FormulaFamily(scoring), IupacFamily(scoring),
+                                NumberFamily(scoring), BooleanFamily(scoring), CaptionFamily(scoring))}
 
+
+FAMILIES: dict[str, Family] = families(OFFICIAL)  # names, statistics and metrics (the same for every reading)
 
 
 def check_headlines(tasks: TaskTable) -> None:
-    """Each declared task's headline metric (`data.new_tasks.<name>.headline`) is a score its family reports."""
+    """Each declared task's headline metric (`data.new_tasks.<name>.headline`) is a score its family reports:
+    a command checks it at start, before anything is built."""
     for name in tasks.declared:
         task = tasks[name]
         family = FAMILIES[task.family]
@@ -420,20 +429,6 @@ def check_headlines(tasks: TaskTable) -> None:
         if task.headline not in scores:
             raise UserError(f"data.new_tasks.{name}.headline={task.headline} is no score of the {task.family} family: "
                             f"choose from {', '.join(scores)}")
-
-
-def use_scoring(settings, tasks: TaskTable = SMOLINSTRUCT) -> None:
-    """Apply the `scoring` config group (conf/scoring/, checked by the schema) to this process's scorer; a
-    command calls it once at start, before anything is scored (each DDP process runs the command's start
-    too). A setting not given is the official scorer's reading. `tasks`: the command's table, whose declared
-    headlines are checked here, where the families' scores are known."""
-    from llasmol.metrics.molecules import use_strict_smiles
-
-    check_headlines(tasks)
-    settings = settings or {}
-    FAMILIES["formula"].lenient = bool(settings.get("lenient_formulas", False))
-    FAMILIES["boolean"].lenient = bool(settings.get("lenient_booleans", False))
-    use_strict_smiles(bool(settings.get("strict_smiles", False)))
 
 
 COUNTS: frozenset[str] = COMMON_COUNTS.union(*(f.counts for f in FAMILIES.values()))

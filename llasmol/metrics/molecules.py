@@ -18,8 +18,8 @@ Rules (LlaSMol paper, Appendix A.4), as the official scorer (LLM4Chem utils/metr
   canonicalises every answer and gold (utils/metrics.py lines 158 and 170) by rebuilding each atom from its
   element and charge (utils/smiles_canonicalization.py lines 16-17) before comparing InChI
   (utils/metrics.py lines 57-62), so ``[13CH4]`` is methane and the radical ``[CH2]C`` is ethane there.
-- `scoring.strict_smiles=true` (off by default, `use_strict_smiles`) is the stricter reading: whitespace
-  inside a part makes the answer invalid (``"CC O"`` is no SMILES), and a part without an InChI is keyed by
+- `scoring.strict_smiles=true` (off by default; the `strict` argument, `llasmol.core.tasks.Scoring`) is the
+  stricter reading: whitespace inside a part makes the answer invalid (``"CC O"`` is no SMILES), and a part without an InChI is keyed by
   its canonical SMILES, so ``*C`` and ``*CC`` differ.
 - Fingerprints are of the whole (dotted) molecule: Morgan radius 2 unfolded count fingerprint
   (rdFingerprintGenerator's sparse count fingerprint, the same as the legacy
@@ -63,18 +63,6 @@ MAX_SUBGRAPHS = 50_000
 FINGERPRINTS: tuple[str, ...] = ("morgan", "maccs", "rdk")
 
 _MORGAN = rdFingerprintGenerator.GetMorganGenerator(radius=2)
-
-STRICT_SMILES = False  # scoring.strict_smiles; set once per process by `use_strict_smiles`
-
-
-def use_strict_smiles(strict: bool) -> None:
-    """Read SMILES answers strictly (see the module docstring) or as the official scorer does; the parse
-    caches are emptied, as they hold the other reading's results."""
-    global STRICT_SMILES
-    if strict != STRICT_SMILES:
-        STRICT_SMILES = strict
-        parse_gold_molecule.cache_clear()
-        molecule_keys.cache_clear()
 
 
 class Molecule(NamedTuple):
@@ -127,26 +115,26 @@ def _too_complex(mols: list, fingerprints: bool = True) -> bool:
     return False
 
 
-def too_complex(text: str | None) -> bool:
-    """Whether `text` is a SMILES RDKit reads but too large, too ring-dense or too costly to fingerprint to
-    score (`MAX_ATOMS`, `MAX_RING_CLOSURES`, `MAX_SUBGRAPHS`); no fingerprints."""
+def too_complex(text: str | None, strict: bool = False) -> bool:
+    """Whether `text` is a SMILES RDKit reads (strictly, `strict`) but too large, too ring-dense or too costly to
+    fingerprint to score (`MAX_ATOMS`, `MAX_RING_CLOSURES`, `MAX_SUBGRAPHS`); no fingerprints."""
     if not isinstance(text, str) or not text or len(text) > MAX_SMILES_CHARS:
         return False
     mols = []
     for part in text.replace(";", ".").split("."):
-        mol = _read_part(part)
+        mol = _read_part(part, strict)
         if mol is None:
             return False
         mols.append(mol)
     return _too_complex(mols)
 
 
-def _read_part(part: str) -> Chem.Mol | None:
+def _read_part(part: str, strict: bool) -> Chem.Mol | None:
     """One '.'-free part as RDKit reads it (None: not a molecule). Officially the part goes to RDKit as it is:
     RDKit skips leading whitespace, reads up to the next whitespace and takes the rest as a name, unless the
     part started with whitespace (then a name makes it unreadable: ``" CCO x"``). Strictly
-    (`STRICT_SMILES`), the part is stripped and whitespace left inside it makes it no SMILES."""
-    if STRICT_SMILES:
+    (`strict`, scoring.strict_smiles), the part is stripped and whitespace left inside it makes it no SMILES."""
+    if strict:
         part = part.strip()
         if any(ch.isspace() for ch in part):
             return None
@@ -173,12 +161,12 @@ def _needs_official_rebuild(mol: Chem.Mol) -> bool:
     return False
 
 
-def _part_key(mol: Chem.Mol) -> str:
+def _part_key(mol: Chem.Mol, strict: bool) -> str:
     try:
         inchi = Chem.MolToInchi(mol)
     except Exception:
         inchi = ""
-    if inchi or not STRICT_SMILES:
+    if inchi or not strict:
         return inchi  # officially every part without an InChI has the same, empty one
     return "smiles:" + Chem.MolToSmiles(mol)
 
@@ -191,13 +179,13 @@ def _fingerprints(mol: Chem.Mol) -> dict[str, object]:
     }
 
 
-def parse_molecule(text: str | None, fingerprints: bool = False) -> Molecule | None:
-    """Parse a SMILES answer; ``None`` when it is not valid (see the module docstring)."""
+def parse_molecule(text: str | None, fingerprints: bool = False, strict: bool = False) -> Molecule | None:
+    """Parse a SMILES answer (strictly: `strict`); ``None`` when it is not valid (see the module docstring)."""
     if not isinstance(text, str) or not text or len(text) > MAX_SMILES_CHARS:
         return None
     mols, texts = [], []
     for part in text.replace(";", ".").split("."):
-        mol = _read_part(part)
+        mol = _read_part(part, strict)
         if mol is None:
             return None
         if any(ch.isspace() for ch in part):
@@ -215,7 +203,7 @@ def parse_molecule(text: str | None, fingerprints: bool = False) -> Molecule | N
     if _too_complex(mols, fingerprints):
         return None
     try:
-        keys = frozenset(_part_key(mol) for mol in mols)
+        keys = frozenset(_part_key(mol, strict) for mol in mols)
         fps = None
         if fingerprints:
             whole = mols[0] if len(mols) == 1 else Chem.MolFromSmiles(".".join(texts))
@@ -228,15 +216,17 @@ def parse_molecule(text: str | None, fingerprints: bool = False) -> Molecule | N
 
 
 @functools.lru_cache(maxsize=16384)
-def parse_gold_molecule(text: str) -> Molecule | None:
-    """`parse_molecule` with fingerprints, cached: for golds and top-1 answers (they are often equal)."""
-    return parse_molecule(text, fingerprints=True)
+def parse_gold_molecule(text: str, strict: bool = False) -> Molecule | None:
+    """`parse_molecule` with fingerprints, cached (each reading apart): for golds and top-1 answers (they are
+    often equal)."""
+    return parse_molecule(text, fingerprints=True, strict=strict)
 
 
 @functools.lru_cache(maxsize=65536)
-def molecule_keys(text: str | None) -> frozenset[str] | None:
-    """The identity keys of `parse_molecule(text)` (None when invalid), cached: for lower-ranked answers."""
-    mol = parse_molecule(text)
+def molecule_keys(text: str | None, strict: bool = False) -> frozenset[str] | None:
+    """The identity keys of `parse_molecule(text)` (None when invalid), cached (each reading apart): for
+    lower-ranked answers."""
+    mol = parse_molecule(text, strict=strict)
     return None if mol is None else mol.keys
 
 

@@ -32,10 +32,11 @@ import numpy as np
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.metrics.answer_rules import RULES
 from llasmol.metrics.extract import extract_answer
-from llasmol.metrics.families import COMMON_STATS, FAMILIES, Family
+from llasmol.metrics.families import COMMON_STATS, Family, families
 
 def family(task: str, tasks: TaskTable = SMOLINSTRUCT) -> Family:
-    return FAMILIES[tasks.task(task).family]
+    """The family that scores `task`, reading answers as `tasks.scoring` says."""
+    return families(tasks.scoring)[tasks.task(task).family]
 
 
 def stat_names(task: str, tasks: TaskTable = SMOLINSTRUCT) -> tuple[str, ...]:
