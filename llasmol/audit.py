@@ -13,14 +13,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
-from llasmol.core.config import CONFIG_DIR, check_command_line
-from llasmol.core.errors import UserError, report_user_errors
+from llasmol.core.errors import UserError
 from llasmol.core.files import write_json, write_text
-from llasmol.core.schema import check_config
 from llasmol.data.source import SMolInstructSource
+from llasmol.frame import command, start
 
 
 def run_audit(cfg: DictConfig) -> dict:
@@ -29,7 +27,7 @@ def run_audit(cfg: DictConfig) -> dict:
     # check before Hydra do not need
     from llasmol.leakage import audit, to_markdown
 
-    tasks = check_config(cfg).tasks  # workers=0, examples=-1: one line before any file is read
+    tasks = start(cfg, torch=False).tasks  # workers=0, examples=-1: one line before any file is read
     source = SMolInstructSource.from_config(cfg.data, table=tasks)
     if source.has_tables():
         raise UserError(f"audit reads SMolInstruct's layout (raw files, sample lists, split groups); {', '.join(source.places())} "
@@ -48,8 +46,7 @@ def exit_status(result: dict) -> int:
     return 0 if result["summary"]["passed"] else 1
 
 
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="audit")
-@report_user_errors
+@command("audit", run_folder=True)
 def main(cfg: DictConfig) -> None:
     from llasmol.leakage import summary_lines  # lazy: as in run_audit
 
@@ -62,6 +59,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    # A mistyped setting (held_outt=...) or an unwritable run folder is one line, before Hydra starts.
-    check_command_line("audit", run_folder=True)
-    main()
+    main.from_command_line()  # a mistyped setting (held_outt=...) is one line, before Hydra starts

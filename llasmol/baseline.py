@@ -12,25 +12,24 @@ Methods (`llasmol.classical.METHODS`): rdkit, opsin, fingerprint, nearest_neighb
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from llasmol.classical import get_method
-from llasmol.core.config import CONFIG_DIR, check_command_line
-from llasmol.core.errors import report_user_errors
 from llasmol.core.files import check_target
-from llasmol.core.quiet import quiet_known_noise
 from llasmol.core.schema import check_config
+from llasmol.core.tasks import TaskTable
 from llasmol.data.source import SMolInstructSource
-from llasmol.metrics.families import check_headlines
+from llasmol.frame import command, start
 
 
-def make_method(cfg: DictConfig):
+def make_method(cfg: DictConfig, tasks: Optional[TaskTable] = None):
     """The method `cfg.method` with its settings, every setting checked (one `UserError` for a bad one: an
-    unknown method, or a setting outside its schema, `llasmol.core.schema.BaselineSchema`)."""
+    unknown method, or a setting outside its schema, `llasmol.core.schema.BaselineSchema`); `tasks`: the
+    table of the checked config, when the caller has it."""
     cls = get_method(cfg.method)
-    tasks = check_config(cfg).tasks
+    tasks = tasks if tasks is not None else check_config(cfg).tasks
     # The method's own settings, with the Morgan fingerprint shared by the methods that use one.
     blocks = [*cls.shared_settings, cls.name]
     settings = {k: v for b in blocks if b in cfg for k, v in OmegaConf.to_container(cfg[b], resolve=True).items()}
@@ -50,9 +49,7 @@ def baseline(cfg: DictConfig) -> dict:
     # lazy: the runner answers through the pipeline, which brings torch (1.5 s); the checks before Hydra need none
     from llasmol.classical.runner import run_baseline
 
-    quiet_known_noise()
-    method = make_method(cfg)
-    check_headlines(method.tasks)
+    method = make_method(cfg, start(cfg, torch=False).tasks)
     if cfg.output:
         check_target(cfg.output, "output")  # before any work: a FIFO or device is not replaced at the end
     data = OmegaConf.to_container(cfg.data, resolve=True)
@@ -64,8 +61,7 @@ def baseline(cfg: DictConfig) -> dict:
             "tasks": method.tasks}
 
 
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="baseline")
-@report_user_errors
+@command("baseline", run_folder=True, check=check_method)
 def main(cfg: DictConfig) -> None:
     from llasmol.analysis.tables import metric_lines  # lazy: matplotlib (0.6 s), for the closing lines only
 
@@ -75,5 +71,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_command_line("baseline", run_folder=True, check=check_method)
-    main()
+    main.from_command_line()

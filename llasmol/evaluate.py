@@ -14,18 +14,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
 
-import hydra
 from omegaconf import DictConfig
 
 from llasmol.core import run_dir
-from llasmol.core.config import CONFIG_DIR, check_command_line
-from llasmol.core.errors import Stopped, UserError, report_user_errors
+from llasmol.core.errors import Stopped, UserError
 from llasmol.core.files import check_target, write_json
 from llasmol.core.log_files import log_also_to
-from llasmol.core.quiet import quiet_known_noise
-from llasmol.core.schema import check_config
-from llasmol.core.threads import use_cpu_threads
-from llasmol.metrics.families import check_headlines
+from llasmol.frame import command, start
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +48,7 @@ def _protocol_row(cfg: DictConfig, model_cfg: DictConfig, protocol, folder: Path
 def evaluate(cfg: DictConfig, log_into: Optional[Callable[[Path], None]] = None) -> dict:
     """Score `cfg.predictions`, or generate with `cfg.ckpt` on `cfg.data.split` and score that (`log_into`: told
     the run directory the answers go into, when they go into one)."""
-    quiet_known_noise()
-    tasks = check_config(cfg).tasks
-    use_cpu_threads(cfg.get("cpu"))  # before torch loads: OpenMP reads its wait policy once
-    check_headlines(tasks)
+    tasks = start(cfg).tasks
     if cfg.output and Path(cfg.output).is_dir():
         raise UserError(f"output={cfg.output} is a directory: name the metrics file, e.g. "
                         f"output={Path(cfg.output) / 'metrics.json'}")
@@ -75,8 +67,7 @@ def evaluate(cfg: DictConfig, log_into: Optional[Callable[[Path], None]] = None)
     return {"metrics": results, "intervals": intervals, "output": str(out), "tasks": tasks}
 
 
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="evaluate")
-@report_user_errors
+@command("evaluate", run_folder=True)
 def main(cfg: DictConfig) -> None:
     try:  # answers written into a run directory: the log goes there too, to the end (an error line included)
         result = evaluate(cfg, lambda folder: log_also_to(folder / run_dir.EVALUATE_LOG, "llasmol.evaluate"))
@@ -96,5 +87,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_command_line("evaluate", run_folder=True)
-    main()
+    main.from_command_line()

@@ -19,16 +19,12 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from llasmol.core import offline, run_dir
-from llasmol.core.config import CONFIG_DIR, check_command_line
-from llasmol.core.errors import UserError, report_user_errors
+from llasmol.core.errors import UserError
 from llasmol.core.files import write_text
-from llasmol.core.quiet import quiet_known_noise
-from llasmol.core.schema import check_config
-from llasmol.core.threads import use_cpu_threads
+from llasmol.frame import command, start
 
 log = logging.getLogger(__name__)
 
@@ -145,11 +141,9 @@ def model_card(cfg: DictConfig, model_cfg: DictConfig, adapter: str) -> str:
 
 def export(cfg: DictConfig) -> Path:
     """Merge `cfg.ckpt`'s adapter into its base and write the model folder `cfg.output`; returns it."""
-    quiet_known_noise()
-    check_config(cfg)
+    start(cfg)
     output = Path(str(cfg.output))
     _check_output(output)
-    use_cpu_threads(cfg.get("cpu"))
     from llasmol.inference.loading import load_model, resolve_checkpoint  # lazy: torch and transformers
 
     model_cfg, adapter, _ = resolve_checkpoint(str(cfg.ckpt), cfg)  # an adapter: the schema refuses ckpt=none
@@ -200,8 +194,7 @@ def push(folder: Path, repo_id: str) -> None:
     log.info("uploaded %s to https://huggingface.co/%s", folder, repo_id)
 
 
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="export")
-@report_user_errors
+@command("export")
 def main(cfg: DictConfig) -> Optional[Path]:
     folder = export(cfg)
     print(f"exported to {folder}: AutoModelForCausalLM.from_pretrained({str(folder)!r}) loads it, no PEFT needed",
@@ -210,5 +203,4 @@ def main(cfg: DictConfig) -> Optional[Path]:
 
 
 if __name__ == "__main__":
-    check_command_line("export")
-    main()
+    main.from_command_line()

@@ -16,19 +16,16 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import hydra
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
-from llasmol.core.config import CONFIG_DIR, VALUED_OPTIONS, check_command_line, compose_config
-from llasmol.core.errors import UserError, report_user_errors
-from llasmol.core.quiet import quiet_known_noise
+from llasmol.core.config import CONFIG_DIR, VALUED_OPTIONS, compose_config
+from llasmol.core.errors import UserError
 from llasmol.core.run_dir import read_tasks
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
-from llasmol.core.schema import check_config
-from llasmol.core.threads import use_cpu_threads
 from llasmol.data.formatting import PromptFormatter
 from llasmol.core.smiles import canonical_kekule
+from llasmol.frame import command, start
 from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
 from llasmol.metrics.extract import any_answer, extract_answer
 
@@ -70,13 +67,11 @@ def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
 def answer_query(cfg: DictConfig, query: Optional[str] = None) -> tuple[list[str], DictConfig, TaskTable]:
     """`generate`'s responses, the config of the model that gave them (what the command says it was) and the
     task table `task=` was read by."""
-    quiet_known_noise()
-    tasks = check_config(cfg).tasks  # the beams fit: the schema's
+    tasks = start(cfg).tasks  # the beams fit: the schema's
     if cfg.ckpt and Path(str(cfg.ckpt)).is_dir():
         tasks = read_tasks(Path(str(cfg.ckpt)), tasks)  # a run's own task may be asked for by name
     if cfg.task is not None:
         tasks.task(cfg.task, "task= (or leave task out for the default beams)")
-    use_cpu_threads(cfg.get("cpu"))  # before torch loads: OpenMP reads its wait policy once
     # lazy: beam search and the pipeline bring torch (1.5 s), which the checks before Hydra do not need
     from llasmol.inference.beam_search import BeamGenerator
     from llasmol.inference.pipeline import ModelAnswers
@@ -141,8 +136,7 @@ def _split_query(argv: list[str], settings: Optional[frozenset[str]] = None) -> 
 _QUERY: Optional[str] = None  # the question from the command line, literally
 
 
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="generate")
-@report_user_errors
+@command("generate")
 def main(cfg: DictConfig) -> None:
     responses, model_cfg, tasks = answer_query(cfg, _QUERY)
     for line in answer_lines(responses, cfg.task, bool(model_cfg.get("random_init")), tasks):
@@ -167,5 +161,4 @@ def answer_lines(responses: list[str], task: Optional[str], demo: bool, tasks: T
 
 if __name__ == "__main__":
     sys.argv, _QUERY = _split_query(sys.argv)
-    check_command_line("generate")
-    main()
+    main.from_command_line()

@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import sys
 
-import hydra
 from omegaconf import DictConfig
 
-from llasmol.core.config import CONFIG_DIR, check_command_line
-from llasmol.core.errors import report_user_errors
+from llasmol.core.config import CONFIG_DIR
 from llasmol.core.schema import check_config
+from llasmol.frame import command, start
 
 
 def _meta_base(cfg: DictConfig):
@@ -140,12 +139,11 @@ def print_bases() -> None:
           "python -m llasmol.params model=<name> lora=<variant>; every base in docs/recipe.md.")
 
 
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="params")
-@report_user_errors
+@command("params")
 def main(cfg: DictConfig) -> None:
     from llasmol.model.memory import describe
 
-    check_config(cfg)
+    start(cfg, torch=False)
     base = base_of(cfg)  # found or built once
     sizes = base_weight_bytes(cfg, base)  # first: PEFT may adapt `base` in place while counting
     counts = count_trainable(cfg, base)
@@ -161,5 +159,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--list"]:  # before Hydra, which has no such flag
         print_bases()
         raise SystemExit(0)
-    check_command_line("params")
-    main()
+    main.from_command_line()

@@ -6,19 +6,15 @@
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig
 
-from llasmol.core.config import CONFIG_DIR, check_command_line, command_line_values, named_run_dir
-from llasmol.core.errors import report_user_errors
-from llasmol.core.quiet import quiet_known_noise
+from llasmol.core.config import command_line_values, named_run_dir
 from llasmol.core.run_lock import check_fresh_start, check_run_lock, process_rank
-from llasmol.core.schema import check_config
-from llasmol.core.threads import use_cpu_threads, wait_description
+from llasmol.core.threads import wait_description
+from llasmol.frame import command, start
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +25,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     A table of contents: preflight, build, fit, finish, each step a helper of `llasmol.finetune`.
     """
     started = time.monotonic()
-    tasks = check_config(cfg).tasks
     # The first line at once: what runs and where, before torch, Lightning and the base take their seconds.
-    log.info("training %s + LoRA %s into %s (loading torch, Lightning and the base)", cfg.model.name, cfg.lora.name,
-             cfg.paths.output_dir)
-    threads = use_cpu_threads(cfg.get("cpu"))  # before torch loads: OpenMP reads its wait policy once
+    tasks, threads = start(cfg, lambda c: f"training {c.model.name} + LoRA {c.lora.name} into {c.paths.output_dir} "
+                                          "(loading torch, Lightning and the base)")
     from llasmol.model.base import check_base_reachable, check_packing
 
     if cfg.data.get("packing"):
@@ -42,7 +36,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # Here, not at the top: importing the command (the Hydra shell, the checks before Hydra) loads no torch.
     import lightning as L
 
-    from llasmol.metrics.families import check_headlines
+    from llasmol.core.quiet import lightning_logs_to_root
     from llasmol.model.base import load_tokenizer
     from llasmol.finetune.build import build_datamodule, build_model, build_module, build_trainer, record_run
     from llasmol.finetune.fit import finish, fit, run_result, validate_last_step
@@ -50,8 +44,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     from llasmol.finetune.resume import Resume
 
     # Preflight: the settings, the run directory (ours alone), what ckpt_path= means, what this machine runs.
-    quiet_known_noise()
-    check_headlines(tasks)
+    lightning_logs_to_root()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     out = claim_run_dir(cfg.paths.output_dir)
     resume = Resume.plan(cfg.get("ckpt_path"), out, cfg.model.name, cfg.lora.name)
@@ -77,8 +70,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     return result
 
 
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
-@report_user_errors
+def _claim_run_folder(argv: list[str]) -> None:
+    """Before Hydra writes its config into the folder: a second run must not replace the first one's."""
+    if process_rank() == 0:  # DDP's other processes run this too, while rank 0 holds the lock
+        check_run_lock(named_run_dir(argv))
+        check_fresh_start(named_run_dir(argv), *command_line_values(
+            argv, {"ckpt_path": None, "overwrite": False, "first_job": 0}).values())
+
+
+@command("train", run_folder=True, before=_claim_run_folder)
 def main(cfg: DictConfig) -> None:
     result = train(cfg)
     if process_rank() == 0:  # once, not once per DDP process
@@ -86,10 +86,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_command_line("train", run_folder=True)
-    if process_rank() == 0:  # DDP's other processes run this line too, while rank 0 holds the lock
-        # Before Hydra writes its config into the folder: a second run must not replace the first one's.
-        report_user_errors(check_run_lock)(named_run_dir(sys.argv[1:]))
-        report_user_errors(check_fresh_start)(named_run_dir(sys.argv[1:]), *command_line_values(
-            sys.argv[1:], {"ckpt_path": None, "overwrite": False, "first_job": 0}).values())
-    main()
+    main.from_command_line()

@@ -71,8 +71,8 @@ def test_only_finetune_and_the_datamodule_use_lightning(path):
 
 def test_the_commands_sit_on_top_and_little_else():
     top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
-    assert top == ["audit", "baseline", "cli", "convert_adapter", "evaluate", "export", "generate", "params", "report",
-                   "train"]
+    assert top == ["audit", "baseline", "cli", "convert_adapter", "evaluate", "export", "frame", "generate", "params",
+                   "report", "train"]
 
 
 def packages() -> list[Path]:

@@ -23,15 +23,22 @@ class _NoTips(logging.Filter):
         return "Tip:" not in record.getMessage()  # Lightning's advertisement of a cloud service
 
 
+_NO_TIPS = _NoTips()  # one instance: adding it again adds nothing
+
+
 def quiet_known_noise() -> None:
+    """Silence the known warnings (each command's first step, `llasmol.frame.start`)."""
     for pattern in _WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NO_TIPS)
+
+
+def lightning_logs_to_root() -> None:
+    """Lightning's INFO lines through the root logger only; called once Lightning is imported, since its import
+    adds a console handler of its own beside the root logger Hydra set up (console and the run's log file)."""
     if logging.getLogger().handlers:
-        # Lightning prints INFO lines through a handler of its own as well as through the root logger that
-        # Hydra set up (console and the run's log file): keep the one that reaches the log file.
         for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
             logger = logging.getLogger(name)
             for handler in list(logger.handlers):
                 logger.removeHandler(handler)
             logger.propagate = True
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoTips())

@@ -1,0 +1,79 @@
+"""Every Hydra command is a shell over one frame (llasmol/frame.py): the checks before Hydra, then inside it the
+config check, the headline check and the CPU threads, in that order, whatever the command."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import HANG_TIMEOUT
+
+from llasmol.cli import COMMANDS
+
+ROOT = Path(__file__).resolve().parents[1]
+HYDRA_COMMANDS = [m for m in COMMANDS.values() if m not in ("llasmol.report", "llasmol.convert_adapter")]
+FRAME_STEPS = {"quiet_known_noise", "use_cpu_threads", "check_headlines", "check_command_line", "hydra"}
+
+
+@pytest.mark.parametrize("module", HYDRA_COMMANDS)
+def test_each_hydra_command_takes_its_steps_from_the_frame_alone(module):
+    """A step taken by hand in one command is the order drifting again (threads after torch, a check after a
+    write): a command imports none of the frame's steps, and its entry is the frame's."""
+    path = ROOT / (module.replace(".", "/") + ".py")
+    tree = ast.parse(path.read_text())
+    imported = {a.name.split(".")[0] if isinstance(node, ast.Import) else a.name
+                for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    assert not imported & FRAME_STEPS, f"{module} takes {sorted(imported & FRAME_STEPS)} by hand"
+    entry = next(n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test))
+    assert "main.from_command_line()" in ast.unparse(entry), module
+    assert callable(__import__(module, fromlist=["main"]).main.from_command_line)
+
+
+def test_a_bad_headline_stops_every_model_command_before_torch_loads(tmp_path):
+    """The headline of a declared task is a setting: checked with the config, before the second torch takes to
+    load (generate checked none before the frame)."""
+    code = (
+        "import sys\nfrom llasmol.core.config import compose_config\nfrom llasmol.core.errors import UserError\n"
+        "from llasmol.evaluate import evaluate\nfrom llasmol.generate import generate\nfrom llasmol.export import export\n"
+        "bad = '+data.new_tasks.t={family: boolean, headline: rmse}'\n"
+        f"runs = [(evaluate, ['ckpt=none', 'model=tiny', bad, 'paths.output_dir={tmp_path}'], 'evaluate'),\n"
+        "        (generate, ['model=tiny', 'query=hi', bad], 'generate'),\n"
+        f"        (export, ['ckpt={tmp_path}', 'output={tmp_path / 'out'}', bad], 'export')]\n"
+        "for fn, overrides, name in runs:\n"
+        "    try:\n        fn(compose_config(overrides, name))\n"
+        "    except UserError as err:\n        print(name, 'torch' in sys.modules, err)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=HANG_TIMEOUT)
+    lines = proc.stdout.splitlines()
+    assert [line.split(" ", 2)[:2] for line in lines] == [["evaluate", "False"], ["generate", "False"],
+                                                           ["export", "False"]], proc.stdout + proc.stderr[-2000:]
+    assert all("data.new_tasks.t.headline=rmse is no score of the boolean family" in line for line in lines)
+
+
+def test_the_command_line_is_checked_then_the_commands_own_check_then_hydra_runs(tmp_path, monkeypatch, capsys):
+    from omegaconf import OmegaConf
+
+    from llasmol.frame import command
+
+    steps = []
+
+    @command("params", before=lambda argv: steps.append(("before", argv)))
+    def main(cfg):
+        steps.append(("body", cfg.lora.name))
+
+    run_dir = f"hydra.run.dir={tmp_path}"
+    monkeypatch.setattr(sys, "argv", ["params", "lora=lite", run_dir])
+    monkeypatch.chdir(tmp_path)
+    main.from_command_line()
+    assert steps == [("before", ["lora=lite", run_dir]), ("body", "lite")]
+
+    steps.clear()
+    monkeypatch.setattr(sys, "argv", ["params", "lora=liet", run_dir])  # a mistyped choice: no check, no body
+    with pytest.raises(SystemExit) as stop:
+        main.from_command_line()
+    assert stop.value.code == 2 and steps == [] and "lora=liet" in capsys.readouterr().err
+    main(OmegaConf.create({"lora": {"name": "given"}}))  # a config given: the body on it, as Hydra's own main
+    assert steps == [("body", "given")]
