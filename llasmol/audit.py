@@ -29,7 +29,7 @@ def run_audit(cfg: DictConfig) -> dict:
 
     tasks = start(cfg, torch=False).tasks  # workers=0, examples=-1: one line before any file is read
     source = SMolInstructSource.from_config(cfg.data, table=tasks)
-    if source.has_tables():
+    if source.copy() is None:
         raise UserError(f"audit reads SMolInstruct's layout (raw files, sample lists, split groups); {', '.join(source.places())} "
                         "holds tables of your own, which it does not read: audit a SMolInstruct copy, data.path=<folder> "
                         "with data.also=[] (a table without a split column is split by input, so an input is never in two splits)")

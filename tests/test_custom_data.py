@@ -208,7 +208,7 @@ def test_smolinstruct_and_tables_mix_with_weights(tmp_path):
     with refused("SMolInstruct's property_prediction-bbbp", "my_bbbp.family=boolean"):
         SMolInstructSource(path=str(BUNDLED_DATA), also=[str(bbbp)], table=TABLE).task_names()
     (tmp_path / "empty").mkdir()
-    with refused("empty holds no task"):
+    with refused("empty holds no SMolInstruct task", "a CSV/JSONL file"):
         SMolInstructSource(path=str(BUNDLED_DATA), also=[str(tmp_path / "empty")], table=TABLE).task_names()
     with refused("data.weights names logs"):
         make_datamodule(tokenizer, path=also[0], weights={"logs": 2}, table=TABLE).mix()

@@ -203,7 +203,7 @@ def test_unknown_task_is_named(tokenizer, smol_root):
 
 def test_missing_task_file_is_named(tokenizer, smol_root):
     dm = make_dm(tokenizer, smol_root, tasks=["molecule_captioning"])
-    with refused("molecule_captioning.json", "data.path"):
+    with refused("data.tasks names molecule_captioning, which none of the data holds", "it holds forward_synthesis"):
         dm.split("train")
 
 

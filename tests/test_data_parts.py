@@ -314,3 +314,42 @@ def test_each_kind_of_data_is_a_split_of_the_one_interface_with_the_sources_tabl
     assert mixed.split("validation").counts()["logp"] == alone.split("validation").counts()["logp"] == 2
     with refused("unknown split 'dev'", "a table has train, validation and test"):
         SMolInstructSource(path=str(table), new_tasks=own, splits={"dev": "dev"}).split("dev")
+
+
+def test_a_source_says_its_places_and_hands_out_its_one_copy_only(tmp_path, smol_root, monkeypatch):
+    """The audit asks for the one kind it reads (a SMolInstruct copy alone); a card says each place in words, and
+    never this machine's path of the bundled excerpt, which a card on the Hub would carry."""
+    import llasmol.data.source as source_module
+
+    table = tmp_path / "logp.csv"
+    table.write_text("input,output,split\nCCO,1.5,validation\nCCC,1.9,validation\n")
+    own = {"logp": {"family": "number"}}
+    bundled = SMolInstructSource(path=str(BUNDLED_DATA))
+    local = SMolInstructSource(path=str(smol_root))
+    alone = SMolInstructSource(path=str(table), new_tasks=own)
+    mixed = SMolInstructSource(path=str(smol_root), also=[str(table)], new_tasks=own)
+    assert bundled.copy().is_bundled() and local.copy().root == str(smol_root) and not local.copy().is_bundled()
+    assert alone.copy() is None and mixed.copy() is None  # a table, or a copy beside one: no copy to audit alone
+    assert str(BUNDLED_DATA) not in bundled.describe() and "excerpt bundled with llasmol" in bundled.describe()
+    assert mixed.describe() == f"SMolInstruct, {smol_root}, {table}, a table of its own"
+    assert alone.describe() == f"{table}, a table of its own"
+    monkeypatch.setattr(source_module, "fetch_smolinstruct", lambda hub_id, revision: smol_root)  # no network
+    hub = SMolInstructSource(path=None, revision="v1")
+    assert hub.describe() == "SMolInstruct, osunlp/SMolInstruct at revision v1" and hub.copy().root == str(smol_root)
+
+
+def test_every_kind_serves_questions_and_golds_as_a_prompts_reader_reads_them(tmp_path):
+    """What a reinforcement-learning objective reads of a split: the question (`input`), the task and the gold
+    (`raw_output`), never the response. A table of questions and golds (no query template: the input is the
+    whole question) is such a source with no kind of its own."""
+    table = tmp_path / "prompts.jsonl"
+    table.write_text('{"input": "Is CCO an alcohol?", "output": "yes", "split": "train"}\n'
+                     '{"input": "Is CC an alcohol?", "output": "no", "split": "train"}\n')
+    prompts = SMolInstructSource(path=str(table), new_tasks={"alcohol": {"family": "boolean"}})
+    split = prompts.split("train")
+    assert [(s["task"], s["input"], s["raw_output"]) for s in (split[0], split[1])] == [
+        ("alcohol", "Is CCO an alcohol?", "Yes"), ("alcohol", "Is CC an alcohol?", "No")]
+    copy = SMolInstructSource(path=str(BUNDLED_DATA), tasks=["name_conversion-s2f"]).split("test")
+    sample = copy[0]
+    assert sample["input"].startswith(sample["input"][:10]) and sample["raw_output"] and \
+        sample["raw_output"] not in ("", sample["output"])  # the gold alone, not the templated response

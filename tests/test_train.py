@@ -562,8 +562,7 @@ def test_the_callbacks_a_resumable_run_needs_come_last_and_no_bar_when_it_is_off
 
 
 def _datamodule(**source):
-    return SimpleNamespace(source=SimpleNamespace(**{"path": "/data/smol", "hub_id": "osunlp/SMolInstruct",
-                                                     "revision": "main", "has_tables": lambda: False,
+    return SimpleNamespace(source=SimpleNamespace(**{"describe": lambda: "SMolInstruct, /data/smol",
                                                      "table": SMOLINSTRUCT, **source}),
                            effective_batch_size=12, micro_batch_size=4, tasks=["name_conversion-i2f"],
                            gradient_accumulation=lambda world_size: 12 // (4 * world_size))
@@ -578,12 +577,13 @@ def test_an_adapters_card_says_how_it_was_trained(cfg_factory):
     assert facts["lora"] == {"name": "full", "r": 16, "alpha": 16, "dropout": 0.05, "train_head": False,
                              "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
     assert {k: facts[k] for k in ("model", "tiny", "params", "data", "tasks")} == {
-        "model": "tiny", "tiny": True, "params": {"trainable": 5}, "data": "/data/smol", "tasks": ["name_conversion-i2f"]}
+        "model": "tiny", "tiny": True, "params": {"trainable": 5}, "data": "SMolInstruct, /data/smol",
+        "tasks": ["name_conversion-i2f"]}
     assert facts["base"].startswith("llasmol/tiny-mistral")
     paper = card_facts(cfg_factory("trainer.max_steps=30", "trainer.gradient_clip_val=1.0", "lora=plus", "data.path=null"),
                        {}, _datamodule(), 1)
     assert ", at most 30 steps, " in paper["recipe"] and ", gradient norm clipped at 1, seed 13" in paper["recipe"]
-    assert paper["data"] == "osunlp/SMolInstruct at revision main" and paper["lora"]["train_head"] is True
+    assert paper["lora"]["train_head"] is True
     assert ", 2 epoch(s), " in card_facts(cfg_factory("trainer.max_steps=0"), {}, _datamodule(), 1)["recipe"]
 
 

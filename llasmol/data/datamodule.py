@@ -190,7 +190,7 @@ class SMolInstructDataModule(L.LightningDataModule):
     def mix(self) -> Optional[str]:
         """The training mix in words, each task's samples, weight and share of an epoch; None for SMolInstruct
         alone, unweighted."""
-        if not self.weights and not self.source.has_tables():
+        if not self.weights and self.source.copy() is not None:
             return None
         split = self.split("train")
         blocks = self.task_weights(split) or [(0, n, 1.0) for n in split.counts().values()]

@@ -62,6 +62,7 @@ class SMolInstructSource:
         self._opened: dict[str, Split] = {}
         self._places: dict[str, Place] = {}  # each place of the data, read once
         self._holders: Optional[dict[str, str]] = None  # task -> the place of the data that holds it
+        self.from_hub = not self.path  # `path` null: the Hub's archive, fetched on first use
 
     @classmethod
     def from_config(cls, data_cfg: Mapping[str, Any], **overrides: Any) -> "SMolInstructSource":
@@ -87,9 +88,16 @@ class SMolInstructSource:
                                 "train/validation/test tables) or CSV/JSONL files")
         return [self.root(), *also]
 
-    def has_tables(self) -> bool:
-        """Whether any of the data is a table of your own, or there is more than one place (`also`)."""
-        return len(self.places()) > 1 or is_table(self.root())
+    def copy(self) -> Optional["CopyPlace"]:
+        """The SMolInstruct copy when the data is one copy alone (what the leakage audit reads: raw files, sample
+        lists, split groups), else None (tables of one's own, or several places)."""
+        places = self.places()
+        place = self._place(places[0])
+        return place if len(places) == 1 and isinstance(place, CopyPlace) else None
+
+    def describe(self) -> str:
+        """The data in words, place by place, as a model card says it."""
+        return ", ".join(self._place(place).describe() for place in self.places())
 
     def _place(self, path: str) -> "Place":
         """The place at `path`, a copy in SMolInstruct's layout or a table of one's own (the one place that
@@ -103,11 +111,7 @@ class SMolInstructSource:
         if self._holders is None:
             holders: dict[str, str] = {}
             for place in self.places():
-                found = self._place(place).task_names()
-                if not found:
-                    raise UserError(f"{place} holds no task: give SMolInstruct's layout (core_tag/<task>.json), a "
-                                    "CSV/JSONL file, or a folder of train, validation and test files")
-                for task in found:
+                for task in self._place(place).task_names():  # a place without any is refused by its kind
                     if task in holders:
                         raise UserError(f"task {task} is in both {holders[task]} and {place}: one task comes from one "
                                         "place; give your own samples a task name of their own (data.new_tasks)")
@@ -123,27 +127,12 @@ class SMolInstructSource:
 
     def is_bundled(self) -> bool:
         """Whether this is the excerpt bundled with the package (`data=bundled`)."""
-        return bool(self.path) and Path(self.path).resolve() == BUNDLED_DATA.resolve()
+        return bool(self.path) and Path(self.path).resolve() == BUNDLED_DATA.resolve() and len(self.places()) == 1
 
     def task_names(self) -> list[str]:
-        """The tasks read: `tasks`, or every task the data holds (SMolInstruct's in table order first)."""
-        if self.has_tables():
-            return list(self.holders())
-        if self.tasks is None:
-            found = self._place(self.root()).task_names()
-            if not found:
-                raise UserError(f"{self.root()} holds no SMolInstruct task (no core_tag/<task>.json): is data.path "
-                                "the root of a SMolInstruct copy, or a CSV/JSONL file (or a folder of train, "
-                                "validation and test files) of your own? A task of your own in this layout is "
-                                "declared in data.new_tasks")
-            missing = [t for t in TASK_NAMES if t not in found]
-            # Said, so that a copy that lost a task's files does not train on fewer unnoticed. The bundled
-            # excerpt lacks 3 tasks by design (its PROVENANCE.md): the report says so once, not every command.
-            if missing and not self.is_bundled():
-                log.warning("data: %d of %d tasks in %s (none of %s); data.tasks=[...] names them",
-                            len(found), len(TASK_NAMES), self.root(), ", ".join(missing))
-            self.tasks = found
-        return self.tasks
+        """The tasks read: `tasks`, or every task the data holds (in the order of its places, a copy's in table
+        order)."""
+        return list(self.holders())
 
     def split(self, name: str) -> Split:
         """Split `name` (train, validation or test), opened on first use: a `SMolInstructSplit`, or for
@@ -183,10 +172,7 @@ class SMolInstructSource:
             split.close()
 
     def _open(self, folder: str, limit: Optional[int], name: str) -> Split:
-        if self.has_tables():  # each place's own tasks
-            tasks_of = {place: [t for t, holder in self.holders().items() if holder == place] for place in self.places()}
-        else:  # one copy: its tasks as `task_names` reads them (said when some are missing)
-            tasks_of = {self.root(): self.task_names()}
+        tasks_of = {place: [t for t, holder in self.holders().items() if holder == place] for place in self.places()}
         parts = [self._place(place).open(name, folder, tasks, limit) for place, tasks in tasks_of.items() if tasks]
         return parts[0] if len(parts) == 1 else MixedSplit(parts)
 
@@ -198,8 +184,31 @@ class CopyPlace:
         self.root, self.source = root, source
 
     def task_names(self) -> list[str]:
-        """The tasks of the source's table that this copy has files for, in table order."""
-        return [t for t in self.source.table if (Path(self.root) / "core_tag" / f"{t}.json").is_file()]
+        """The tasks of the source's table that this copy has files for, in table order; said when SMolInstruct's
+        are not all there and `data.tasks` names none."""
+        found = [t for t in self.source.table if (Path(self.root) / "core_tag" / f"{t}.json").is_file()]
+        if not found:
+            raise UserError(f"{self.root} holds no SMolInstruct task (no core_tag/<task>.json): is it the root of a "
+                            "SMolInstruct copy, or a CSV/JSONL file (or a folder of train, validation and test files) "
+                            "of your own? A task of your own in this layout is declared in data.new_tasks")
+        missing = [t for t in TASK_NAMES if t not in found]
+        # Said, so that a copy that lost a task's files does not train on fewer unnoticed. The bundled excerpt
+        # lacks 3 tasks by design (its PROVENANCE.md): the report says so once, not every command.
+        if missing and self.source.tasks is None and not self.is_bundled():
+            log.warning("data: %d of %d tasks in %s (none of %s); data.tasks=[...] names them",
+                        len(found), len(TASK_NAMES), self.root, ", ".join(missing))
+        return found
+
+    def is_bundled(self) -> bool:
+        return Path(self.root).resolve() == BUNDLED_DATA.resolve()
+
+    def describe(self) -> str:
+        source = self.source
+        if self.is_bundled():  # not this machine's path: the card travels
+            return "SMolInstruct, the excerpt bundled with llasmol (a few hundred samples a task)"
+        if source.from_hub and self.root == source.path:
+            return f"SMolInstruct, {source.hub_id} at revision {source.revision}"
+        return f"SMolInstruct, {self.root}"
 
     def open(self, name: str, folder: str, tasks: list[str], limit: Optional[int]) -> SMolInstructSplit:
         source = self.source
@@ -230,6 +239,9 @@ class TablePlace:
     def task_names(self) -> list[str]:
         """The tasks the rows name, in the order they first come."""
         return list(dict.fromkeys(row.task for row in self.rows()))
+
+    def describe(self) -> str:
+        return f"{self.path}, a table of its own"
 
     def open(self, name: str, folder: str, tasks: list[str], limit: Optional[int]) -> TableSplit:
         if name not in ("train", "validation", "test"):

@@ -138,10 +138,7 @@ def record_run(cfg: DictConfig, trainer: Trainer, datamodule: SMolInstructDataMo
 
 def card_facts(cfg: DictConfig, params: dict, datamodule: SMolInstructDataModule, accumulation: int) -> dict:
     """What each saved adapter's model card says about how it was made."""
-    source = datamodule.source
-    data = source.path if cfg.data.get("path") else f"{source.hub_id} at revision {source.revision}"
-    if source.has_tables():
-        data = ", ".join(source.places())
+    data = datamodule.source.describe()
     optimizer = str(cfg.optimizer._target_).rsplit(".", 1)[-1]
     length = (f"at most {cfg.trainer.max_steps} steps" if cfg.trainer.get("max_steps", -1) > 0
               else f"{cfg.trainer.max_epochs} epoch(s)")
