@@ -15,73 +15,7 @@ import sys
 from omegaconf import DictConfig
 
 from llasmol.core.config import CONFIG_DIR
-from llasmol.core.schema import check_config
 from llasmol.frame import command, start
-
-
-def _meta_base(cfg: DictConfig):
-    # lazy (here and below): the model modules import torch, transformers and PEFT (2-3 s), which `params --help`
-    # and the command-line check before Hydra do not need
-    from llasmol.model.base import build_meta_model, load_tokenizer
-
-    # The tiny model's vocabulary is its bundled tokenizer's; real bases carry theirs in config.json.
-    vocab = len(load_tokenizer(cfg.model)) if cfg.model.get("tokenizer") == "tiny" else None
-    return build_meta_model(cfg.model, vocab_size=vocab)
-
-
-def kept_shapes(cfg: DictConfig):
-    """The kept shapes of `cfg.model`'s bundled architecture (`llasmol.model.shapes`), None for a folder's or one
-    whose facts changed: then the base is built on the meta device."""
-    from llasmol.model.shapes import bundled_shapes
-
-    arch = str(cfg.model.arch)
-    if (cfg.model.get("tokenizer") == "tiny") != arch.startswith("tiny"):
-        return None  # the tiny tokenizer sets a tiny base's vocabulary (`_meta_base`), and only a tiny base's
-    return bundled_shapes(arch)
-
-
-def base_of(cfg: DictConfig):
-    """What `cfg.model`'s base is counted from: its kept shapes, else the base built on the meta device (a folder's
-    base, or facts edited since their shapes were kept)."""
-    kept = kept_shapes(cfg)
-    if kept is not None:
-        return kept
-    import torch
-
-    with torch.device("meta"):
-        return _meta_base(cfg)
-
-
-def count_trainable(cfg: DictConfig, base=None) -> dict:
-    """Parameter counts of `cfg.model` with the adapters of `cfg.lora`, and of the base alone, from its kept
-    shapes or on the meta device (`base`: that meta model or its shapes, when the caller has them)."""
-    from llasmol.model.lora import count_with_adapters
-    from llasmol.model.shapes import Shapes
-
-    check_config(cfg)
-    base = base if base is not None else base_of(cfg)
-    if isinstance(base, Shapes):  # a bundled architecture: summed from its shapes, no torch
-        return {**count_with_adapters(base, cfg.model, cfg.lora), "base": base.total()}
-    import torch
-
-    from llasmol.model.base import arch_is_bundled
-    from llasmol.model.lora import apply_lora, count_parameters
-
-    with torch.device("meta"):
-        base_count = count_parameters(base)["total"]
-        if arch_is_bundled(cfg.model.arch):  # plain Linear projections: summed (tests/test_lora.py: as PEFT counts)
-            return {**count_with_adapters(base, cfg.model, cfg.lora), "base": base_count}
-        # A folder's base may be any architecture, where PEFT has rules of its own (it refuses Mamba's out_proj):
-        # PEFT itself adapts it (in place: the caller's `base` is then the adapted model).
-        return {**count_parameters(apply_lora(base, cfg.model, cfg.lora)), "base": base_count}
-
-
-def base_weight_bytes(cfg: DictConfig, base=None) -> dict:
-    """The base's weight memory in `model.dtype`, quantised as `cfg.quantization` says (from its shapes)."""
-    from llasmol.model.memory import DTYPE_BYTES, check_dtype, weight_bytes
-
-    check_dtype(cfg.model.dtype)
-    return weight_bytes(base if base is not None else base_of(cfg), DTYPE_BYTES[cfg.model.dtype], cfg.get("quantization"))
 
 
 def bases_table() -> list[dict]:
@@ -93,6 +27,7 @@ def bases_table() -> list[dict]:
     from llasmol.analysis.paper import PAPER_MODEL_OF_BASE
     from llasmol.core.config import compose_config
     from llasmol.data.formatting import PROMPT_TEMPLATES
+    from llasmol.model.counting import base_of
     from llasmol.model.shapes import Shapes
 
     # A LoRA variant that means one base (lora=large: LlaSMol Large on llama2_13b) names it in its file.
@@ -141,6 +76,7 @@ def print_bases() -> None:
 
 @command("params")
 def main(cfg: DictConfig) -> None:
+    from llasmol.model.counting import base_of, base_weight_bytes, count_trainable
     from llasmol.model.memory import describe
 
     start(cfg, torch=False)

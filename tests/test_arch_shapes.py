@@ -17,7 +17,7 @@ from llasmol.model import shapes as shapes_module
 from llasmol.model.lora import count_with_adapters
 from llasmol.model.memory import DTYPE_BYTES, weight_bytes
 from llasmol.model.shapes import SHAPES_FILE, Shapes, bundled_shapes
-from llasmol.params import _meta_base, kept_shapes
+from llasmol.model.counting import meta_base, kept_shapes
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -40,7 +40,7 @@ def test_counts_and_bytes_from_the_kept_shapes_equal_the_meta_builds(model):
         kept = kept_shapes(cfg)
         if built is None:  # the base is the same whatever the variant: built once
             with torch.device("meta"):
-                built = _meta_base(cfg)
+                built = meta_base(cfg)
         assert kept is not None and kept.total() == sum(p.numel() for p in built.parameters())
         assert count_with_adapters(kept, cfg.model, cfg.lora) == count_with_adapters(built, cfg.model, cfg.lora)
     for quantization in (None, cfg.quantization, {"bits": 8}):

@@ -11,7 +11,7 @@ from refusals import refused
 
 from llasmol.model.base import arch_config, arch_facts
 from llasmol.model.lora import apply_lora, modules_with_adapters
-from llasmol.params import count_trainable
+from llasmol.model.counting import count_trainable
 
 # model= name: (bundled arch, the parameter count its Hub model card / safetensors metadata publishes,
 # the exact count of the base built from the bundled facts). The exact figures are the published

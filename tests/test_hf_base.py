@@ -59,7 +59,7 @@ def _hf(folder: Path, *extra: str) -> list[str]:
 def test_the_role_map_is_read_from_the_folder_and_params_counts_it(tmp_path, model_type, expected, caplog):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from llasmol.params import count_trainable
+    from llasmol.model.counting import count_trainable
 
     folder = write_base(tmp_path / f"tiny-{model_type}", model_type, weights=model_type != "gpt2")
     cfg = compose_config(_hf(folder, "lora=full"), "params")
@@ -403,7 +403,7 @@ def test_a_probe_that_never_answers_cannot_keep_the_command_from_exiting(probe_h
                                                ("num_attention_heads", True, "true"), ("vocab_size", 2.5, "2.5")])
 def test_a_config_json_with_a_size_no_base_has_is_one_line_naming_it(tmp_path, key, value, shown):
     """Taken unchecked, 2^41 took 35 s to end in "Storage size calculation overflowed", "2" a traceback."""
-    from llasmol.params import count_trainable
+    from llasmol.model.counting import count_trainable
 
     folder = write_base(tmp_path / "odd", "llama", weights=False)
     facts = json.loads((folder / "config.json").read_text())

@@ -15,7 +15,7 @@ from refusals import refused
 from llasmol.model.base import arch_config
 from llasmol.model.lora import apply_lora, modules_with_adapters
 from llasmol.analysis.paper import PAPER_TRAINABLE
-from llasmol.params import count_trainable
+from llasmol.model.counting import count_trainable
 
 # A tiny in-process model of each family the paper uses (Mistral; Llama 2 / Code Llama; Galactica = OPT).
 FAMILIES = {
@@ -117,13 +117,13 @@ def test_params_sums_the_adapters_as_peft_adds_them(model):
     """`params` counts a bundled base's adapters without PEFT (r x (in + out) per adapted projection, a copy of
     the head for `plus`): for every LoRA variant, the counts of the model PEFT builds."""
     from llasmol.model.lora import apply_lora, count_parameters, count_with_adapters
-    from llasmol.params import _meta_base
+    from llasmol.model.counting import meta_base
 
     for lora in ("lite", "attn", "ffn", "full", "plus"):
         cfg = compose_config([f"model={model}", f"lora={lora}"], config_name="params")
         with torch.device("meta"):
-            summed = count_with_adapters(_meta_base(cfg), cfg.model, cfg.lora)
-            assert summed == count_parameters(apply_lora(_meta_base(cfg), cfg.model, cfg.lora)), (model, lora)
+            summed = count_with_adapters(meta_base(cfg), cfg.model, cfg.lora)
+            assert summed == count_parameters(apply_lora(meta_base(cfg), cfg.model, cfg.lora)), (model, lora)
 
 
 def test_exact_llama2_full_count():
@@ -301,7 +301,7 @@ def test_applying_lora_shows_no_deprecation_the_user_cannot_act_on():
 @pytest.mark.parametrize("model", ["tiny", "mistral"])
 def test_a_role_mapped_to_a_module_the_base_lacks_is_one_line_not_a_smaller_count(model):
     """PEFT would adapt the names that match and skip the rest: a misspelt map would count and train less."""
-    from llasmol.params import count_trainable
+    from llasmol.model.counting import count_trainable
 
     cfg = compose_config(["paths.output_dir=/x", f"model={model}", "model.lora_targets.q=bogus_proj"])
     with refused("model.lora_targets.q=bogus_proj", model, "self_attn.q_proj"):

@@ -102,7 +102,7 @@ def test_weight_memory_counted_on_the_meta_device_is_what_bitsandbytes_stores(qu
 
 
 def test_weight_memory_of_a_7b_base_halves_and_quarters():
-    from llasmol.params import base_weight_bytes
+    from llasmol.model.counting import base_weight_bytes
 
     sizes = {q: base_weight_bytes(compose_config(["model=mistral", f"quantization={q}"], "params"))
              for q in ("none", "8bit", "4bit")}
@@ -116,10 +116,10 @@ def test_weight_memory_of_a_7b_base_halves_and_quarters():
     # bit a weight more.
     from llasmol.model.base import torch_dtype
     from llasmol.model.memory import weight_bytes
-    from llasmol.params import _meta_base
+    from llasmol.model.counting import meta_base
 
     cfg = compose_config(["model=mistral", "quantization=4bit"], "params")
-    base, dtype = _meta_base(cfg), torch_dtype(cfg.model.dtype)
+    base, dtype = meta_base(cfg), torch_dtype(cfg.model.dtype)
     assert weight_bytes(base, dtype, {"bits": 4, "double_quant": True})["quantized"] == sizes["4bit"]["quantized"]
     single = weight_bytes(base, dtype, {"bits": 4, "double_quant": False})["quantized"]
     assert (single - sizes["4bit"]["quantized"]) / linear == pytest.approx((32 - 8.127) / 64 / 16, abs=0.001)

@@ -259,7 +259,7 @@ def test_multirun_through_the_submitit_launcher(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/result.json")}
     assert sorted(results) == ["0_tiny_lite", "1_tiny_attn"]
-    from llasmol.params import count_trainable
+    from llasmol.model.counting import count_trainable
 
     expected = [count_trainable(compose_config([f"lora={v}"], config_name="params"))["trainable"] for v in ("lite", "attn")]
     assert [results[k]["params"]["trainable"] for k in sorted(results)] == expected and expected[0] < expected[1]

@@ -17,7 +17,7 @@ from refusals import error_line, refused
 
 from llasmol.core.tasks import SMOLINSTRUCT
 from llasmol.core.threads import usable_cores
-from llasmol.params import count_trainable
+from llasmol.model.counting import count_trainable
 from llasmol.train import train
 
 SHORT = ["data.max_samples_per_task={validation:12}", "trainer.enable_progress_bar=false"]
