@@ -226,7 +226,7 @@ def test_a_merged_adapter_generates_as_the_separate_one(cfg, twins):
 
 
 def test_the_model_card_of_a_real_base_names_it_and_shows_how_to_load_it_with_peft():
-    from llasmol.model.adapters import adapter_card
+    from llasmol.model.cards import adapter_card
 
     facts = {"base": "mistralai/Mistral-7B-v0.1", "model": "mistral", "tiny": False,
              "lora": {"name": "full", "r": 16, "alpha": 16, "dropout": 0.05, "targets": ["q_proj", "v_proj"]},
@@ -328,7 +328,7 @@ def test_an_adapters_step_is_read_when_it_is_an_integer(tmp_path, text, step):
 
 
 def test_the_model_cards_adapter_line_lists_the_lora_settings():
-    from llasmol.model.adapters import adapter_card
+    from llasmol.model.cards import adapter_card
 
     facts = {"base": "b", "model": "tiny", "tiny": True,
              "lora": {"name": "full", "r": 16, "alpha": 32, "dropout": 0.05, "targets": ["q_proj", "v_proj"]},
@@ -341,3 +341,42 @@ def test_the_model_cards_adapter_line_lists_the_lora_settings():
     assert "| val/loss | 0.5123 |" in lines and not any("val/step" in line for line in lines)  # floats only
     head = adapter_card({**facts, "lora": {**facts["lora"], "train_head": True}}, {}, 12).splitlines()
     assert "- LoRA `full`: r=16, alpha=32, dropout=0.05, on q_proj, v_proj and a trained output head" in head
+
+
+def test_both_cards_say_what_the_adapter_learnt_from_once_and_alike(tmp_path):
+    """One renderer of the run's saved facts: the adapter's card and the merged model's say the same training
+    lines, and the subject reads right for SMolInstruct alone, tasks of one's own alone, and both (the export
+    card once read "on SMolInstruct and SMolInstruct")."""
+    from omegaconf import OmegaConf
+
+    from llasmol.model.cards import adapter_card, merged_card, trained_on, training_lines
+
+    facts = {"base": "b", "model": "tiny", "tiny": True,
+             "lora": {"name": "lite", "r": 8, "alpha": 16, "dropout": 0.05, "targets": ["q_proj"]},
+             "params": {"trainable": 10, "total": 100, "percent": 10.0}, "data": "d",
+             "tasks": ["forward_synthesis", "logp"], "recipe": "r", "own_tasks": {"logp": "number"}}
+    assert trained_on({**facts, "own_tasks": {}}) == "SMolInstruct"
+    assert trained_on(facts) == "SMolInstruct and tasks of its own (logp)"
+    assert trained_on({**facts, "tasks": ["logp"]}) == "tasks of its own (logp)"
+    model_cfg = OmegaConf.create({"name": "tiny", "hf_id": None, "dtype": "float32", "random_init": True,
+                                  "prompt_template": "llasmol"})
+    merged = merged_card(model_cfg, facts, "checkpoints/last.adapter", "beams", ["scores"]).splitlines()
+    adapter = adapter_card(facts, {}, 3).splitlines()
+    lines = training_lines(facts)
+    assert "- tasks of its own (data.new_tasks, scored as their family): logp (number)" in lines
+    assert all(line in merged and line in adapter for line in lines)
+    assert "# tiny + LoRA `lite` on SMolInstruct and tasks of its own (logp)" in adapter
+    bare = merged_card(model_cfg, None, "my.adapter", "beams", []).splitlines()  # an adapter folder: no run facts
+    assert "- adapter: `my.adapter`" in bare and not any(line.startswith("- LoRA") for line in bare)
+
+
+@pytest.mark.parametrize("written, said", [("[1, 2]", "holds a JSON list"), ("{\"model\": \"tiny\"}", "lacks lora"),
+                                           ("{", "cannot be read as JSON"), (None, "not a regular file")])
+def test_a_runs_card_facts_that_are_not_what_train_wrote_are_one_line(tmp_path, written, said):
+    from llasmol.core.run_dir import CARD, read_card
+
+    assert read_card(tmp_path) is None  # none: an adapter folder, or an older run
+    path = tmp_path / CARD
+    path.mkdir() if written is None else path.write_text(written)
+    with refused(path, said):
+        read_card(tmp_path)

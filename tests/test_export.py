@@ -51,8 +51,15 @@ def test_an_exported_run_loads_with_plain_transformers_and_computes_what_the_ada
     gen = json.loads((folder / "generation_config.json").read_text())
     assert (gen["num_beams"], gen["max_new_tokens"], gen["early_stopping"]) == (4, 1024, False)  # the paper's default
     card = (folder / "README.md").read_text()
-    assert "- LoRA variant: `lite`" in card and "random initial weights" in card
+    assert "- LoRA `lite`: r=" in card and "random initial weights" in card
     assert "- data: SMolInstruct, the excerpt bundled with llasmol" in card
+    # the facts the run saved at train time, said as its adapters' cards say them (one renderer)
+    adapter_card = (trained_run / "checkpoints" / "last.adapter" / "README.md").read_text()
+    facts = [line for line in adapter_card.splitlines() if line.startswith(("- LoRA", "- trainable", "- data", "- recipe"))]
+    assert len(facts) == 4 and all(line in card.splitlines() for line in facts)
+    assert "on SMolInstruct (SMolInstruct:" in card and "SMolInstruct and SMolInstruct" not in card
+    assert str(trained_run) not in card.split("## Evaluation")[0]  # no machine path in a card meant for the Hub
+    assert "- adapter: `checkpoints/" in card
     assert f"Not evaluated on the test split yet: `python -m llasmol.evaluate ckpt={trained_run} data.split=test`" in card
     assert oct(folder.stat().st_mode & 0o777) != oct(0o700)  # not the staging folder's private mode
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from llasmol.analysis.runs import Run, Validation
-from llasmol.analysis.tables import Table, headline
+from llasmol.analysis.tables import Table, evaluation_note, evaluation_table, headline
 from llasmol.core.run_dir import PREDICTIONS, intervals_file
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.inference.predictions import read_predictions
@@ -142,3 +142,20 @@ def paired_runs_note(table: Table) -> str:
 def compare_two(run_a: Run, run_b: Run, labels: Optional[Sequence[str]] = None, **settings) -> Table:
     """`paired_table` of two runs."""
     return paired_table([run_a, run_b], labels or [run_a.name, run_b.name], **settings)
+
+
+def card_evaluation(run: Run, ckpt: str) -> list[str]:
+    """A model card's evaluation: the run's test metrics beside the paper's row with their intervals, or how to
+    get them (`ckpt`: the run as the user named it, for the command they would run)."""
+    command = f"`python -m llasmol.evaluate ckpt={ckpt} data.split=test`"
+    if "test" not in run.evaluations:
+        return [f"Not evaluated on the test split yet: {command}, then export again."]
+    table = evaluation_table(run, "test")
+    bounds = {(r["task"], r["metric"]): (r["lo"], r["hi"]) for r in interval_table(run.evaluation("test")).records()}
+    table.columns.insert(3, "95% interval")
+    for row in table.rows:
+        lo, hi = bounds.get((row[0], row[1]), (None, None))
+        row.insert(3, "-" if lo is None else f"[{lo:.3f}, {hi:.3f}]")
+    return [evaluation_note(run, table) + table.to_markdown(),
+            f"Evaluated with {command}: the paper's beam search per task, answers read between the task's tags and "
+            "scored by the paper's metrics (App. A.4); intervals are percentile bootstraps of the samples."]

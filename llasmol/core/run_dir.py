@@ -31,6 +31,7 @@ BASELINE = "baseline.json"  # a baseline's folder: the method, its settings, tas
 # a reader knows them as the command that wrote them did: written once (train at start, an evaluation beside
 # its files), read by `read_tasks` alone.
 DECLARED_TASKS = "tasks.json"
+CARD = "card.json"  # what a model card says of the run (`llasmol.model.cards`): written by train at start
 EVALUATE_LOG = "evaluate.log"  # every evaluate that wrote into the run, appended (its command's folder has one too)
 
 
@@ -67,17 +68,36 @@ def read_tasks(folder: Path, beside: TaskTable = SMOLINSTRUCT) -> TaskTable:
     checked as a command's own config is; `beside` itself when the folder has none. A run's predictions and
     metrics then read as they were written."""
     path = Path(folder) / DECLARED_TASKS
+    found = _read_object(path, "task declarations by name", "it is written by llasmol's commands beside their "
+                         "files: restore it, or remove the folder's own tasks")
+    return beside if found is None else checked_tasks(found, beside, str(path))
+
+
+def read_card(folder: Path) -> Optional[dict]:
+    """The facts a run saved for its model cards (`card.json`), None for a folder without them (an adapter
+    folder, or a run from before runs kept them)."""
+    path = Path(folder) / CARD
+    found = _read_object(path, "a run's card facts", "train writes it at start: restore it, or remove it to "
+                         "export without the training facts")
+    missing = [key for key in ("model", "lora", "params", "data", "tasks", "recipe") if found and key not in found]
+    if missing:
+        raise UserError(f"{path} lacks {missing[0]}: train writes it at start: restore it, or remove it to export "
+                        "without the training facts")
+    return found
+
+
+def _read_object(path: Path, what: str, fix: str) -> Optional[dict]:
+    """The JSON object in `path` (None when there is none), read as data, whatever the file holds."""
     if not path.exists():
-        return beside
-    fix = "it is written by llasmol's commands beside their files: restore it, or remove the folder's own tasks"
+        return None
     if not path.is_file():
         raise UserError(f"{path} is not a regular file (a folder, pipe or device): {fix}")
     try:
         if path.stat().st_size > MAX_DECLARED_BYTES:
-            raise UserError(f"{path} is larger than any task declarations: {fix}")
+            raise UserError(f"{path} is larger than any {what}: {fix}")
         found = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as err:
         raise UserError(f"{path} cannot be read as JSON ({type(err).__name__}): {fix}") from None
     if not isinstance(found, dict):
-        raise UserError(f"{path} holds a JSON {type(found).__name__}, not task declarations by name: {fix}")
-    return checked_tasks(found, beside, str(path))
+        raise UserError(f"{path} holds a JSON {type(found).__name__}, not {what}: {fix}")
+    return found

@@ -119,14 +119,16 @@ def build_trainer(cfg: DictConfig, datamodule: SMolInstructDataModule, resume: R
 
 
 def record_run(cfg: DictConfig, trainer: Trainer, datamodule: SMolInstructDataModule, params: dict) -> None:
-    """The run's facts where they are read: params.json, the model card of every adapter checkpoint, and
-    the composed config with the parameter counts as every logger's hyperparameters."""
+    """The run's facts where they are read: params.json, card.json (what every adapter checkpoint's and an
+    export's model card say), and the composed config with the parameter counts as every logger's
+    hyperparameters."""
     accumulation = trainer.accumulate_grad_batches
     write_json(Path(cfg.paths.output_dir) / run_dir.PARAMS, params)
     own = datamodule.source.table.declared
     if own:  # the run's own tasks, for every later command that reads it (before any file names them)
         write_json(Path(cfg.paths.output_dir) / run_dir.DECLARED_TASKS, own)
     facts = card_facts(cfg, params, datamodule, accumulation)
+    write_json(Path(cfg.paths.output_dir) / run_dir.CARD, facts)
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, AdapterModelCheckpoint):
             callback.card_facts = facts
@@ -137,7 +139,7 @@ def record_run(cfg: DictConfig, trainer: Trainer, datamodule: SMolInstructDataMo
 
 
 def card_facts(cfg: DictConfig, params: dict, datamodule: SMolInstructDataModule, accumulation: int) -> dict:
-    """What each saved adapter's model card says about how it was made."""
+    """What each saved adapter's model card, and an export's, say about how it was made (`llasmol.model.cards`)."""
     data = datamodule.source.describe()
     optimizer = str(cfg.optimizer._target_).rsplit(".", 1)[-1]
     length = (f"at most {cfg.trainer.max_steps} steps" if cfg.trainer.get("max_steps", -1) > 0
@@ -150,4 +152,6 @@ def card_facts(cfg: DictConfig, params: dict, datamodule: SMolInstructDataModule
     lora = {"name": cfg.lora.name, "r": cfg.lora.r, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout,
             "targets": target_modules(cfg.model, cfg.lora), "train_head": bool(cfg.lora.get("train_head"))}
     return {"base": base_name(cfg.model), "model": cfg.model.name, "tiny": bool(cfg.model.get("random_init")),
-            "lora": lora, "params": params, "data": data, "tasks": datamodule.tasks, "recipe": recipe}
+            "lora": lora, "params": params, "data": data, "tasks": list(datamodule.tasks), "recipe": recipe,
+            "own_tasks": {t: datamodule.source.table[t].family for t in datamodule.tasks
+                          if t in datamodule.source.table.declared}}

@@ -26,7 +26,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from llasmol.core.run_dir import INTERRUPTED_CKPT
 from llasmol.core.files import remove_stale_temporaries, write_torch
 from llasmol.core.run_dir import CHECKPOINTS
-from llasmol.model.adapters import ADAPTER_CONFIG, adapter_card, adapter_dir, adapter_step, commit_adapter, stage_adapter
+from llasmol.model.adapters import ADAPTER_CONFIG, adapter_dir, adapter_step, commit_adapter, stage_adapter
+from llasmol.model.cards import adapter_card
 from llasmol.finetune.lightning_private import CheckpointWithHooks
 from llasmol.finetune.resume import checkpoint_step, resume_command
 

@@ -42,6 +42,19 @@ def task_settings(gen_cfg, task: Optional[str], tasks: TaskTable = SMOLINSTRUCT)
                         bool(merged.get("early_stopping", False)))
 
 
+def generation_config(gen_cfg, tokenizer):
+    """transformers' `GenerationConfig` of the default beams (`gen_cfg.default`: the paper's 4 beams, up to 1,024
+    new tokens, no early stop), what an exported model decodes with unless told otherwise."""
+    from transformers import GenerationConfig
+
+    default = gen_cfg.default
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return GenerationConfig(num_beams=int(default.num_beams), num_return_sequences=int(default.num_return_sequences),
+                            max_new_tokens=int(default.max_new_tokens), early_stopping=bool(default.early_stopping),
+                            do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad,
+                            bos_token_id=tokenizer.bos_token_id)
+
+
 def forward_is_collective(model: torch.nn.Module) -> bool:
     """Whether `model` is sharded (FSDP2) over more than one process, so that every forward is collective."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and is_sharded(model)

@@ -172,59 +172,24 @@ def load_adapter(model, folder: Path):
     return peft_model
 
 
-# --------------------------------------------------------------------------- the model card
-
-CITATION = """@article{yu2024llasmol,
-  title={LlaSMol: Advancing Large Language Models for Chemistry with a Large-Scale, Comprehensive,
-         High-Quality Instruction Tuning Dataset},
-  author={Botao Yu and Frazier N. Baker and Ziqi Chen and Xia Ning and Huan Sun},
-  journal={arXiv preprint arXiv:2402.09391},
-  year={2024}
-}"""
-
-
-def adapter_card(facts: dict, metrics: dict, step: int) -> str:
-    """The README.md of an adapter folder: what it is, how it was trained, how it scored, how to load it.
-
-    `facts`: base, model, tiny, lora (name, r, alpha, dropout, targets, train_head), params, data, recipe,
-    as `llasmol.train` gathers them; `metrics`: the latest validation's `val/...` values at this step.
-    """
-    lora, params, recipe = facts["lora"], facts["params"], facts["recipe"]
-    front = ["---", "library_name: peft", "tags: [lora, chemistry, llasmol, smolinstruct]"]
-    if not facts["tiny"]:
-        front += [f"base_model: {facts['base']}", "datasets: [osunlp/SMolInstruct]"]
-    lines = front + ["---", "", f"# {facts['model']} + LoRA `{lora['name']}` on SMolInstruct", ""]
-    if facts["tiny"]:
-        lines += ["The base is llasmol's embedded **tiny model**: 2 layers with **random weights**, rebuilt by llasmol",
-                  "from `model.init_seed` (never saved), trained on the bundled excerpt of the data. It is a demo",
-                  "of the pipeline, not a chemistry model; load it with llasmol (`model=tiny`).", ""]
-    else:
-        lines += [f"LoRA adapter for `{facts['base']}`, trained with llasmol as in the LlaSMol paper.", ""]
-    lines += [
-        "## Adapter", "",
-        f"- LoRA `{lora['name']}`: r={lora['r']}, alpha={lora['alpha']}, dropout={lora['dropout']}, on "
-        f"{', '.join(lora['targets'])}" + (" and a trained output head" if lora.get("train_head") else ""),
-        f"- trainable parameters: {params['trainable']:,} of {params['total']:,} ({params['percent']:.2f}%)", "",
-        "## Training", "",
-        f"- data: {facts['data']}; tasks: {', '.join(facts['tasks'])}",
-        f"- recipe: {recipe}",
-        f"- this checkpoint: optimizer step {step}", "",
-    ]
-    scores = {k: v for k, v in metrics.items() if isinstance(v, float)}
-    if scores:
-        lines += ["## Validation at this step", "", "| metric | value |", "|---|---|"]
-        lines += [f"| {k} | {v:.4f} |" for k, v in sorted(scores.items())] + [""]
-    lines += [
-        "## Use", "",
-        "With llasmol (the paper's prompt `<s>[INST] {query} [/INST]`, beams and metrics):", "", "```bash",
-        f"python -m llasmol.evaluate ckpt=<this folder> model={facts['model']} data.split=test",
-        f'python -m llasmol.generate "<your question>" ckpt=<this folder> model={facts["model"]}', "```", "",
-    ]
-    if not facts["tiny"]:
-        lines += ["With PEFT:", "", "```python", "from peft import PeftModel",
-                  "from transformers import AutoModelForCausalLM, AutoTokenizer",
-                  f'base = AutoModelForCausalLM.from_pretrained("{facts["base"]}", torch_dtype="bfloat16")',
-                  'model = PeftModel.from_pretrained(base, "<this folder>")',
-                  f'tokenizer = AutoTokenizer.from_pretrained("{facts["base"]}")', "```", ""]
-    lines += ["## Citation", "", "```bibtex", CITATION, "```", ""]
-    return "\n".join(lines)
+def save_merged(model, tokenizer, generation_config, card: str, output: Path, max_shard_size: str) -> None:
+    """Write a merged model (weights as safetensors shards, tokenizer, generation config, README.md `card`) into a
+    private folder beside `output`, make it as readable as the umask allows, and rename it into place: a stop
+    midway leaves no half folder under the final name."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        model.save_pretrained(staging, safe_serialization=True, max_shard_size=max_shard_size)
+        tokenizer.save_pretrained(staging)
+        generation_config.save_pretrained(staging)
+        (staging / "README.md").write_text(card, encoding="utf-8")
+        # mkdtemp's folder is private and some writers' files too: the folder is for colleagues, as umask allows
+        for path in [staging, *staging.rglob("*")]:
+            path.chmod(shareable_mode(directory=path.is_dir()))
+        if output.is_dir():
+            output.rmdir()  # an empty folder the user named (the command refuses one that holds files)
+        staging.rename(output)
+    except BaseException as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise_if_unwritable(err, output)
+        raise
