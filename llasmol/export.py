@@ -37,9 +37,8 @@ def _check_output(output: Path) -> None:
 
 def model_card(cfg: DictConfig, model_cfg: DictConfig, adapter: str) -> str:
     """The exported model's README.md: the facts its run saved at train time, its beams, its test metrics."""
-    from llasmol import analysis  # lazy: matplotlib (0.6 s), for the card only
-    from llasmol.analysis.pairs import card_evaluation
-    from llasmol.inference.beam_search import task_settings
+    from llasmol.analysis.pairs import card_evaluation  # lazy: matplotlib (0.6 s), for the card only
+    from llasmol.inference.beam_search import task_settings  # lazy: torch
 
     ckpt = Path(str(cfg.ckpt))
     is_run = (ckpt / run_dir.HYDRA_CONFIG).is_file()
@@ -51,7 +50,7 @@ def model_card(cfg: DictConfig, model_cfg: DictConfig, adapter: str) -> str:
                 f"{cfg.generation.default.max_new_tokens} new tokens, `early_stopping` false). Beams / returned answers "
                 f"by task, as the paper's evaluation: {', '.join(beams)}.")
     named = Path(adapter).relative_to(ckpt) if is_run and Path(adapter).is_relative_to(ckpt) else Path(adapter).name
-    evaluation = card_evaluation(analysis.load_run(ckpt), str(cfg.ckpt)) if is_run else []
+    evaluation = card_evaluation(ckpt, str(cfg.ckpt)) if is_run else []
     return merged_card(model_cfg, run_dir.read_card(ckpt), str(named), decoding, evaluation)
 
 

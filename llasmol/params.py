@@ -12,23 +12,21 @@ from __future__ import annotations
 import json
 import sys
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from llasmol.core.config import CONFIG_DIR
+from llasmol.core.config import CONFIG_DIR, compose_config
+from llasmol.data.formatting import PROMPT_TEMPLATES
 from llasmol.frame import command, start
+from llasmol.model.counting import base_of, base_weight_bytes, count_trainable
+from llasmol.model.memory import describe
+from llasmol.model.shapes import Shapes
 
 
 def bases_table() -> list[dict]:
     """One row per `model=` choice (conf/model/): its Hub id, size (the base counted from its shapes), the
     vocabulary of its config.json facts, its prompt format, and the paper's LlaSMol model on it, if any. What
     `params --list` prints; docs/recipe.md's table of bases is checked against it (tests/test_docs.py)."""
-    from omegaconf import OmegaConf
-
-    from llasmol.analysis.paper import PAPER_MODEL_OF_BASE
-    from llasmol.core.config import compose_config
-    from llasmol.data.formatting import PROMPT_TEMPLATES
-    from llasmol.model.counting import base_of
-    from llasmol.model.shapes import Shapes
+    from llasmol.analysis.paper import PAPER_MODEL_OF_BASE  # lazy: the analysis package brings matplotlib (0.6 s)
 
     # A LoRA variant that means one base (lora=large: LlaSMol Large on llama2_13b) names it in its file.
     variant_of = {}
@@ -76,9 +74,6 @@ def print_bases() -> None:
 
 @command("params")
 def main(cfg: DictConfig) -> None:
-    from llasmol.model.counting import base_of, base_weight_bytes, count_trainable
-    from llasmol.model.memory import describe
-
     start(cfg, torch=False)
     base = base_of(cfg)  # found or built once
     sizes = base_weight_bytes(cfg, base)  # first: PEFT may adapt `base` in place while counting

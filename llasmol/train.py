@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from llasmol.core.config import command_line_values, named_run_dir
+from llasmol.core.quiet import lightning_logs_to_root
 from llasmol.core.run_lock import check_fresh_start, check_run_lock, process_rank
 from llasmol.core.threads import wait_description
 from llasmol.frame import command, start
@@ -28,7 +29,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # The first line at once: what runs and where, before torch, Lightning and the base take their seconds.
     tasks, threads = start(cfg, lambda c: f"training {c.model.name} + LoRA {c.lora.name} into {c.paths.output_dir} "
                                           "(loading torch, Lightning and the base)")
-    from llasmol.model.base import check_base_reachable, check_packing
+    from llasmol.model.base import check_base_reachable, check_packing, load_tokenizer  # torch: after the threads
 
     if cfg.data.get("packing"):
         check_packing(cfg.model)  # a setting the base cannot take is said before its files are looked for
@@ -36,8 +37,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # Here, not at the top: importing the command (the Hydra shell, the checks before Hydra) loads no torch.
     import lightning as L
 
-    from llasmol.core.quiet import lightning_logs_to_root
-    from llasmol.model.base import load_tokenizer
     from llasmol.finetune.build import build_datamodule, build_model, build_module, build_trainer, record_run
     from llasmol.finetune.fit import finish, fit, run_result, validate_last_step
     from llasmol.finetune.preflight import check_run, claim_run_dir

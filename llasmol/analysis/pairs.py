@@ -14,7 +14,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Optional, Sequence
 
-from llasmol.analysis.runs import Run, Validation
+from llasmol.analysis.runs import Run, Validation, load_run
 from llasmol.analysis.tables import Table, evaluation_note, evaluation_table, headline
 from llasmol.core.run_dir import PREDICTIONS, intervals_file
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
@@ -144,9 +144,10 @@ def compare_two(run_a: Run, run_b: Run, labels: Optional[Sequence[str]] = None, 
     return paired_table([run_a, run_b], labels or [run_a.name, run_b.name], **settings)
 
 
-def card_evaluation(run: Run, ckpt: str) -> list[str]:
-    """A model card's evaluation: the run's test metrics beside the paper's row with their intervals, or how to
-    get them (`ckpt`: the run as the user named it, for the command they would run)."""
+def card_evaluation(folder: Path, ckpt: str) -> list[str]:
+    """A model card's evaluation: the test metrics of the run in `folder` beside the paper's row with their
+    intervals, or how to get them (`ckpt`: the run as the user named it, for the command they would run)."""
+    run = load_run(folder)
     command = f"`python -m llasmol.evaluate ckpt={ckpt} data.split=test`"
     if "test" not in run.evaluations:
         return [f"Not evaluated on the test split yet: {command}, then export again."]

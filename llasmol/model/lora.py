@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from llasmol.core.errors import UserError
 from llasmol.model.roles import ROLES, linear_layer_names, names_target, role_map
+from llasmol.model.shapes import MODULE, Shapes
 # What an adapter of the embedded tiny model names as its base (it has no Hub id: its random weights are
 # rebuilt from model.init_seed, never saved).
 TINY_BASE = "llasmol/tiny-mistral (random weights, rebuilt from model.init_seed)"
@@ -78,8 +79,6 @@ def _check_targets_exist(model, targets: list[str], model_cfg) -> None:
     """PEFT adapts the names that match and skips the others without a word, so a misspelt role map would
     train (and count) fewer modules than asked: every name must match a module of the base (`model`, or its
     `Shapes`)."""
-    from llasmol.model.shapes import Shapes
-
     names = model.names() if isinstance(model, Shapes) else [name for name, _ in model.named_modules()]
     missing = [t for t in targets if not any(names_target(n, t) for n in names)]
     if missing:
@@ -94,8 +93,6 @@ def count_with_adapters(model, model_cfg, lora_cfg) -> dict:
     (and the bitsandbytes it imports) costs `params` seconds for a sum. Each adapted Linear (or GPT-2 Conv1D)
     of `in` inputs and `out` outputs gains r x (in + out) trainable weights (lora_A and lora_B); `train_head`
     adds a trainable copy of the head (PEFT's modules_to_save). tests/test_lora.py holds it equal to PEFT's."""
-    from llasmol.model.shapes import MODULE, Shapes
-
     shapes = model if isinstance(model, Shapes) else Shapes.of(model)  # `model` may be its shapes already
     targets = target_modules(model_cfg, lora_cfg)
     _check_targets_exist(shapes, sorted(targets), model_cfg)

@@ -20,6 +20,7 @@ import math
 from typing import Any, Optional
 
 from llasmol.core.errors import UserError
+from llasmol.model.shapes import LINEAR, Shapes
 
 BLOCK_4BIT = 64  # bitsandbytes' 4-bit block size for weights
 BLOCKS_PER_NESTED = 256  # double quantisation: absmax values grouped 256 to one fp32 scale
@@ -56,8 +57,6 @@ def weight_bytes(model, dtype, quant_cfg: Optional[Any] = None) -> dict[str, int
     `quantized`: bytes of the quantised layers; `other`: everything else in `dtype`; `total`: as loaded;
     `training`: with the unquantised parameters in fp32, as PEFT prepares a quantised base for training.
     """
-    from llasmol.model.shapes import LINEAR, Shapes
-
     shapes = model if isinstance(model, Shapes) else Shapes.of(model)
     itemsize = dtype if isinstance(dtype, int) else dtype.itemsize
     bits = quant_cfg.get("bits") if quant_cfg else None
