@@ -1,0 +1,120 @@
+"""The GRPO objective's arithmetic: group-relative advantages, completion log-probabilities and the clipped policy
+loss, as TRL's `GRPOTrainer` (trl 1.16, the reference users trust) computes them; tests/test_grpo.py holds the loss
+and the adapter gradients equal to TRL's own `_compute_loss` on a fixed batch, for each loss type.
+
+What each piece is (G completions of one prompt form a group; T completion positions, `mask` 1 on real tokens):
+
+- advantages: a completion's reward minus its group's mean, divided by the group's standard deviation (Bessel's
+  correction) plus 1e-4 (`scale_rewards="group"`, TRL's default), by the whole batch's (`"batch"`), or not
+  divided (`"none"`, Dr. GRPO's advice: the division favours groups of nearly equal rewards);
+- ratio r = exp(logp - logp_old) per token; the policy term -min(r·A, clip(r, 1 - epsilon, 1 + epsilon_high)·A)
+  (DAPO's "clip higher" when epsilon_high > epsilon); with beta > 0 the k3 estimate of KL to the reference,
+  exp(ref - logp) - (ref - logp) - 1, added times beta;
+- the loss types differ only in how per-token terms become one number: `grpo` averages each completion's tokens,
+  then the completions (DeepSeekMath); `dr_grpo` sums every token and divides by completions × the longest
+  completion allowed, so no length is favoured (Dr. GRPO, arXiv 2503.20783); `dapo` divides the sum by the
+  tokens of the whole generation batch (DAPO, arXiv 2503.14476: every token weighs the same).
+
+Gradient accumulation is Lightning's (it divides each micro-batch's loss by the accumulation), so nothing here
+divides by it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
+SCALE_REWARDS = ("group", "batch", "none")
+STD_EPSILON = 1e-4  # added to the standard deviation before dividing, as TRL does
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """The settings of the loss (their bounds are checked with the config, `core/schema.py`)."""
+
+    loss_type: str = "dapo"  # TRL's default
+    epsilon: float = 0.2  # lower clip: ratios below 1 - epsilon with a negative advantage stop pulling
+    epsilon_high: Optional[float] = None  # upper clip; None: epsilon (DAPO recommends 0.28)
+    beta: float = 0.0  # weight of the KL to the reference; 0: no reference pass at all
+    max_completion_length: int = 256  # dr_grpo's constant divisor
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type {self.loss_type!r} is none of {', '.join(LOSS_TYPES)}")
+
+    @property
+    def upper(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    def __call__(self, logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                 old_logps: Optional[torch.Tensor] = None, ref_logps: Optional[torch.Tensor] = None,
+                 batch_tokens: Optional[float] = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of completions whose per-token log-probabilities under the policy are `logps` (B, T), and
+        what RL users watch (clip fractions, KL). `old_logps`: the policy's when the rollout was sampled (None:
+        this very policy, the first pass over a rollout); `ref_logps`: the reference's (needed when beta > 0);
+        `batch_tokens`: dapo's divisor, the completion tokens of the whole generation batch on this process
+        (default: this micro-batch's)."""
+        mask = mask.to(logps.dtype)
+        advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+        old = logps.detach() if old_logps is None else old_logps
+        ratio = torch.exp(logps - old)
+        clipped = torch.clamp(ratio, 1 - self.epsilon, 1 + self.upper)
+        per_token = -torch.min(ratio * advantages, clipped * advantages)
+        stats: dict[str, float] = {}
+        if self.beta != 0.0:
+            if ref_logps is None:
+                raise ValueError("beta > 0 needs the reference's log-probabilities")
+            gap = ref_logps - logps
+            kl = torch.exp(gap) - gap - 1
+            per_token = per_token + self.beta * kl
+            stats["kl"] = _masked_mean(kl.detach(), mask)
+        if self.loss_type == "grpo":
+            loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        elif self.loss_type == "dr_grpo":
+            loss = (per_token * mask).sum() / (per_token.size(0) * self.max_completion_length)
+        else:  # dapo
+            tokens = mask.sum() if batch_tokens is None else torch.as_tensor(batch_tokens, dtype=logps.dtype)
+            loss = (per_token * mask).sum() / tokens.clamp(min=1.0)
+        low = ((ratio < 1 - self.epsilon) & (advantages < 0)).to(logps.dtype)
+        high = ((ratio > 1 + self.upper) & (advantages > 0)).to(logps.dtype)
+        stats.update({"clip_ratio/low": _masked_mean(low, mask), "clip_ratio/high": _masked_mean(high, mask),
+                      "clip_ratio/region": _masked_mean(torch.maximum(low, high), mask)})
+        return loss, stats
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((values * mask).sum() / mask.sum().clamp(min=1.0))
+
+
+def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group"
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, no_signal) of `rewards` (B,), B = prompts × `num_generations`, each prompt's completions
+    side by side. `no_signal` marks completions whose group (or batch, for `"batch"`) rewards are all equal: their
+    advantage is 0 and they teach nothing (the share RL users watch)."""
+    if scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards {scale_rewards!r} is none of {', '.join(SCALE_REWARDS)}")
+    if num_generations < 2 or rewards.numel() % num_generations:
+        raise ValueError(f"{rewards.numel()} rewards do not make groups of num_generations={num_generations} (>= 2)")
+    groups = rewards.view(-1, num_generations)
+    advantages = rewards - groups.mean(dim=1).repeat_interleave(num_generations)
+    if scale_rewards == "batch":
+        std = rewards.std().expand_as(rewards)  # Bessel's correction, as torch's and TRL's
+    else:
+        std = groups.std(dim=1).repeat_interleave(num_generations)
+    if scale_rewards != "none":
+        advantages = advantages / (std + STD_EPSILON)
+    return advantages, torch.isclose(std, torch.zeros_like(std))
+
+
+def completion_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int,
+                     temperature: float = 1.0) -> torch.Tensor:
+    """The log-probability (B, T) of each of the last `completion_length` tokens of `input_ids` (prompt then
+    completion, left-padded prompts) under `model`, its logits divided by `temperature` as they were when the
+    completions were sampled."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    logits = logits[:, -completion_length - 1:-1].float() / temperature  # position t predicts token t + 1
+    targets = input_ids[:, -completion_length:]
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
