@@ -105,3 +105,44 @@ def test_the_command_without_a_checkpoint_is_one_line(tmp_path):
 
     error_line(run_cli(["llasmol.export", f"output={tmp_path / 'out'}"], tmp_path), "ckpt", "ckpt=<value>")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("pad", [None, 7])
+def test_the_generation_config_carries_the_tokenizers_special_ids_and_the_default_beams(pad):
+    """What an exported folder decodes with: the default beams field by field, and the tokenizer's own ids (its
+    end-of-sequence as padding when it has no pad token, as generate would pad)."""
+    from types import SimpleNamespace
+
+    from llasmol.inference.beam_search import generation_config
+
+    gen = compose_config(["ckpt=/x", "output=/y", "generation.default.num_beams=3",
+                          "generation.default.num_return_sequences=2", "generation.default.max_new_tokens=17"],
+                         "export").generation
+    tokenizer = SimpleNamespace(eos_token_id=2, pad_token_id=pad, bos_token_id=1)
+    config = generation_config(gen, tokenizer)
+    assert (config.num_beams, config.num_return_sequences, config.max_new_tokens) == (3, 2, 17)
+    assert config.early_stopping is False and config.do_sample is False
+    assert (config.eos_token_id, config.pad_token_id, config.bos_token_id) == (2, 2 if pad is None else pad, 1)
+
+
+def test_a_runs_card_facts_and_tasks_read_back_in_another_process_as_train_wrote_them(trained_run):
+    """card.json and tasks.json are read by a later command in a process of its own: the same facts, field by field,
+    as the training process gathered (a run of SMolInstruct alone declares no tasks)."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom pathlib import Path\nfrom llasmol.core.run_dir import read_card, read_tasks\n"
+            "folder = Path(sys.argv[1])\nprint(json.dumps({'card': read_card(folder), "
+            "'declared': read_tasks(folder).declared}))")
+    proc = subprocess.run([sys.executable, "-c", code, str(trained_run)], capture_output=True, text=True, check=True)
+    read = json.loads(proc.stdout)
+    params = json.loads((trained_run / "params.json").read_text())
+    card = read["card"]
+    assert read["declared"] == {} and card["own_tasks"] == {}
+    assert card["params"] == params and card["model"] == "tiny" and card["tiny"] is True
+    assert card["lora"]["name"] == "lite" and card["lora"]["r"] == 16 and card["lora"]["train_head"] is False
+    assert card["data"].startswith("SMolInstruct, the excerpt bundled") and str(trained_run) not in json.dumps(card)
+    assert ", at most 4 steps, " in card["recipe"] and card["recipe"].endswith("seed 13")
+    from llasmol.data.source import BUNDLED_DATA, SMolInstructSource
+
+    assert card["tasks"] == SMolInstructSource(path=str(BUNDLED_DATA)).task_names()  # the 11 the excerpt has

@@ -832,3 +832,25 @@ def test_non_finite_loss_stops_training_with_one_line(tmp_path):
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
         assert state["state_dict"] and all(torch.isfinite(t).all() for t in state["state_dict"].values())
         assert (ckpt.with_name(ckpt.stem + ".adapter") / "adapter_model.safetensors").is_file()
+
+
+def test_a_card_of_mixed_data_names_each_place_and_the_own_tasks_with_their_families(cfg_factory, tmp_path):
+    """Own and SMolInstruct tasks trained together: the card says both places (the bundled excerpt by name, not
+    this machine's path) and each own task's family, and its subject reads both."""
+    from llasmol.data.source import BUNDLED_DATA, SMolInstructSource
+    from llasmol.finetune.build import card_facts
+    from llasmol.model.cards import trained_on
+
+    table = tmp_path / "logp.csv"
+    table.write_text("input,output,split\nCCO,-0.3,train\nCCCO,0.3,train\n")
+    source = SMolInstructSource(path=str(BUNDLED_DATA), also=[str(table)], new_tasks={"logp": {"family": "number"}},
+                                tasks=["property_prediction-esol", "logp"])
+    datamodule = SimpleNamespace(**{**vars(_datamodule()), "source": source, "tasks": source.task_names()})
+    facts = card_facts(cfg_factory(), {"trainable": 5}, datamodule, 3)
+    assert facts["data"] == (f"SMolInstruct, the excerpt bundled with llasmol (a few hundred samples a task), "
+                             f"{table}, a table of its own")
+    assert facts["tasks"] == ["property_prediction-esol", "logp"] and facts["own_tasks"] == {"logp": "number"}
+    assert trained_on(facts) == "SMolInstruct and tasks of its own (logp)"
+    alone = SMolInstructSource(path=str(table), new_tasks={"logp": {"family": "number"}})
+    only = card_facts(cfg_factory(), {}, SimpleNamespace(**{**vars(datamodule), "source": alone, "tasks": ["logp"]}), 1)
+    assert trained_on(only) == "tasks of its own (logp)" and only["data"] == f"{table}, a table of its own"
