@@ -1064,3 +1064,12 @@ def test_a_counted_value_is_a_float_that_keeps_its_note_through_copies_and_pickl
     for again in (copy.deepcopy(value), pickle.loads(pickle.dumps(value))):
         assert again == 0.63 and again.note == value.note
     assert json.dumps(shown) == '{"rmse": 0.63, "num_valid": 1.0, "num_samples": 30.0}'  # files keep plain numbers
+
+
+@pytest.mark.parametrize("n, total, note", [(9, 9, "n=9, too few"), (10, 10, ""), (11, 11, ""), (9, 30, "n=9 of 30, too few"),
+                                            (10, 30, "n=10 of 30"), (11, 30, "n=11 of 30"), (0, 0, "n=0, too few")])
+def test_too_few_begins_just_under_ten_samples_on_both_sides_of_the_bound(n, total, note):
+    from llasmol.metrics.support import FEWEST_TO_COMPARE, note_of
+
+    assert FEWEST_TO_COMPARE == 10
+    assert note_of((n, total)) == note
