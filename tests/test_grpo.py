@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import compose_config
 
-from llasmol.finetune.grpo import PolicyLoss, completion_logps, group_advantages
+from llasmol.finetune.grpo import PolicyLoss, completion_logps, completion_mask, group_advantages
 
 trl = pytest.importorskip("trl")
 from trl.trainer.grpo_trainer import GRPOTrainer  # noqa: E402
@@ -127,3 +127,26 @@ def test_group_advantages_equal_trls_for_each_scaling():
 def test_rewards_that_make_no_groups_are_refused(rewards, groups):
     with pytest.raises(ValueError, match=f"num_generations={groups}"):
         group_advantages(rewards, groups)
+
+
+def test_a_groups_sampling_is_a_function_of_its_seed_and_masks_after_the_end(policy):
+    from llasmol.finetune.grpo import sample_group
+
+    prompt_ids, prompt_mask, *_ = _batch(policy.config.vocab_size)
+    prompt_ids, prompt_mask = prompt_ids[:2], prompt_mask[:2]
+    eos = 2
+    before = torch.get_rng_state()
+    first = sample_group(policy, prompt_ids, prompt_mask, 3, 6, 1.0, 1.0, seed=5, eos_id=eos, pad_id=0)
+    assert torch.equal(torch.get_rng_state(), before)  # the process's own random state is untouched
+    again = sample_group(policy, prompt_ids, prompt_mask, 3, 6, 1.0, 1.0, seed=5, eos_id=eos, pad_id=0)
+    other = sample_group(policy, prompt_ids, prompt_mask, 3, 6, 1.0, 1.0, seed=6, eos_id=eos, pad_id=0)
+    ids, mask = first
+    assert ids.shape[0] == 6 and mask.shape == ids.shape and ids.shape[1] <= 6
+    assert torch.equal(ids, again[0]) and torch.equal(mask, again[1]) and not torch.equal(ids, other[0])
+    assert len({tuple(row) for row in ids[:3].tolist()}) > 1  # a group's completions differ: something to compare
+    assert torch.equal(mask, completion_mask(ids, eos))
+
+
+def test_a_completion_is_learnt_through_its_first_end_and_not_after():
+    completion = torch.tensor([[5, 2, 7, 2], [5, 6, 7, 8], [2, 9, 2, 9], [4, 4, 4, 2]])
+    assert completion_mask(completion, 2).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1]]

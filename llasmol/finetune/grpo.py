@@ -118,3 +118,28 @@ def completion_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     logits = logits[:, -completion_length - 1:-1].float() / temperature  # position t predicts token t + 1
     targets = input_ids[:, -completion_length:]
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+@torch.no_grad()
+def sample_group(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int,
+                 max_new_tokens: int, temperature: float, top_p: float, seed: int, eos_id: int, pad_id: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`num_generations` sampled completions of each left-padded prompt, a prompt's side by side (B·G rows, as
+    `group_advantages` reads them): (completion ids, mask). The mask is 1 through the first end of sequence and 0
+    after it. Sampling draws from a generator seeded with `seed` alone (the process's own random state is left as
+    it was), so that a rollout is a function of its step: what exact resume needs."""
+    ids = prompt_ids.repeat_interleave(num_generations, dim=0)
+    mask = prompt_mask.repeat_interleave(num_generations, dim=0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature, top_p=top_p,
+                             top_k=0, max_new_tokens=max_new_tokens, num_beams=1, eos_token_id=eos_id,
+                             pad_token_id=pad_id)
+    completion = out[:, ids.size(1):]
+    return completion, completion_mask(completion, eos_id)
+
+
+def completion_mask(completion: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """1 through each row's first end of sequence (the end itself is learnt), 0 after it."""
+    ended = (completion == eos_id).int()
+    return ((ended.cumsum(dim=1) - ended) == 0).int()
