@@ -625,7 +625,7 @@ def test_printed_metric_lines_show_each_tasks_headline_metric_unless_all_are_ask
 
 def test_the_reports_task_line_names_the_tasks_a_run_lacks_and_is_absent_for_all_14():
     from llasmol.core.tasks import TASK_NAMES
-    from llasmol.report import coverage_note
+    from llasmol.analysis.report_folder import coverage_note
 
     assert coverage_note(TASK_NAMES) == ""
     note = coverage_note([t for t in TASK_NAMES if t not in ("molecule_captioning", "property_prediction-hiv")])

@@ -36,7 +36,7 @@ def training_lines(facts: dict) -> list[str]:
         f"{', '.join(lora['targets'])}" + (" and a trained output head" if lora.get("train_head") else ""),
         f"- trainable parameters: {params['trainable']:,} of {params['total']:,} ({params['percent']:.2f}%)",
         f"- data: {facts['data']}; tasks: {', '.join(facts['tasks'])}",
-        *([f"- tasks of its own (data.new_tasks, scored as their family): "
+        *(["- tasks of its own (data.new_tasks, scored as their family): "
            + ", ".join(f"{name} ({family})" for name, family in own.items())] if own else []),
         f"- recipe: {facts['recipe']}",
     ]
