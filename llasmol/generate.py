@@ -24,33 +24,12 @@ from llasmol.core.errors import UserError
 from llasmol.core.run_dir import read_tasks
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.data.formatting import PromptFormatter
-from llasmol.core.smiles import canonical_kekule
+from llasmol.core.smiles import canonicalize_query
 from llasmol.frame import command, start
 from llasmol.inference.loading import load_model, pick_device, resolve_checkpoint
 from llasmol.metrics.extract import any_answer, extract_answer
 
-SMILES_OPEN, SMILES_CLOSE = "<SMILES>", "</SMILES>"
 OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
-
-
-def canonicalize_query(query: str) -> str:
-    """The query as the official LlaSMol generation prepares it (generation.py `canonicalize_smiles_in_text`,
-    called by `create_sample`): the SMILES between the first ``<SMILES>`` and the first ``</SMILES>`` written
-    as SMolInstruct writes it (canonical Kekulé, parts sorted: the form the model was trained on), with one
-    space on each side of it inside the tags, one before the opening tag (unless it starts the query or
-    follows a space) and exactly one after the closing tag; any later tag pair stays as written. Where the
-    official function stops with an error instead (a SMILES RDKit cannot read, ``;`` in it, a closing tag
-    missing or before the opening one) the query is left as written (docs/deviations.md)."""
-    left = query.find(SMILES_OPEN)
-    right = query.find(SMILES_CLOSE)
-    if left == -1 or right < left:
-        return query
-    written = canonical_kekule(query[left + len(SMILES_OPEN): right].strip())
-    if written is None:
-        return query
-    before = "" if left == 0 or query[left - 1] == " " else " "
-    rest = query[right + len(SMILES_CLOSE):].lstrip()
-    return f"{query[:left]}{before}{SMILES_OPEN} {written} {SMILES_CLOSE} {rest}"
 
 
 def answer_of(response: str, task: Optional[str] = None, tasks: TaskTable = SMOLINSTRUCT) -> Optional[str]:

@@ -20,7 +20,7 @@ from refusals import error_line, refused, refused_cli, run_cli
 
 from llasmol.data.source import SMolInstructSource
 from llasmol.evaluate import evaluate
-from llasmol.generate import SMILES_CLOSE, canonicalize_query
+from llasmol.core.smiles import SMILES_CLOSE, canonicalize_query
 from llasmol.metrics import extract_answer
 
 

@@ -87,3 +87,26 @@ def canonical_kekule(smiles: str) -> Optional[str]:
             return None
         parts.append(canonical)
     return ".".join(sorted(parts))
+
+
+SMILES_OPEN, SMILES_CLOSE = "<SMILES>", "</SMILES>"
+
+
+def canonicalize_query(query: str) -> str:
+    """The query as the official LlaSMol generation prepares it (generation.py `canonicalize_smiles_in_text`,
+    called by `create_sample`): the SMILES between the first ``<SMILES>`` and the first ``</SMILES>`` written
+    as SMolInstruct writes it (canonical Kekulé, parts sorted: the form the model was trained on), with one
+    space on each side of it inside the tags, one before the opening tag (unless it starts the query or
+    follows a space) and exactly one after the closing tag; any later tag pair stays as written. Where the
+    official function stops with an error instead (a SMILES RDKit cannot read, ``;`` in it, a closing tag
+    missing or before the opening one) the query is left as written (docs/deviations.md)."""
+    left = query.find(SMILES_OPEN)
+    right = query.find(SMILES_CLOSE)
+    if left == -1 or right < left:
+        return query
+    written = canonical_kekule(query[left + len(SMILES_OPEN): right].strip())
+    if written is None:
+        return query
+    before = "" if left == 0 or query[left - 1] == " " else " "
+    rest = query[right + len(SMILES_CLOSE):].lstrip()
+    return f"{query[:left]}{before}{SMILES_OPEN} {written} {SMILES_CLOSE} {rest}"
