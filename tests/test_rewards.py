@@ -108,6 +108,8 @@ def test_a_declared_task_takes_its_familys_rewards_and_a_task_weight_wins():
     ({"families": {"smiles": {"exact": 0, "format": 0}}}, ("task forward_synthesis", "reward.families.smiles.format=0.1")),
     ({"families": {}, "tasks": {"forward_synthesis": {"label": 1}}}, ("reward.tasks.forward_synthesis.label",)),
     ({"families": {}, "tasks": {"forward_synth": {"exact": 1}}}, ("forward_synth", "reward.tasks.forward_synth")),
+    ({"families": {"smiles": {"exact": 1}}, "tasks": {"forward_synthesis": {"exact": -2}}},
+     ("reward.tasks.forward_synthesis.exact=-2", "from 0 up")),  # a task's own weight is named as the task's
 ])
 def test_bad_weights_are_one_line_naming_the_setting(weights, named):
     with refused(*named):
