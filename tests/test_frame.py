@@ -53,27 +53,22 @@ def test_a_bad_headline_stops_every_model_command_before_torch_loads(tmp_path):
     assert all("data.new_tasks.t.headline=rmse is no score of the boolean family" in line for line in lines)
 
 
-def test_the_command_line_is_checked_then_the_commands_own_check_then_hydra_runs(tmp_path, monkeypatch, capsys):
-    from omegaconf import OmegaConf
+def test_the_command_line_is_checked_then_the_commands_own_check_then_hydra_runs(tmp_path):
+    """In a process of its own: Hydra sets up logging to its run folder, which must not outlive the test."""
+    code = ("import sys\nfrom omegaconf import OmegaConf\nfrom llasmol.frame import command\n"
+            "@command('params', before=lambda argv: print('before', argv))\n"
+            "def main(cfg):\n    print('body', cfg.lora.name)\n"
+            "if sys.argv[1] == 'given':\n    main(OmegaConf.create({'lora': {'name': 'given'}}))\n"
+            "else:\n    main.from_command_line()\n")
+    run_dir = f"hydra.run.dir={tmp_path / 'run'}"
 
-    from llasmol.frame import command
+    def run(*args):
+        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=tmp_path,
+                              timeout=HANG_TIMEOUT)
 
-    steps = []
-
-    @command("params", before=lambda argv: steps.append(("before", argv)))
-    def main(cfg):
-        steps.append(("body", cfg.lora.name))
-
-    run_dir = f"hydra.run.dir={tmp_path}"
-    monkeypatch.setattr(sys, "argv", ["params", "lora=lite", run_dir])
-    monkeypatch.chdir(tmp_path)
-    main.from_command_line()
-    assert steps == [("before", ["lora=lite", run_dir]), ("body", "lite")]
-
-    steps.clear()
-    monkeypatch.setattr(sys, "argv", ["params", "lora=liet", run_dir])  # a mistyped choice: no check, no body
-    with pytest.raises(SystemExit) as stop:
-        main.from_command_line()
-    assert stop.value.code == 2 and steps == [] and "lora=liet" in capsys.readouterr().err
-    main(OmegaConf.create({"lora": {"name": "given"}}))  # a config given: the body on it, as Hydra's own main
-    assert steps == [("body", "given")]
+    ok = run("lora=lite", run_dir)
+    assert ok.returncode == 0 and ok.stdout.splitlines() == [f"before ['lora=lite', '{run_dir}']", "body lite"], ok.stderr
+    typo = run("lora=liet", run_dir)  # a mistyped choice: no check of its own, no body
+    assert typo.returncode == 2 and typo.stdout == "" and "lora=liet" in typo.stderr
+    given = run("given")  # a config given: the body on it, as Hydra's own main
+    assert given.returncode == 0 and given.stdout.splitlines() == ["body given"], given.stderr

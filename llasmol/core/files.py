@@ -243,7 +243,16 @@ def write_torch(path: str | os.PathLike, obj) -> None:
     """`torch.save` with the same guarantee."""
     import torch
 
-    _atomic_write(Path(path), lambda fh: torch.save(obj, fh), binary=True)
+    def save(fh) -> None:
+        try:
+            torch.save(obj, fh)
+        except RuntimeError as err:
+            # torch's zip writer reports a write the disk cut short as "unexpected pos", not as the OSError
+            if "unexpected pos" in str(err) and shutil.disk_usage(Path(path).parent).free < 1 << 20:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from err
+            raise
+
+    _atomic_write(Path(path), save, binary=True)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
