@@ -8,7 +8,8 @@ The adapter is folded into its base (PEFT's `merge_and_unload`, in the base's dt
 `generation_config.json` (the paper's default decoding: 4 beams, up to 1,024 new tokens, `early_stopping`
 false; per-task beams are in the model card), the tokenizer with its chat template if it has one, and
 `README.md`, a model card: base, LoRA variant, data, recipe (the facts its run saved at train time), and the
-run's test metrics beside the paper's row with their intervals, or how to get them. The folder is written beside its final name and renamed into place.
+run's test metrics beside the paper's row with their intervals, or how to get them. The folder is written beside
+its final name and renamed into place.
 """
 
 from __future__ import annotations

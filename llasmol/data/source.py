@@ -127,7 +127,8 @@ class SMolInstructSource:
 
     def is_bundled(self) -> bool:
         """Whether this is the excerpt bundled with the package (`data=bundled`)."""
-        return bool(self.path) and Path(self.path).resolve() == BUNDLED_DATA.resolve() and len(self.places()) == 1
+        copy = self.copy() if self.path else None  # no path: the Hub's archive, never the excerpt (nothing fetched)
+        return copy is not None and copy.is_bundled()
 
     def task_names(self) -> list[str]:
         """The tasks read: `tasks`, or every task the data holds (in the order of its places, a copy's in table
