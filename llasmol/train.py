@@ -31,6 +31,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                                           "(loading torch, Lightning and the base)")
     from llasmol.model.base import check_base_reachable, check_packing, load_tokenizer  # torch: after the threads
 
+    from llasmol.inference.loading import starting_adapter
+    from llasmol.metrics.rewards import check_rewards
+
+    check_rewards(cfg, tasks)
+
+    start_from = starting_adapter(cfg)  # an init_from that does not fit this run is said before anything loads
     if cfg.data.get("packing"):
         check_packing(cfg.model)  # a setting the base cannot take is said before its files are looked for
     check_base_reachable(cfg.model)  # missing weights are one line before Lightning's import (some 4 s)
@@ -54,8 +60,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # Build: the data first, so bad data stops the run before the model loads and the loggers start.
     tokenizer = load_tokenizer(cfg.model)
     datamodule = build_datamodule(cfg, tokenizer, tasks)
-    model, params = build_model(cfg, tokenizer)
-    module = build_module(cfg, model)
+    model, params = build_model(cfg, tokenizer, start_from)
+    module = build_module(cfg, model, datamodule)
     trainer = build_trainer(cfg, datamodule, resume)  # the one place the resume plan meets the trainer
     record_run(cfg, trainer, datamodule, params)
 
@@ -77,7 +83,13 @@ def _claim_run_folder(argv: list[str]) -> None:
             argv, {"ckpt_path": None, "overwrite": False, "first_job": 0}).values())
 
 
-@command("train", run_folder=True, before=_claim_run_folder)
+def _check_rewards(cfg: DictConfig) -> None:
+    from llasmol.metrics.rewards import check_rewards  # RDKit's import: only when a command line is checked
+
+    check_rewards(cfg)
+
+
+@command("train", run_folder=True, check=_check_rewards, before=_claim_run_folder)
 def main(cfg: DictConfig) -> None:
     result = train(cfg)
     if process_rank() == 0:  # once, not once per DDP process

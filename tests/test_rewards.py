@@ -112,8 +112,11 @@ def test_a_declared_task_takes_its_familys_rewards_and_a_task_weight_wins():
      ("reward.tasks.forward_synthesis.exact=-2", "from 0 up")),  # a task's own weight is named as the task's
 ])
 def test_bad_weights_are_one_line_naming_the_setting(weights, named):
+    from llasmol.core.schema import RewardSchema, check_group
+
     with refused(*named):
-        Rewards(weights, SMOLINSTRUCT, ["forward_synthesis"])
+        check_group({"tasks": {}, **weights}, RewardSchema, "reward.")  # the numbers: the config check's
+        Rewards(weights, SMOLINSTRUCT, ["forward_synthesis"])  # the names: the task table's
 
 
 @pytest.mark.parametrize("completion", ["", "<SMILES>", "</SMILES> <SMILES>", "<SMILES> " + "C" * 5000 + " </SMILES>",

@@ -20,15 +20,17 @@ from llasmol.core.schema import COMMANDS, check_config, resolved
 from llasmol.core.tasks import SMOLINSTRUCT
 
 # What each command composes, by its choices that add settings (a quantised base, a real base's recipe).
-COMPOSITIONS = [("train", []), ("train", ["model=mistral", "quantization=4bit"]), ("train", ["lora=large"]), ("train", ["trainer=fsdp"]),
+COMPOSITIONS = [("train", []), ("train", ["objective=grpo"]), ("train", ["model=mistral", "quantization=4bit"]), ("train", ["lora=large"]), ("train", ["trainer=fsdp"]),
                 ("train", ["experiment=demo_ablation"]), ("params", []), ("evaluate", ["ckpt=none"]), ("evaluate", ["model=mistral", "ckpt=none"]),
                 ("generate", []), ("baseline", ["method=rdkit"]), ("audit", []), ("export", ["ckpt=/r", "output=/o"]),
                 ("train", ["data=custom", "data.path=/x.csv", "+data.weights.custom=2", "+data.new_tasks.custom={family: number, "
                            "headline: rmse, answer_tag: PIC50, input_kind: smiles, pooled: false, query: 'pIC50 of <INPUT>?', "
                            "response: '<OUTPUT>', num_beams: 4, num_return_sequences: 1, max_new_tokens: 16, "
                            "early_stopping: false}"])]
-# Settings the schema bounds that no shipped config sets: Lightning arguments a user adds (+trainer.limit_...).
-ADDED_BY_USERS = {"trainer.limit_train_batches", "trainer.limit_val_batches", "trainer.accumulate_grad_batches"}
+# Settings the schema bounds that no shipped config sets: Lightning arguments a user adds (+trainer.limit_...), a
+# task's own reward weight (+reward.tasks.<task>.<term>).
+ADDED_BY_USERS = {"trainer.limit_train_batches", "trainer.limit_val_batches", "trainer.accumulate_grad_batches",
+                  "reward.tasks.*.*"}
 
 
 def schema_keys(cls: type, prefix: str = "") -> set[str]:
@@ -45,7 +47,10 @@ def schema_keys(cls: type, prefix: str = "") -> set[str]:
             elif typing.get_origin(arg) is dict and dataclasses.is_dataclass(typing.get_args(arg)[1]):
                 keys |= schema_keys(typing.get_args(arg)[1], f"{key}.*.")
             elif typing.get_origin(arg) is dict:  # a mapping of numbers, each checked by the field's rule
-                keys.add(f"{key}.*")
+                inner = typing.get_args(arg)[1]
+                nested = any(typing.get_origin(a) is dict for a in (typing.get_args(inner) or (inner,)))
+                # or of mappings of numbers (reward.families.<family>.<term>)
+                keys.add(f"{key}.*.*" if nested else f"{key}.*")
     return keys
 
 
@@ -66,7 +71,7 @@ def numeric_leaves(cfg, prefix: str = ""):
 
 
 def generic(key: str, known: set[str]) -> str:
-    key = re.sub(r"^(generation\.tasks|data\.new_tasks)\.[^.]+\.", r"\1.*.", key)
+    key = re.sub(r"^(generation\.tasks|data\.new_tasks|reward\.families|reward\.tasks)\.[^.]+\.", r"\1.*.", key)
     entry = re.sub(r"\.[^.]+$", ".*", key)  # an entry of a mapping of numbers (data.max_samples_per_task)
     return entry if key not in known and entry in known else key
 
@@ -168,6 +173,13 @@ def test_every_field_of_the_schemas_is_a_setting_some_config_holds():
     ("train", "optimizer.lr=1e300", ["optimizer.lr=1e+300", "<= 1000000"]),
     ("train", "optimizer.lr=1e6", None),
     ("params", "+model.lora_targets.query=x", ["model.lora_targets", "'query'"]),
+    # GRPO's bounds: a clip range inside (0, 1), a KL weight from 0, no group of one.
+    ("train", ("objective=grpo", "objective.epsilon=1"), ["objective.epsilon=1", "< 1"]),
+    ("train", ("objective=grpo", "objective.beta=-0.1"), ["objective.beta=-0.1", ">= 0"]),
+    ("train", ("objective=grpo", "objective.top_p=0"), ["objective.top_p=0", "> 0"]),
+    ("train", ("objective=grpo", "objective.scale_rewards=std"), ["objective.scale_rewards='std'", "none"]),
+    ("train", ("objective=grpo", "objective.num_iterations=0"), ["objective.num_iterations=0", ">= 1"]),
+    ("train", ("objective=grpo", "objective.beta=0"), None),
 ])
 def test_a_hostile_setting_is_one_line_naming_it(command, override, named):
     extra = [] if command == "generate" else ["paths.output_dir=/x"]

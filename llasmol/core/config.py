@@ -315,10 +315,30 @@ def _one_line(message: str, config_name: str) -> str:
     unknown = re.search(r"Could not override '([^']+)'", message)
     if unknown:
         key = unknown.group(1)
+        owner = _option_with(key)
+        if owner:
+            return f"{key} is a setting of {owner}, which this command line does not choose: add {owner}"
         return (f"{key} is not a setting of llasmol.{config_name}: check the spelling (python -m "
                 f"llasmol.{config_name} --cfg job lists them), or add a new key with +{key}=...")
     lines = message.strip().splitlines()
     return lines[0] if lines else f"the configuration of llasmol.{config_name} cannot be composed"
+
+
+def _option_with(key: str) -> Optional[str]:
+    """The choice that brings setting `key` (`objective.beta`: objective=grpo; `reward.families.x`: the objective
+    whose setup brings the reward group), or None when no option of `key`'s group has it."""
+    group, _, rest = key.lstrip("+").partition(".")
+    options = sorted((CONFIG_DIR / group).glob("*.yaml")) if rest and group.isidentifier() else []
+    for path in options:
+        if OmegaConf.select(OmegaConf.load(path), rest, default=_MISSING) is not _MISSING:
+            for setup in sorted((CONFIG_DIR / "setup").glob("*/*.yaml")):  # a group another choice brings
+                if f"/{group}: {path.stem}" in setup.read_text(encoding="utf-8"):
+                    return f"{setup.parent.name}={setup.stem}"
+            return f"{group}={path.stem}"
+    return None
+
+
+_MISSING = object()
 
 
 def named_run_dir(argv: list[str]) -> Path | None:

@@ -21,6 +21,7 @@ LAST_CKPT = "last.ckpt"  # rewritten every few optimizer steps and at the end
 INTERRUPTED_CKPT = "interrupted.ckpt"  # written when Ctrl-C or SIGTERM stops the run at a step's end
 RESUME_CKPTS = (LAST_CKPT, INTERRUPTED_CKPT)
 PREDICTIONS = "predictions"  # <validation or split>.jsonl
+ROLLOUTS = "rollouts"  # step{S}.jsonl: each completion objective=grpo sampled in optimizer step S, its reward and terms
 METRICS = "metrics"  # <validation or split>.json
 INTERVALS_SUFFIX = ".intervals"  # metrics/<name>.intervals.json: the bootstrap intervals of metrics/<name>.json
 CSV_LOG = "csv/metrics.csv"

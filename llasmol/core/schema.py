@@ -356,6 +356,49 @@ class SchedulerSchema:
     num_warmup_steps: int = setting(0, COUNT)
 
 
+# The GRPO objective's choices (llasmol/finetune/grpo.py says what each computes).
+OBJECTIVES = ("sft", "grpo")
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+def _reward_weights(where: str) -> Callable[[dict], Optional[str]]:
+    """A rule for `reward.<where>` (family or task -> term -> weight): every weight a number from 0 up."""
+
+    def rule(value: dict) -> Optional[str]:
+        for name, terms in value.items():
+            for term, weight in (terms or {}).items():
+                if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < math.inf:
+                    return f"reward.{where}.{name}.{term}={weight!r}: a weight is a number from 0 up"
+        return None
+
+    return rule
+
+
+@dataclass
+class RewardSchema:
+    """conf/reward/: which names a family, task and term may be is the task table's and the families' to say
+    (`llasmol.metrics.rewards.Rewards`, with the run's tasks); the weights are numbers from 0 up."""
+
+    families: Dict[str, Optional[Dict[str, Any]]] = setting(rule=_reward_weights("families"))
+    tasks: Dict[str, Optional[Dict[str, Any]]] = setting(rule=_reward_weights("tasks"))
+
+
+@dataclass
+class ObjectiveSchema:
+    name: str = setting(choices=OBJECTIVES)
+    num_generations: int = setting(2, 1 << 12, hint="a group of 1 completion has nothing to be compared with")
+    temperature: float = setting(above=0, high=100)
+    top_p: float = setting(above=0, high=1)
+    max_new_tokens: int = setting(1, TOKENS)
+    loss_type: str = setting(choices=LOSS_TYPES)
+    scale_rewards: str = setting(choices=SCALE_REWARDS)
+    epsilon: float = setting(above=0, below=1, hint="PPO's and TRL's 0.2")
+    epsilon_high: Optional[float] = setting(above=0, high=100, hint="null: epsilon; DAPO's 0.28")
+    beta: float = setting(0, 1e6, hint="0: no KL term and no reference pass")
+    num_iterations: int = setting(1, 1 << 10)
+
+
 def _devices(value) -> Optional[str]:
     if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
         value = int(value)  # Lightning reads "2" as the count 2, "-1" as all of them
@@ -555,6 +598,14 @@ class ModelCommandSchema(CommandSchema):
     cpu: CpuSchema = setting()
 
 
+def _objective_data(cfg: dict) -> Optional[str]:
+    """GRPO's training batches are prompts alone: packing prompts and answers into one row has nothing to pack."""
+    if (cfg.get("objective") or {}).get("name") == "grpo" and (cfg.get("data") or {}).get("packing"):
+        return ("data.packing=true packs prompts with their answers, which objective=grpo does not train on (it samples "
+                "its own completions): drop data.packing=true, or use objective=sft")
+    return None
+
+
 @dataclass
 class TrainSchema(ModelCommandSchema):
     val_every_n_steps: int = setting(1, COUNT)
@@ -571,8 +622,11 @@ class TrainSchema(ModelCommandSchema):
     scheduler: SchedulerSchema = setting()
     trainer: TrainerSchema = setting()
     callbacks: CallbacksSchema = setting()
+    objective: ObjectiveSchema = setting()
+    reward: RewardSchema = setting()
+    init_from: Optional[str] = setting(hint="a run directory or an adapter folder")
 
-    RULES = (_lora_base, _sharded_quantization, _sharded_optimizer)
+    RULES = (_lora_base, _sharded_quantization, _sharded_optimizer, _objective_data)
 
 
 def _device(name: str) -> Optional[str]:

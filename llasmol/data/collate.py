@@ -55,3 +55,22 @@ class PackCollator:
             "index": torch.tensor([it["index"] for it in items]),
             "truncated": torch.tensor([it["truncated"] for it in items], dtype=torch.bool),
         }
+
+
+class PromptCollator:
+    """Left-pads prompts alone (`data` of an objective that samples its own completions, GRPO), so that every row's
+    next token is at the same position, as generation needs."""
+
+    def __init__(self, pad_token_id: int) -> None:
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, items: list[dict]) -> dict:
+        length = max(len(it["input_ids"]) for it in items)
+        input_ids = torch.full((len(items), length), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(items), length), dtype=torch.long)
+        for row, it in enumerate(items):
+            k = len(it["input_ids"])
+            input_ids[row, length - k:] = torch.tensor(it["input_ids"])
+            attention_mask[row, length - k:] = 1
+        return {"input_ids": input_ids, "attention_mask": attention_mask,
+                "index": torch.tensor([it["index"] for it in items])}

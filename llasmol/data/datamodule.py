@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import SMOLINSTRUCT_WEIGHT
-from llasmol.data.collate import PackCollator, PadCollator
+from llasmol.data.collate import PackCollator, PadCollator, PromptCollator
 from llasmol.data.formatting import IGNORE_INDEX, PromptFormatter
 from llasmol.data.resumable_loader import ResumableDataLoader
 from llasmol.data.sampler import PADDING, ShardedShuffleSampler, draws
@@ -40,6 +40,21 @@ class SMolInstructDataset(Dataset):
         return {"input_ids": enc.input_ids, "labels": enc.labels, "truncated": enc.truncated, "index": i}
 
 
+class PromptDataset(Dataset):
+    """The formatted prompts of one split without their answers (an objective that samples its own, GRPO): each
+    item is its prompt's token ids and its index in the split, which names its task and golds."""
+
+    def __init__(self, split: SMolInstructSplit, formatter: PromptFormatter) -> None:
+        self.split = split
+        self.formatter = formatter
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.formatter.prompt_ids(self.split[i]["input"]), "index": i}
+
+
 class SMolInstructDataModule(L.LightningDataModule):
     """Serves the `train`, `validation` and `test` splits of the chosen tasks as token batches.
 
@@ -63,12 +78,14 @@ class SMolInstructDataModule(L.LightningDataModule):
         group_by_length: bool,
         packing: bool,
         weights: dict,
+        prompts_only: bool = False,
         **source: Any,
     ) -> None:
         """The settings of the `data` group (conf/data/smolinstruct.yaml states their values; the schema has
         checked them). `source`: where the data is and how splits open (path, hub_id, revision, tasks,
         splits, ...: the fields and defaults of `SMolInstructSource`). `weights`: task (or `smolinstruct`, every
-        SMolInstruct task not named) -> how many times each of its training samples is drawn per epoch."""
+        SMolInstruct task not named) -> how many times each of its training samples is drawn per epoch. `prompts_only`:
+        training batches are left-padded prompts without answers (objective=grpo); evaluation batches stay whole."""
         super().__init__()
         self.tokenizer = tokenizer
         self.source = SMolInstructSource(**source)
@@ -84,7 +101,10 @@ class SMolInstructDataModule(L.LightningDataModule):
         self.collate = PadCollator(pad)
         # Training micro-batches as one unpadded row each; evaluation batches stay padded.
         self.train_collate = PackCollator() if packing else self.collate
-        self.datasets: dict[str, SMolInstructDataset] = {}
+        self.prompts_only = prompts_only
+        if prompts_only:
+            self.train_collate = PromptCollator(pad)
+        self.datasets: dict[str, Dataset] = {}
         self._train_loader: Optional[ResumableDataLoader] = None
         self._resume_position: Optional[dict] = None
         self._checked_fit = False
@@ -115,10 +135,12 @@ class SMolInstructDataModule(L.LightningDataModule):
         """The samples of split `name` (train, validation or test)."""
         return self.source.split(name)
 
-    def dataset(self, name: str) -> SMolInstructDataset:
-        """The tokenized dataset of split `name`, built on first use."""
+    def dataset(self, name: str) -> Dataset:
+        """The tokenized dataset of split `name`, built on first use (the training prompts alone for
+        `prompts_only`)."""
         if name not in self.datasets:
-            self.datasets[name] = SMolInstructDataset(self.split(name), self.formatter)
+            kind = PromptDataset if self.prompts_only and name == "train" else SMolInstructDataset
+            self.datasets[name] = kind(self.split(name), self.formatter)
         return self.datasets[name]
 
     def prepare_data(self) -> None:

@@ -23,6 +23,9 @@ from llasmol.model.blocks import compile_blocks, enable_gradient_checkpointing
 from llasmol.model.lora import apply_lora, base_name, count_parameters, target_modules
 from llasmol.finetune.checkpointing import AdapterModelCheckpoint, AtomicCheckpointIO
 from llasmol.finetune.module import LoRACausalLM
+from llasmol.finetune.rollouts import GRPOLoRA
+from llasmol.metrics.rewards import Rewards
+from llasmol.model.adapters import load_adapter_weights
 from llasmol.finetune.resume import Resume, StepSeeding, StopAtStepBoundary
 from llasmol.finetune.tracking import number_rows_by_optimizer_step
 
@@ -40,6 +43,7 @@ def build_datamodule(cfg: DictConfig, tokenizer, tasks: Optional[TaskTable] = No
     """The DataModule of `cfg.data` (`tasks`: the table the config check made of it); a local copy is indexed now,
     so bad data stops the run before loggers start."""
     datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer, _convert_="all",
+                                         prompts_only=cfg.objective.name == "grpo",
                                          **({"table": tasks} if tasks is not None else {}))
     if datamodule.path:
         datamodule.setup("fit")
@@ -49,9 +53,13 @@ def build_datamodule(cfg: DictConfig, tokenizer, tasks: Optional[TaskTable] = No
     return datamodule
 
 
-def build_model(cfg: DictConfig, tokenizer):
-    """Base model with adapters, and its parameter counts (logged), named by model and LoRA variant."""
+def build_model(cfg: DictConfig, tokenizer, start: Optional[Path] = None):
+    """Base model with adapters (`start`'s weights when given: `init_from`'s adapter folder), and its parameter
+    counts (logged), named by model and LoRA variant."""
     model = apply_lora(load_base_model(cfg.model, tokenizer, cfg.get("quantization")), cfg.model, cfg.lora)
+    if start is not None:
+        load_adapter_weights(model, start)
+        log.info("adapters start from %s (init_from)", start)
     # from_pretrained hands back eval mode, which Lightning keeps; transformers recomputes activations
     # (gradient_checkpointing) and dropout draws only in training mode.
     model.train()
@@ -68,13 +76,17 @@ def build_model(cfg: DictConfig, tokenizer):
     return model, params
 
 
-def build_module(cfg: DictConfig, model) -> LoRACausalLM:
-    """The LightningModule training `model`'s adapters with the config's optimizer and scheduler."""
-    return LoRACausalLM(
-        model,
-        optimizer=hydra.utils.instantiate(cfg.optimizer),
-        scheduler=hydra.utils.instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
-    )
+def build_module(cfg: DictConfig, model, datamodule: Optional[SMolInstructDataModule] = None) -> LoRACausalLM:
+    """The LightningModule training `model`'s adapters by the config's objective, optimizer and scheduler
+    (`datamodule`: the run's, whose tokenizer and task table GRPO samples and rewards with)."""
+    optimizer = hydra.utils.instantiate(cfg.optimizer)
+    scheduler = hydra.utils.instantiate(cfg.scheduler) if cfg.get("scheduler") else None
+    if cfg.objective.name == "sft":
+        return LoRACausalLM(model, optimizer=optimizer, scheduler=scheduler)
+    tasks = datamodule.source.table
+    return GRPOLoRA(model, optimizer, scheduler, objective=cfg.objective, tokenizer=datamodule.tokenizer, tasks=tasks,
+                    rewards=Rewards(cfg.reward, tasks, datamodule.tasks), generation=cfg.generation, seed=cfg.seed,
+                    output_dir=cfg.paths.output_dir)
 
 
 class FreeCoreThreads(Callback):
@@ -151,7 +163,14 @@ def card_facts(cfg: DictConfig, params: dict, datamodule: SMolInstructDataModule
               f"{f'gradient norm clipped at {clip:g}' if clip else 'no gradient clipping'}, seed {cfg.seed}")
     lora = {"name": cfg.lora.name, "r": cfg.lora.r, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout,
             "targets": target_modules(cfg.model, cfg.lora), "train_head": bool(cfg.lora.get("train_head"))}
+    objective = None
+    if cfg.objective.name == "grpo":  # beyond the paper's SFT: said on every card of the run
+        o = cfg.objective
+        objective = (f"GRPO (loss {o.loss_type}, {o.num_generations} completions a prompt at temperature "
+                     f"{o.temperature:g}, beta {o.beta:g}) rewarded by the paper's metrics (conf/reward/), from "
+                     f"{Path(cfg.init_from).name if cfg.get('init_from') else 'fresh adapters'}")
     return {"base": base_name(cfg.model), "model": cfg.model.name, "tiny": bool(cfg.model.get("random_init")),
+            "objective": objective,
             "lora": lora, "params": params, "data": data, "tasks": list(datamodule.tasks), "recipe": recipe,
             "own_tasks": {t: datamodule.source.table[t].family for t in datamodule.tasks
                           if t in datamodule.source.table.declared}}

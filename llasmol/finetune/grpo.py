@@ -26,8 +26,8 @@ from typing import Optional
 
 import torch
 
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
-SCALE_REWARDS = ("group", "batch", "none")
+from llasmol.core.schema import LOSS_TYPES, SCALE_REWARDS
+
 STD_EPSILON = 1e-4  # added to the standard deviation before dividing, as TRL does
 
 
@@ -122,19 +122,20 @@ def completion_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
 
 @torch.no_grad()
 def sample_group(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int,
-                 max_new_tokens: int, temperature: float, top_p: float, seed: int, eos_id: int, pad_id: int
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 max_new_tokens: int, temperature: float, top_p: float, seed: int, eos_id: int, pad_id: int,
+                 synced_gpus: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """`num_generations` sampled completions of each left-padded prompt, a prompt's side by side (B·G rows, as
     `group_advantages` reads them): (completion ids, mask). The mask is 1 through the first end of sequence and 0
     after it. Sampling draws from a generator seeded with `seed` alone (the process's own random state is left as
-    it was), so that a rollout is a function of its step: what exact resume needs."""
+    it was), so that a rollout is a function of its step: what exact resume needs. `synced_gpus`: the model is
+    sharded over processes (`beam_search.forward_is_collective`), which generate in lockstep."""
     ids = prompt_ids.repeat_interleave(num_generations, dim=0)
     mask = prompt_mask.repeat_interleave(num_generations, dim=0)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature, top_p=top_p,
                              top_k=0, max_new_tokens=max_new_tokens, num_beams=1, eos_token_id=eos_id,
-                             pad_token_id=pad_id)
+                             pad_token_id=pad_id, synced_gpus=synced_gpus)
     completion = out[:, ids.size(1):]
     return completion, completion_mask(completion, eos_id)
 

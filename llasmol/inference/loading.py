@@ -19,7 +19,7 @@ from llasmol.core.files import unreadable
 from llasmol.core.schema import ModelSchema, check_group
 from llasmol.model.adapters import (ADAPTER_CONFIG, WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS, adapter_dir, load_adapter,
                                     readable_adapter)
-from llasmol.model.lora import TINY_BASE
+from llasmol.model.lora import TINY_BASE, target_modules
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,32 @@ def resolve_checkpoint(ckpt: Optional[str], cfg: DictConfig) -> tuple[DictConfig
             "with adapter_config.json and adapter_model.safetensors, or a Hub id owner/name"
         )
     return cfg.model, str(ckpt), None  # a Hub id such as osunlp/LlaSMol-Mistral-7B
+
+
+def starting_adapter(cfg: DictConfig) -> Optional[Path]:
+    """The local adapter folder `init_from` names for a training run to start from (a run directory: its best
+    adapter), checked to be of this run's base and LoRA variant; None when it names none."""
+    given = cfg.get("init_from")
+    if given is None:
+        return None
+    if str(given).lower() == "none" or not Path(given).exists():
+        raise UserError(f"init_from={given} is no run directory or adapter folder here: give one (a Hub adapter "
+                        "must be downloaded first), or drop init_from to start from fresh adapters")
+    try:
+        model_cfg, adapter, _ = resolve_checkpoint(str(given), cfg)
+    except UserError as err:
+        raise UserError(str(err).replace("ckpt=", "init_from=")) from None
+    if model_cfg.get("name") != cfg.model.get("name"):
+        raise UserError(f"init_from={given} was trained with model={model_cfg.get('name')}, this run is "
+                        f"model={cfg.model.get('name')}: pass model={model_cfg.get('name')}, or another init_from")
+    config = json.loads((Path(adapter) / ADAPTER_CONFIG).read_text())
+    saved = config.get("target_modules")
+    saved = sorted(saved) if isinstance(saved, list) else saved
+    wanted = sorted(target_modules(cfg.model, cfg.lora))
+    if config.get("r") != cfg.lora.r or saved != wanted:
+        raise UserError(f"init_from={given} holds rank-{config.get('r')} adapters on {saved}, this run's "
+                        f"lora={cfg.lora.name} is rank {cfg.lora.r} on {wanted}: pass the lora= it was trained with")
+    return Path(adapter)
 
 
 # Hydra writes plain YAML: no tags beyond the core schema's, no anchors or aliases, a few kilobytes.

@@ -42,7 +42,8 @@ TERMS: dict[str, dict[str, _Term]] = {
 
 class Rewards:
     """The reward of a completion for its task: the weighted sum of its family's terms (`weights`: conf/reward/'s
-    `families` and per-task `tasks`), every weight checked once, here."""
+    `families` and per-task `tasks`, numbers from 0 up as the config check has found them); each family, task and
+    term they name is checked here, against the run's task table."""
 
     def __init__(self, weights: Mapping[str, Any], tasks: TaskTable, trained: Optional[list[str]] = None) -> None:
         self.tasks = tasks
@@ -61,8 +62,6 @@ class Rewards:
                 if term not in TERMS[kind]:
                     raise UserError(f"{where}: {term} is no reward term of the {kind} family ({task}): its terms are "
                                     f"{', '.join(TERMS[kind])}")
-                if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0 <= weight < float("inf"):
-                    raise UserError(f"{where}={weight!r}: a weight is a number from 0 up")
             if not any(own.values()):
                 raise UserError(f"every reward weight of task {task} ({kind} family) is 0 or unset: GRPO would learn "
                                 f"nothing from it; give one, e.g. reward.families.{kind}.format=0.1")
@@ -79,3 +78,12 @@ class Rewards:
         """The reward of `completion` and each term's value."""
         values = self.terms(task, completion, golds)
         return sum(self.weights[task][term] * value for term, value in values.items()), values
+
+
+def check_rewards(cfg, tasks: Optional[TaskTable] = None) -> None:
+    """objective=grpo: every reward weight of every task a training config trains, checked before anything is built
+    (`tasks`: the config's task table, read here when not given)."""
+    if cfg.objective.name == "grpo":
+        from llasmol.core.schema import check_config
+
+        Rewards(cfg.reward, tasks if tasks is not None else check_config(cfg).tasks, cfg.data.get("tasks"))

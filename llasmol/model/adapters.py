@@ -172,6 +172,24 @@ def load_adapter(model, folder: Path):
     return peft_model
 
 
+def load_adapter_weights(model, folder: Path) -> None:
+    """Copy the adapter in `folder` into `model`'s own adapters (a PEFT model, trained on from there): every
+    adapter tensor, each of its shape, or one line saying which does not fit."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    weights, _ = adapter_weights(folder)
+    expected = get_peft_model_state_dict(model, save_embedding_layers=False)
+    missing, extra = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+    shaped = [k for k in expected if k in weights and weights[k].shape != expected[k].shape]
+    if missing or extra or shaped:
+        what = (f"{len(missing)} missing, e.g. {missing[0]}" if missing else
+                f"{len(extra)} not in the model, e.g. {extra[0]}" if extra else
+                f"{shaped[0]} is {tuple(weights[shaped[0]].shape)}, not {tuple(expected[shaped[0]].shape)}")
+        raise UserError(f"adapter {folder} does not fit this model's adapters ({what}): pass the model= and lora= "
+                        "it was trained with")
+    set_peft_model_state_dict(model, weights)
+
+
 def save_merged(model, tokenizer, generation_config, card: str, output: Path, max_shard_size: str) -> None:
     """Write a merged model (weights as safetensors shards, tokenizer, generation config, README.md `card`) into a
     private folder beside `output`, make it as readable as the umask allows, and rename it into place: a stop

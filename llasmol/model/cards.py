@@ -39,6 +39,7 @@ def training_lines(facts: dict) -> list[str]:
         *(["- tasks of its own (data.new_tasks, scored as their family): "
            + ", ".join(f"{name} ({family})" for name, family in own.items())] if own else []),
         f"- recipe: {facts['recipe']}",
+        *([f"- objective: {facts['objective']}"] if facts.get("objective") else []),
     ]
 
 

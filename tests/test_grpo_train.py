@@ -1,0 +1,233 @@
+"""objective=grpo end to end: the tiny model samples, the scorer rewards, the adapters learn, a run resumes exactly."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from refusals import refused
+
+from llasmol.core.config import check_overrides
+from llasmol.core.schema import check_config
+from llasmol.metrics.scoring import sample_stats
+from llasmol.train import train
+
+# Two tasks of two families, 2 prompts of 3 completions a step, no validation but the last step's.
+GRPO = ["objective=grpo", "data.tasks=[forward_synthesis,property_prediction-esol]", "data.micro_batch_size=2",
+        "data.effective_batch_size=2", "objective.num_generations=3", "objective.max_new_tokens=8",
+        "val_every_n_steps=100", "callbacks.generation_evaluator.samples_per_task=1",
+        "generation.max_new_tokens_limit=8", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
+        "checkpoint_every_n_steps=1"]
+# Answers the random tiny model never gives: in each group the first completion is a molecule in its tags, the
+# second a number in its tags, the rest sampled, so rewards differ within groups (the scorer reads them all).
+CRAFTED = ("<SMILES> CCO </SMILES>", "<NUMBER> -1.5 </NUMBER>")
+
+
+@pytest.fixture
+def crafted(monkeypatch):
+    """`sample_group` with its first two completions of each group replaced by `CRAFTED` (the sampler otherwise
+    as it is: the same seeds, masks and lengths)."""
+    import torch
+
+    from llasmol.finetune import grpo, rollouts
+
+    def sample(model, prompt_ids, prompt_mask, num_generations, max_new_tokens, *args, **kwargs):
+        completion, mask = grpo.sample_group(model, prompt_ids, prompt_mask, num_generations, max_new_tokens, *args,
+                                             **kwargs)
+        tokenizer, eos = sample.tokenizer, args[3]  # (temperature, top_p, seed, eos_id, pad_id)
+        for row in range(completion.size(0)):
+            if row % num_generations < len(CRAFTED):
+                ids = tokenizer(CRAFTED[row % num_generations], add_special_tokens=False).input_ids + [eos]
+                ids = ids[: completion.size(1)]
+                completion[row] = eos
+                completion[row, : len(ids)] = torch.tensor(ids)
+        return completion, grpo.completion_mask(completion, eos)
+
+    from llasmol.model.base import load_tokenizer
+    from llasmol.core.config import compose_config
+
+    sample.tokenizer = load_tokenizer(compose_config(["paths.output_dir=/unused"]).model)
+    monkeypatch.setattr(rollouts, "sample_group", sample)
+    return sample
+
+
+def _rollouts(run: Path, step: int) -> list[dict]:
+    return [json.loads(line) for line in (run / "rollouts" / f"step{step}.jsonl").read_text().splitlines()]
+
+
+def _logged(run: Path) -> dict[int, dict[str, float]]:
+    """step -> the values logged in optimizer step `step` (csv/metrics.csv numbers rows by the steps done)."""
+    rows: dict[int, dict[str, float]] = {}
+    with (run / "csv" / "metrics.csv").open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            rows.setdefault(int(row["step"]), {}).update({k: float(v) for k, v in row.items() if v not in ("", None)})
+    return rows
+
+
+def test_each_completion_is_rewarded_by_the_scorers_own_statistics_and_logged(cfg_factory, tmp_path, crafted):
+    cfg = cfg_factory(*GRPO, "trainer.max_steps=2")
+    result = train(cfg)
+    assert result["global_step"] == 2
+    logged = _logged(tmp_path)
+    weights = cfg.reward.families
+    tasks = check_config(cfg).tasks
+    from llasmol.inference.pipeline import split_golds
+    from llasmol.data.datamodule import SMolInstructDataModule
+    from llasmol.model.base import load_tokenizer
+    import hydra
+
+    dm: SMolInstructDataModule = hydra.utils.instantiate(cfg.data, tokenizer=load_tokenizer(cfg.model),
+                                                         _convert_="all", table=tasks)
+    split = dm.split("train")
+    golds = split_golds(split)
+    for step in (1, 2):
+        records = _rollouts(tmp_path, step)
+        assert len(records) == 2 * 3 and [r["completion"] for r in records[:2]] == list(CRAFTED)
+        for record in records:
+            sample = split[record["index"]]
+            assert record["task"] == sample["task"]
+            stats = sample_stats(sample["task"], [record["completion"]], golds.golds(sample, sample["raw_output"]),
+                                 tasks=tasks)
+            answered = 1 - stats["num_no_answer"]
+            if sample["task"] == "forward_synthesis":
+                terms = {"format": answered, "validity": stats["num_valid"], "similarity": stats["fts_morgan_sum"],
+                         "exact": stats["hit_top1"]}
+                family = weights.smiles
+            else:
+                value = float(sample["raw_output"])
+                number = float(record["completion"].split()[1]) if answered and stats["num_valid"] else None
+                terms = {"format": answered, "validity": stats["num_valid"],
+                         "error": 1 / (1 + abs(number - value)) if number is not None else 0.0}
+                family = weights.number
+            assert record["terms"] == pytest.approx(terms)
+            assert record["reward"] == pytest.approx(sum(family[t] * v for t, v in terms.items()))
+        rewards = np.array([r["reward"] for r in records])
+        assert rewards.max() > 0 and not math.isclose(rewards.min(), rewards.max())
+        groups = rewards.reshape(2, 3)
+        advantages = (groups - groups.mean(1, keepdims=True)) / (groups.std(1, ddof=1, keepdims=True) + 1e-4)
+        assert [r["advantage"] for r in records] == pytest.approx(advantages.ravel().tolist(), abs=1e-5)
+        row = logged[step]
+        assert row["train/reward"] == pytest.approx(rewards.mean(), rel=1e-5)
+        assert row["train/no_signal"] == pytest.approx(np.mean([math.isclose(g.std(), 0) for g in groups for _ in g]))
+        for task in {r["task"] for r in records}:
+            mine = [r for r in records if r["task"] == task]
+            assert row[f"train/reward/{task}"] == pytest.approx(np.mean([r["reward"] for r in mine]), rel=1e-5)
+            for term in mine[0]["terms"]:
+                assert row[f"train/reward/{task}/{term}"] == pytest.approx(np.mean([r["terms"][term] for r in mine]),
+                                                                           rel=1e-5, abs=1e-7)
+        assert {"train/loss", "train/clip_ratio/region", "train/completion_length", "train/rollout_tokens_per_sec",
+                "train/reward_std"} <= set(row)
+    assert "val/loss" in result["metrics"]  # the validation the SFT stage had, at the last step
+
+
+def test_each_completion_stops_at_its_own_tasks_bound_within_one_batch(cfg_factory, tmp_path):
+    """Generation bounds a task's answers by its max_new_tokens (under generation.max_new_tokens_limit and
+    objective.max_new_tokens): one generate call serves the batch, each completion is cut at its task's."""
+    train(cfg_factory(*GRPO, "trainer.max_steps=2", "+generation.tasks.forward_synthesis.max_new_tokens=2"))
+    records = [r for step in (1, 2) for r in _rollouts(tmp_path, step)]
+    bound = {"forward_synthesis": 2, "property_prediction-esol": 8}
+    assert {r["task"] for r in records} == set(bound)
+    assert all(1 <= r["tokens"] <= bound[r["task"]] for r in records)
+    assert max(r["tokens"] for r in records if r["task"] == "property_prediction-esol") > 2
+
+
+def _steps(run: Path, steps) -> list[list[tuple]]:
+    return [[(r["index"], r["completion"], round(r["reward"], 6), r["reused"]) for r in _rollouts(run, s)]
+            for s in steps]
+
+
+@pytest.mark.parametrize("iterations, beta", [(1, 0), (2, 0), (1, 0.5)])
+def test_a_stage_resumed_from_its_checkpoint_samples_rewards_and_learns_as_the_uninterrupted_one(
+        cfg_factory, tmp_path, crafted, iterations, beta):
+    """Rollouts are drawn from (seed, epoch, batch, rank), the data position and a kept rollout
+    (num_iterations=2: step 2 trains on step 1's rollout again) travel in the checkpoint, and the KL's reference
+    stays the adapters the stage started from (not the resumed ones)."""
+    settings = [*GRPO, f"objective.num_iterations={iterations}", "lora.dropout=0", f"objective.beta={beta}",
+                "scheduler.num_warmup_steps=0", "optimizer.lr=0.01"]
+    whole = train(cfg_factory(*settings, "trainer.max_steps=3", f"paths.output_dir={tmp_path / 'whole'}"))
+    with pytest.raises(SystemExit):  # Ctrl-C in step 1: the run stops at its end (interrupted.ckpt)
+        train(cfg_factory(*settings, "trainer.max_steps=3", f"paths.output_dir={tmp_path / 'cut'}",
+                          "+callbacks.signal={_target_:test_resume.SignalAtStep,step:1}"))
+    resumed = train(cfg_factory(*settings, "trainer.max_steps=3", f"paths.output_dir={tmp_path / 'cut'}",
+                                "ckpt_path=last"))
+    assert resumed["resumed_from"] and resumed["global_step"] == whole["global_step"] == 3
+    assert _steps(tmp_path / "cut", (2, 3)) == _steps(tmp_path / "whole", (2, 3))
+    reused = [r[3] for step in _steps(tmp_path / "whole", (1, 2, 3)) for r in step]
+    assert reused == [False] * 6 + [iterations == 2] * 6 + [False] * 6
+    if iterations == 2:  # the kept rollout: step 2's completions are step 1's
+        assert [r[:3] for r in _steps(tmp_path / "whole", (2,))[0]] == [r[:3] for r in _steps(tmp_path / "whole", (1,))[0]]
+    cut, full = _logged(tmp_path / "cut"), _logged(tmp_path / "whole")
+    for step in (2, 3):
+        assert cut[step]["train/loss"] == pytest.approx(full[step]["train/loss"], abs=1e-6)
+        assert cut[step]["train/lr"] == pytest.approx(full[step]["train/lr"])
+        if beta:
+            assert full[step]["train/kl"] > 1e-7
+            assert cut[step]["train/kl"] == pytest.approx(full[step]["train/kl"], rel=1e-4)
+    import torch
+
+    ends = [torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+            for run in (tmp_path / "whole", tmp_path / "cut")]
+    assert ends[0].keys() == ends[1].keys() and all(torch.allclose(ends[0][k], ends[1][k], atol=1e-6) for k in ends[0])
+    assert any(float(v.abs().sum()) > 0 for k, v in ends[0].items() if "lora_B" in k)  # it learnt something
+
+
+def test_the_kl_to_the_starting_adapters_is_zero_at_the_start_and_the_stage_starts_from_init_from(
+        cfg_factory, tmp_path, trained_run, crafted):
+    from llasmol.model.adapters import adapter_weights
+    from llasmol.inference.loading import starting_adapter
+
+    cfg = cfg_factory(*GRPO, "lora=lite", "lora.dropout=0", f"init_from={trained_run}", "objective.beta=0.5", "trainer.max_steps=2",
+                      "optimizer.lr=0.05", "scheduler.num_warmup_steps=0")
+    folder = starting_adapter(cfg)
+    start, _ = adapter_weights(folder)
+    train(cfg)
+    logged = _logged(tmp_path)
+    assert logged[1]["train/kl"] == pytest.approx(0.0, abs=1e-7)  # the policy is its reference before any update
+    assert logged[2]["train/kl"] > 1e-6  # the first update moved it
+    objective = json.loads((tmp_path / "card.json").read_text())["objective"]  # every card of the run says it
+    assert objective.startswith("GRPO (loss dapo, 3 completions") and "beta 0.5" in objective and "from run" in objective
+    # The trained adapter moved away from where it started, which was the run's own (not a fresh B = 0).
+    assert any(float(t.abs().sum()) > 0 for k, t in start.items() if "lora_B" in k)
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["objective=grpo", "objective.num_generations=1"], ["objective.num_generations=1", ">= 2"]),
+    (["objective=grpo", "data.packing=true"], ["data.packing=true", "objective=sft"]),
+    (["objective.beta=0.1"], ["objective.beta", "objective=grpo"]),
+    (["reward.families.smiles.exact=2"], ["reward.families.smiles.exact", "objective=grpo"]),
+    (["objective=grpo", "objective.loss_type=ppo"], ["objective.loss_type='ppo'", "dapo"]),
+    (["objective=grpo", "reward.families.smiles.exactt=1"], ["reward.families.smiles.exactt"]),
+    (["objective=grpo", "+reward.families.smiles.exactness=1"], ["reward.families.smiles", "exactness", "exact"]),
+    (["objective=grpo", "data.tasks=[forward_synthesis]", "reward.families.smiles.format=0",
+      "reward.families.smiles.validity=0", "reward.families.smiles.similarity=0", "reward.families.smiles.exact=0"],
+     ["forward_synthesis", "is 0"]),
+    (["objective=grpo", "+reward.tasks.forward_synthesi.exact=1"], ["reward.tasks.forward_synthesi"]),
+    (["objective=grpo", "init_from=/nowhere/run"], ["init_from=/nowhere/run"]),
+])
+def test_a_bad_grpo_setting_is_one_line_before_hydra_starts(overrides, named):
+    with refused(*named):
+        from llasmol.metrics.rewards import check_rewards
+
+        check_overrides("train", overrides, check_rewards)
+        from llasmol.core.config import compose_config
+        from llasmol.inference.loading import starting_adapter
+
+        starting_adapter(compose_config(["paths.output_dir=/unused", *overrides]))
+
+
+def test_init_from_a_run_of_another_variant_or_base_is_refused_before_the_base_loads(cfg_factory, trained_run, tmp_path):
+    from llasmol.inference.loading import starting_adapter
+
+    with refused(f"init_from={trained_run}", "lora=full", "rank"):
+        starting_adapter(cfg_factory("objective=grpo", f"init_from={trained_run}", "lora=full"))
+    other = tmp_path / "other"
+    shutil.copytree(trained_run, other)
+    config = (other / ".hydra" / "config.yaml").read_text().replace("name: tiny", "name: tiny2", 1)
+    (other / ".hydra" / "config.yaml").write_text(config)
+    with refused(f"init_from={other}", "model=tiny2"):
+        starting_adapter(cfg_factory("objective=grpo", f"init_from={other}", "lora=lite"))
