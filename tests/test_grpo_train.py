@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from grpo_probe import CRAFTED
 from refusals import refused
 
 from llasmol.core.config import check_overrides
@@ -23,35 +24,16 @@ GRPO = ["objective=grpo", "data.tasks=[forward_synthesis,property_prediction-eso
         "val_every_n_steps=100", "callbacks.generation_evaluator.samples_per_task=1",
         "generation.max_new_tokens_limit=8", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
         "checkpoint_every_n_steps=1"]
-# Answers the random tiny model never gives: in each group the first completion is a molecule in its tags, the
-# second a number in its tags, the rest sampled, so rewards differ within groups (the scorer reads them all).
-CRAFTED = ("<SMILES> CCO </SMILES>", "<NUMBER> -1.5 </NUMBER>")
-
-
 @pytest.fixture
 def crafted(monkeypatch):
-    """`sample_group` with its first two completions of each group replaced by `CRAFTED` (the sampler otherwise
-    as it is: the same seeds, masks and lengths)."""
-    import torch
+    """The sampler with crafted answers (`grpo_probe.CRAFTED`) in this process."""
+    from grpo_probe import crafted_sampler
 
-    from llasmol.finetune import grpo, rollouts
-
-    def sample(model, prompt_ids, prompt_mask, num_generations, max_new_tokens, *args, **kwargs):
-        completion, mask = grpo.sample_group(model, prompt_ids, prompt_mask, num_generations, max_new_tokens, *args,
-                                             **kwargs)
-        tokenizer, eos = sample.tokenizer, args[3]  # (temperature, top_p, seed, eos_id, pad_id)
-        for row in range(completion.size(0)):
-            if row % num_generations < len(CRAFTED):
-                ids = tokenizer(CRAFTED[row % num_generations], add_special_tokens=False).input_ids + [eos]
-                ids = ids[: completion.size(1)]
-                completion[row] = eos
-                completion[row, : len(ids)] = torch.tensor(ids)
-        return completion, grpo.completion_mask(completion, eos)
-
-    from llasmol.model.base import load_tokenizer
     from llasmol.core.config import compose_config
+    from llasmol.finetune import rollouts
+    from llasmol.model.base import load_tokenizer
 
-    sample.tokenizer = load_tokenizer(compose_config(["paths.output_dir=/unused"]).model)
+    sample = crafted_sampler(load_tokenizer(compose_config(["paths.output_dir=/unused"]).model))
     monkeypatch.setattr(rollouts, "sample_group", sample)
     return sample
 
@@ -231,3 +213,51 @@ def test_init_from_a_run_of_another_variant_or_base_is_refused_before_the_base_l
     (other / ".hydra" / "config.yaml").write_text(config)
     with refused(f"init_from={other}", "model=tiny2"):
         starting_adapter(cfg_factory("objective=grpo", f"init_from={other}", "lora=lite"))
+
+
+def test_report_draws_a_grpo_runs_reward_curves_beside_its_losses_and_metrics(cfg_factory, tmp_path, crafted):
+    from llasmol.analysis import plots
+    from llasmol.analysis.runs import load_run
+    from llasmol.analysis.tables import metric_trends
+
+    train(cfg_factory(*GRPO, "trainer.max_steps=2", "val_every_n_steps=1"))
+    run = load_run(tmp_path)
+    curves = run.reward_curves()
+    # The overall and per-task means of every step, as each step's rollouts file holds them (no term curves).
+    assert set(curves) == {"train/reward"} | {f"train/reward/{r['task']}" for s in (1, 2) for r in _rollouts(tmp_path, s)}
+    assert curves["train/reward"] == [(s, pytest.approx(np.mean([r["reward"] for r in _rollouts(tmp_path, s)]), rel=1e-5))
+                                      for s in (1, 2)]
+    figure = plots.plot_trends(metric_trends(run), losses=run.loss_curves(), rewards=curves)
+    panels = {ax.get_ylabel(): {line.get_label() for line in ax.get_lines()} for ax in figure.axes}
+    assert panels["mean reward (GRPO)"] == set(curves)
+    assert "train/loss" in panels["loss (nats/token)"] and not panels["loss (nats/token)"] & set(curves)
+
+
+@pytest.mark.slow
+def test_grpo_under_fsdp2_samples_rewards_and_learns_as_under_ddp_on_two_processes(tmp_path):
+    """Each rank samples its own prompts (its seed has its rank), the sharded model generates in lockstep, the
+    KL's reference is each rank's copy of its shards; rank 0 writes every rank's completions. Each rank crafts
+    answers into its groups (`grpo_probe.CraftedRollouts`): a random base earns no reward, and with no advantage
+    and the policy at its reference (where the KL's gradient is zero) nothing would move."""
+    from test_multiprocess import FSDP, _train
+
+    settings = [*GRPO, "trainer.max_steps=2", "trainer.accelerator=cpu", "trainer.devices=2", "logger=csv",
+                "data.effective_batch_size=4", "objective.beta=0.5", "lora.dropout=0", "scheduler.num_warmup_steps=0",
+                "optimizer.lr=0.01", "+callbacks.crafted._target_=grpo_probe.CraftedRollouts"]
+    runs = {}
+    for kind, extra in (("ddp", ["trainer=ddp"]), ("fsdp", FSDP)):
+        proc = _train(tmp_path / kind, [*settings, *extra], tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[kind] = tmp_path / kind
+    for step in (1, 2):
+        ddp, fsdp = _rollouts(runs["ddp"], step), _rollouts(runs["fsdp"], step)
+        assert len(ddp) == 2 * 2 * 3  # two ranks' prompts, 3 completions each
+        assert [(r["index"], r["completion"], r["reward"]) for r in fsdp] == [(r["index"], r["completion"], r["reward"])
+                                                                             for r in ddp]
+        assert len({r["index"] for r in ddp}) == 4  # each rank its own prompts
+        assert sum(r["completion"] in CRAFTED for r in ddp) == 2 * 2 * 2 and len({r["reward"] for r in ddp}) > 1
+    logged = {kind: _logged(run) for kind, run in runs.items()}
+    for step in (1, 2):
+        for key in ("train/loss", "train/kl"):
+            assert logged["fsdp"][step][key] == pytest.approx(logged["ddp"][step][key], rel=1e-4, abs=1e-7)
+    assert logged["ddp"][2]["train/kl"] > 1e-7

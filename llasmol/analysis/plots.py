@@ -129,20 +129,25 @@ def _has_values(table: Table, column: str) -> bool:
 
 def plot_trends(trends: Table, path: Optional[PathLike] = None, title: str = "Metric trends",
                 losses: Optional[dict[str, list[tuple[int, float]]]] = None,
-                floors: Optional[dict[str, float]] = None) -> Figure:
+                floors: Optional[dict[str, float]] = None,
+                rewards: Optional[dict[str, list[tuple[int, float]]]] = None) -> Figure:
     """Each ``<task>/<metric>`` column of `tables.metric_trends` against the step; RMSE (not a
     fraction) on its own axis; a panel with no value at all is left out. `losses` (`Run.loss_curves`:
     ``train/loss`` and ``val/loss`` by step) come first: in a short run of a model that starts from random
     weights they move long before any metric leaves zero. `floors` (``{<task>/<metric>: value}``, the best
     constant answer on the same samples: `trivial.constant_answer_table`) are drawn dashed in their series'
     colour, so an accuracy of 1.0 that a constant "No" also scores reads as what it is; each series' legend
-    says how many samples its latest value stands on when that is not all or too few."""
+    says how many samples its latest value stands on when that is not all or too few. `rewards` (`Run.reward_curves`:
+    a GRPO run's mean reward, overall and per task, by step) get a panel of their own beside the losses."""
     steps = trends.column("step") if "step" in trends.columns else []
     series = [c for c in trends.columns if c not in ("epoch", "step") and _has_values(trends, c)]
     lower = [c for c in series if c.rsplit("/", 1)[-1] in LOWER_IS_BETTER and c.rsplit("/", 1)[-1] not in COUNTS]
     fractions = [c for c in series if c not in lower]
     curves = {name: points for name, points in (losses or {}).items() if points}
-    panels = [(names, label) for names, label in ((list(curves), "loss (nats/token)"), (fractions, "value (fraction)"),
+    rewarded = {name: points for name, points in (rewards or {}).items() if points}
+    curves.update(rewarded)
+    panels = [(names, label) for names, label in (([c for c in curves if c not in rewarded], "loss (nats/token)"),
+                                                  (list(rewarded), "mean reward (GRPO)"), (fractions, "value (fraction)"),
                                                   (lower, "RMSE (lower is better)")) if names] or [([], "")]
     fig = _figure(4.5 + 4.5 * len(panels), 4)
     fig.suptitle(title, fontsize="medium")

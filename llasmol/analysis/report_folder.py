@@ -93,7 +93,7 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5, all_metri
         trends = analysis.metric_trends(run)
         _write(out / "trends.csv", trends.to_csv(), written)
         analysis.plot_trends(trends, out / "trends.png", title=f"{run.label}: loss and headline metrics across "
-                             "validations", losses=run.loss_curves(), floors=floors)
+                             "validations", losses=run.loss_curves(), floors=floors, rewards=run.reward_curves())
         written.append(out / "trends.png")
 
     if val.predictions_path is None:

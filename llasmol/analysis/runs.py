@@ -193,6 +193,17 @@ class Run:
                     points.append((int(row["step"]), row[name]))
         return curves
 
+    def reward_curves(self) -> dict[str, list[tuple[int, float]]]:
+        """A GRPO run's ``train/reward`` and each task's ``train/reward/<task>`` against the optimizer step, from the
+        CSV log (empty for a run of the SFT objective)."""
+        curves: dict[str, list[tuple[int, float]]] = {}
+        for row in self.csv_log():
+            for name, value in row.items():
+                if value is not None and row.get("step") is not None and (
+                        name == "train/reward" or (name.startswith("train/reward/") and name.count("/") == 2)):
+                    curves.setdefault(name, []).append((int(row["step"]), value))
+        return curves
+
     def csv_log(self) -> list[dict[str, Optional[float]]]:
         """Rows of ``csv/metrics.csv`` with numbers as floats and empty cells as None."""
         return read_csv_log(self.path / layout.CSV_LOG)
