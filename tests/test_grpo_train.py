@@ -261,3 +261,100 @@ def test_grpo_under_fsdp2_samples_rewards_and_learns_as_under_ddp_on_two_process
         for key in ("train/loss", "train/kl"):
             assert logged["fsdp"][step][key] == pytest.approx(logged["ddp"][step][key], rel=1e-4, abs=1e-7)
     assert logged["ddp"][2]["train/kl"] > 1e-7
+
+
+@pytest.mark.slow
+def test_wandb_holds_every_grpo_series_the_csv_log_holds_at_the_same_steps(cfg_factory, tmp_path, crafted,
+                                                                             monkeypatch):
+    from test_tracking import wandb_history, wandb_run_files
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # offline by our config, not by the environment
+    train(cfg_factory(*GRPO, "trainer.max_steps=2", "logger=[csv,wandb]", "objective.beta=0.1"))
+    (record,) = wandb_run_files(tmp_path)
+    history = wandb_history(record)
+    logged = _logged(tmp_path)
+    prefixes = ("train/reward", "train/kl", "train/clip", "train/completion", "train/no_signal", "train/rollout")
+    for step in (1, 2):
+        # A task whose prompts a step did not draw has no reward series at that step, in either log.
+        grpo_keys = {k for k in logged[step] if k.startswith(prefixes)}
+        assert {"train/reward", "train/reward_std", "train/no_signal", "train/kl", "train/completion_length",
+                "train/completion_clipped", "train/rollout_tokens_per_sec", "train/clip_ratio/region",
+                "train/reward/forward_synthesis/format"} <= grpo_keys
+        (row,) = [row for row in history if row.get("trainer/global_step") == step and "train/reward" in row]
+        assert {k for k in row if k.startswith(prefixes)} == grpo_keys
+        for key in grpo_keys:
+            assert row[key] == pytest.approx(logged[step][key], rel=1e-6), key
+
+
+@pytest.fixture
+def crafted_validation(monkeypatch):
+    """Validation answers set by the step: at step 1 every sample's top answer is its gold between its tags, at
+    step 2 only the even-numbered samples' (the others answer nothing)."""
+    from llasmol.finetune import validation
+    from llasmol.inference.pipeline import ModelAnswers
+
+    tags = {"forward_synthesis": "SMILES", "property_prediction-esol": "NUMBER"}
+
+    class Crafted(ModelAnswers):
+        step = 0
+
+        def answer(self, samples, advance=None):
+            Crafted.step += 1
+            records = super().answer(samples, advance)
+            for record in records:
+                right = Crafted.step == 1 or record["index"] % 2 == 0
+                tag = tags[record["task"]]
+                record["predictions"] = [f"<{tag}> {record['gold'][0]} </{tag}>" if right else "",
+                                         *record["predictions"][1:]]
+            return records
+
+    monkeypatch.setattr(validation, "ModelAnswers", Crafted)
+
+
+def test_validation_rewards_the_top_answers_and_the_best_checkpoint_is_the_highest_val_reward(
+        cfg_factory, tmp_path, crafted_validation, caplog):
+    from llasmol.inference.loading import _best_adapter
+
+    cfg = cfg_factory(*GRPO, "trainer.max_steps=2", "val_every_n_steps=1",
+                      "callbacks.generation_evaluator.samples_per_task=3")
+    with caplog.at_level("INFO", logger="llasmol.train"):
+        result = train(cfg)
+    said = caplog.text
+    logged = _logged(tmp_path)
+    right = {"forward_synthesis": 0.1 + 0.2 + 0.3 + 1.0, "property_prediction-esol": 0.1 + 0.2 + 1.0}  # the gold
+    for step in (1, 2):
+        records = [json.loads(line) for line in (tmp_path / "predictions" / f"val-step{step}.jsonl").read_text()
+                   .splitlines()]
+        by_task = {task: [right[task] if step == 1 or r["index"] % 2 == 0 else 0.0 for r in records
+                          if r["task"] == task] for task in right}
+        assert all(len(v) == 3 for v in by_task.values())
+        for task, values in by_task.items():
+            assert logged[step][f"val/reward/{task}"] == pytest.approx(np.mean(values), rel=1e-6)
+        assert logged[step]["val/reward"] == pytest.approx(np.mean([v for vs in by_task.values() for v in vs]),
+                                                           rel=1e-6)
+    assert logged[2]["val/reward"] < logged[1]["val/reward"]
+    # Kept by val/reward, the highest (step 1), whatever val/loss says; evaluate and init_from take that one.
+    assert result["best_by"] == "val/reward"
+    assert Path(result["best_checkpoint"]).name == f"step1-val_reward{logged[1]['val/reward']:.4f}.ckpt"
+    with caplog.at_level("INFO"):
+        adapter = _best_adapter(tmp_path)  # what ckpt=<run> and init_from=<run> read
+    assert adapter.name == f"step1-val_reward{logged[1]['val/reward']:.4f}.adapter"
+    assert "(the best by val/reward;" in caplog.text
+    assert f"val/reward {logged[1]['val/reward']:.4f}" in said  # each validation's line in train.log
+    assert f"(val/reward {logged[1]['val/reward']:.4f}). Next:" in said  # and the closing one
+
+
+def test_grpo_keeps_its_best_checkpoint_by_val_reward_unless_the_command_line_says_otherwise():
+    from llasmol.core.config import compose_config
+
+    def chosen(*overrides):
+        cfg = compose_config([*overrides, "paths.output_dir=/x"])
+        checkpoint, evaluator = cfg.callbacks.model_checkpoint, cfg.callbacks.generation_evaluator
+        return checkpoint.monitor, checkpoint.mode, evaluator.get("rewards")
+
+    assert chosen() == ("val/loss", "min", None)  # SFT as before: no reward at validation
+    monitor, mode, rewards = chosen("objective=grpo", "reward.families.smiles.exact=2")
+    assert (monitor, mode) == ("val/reward", "max")
+    assert rewards.families.smiles.exact == 2 and rewards.families.number.error == 1.0  # the run's own weights
+    assert chosen("objective=grpo", "callbacks.model_checkpoint.monitor=val/loss",
+                  "callbacks.model_checkpoint.mode=min")[:2] == ("val/loss", "min")

@@ -507,14 +507,16 @@ def test_the_runs_result_and_its_closing_line(tmp_path, caplog, monkeypatch):
 
     closed = []
     monkeypatch.setattr(fit_file, "finish_wandb_runs", lambda trainer: closed.append(trainer))
-    checkpoint = SimpleNamespace(best_model_path=str(tmp_path / "best.ckpt"), best_model_score=torch.tensor(0.123456))
+    checkpoint = SimpleNamespace(best_model_path=str(tmp_path / "best.ckpt"), best_model_score=torch.tensor(0.123456),
+                                 monitor="val/loss")
     trainer = SimpleNamespace(checkpoint_callback=checkpoint, callback_metrics={"val/loss": torch.tensor(0.25)},
                               global_step=9, is_global_zero=True)
     monkeypatch.setattr(fit_file, "time", SimpleNamespace(monotonic=lambda: 1002.26))  # this module's clock only
     result = run_result(trainer, {"trainable": 3}, tmp_path, "/old/last.ckpt", 1000.0)
     assert result.pop("seconds") == 2.3  # this process's wall time, to a tenth of a second
     assert result == {"metrics": {"val/loss": 0.25}, "params": {"trainable": 3}, "best_checkpoint": str(tmp_path / "best.ckpt"),
-                      "output_dir": str(tmp_path), "global_step": 9, "resumed_from": "/old/last.ckpt"}
+                      "best_by": "val/loss", "output_dir": str(tmp_path), "global_step": 9,
+                      "resumed_from": "/old/last.ckpt"}
     with caplog.at_level("INFO", logger="llasmol.train"):
         finish(trainer, result)
     assert json.loads((tmp_path / "result.json").read_text()) == result and closed == [trainer]
@@ -767,8 +769,8 @@ def test_the_module_gets_the_configs_optimizer_and_a_schedule_only_when_one_is_s
 class _RecordingDataModule:
     """Stands in for `SMolInstructDataModule` as `cfg.data`'s target: records `setup`."""
 
-    def __init__(self, tokenizer, path=None) -> None:
-        self.tokenizer, self.path, self.stages = tokenizer, path, []
+    def __init__(self, tokenizer, path=None, prompts_only=False) -> None:
+        self.tokenizer, self.path, self.stages, self.prompts_only = tokenizer, path, [], prompts_only
 
     def setup(self, stage):
         self.stages.append(stage)
@@ -777,16 +779,18 @@ class _RecordingDataModule:
         return None
 
 
-@pytest.mark.parametrize("path, stages", [("/data/smol", ["fit"]), (None, [])])
-def test_a_local_copy_is_indexed_before_anything_else_starts(path, stages):
+@pytest.mark.parametrize("path, stages, objective", [("/data/smol", ["fit"], "sft"), (None, [], "grpo")])
+def test_a_local_copy_is_indexed_before_anything_else_starts(path, stages, objective):
     from omegaconf import OmegaConf
 
     from llasmol.finetune.build import build_datamodule
 
-    cfg = OmegaConf.create({"data": {"_target_": f"{__name__}._RecordingDataModule", "path": path}})
+    cfg = OmegaConf.create({"data": {"_target_": f"{__name__}._RecordingDataModule", "path": path},
+                            "objective": {"name": objective}})
     datamodule = build_datamodule(cfg, "tokenizer")
     assert isinstance(datamodule, _RecordingDataModule) and datamodule.tokenizer == "tokenizer"
     assert datamodule.stages == stages  # the Hub's copy is read when Lightning sets the data up
+    assert datamodule.prompts_only == (objective == "grpo")  # GRPO trains on prompts alone
 
 
 @pytest.mark.parametrize("switches, checkpointed, compiled", [

@@ -62,6 +62,7 @@ def run_result(trainer: Trainer, params: dict, output_dir: Path, resumed_from: O
         "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
         "params": params,
         "best_checkpoint": checkpoint.best_model_path if checkpoint else None,
+        "best_by": checkpoint.monitor if checkpoint else None,  # val/loss, or val/reward for objective=grpo
         "output_dir": str(output_dir),
         "global_step": trainer.global_step,
         "resumed_from": resumed_from,
@@ -79,5 +80,5 @@ def finish(trainer: Trainer, result: dict[str, Any]) -> None:
         log.info("done at step %d: best checkpoint %s%s. Next: python -m llasmol.report %s ; "
                  "python -m llasmol.evaluate ckpt=%s data.split=test", trainer.global_step,
                  result["best_checkpoint"] or "(none: no validation kept one)",
-                 f" (val/loss {float(best):.4f})" if best is not None else "", out, out)
+                 f" ({result['best_by']} {float(best):.4f})" if best is not None else "", out, out)
     finish_wandb_runs(trainer)

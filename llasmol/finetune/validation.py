@@ -5,6 +5,11 @@ the paper's chemistry metrics, logged as `val/<task>/<metric>` and written to th
     metrics/val-step{S}.json        {task: {metric: value}}
     metrics/val-step{S}.intervals.json   their bootstrap intervals, also logged as val/<task>/<metric>_lo and _hi
 
+Given `rewards` (a GRPO run's reward weights: conf/setup/objective/grpo.yaml passes them), the top answer of
+each sample is also rewarded as the training rollouts are, logged as `val/reward` (the mean over the subset)
+and `val/reward/<task>`: what the RL stage optimises, measured on held-out prompts, and what it keeps its best
+checkpoint by.
+
 S is the optimizer steps completed, the number train.log, the checkpoint's name and the CSV/W&B step give the
 same validation (`llasmol.core.run_dir.validation_name`).
 
@@ -37,9 +42,12 @@ log = logging.getLogger("llasmol.train")
 
 class GenerationEvaluator(Callback):
     def __init__(self, generation: dict, *, samples_per_task: Optional[int], seed: int,
-                 output_dir: Optional[str] = None, intervals: Optional[dict] = None) -> None:
-        """The settings of `callbacks.generation_evaluator` (conf/callbacks/default.yaml states their values)."""
+                 output_dir: Optional[str] = None, intervals: Optional[dict] = None,
+                 rewards: Optional[dict] = None) -> None:
+        """The settings of `callbacks.generation_evaluator` (conf/callbacks/default.yaml states their values;
+        `rewards`: the reward group's weights, for a GRPO run)."""
         self.generation = generation
+        self.rewards = rewards
         self.intervals = intervals  # None: none
         self.samples_per_task = samples_per_task
         self.seed = seed
@@ -74,7 +82,7 @@ class GenerationEvaluator(Callback):
                 for name, value in values.items() if isinstance(value, (int, float))}
         bounds = {f"val/{task}/{name}_{side}": bound for task, values in (outcome.intervals or {}).get("tasks", {}).items()
                   for name, pair in values.items() if pair for side, bound in zip(("lo", "hi"), pair)}
-        for key, value in {**flat, **bounds}.items():
+        for key, value in {**flat, **bounds, **self._rewarded(everything, tasks, dm)}.items():
             # Already synchronised (equal on every rank); sync_dist keeps Lightning's DDP bookkeeping quiet.
             pl_module.log(key, value, sync_dist=True)
         if trainer.is_global_zero:
@@ -85,6 +93,22 @@ class GenerationEvaluator(Callback):
                          if (counted := support(task, name, values, tasks)) is not None}
                 update_best_summary(trainer, flat, notes)
         self._last_results, self._tasks = results, tasks
+
+    def _rewarded(self, records: list[dict], tasks: TaskTable, datamodule) -> dict[str, float]:
+        """`val/reward` and `val/reward/<task>`: the mean reward of each sample's top answer (its first prediction,
+        the one the metrics score first) against its golds; nothing without reward weights."""
+        if not self.rewards:
+            return {}
+        from llasmol.metrics.rewards import Rewards
+
+        reward = Rewards(self.rewards, tasks, datamodule.tasks)
+        by_task: dict[str, list[float]] = {}
+        for record in records:
+            top = record["predictions"][0] if record["predictions"] else ""
+            by_task.setdefault(record["task"], []).append(reward(record["task"], top, record["gold"])[0])
+        every = [value for values in by_task.values() for value in values]
+        return {"val/reward": sum(every) / len(every),
+                **{f"val/reward/{task}": sum(values) / len(values) for task, values in by_task.items()}}
 
     def on_validation_end(self, trainer, pl_module) -> None:
         # val/loss is aggregated only after the epoch-end hooks, so its best value and the log line are here.
@@ -108,5 +132,7 @@ class GenerationEvaluator(Callback):
             headline = ", ".join(text for text, _ in shown) + (f" (each {notes.pop()})" if notes != {""} else "")
         else:
             headline = ", ".join(text + (f" ({note})" if note else "") for text, note in shown)
-        log.info("validation at step %d: val/loss %.4f (best %.4f at step %d)%s", trainer.global_step, loss,
-                 *self._best, f"; {headline}" if headline else "")
+        reward = trainer.callback_metrics.get("val/reward")  # a GRPO run's: what its best checkpoint is chosen by
+        log.info("validation at step %d: val/loss %.4f (best %.4f at step %d)%s%s", trainer.global_step, loss,
+                 *self._best, f", val/reward {float(reward):.4f}" if reward is not None else "",
+                 f"; {headline}" if headline else "")

@@ -211,9 +211,10 @@ def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
     )
 
 
-def _best_checkpoint(result: Path) -> Optional[str]:
-    """The `best_checkpoint` a run's result.json names (None: none kept), read as data: a file that is not
-    a JSON object, or a field that is not a path, is one line naming them."""
+def _best_checkpoint(result: Path) -> tuple[Optional[str], str]:
+    """The `best_checkpoint` a run's result.json names (None: none kept) and what it was best by (`best_by`:
+    val/reward for a GRPO run; val/loss, also for a run from before the field), read as data: a file that is
+    not a JSON object, or a field that is not a path, is one line naming them."""
     fix = "repair or remove it (then the run's last adapter is taken)"
     try:
         data = json.loads(result.read_text(encoding="utf-8"))
@@ -224,14 +225,15 @@ def _best_checkpoint(result: Path) -> Optional[str]:
     best = data.get("best_checkpoint")
     if best is not None and not isinstance(best, str):
         raise UserError(f"{result}: best_checkpoint is {json.dumps(best)[:80]}, not a checkpoint path: {fix}")
-    return best
+    by = data.get("best_by")
+    return best, by if isinstance(by, str) else "val/loss"
 
 
 def _best_adapter(run_dir: Path) -> Path:
     result = run_dir / layout.RESULT
-    candidates = []
+    candidates, by = [], "val/loss"
     if result.is_file():
-        best = _best_checkpoint(result)
+        best, by = _best_checkpoint(result)
         if best:  # by name: a run directory copied or moved elsewhere keeps its best checkpoint
             candidates.append(adapter_dir(run_dir / layout.CHECKPOINTS / Path(best).name))
     candidates.append(adapter_dir(run_dir / layout.CHECKPOINTS / layout.LAST_CKPT))
@@ -240,7 +242,7 @@ def _best_adapter(run_dir: Path) -> Path:
             if len(candidates) == 1:
                 why = "the last: the run names no best one"
             else:
-                why = "the best by val/loss" if i == 0 else f"the last: the best one, {candidates[0]}, is gone"
+                why = f"the best by {by}" if i == 0 else f"the last: the best one, {candidates[0]}, is gone"
             log.info("adapter: %s (%s; pass ckpt=<adapter folder> for another)", candidate, why)
             return candidate
     raise UserError(f"run directory {run_dir} has no adapter checkpoint yet (looked for {candidates[-1]})")
