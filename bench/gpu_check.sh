@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# GPU check (issues #6, #24, #36), one script for a lent GPU machine; its parts are capped at 200 + 120 + 120 s:
+# GPU check (issues #6, #24, #36, #50), one script for a lent GPU machine; parts capped at 200+120+120(+150) s:
 #   1. a Mistral-7B-shaped random bf16 model, 20 LoRA steps on 512-token micro-batches and one beam-search batch:
 #      tokens/s, peak memory, MFU (bench/gpu_check.py);
 #   2. QLoRA: the same shape with 4 layers, its base in NF4 through llasmol's loader, 5 steps of 8-bit AdamW;
 #   3. FSDP2 (trainer=fsdp's strategy) through Lightning: 2 steps of the 7B-wide stack with 2 layers, bf16 weights
-#      and fp32 reduction, a checkpoint saved and resumed (bench/scale_out.py).
+#      and fp32 reduction, a checkpoint saved and resumed (bench/scale_out.py);
+#   4. where RDKit, TRL and datasets are installed (not on the bare image): GRPO steps of the 7B-wide stack with 2
+#      layers beside TRL's GRPOTrainer, 8 prompts x 8 completions of 128 tokens (bench/grpo_vs_trl.py), 150 s.
 # It starts on the bare GPU image: what the image lacks (hydra-core, omegaconf, antlr4, bitsandbytes) is unpacked
 # from bench/wheels/ (fetched beforehand with `bash bench/gpu_wheels.sh`; git ignores it, so name it among the paths
 # carried to the GPU machine beside the working tree) into a
@@ -42,10 +44,13 @@ if [ "$dry" = 1 ]; then
   qlora=(--device cpu --arch tiny-mistral --layers 1 --steps 2 --warmup 1 --micro-batch 2 --seq-len 16 --prompts 1
          --prompt-len 4 --new-tokens 2 --beams 2 --returns 1)
   fsdp=(--accelerator cpu --arch tiny-mistral --steps 2 --micro-batch 2 --seq-len 32)
+  grpo=(--prompts 1 --generations 2 --new-tokens 4 --steps 2 --rounds 1)
 else
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   device=() qlora=(--layers 4 --steps 5 --new-tokens 16)
   fsdp=(--accelerator gpu --arch mistral-7b --layers 2 --steps 2 --micro-batch 4 --seq-len 512)
+  grpo=(--device cuda --arch mistral-7b --layers 2 --dtype bfloat16 --prompts 8 --generations 8 --new-tokens 128
+        --steps 4 --rounds 2)
 fi
 # Each part runs even when one before it failed (a lent GPU is one try): the exit status says whether all passed.
 failed=()
@@ -64,6 +69,14 @@ else
 fi
 part "FSDP2 (trainer=fsdp), one device" 120 "$PYTHON" bench/scale_out.py --case fsdp2 --devices 1 "${fsdp[@]}" \
   --out "$OUT/gpu_check_fsdp2.json"
+# GRPO beside TRL needs RDKit (the rewards), TRL and datasets, which the bare image lacks and whose wheels (RDKit
+# about 35 MB, pyarrow about 40 MB) do not fit beside bitsandbytes' in what is carried: run where they are.
+if "$PYTHON" -c "import rdkit, trl, datasets" 2>/dev/null; then
+  part "GRPO step beside TRL's GRPOTrainer" 150 "$PYTHON" bench/grpo_vs_trl.py "${grpo[@]}" \
+    --out "$OUT/gpu_check_grpo.json"
+else
+  echo "== GRPO beside TRL skipped: python has no rdkit, trl or datasets (not on the bare image)"
+fi
 if [ "${#failed[@]}" -gt 0 ]; then
   echo "failed: ${failed[*]}" >&2
   exit 1

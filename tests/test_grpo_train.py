@@ -358,3 +358,26 @@ def test_grpo_keeps_its_best_checkpoint_by_val_reward_unless_the_command_line_sa
     assert rewards.families.smiles.exact == 2 and rewards.families.number.error == 1.0  # the run's own weights
     assert chosen("objective=grpo", "callbacks.model_checkpoint.monitor=val/loss",
                   "callbacks.model_checkpoint.mode=min")[:2] == ("val/loss", "min")
+
+
+@pytest.mark.slow
+def test_a_multirun_sweeps_a_grpo_setting_as_any_other(tmp_path):
+    """`--multirun objective.beta=0,0.2`: two jobs, each its own rollouts and log; the KL only where beta > 0."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import HANG_TIMEOUT
+
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-m", "llasmol.train", "--multirun", "objective.beta=0,0.2",
+                           f"hydra.sweep.dir={sweep}", "logger=csv", *GRPO, "trainer.max_steps=1"],
+                          capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                          timeout=HANG_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [p.name.split("_")[0] for p in jobs] == ["0", "1"]
+    for job, beta in zip(jobs, (0, 0.2)):
+        assert "objective.beta" in (job / ".hydra" / "overrides.yaml").read_text()
+        assert len(_rollouts(job, 1)) == 2 * 3
+        assert ("train/kl" in _logged(job)[1]) == (beta > 0)
