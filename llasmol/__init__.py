@@ -3,10 +3,10 @@
 Kept import-light on purpose: commands import only the submodules they need.
 """
 
-import logging
+from llasmol.core.quiet import quiet_known_log_lines
 
 __version__ = "0.1.0"
 
-# PEFT imports bitsandbytes, whose CPU backend warns at every start that an optional Hub kernel is
-# absent; we use no 4-bit CPU kernels, so on CPU the warning is noise.
-logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+# PEFT imports bitsandbytes, whose CPU backend looks for an optional Hub kernel at every start and says so:
+# noise, quieted by its message wherever llasmol is imported (a notebook too), not only in its commands.
+quiet_known_log_lines()

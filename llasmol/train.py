@@ -48,20 +48,20 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     from llasmol.finetune.preflight import check_run, claim_run_dir
     from llasmol.finetune.resume import Resume
 
-    # Preflight: the settings, the run directory (ours alone), what ckpt_path= means, what this machine runs.
+    # Preflight: what this machine runs, the run directory (ours alone), what ckpt_path= means.
     lightning_logs_to_root()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    out = claim_run_dir(cfg.paths.output_dir)
-    resume = Resume.plan(cfg.get("ckpt_path"), out, cfg.model.name, cfg.lora.name)
     log.info("CPU: %d intra-op thread(s), OpenMP threads wait %s (cpu.threads, cpu.wait_policy)", threads,
              wait_description(cfg.get("cpu")))
-    check_run(cfg)
+    check_run(cfg)  # before the folder is claimed: a refused run leaves nothing behind
+    out = claim_run_dir(cfg.paths.output_dir)
+    resume = Resume.plan(cfg.get("ckpt_path"), out, cfg.model.name, cfg.lora.name)
 
     # Build: the data first, so bad data stops the run before the model loads and the loggers start.
     tokenizer = load_tokenizer(cfg.model)
     datamodule = build_datamodule(cfg, tokenizer, tasks)
     model, params = build_model(cfg, tokenizer, start_from)
-    module = build_module(cfg, model, datamodule)
+    module = build_module(cfg, model, datamodule, start_from)
     trainer = build_trainer(cfg, datamodule, resume)  # the one place the resume plan meets the trainer
     record_run(cfg, trainer, datamodule, params)
 

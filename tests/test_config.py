@@ -206,7 +206,8 @@ def test_gpu_presets_run_fp32_when_put_on_cpu():
     ("train", "data.max_length=-1", ["data.max_length=-1"]),
     ("train", "lora.r=0", ["lora.r=0"]),
     ("params", "lora.r=0", ["lora.r=0"]),
-    ("params", "model=hf", ["model.name", "???", "model.name=<value>"]),
+    ("params", "model=hf", ["model.name and model.path are not set", "model.name=<its Hub id> model.path=<folder"]),
+    ("params", "model=hf model.path=/base", ["model.name", "???", "model.name=<value>"]),
     ("train", "optimizer.lr=nan", ["optimizer.lr=nan"]),
     ("train", "optimizer.lr=-0.001", ["optimizer.lr=-0.001"]),
     ("train", "trainer.max_steps=-5", ["trainer.max_steps=-5"]),
@@ -227,7 +228,7 @@ def test_settings_outside_their_values_are_named(command, override, named):
     from llasmol.core.schema import check_config
 
     with refused(*named):
-        check_config(compose_config([override, "paths.output_dir=/x"] if command != "generate" else [override],
+        check_config(compose_config([*override.split(), "paths.output_dir=/x"] if command != "generate" else [override],
                                       command))
 
 

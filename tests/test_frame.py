@@ -4,6 +4,7 @@ config check, the headline check and the CPU threads, in that order, whatever th
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,20 @@ def test_the_command_line_is_checked_then_the_commands_own_check_then_hydra_runs
     assert typo.returncode == 2 and typo.stdout == "" and "lora=liet" in typo.stderr
     given = run("given")  # a config given: the body on it, as Hydra's own main
     assert given.returncode == 0 and given.stdout.splitlines() == ["body given"], given.stderr
+
+
+def test_the_hub_kernel_lines_bitsandbytes_says_at_every_model_commands_import_are_quieted(tmp_path):
+    """peft imports bitsandbytes, whose CPU backend looks for a Hub kernel at import and, offline, says so in two
+    warnings: importing llasmol (every command does, and a notebook) quiets exactly those lines; another warning
+    of the same loggers still shows."""
+    code = ("import logging, sys\nlogging.basicConfig(level=logging.INFO)\n"
+            "if sys.argv[1] == 'quiet':\n    import llasmol\n"
+            "import peft\nlogging.getLogger('bitsandbytes.backends.cpu.ops').warning('another line')\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    said = {how: subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, env=env,
+                                cwd=tmp_path, timeout=HANG_TIMEOUT).stderr for how in ("loud", "quiet")}
+    if "kernels-community" not in said["loud"]:
+        pytest.skip("this bitsandbytes says nothing of Hub kernels at import: nothing to quiet")
+    assert "Skipping publisher trust check" in said["loud"]
+    assert "kernels-community" not in said["quiet"] and "publisher trust" not in said["quiet"]
+    assert "another line" in said["quiet"]

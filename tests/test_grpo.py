@@ -150,3 +150,26 @@ def test_a_groups_sampling_is_a_function_of_its_seed_and_masks_after_the_end(pol
 def test_a_completion_is_learnt_through_its_first_end_and_not_after():
     completion = torch.tensor([[5, 2, 7, 2], [5, 6, 7, 8], [2, 9, 2, 9], [4, 4, 4, 2]])
     assert completion_mask(completion, 2).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1]]
+
+
+def test_only_the_positions_that_predict_a_completion_token_reach_the_output_layer():
+    """`logits_to_keep` where the base takes it: the output layer sees completion + 1 positions, and the
+    log-probabilities are those of the whole sequence's logits."""
+    from llasmol.model.base import load_base_model, load_tokenizer
+    from llasmol.model.lora import apply_lora
+
+    cfg = compose_config(["model=tiny", "lora=lite", "lora.dropout=0"])
+    model = apply_lora(load_base_model(cfg.model, load_tokenizer(cfg.model)), cfg.model, cfg.lora).eval()
+    prompt_ids, prompt_mask, completion_ids, mask = _batch(model.config.vocab_size)
+    input_ids, attention_mask = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, mask], 1)
+    seen = []
+    hook = model.get_base_model().lm_head.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[1]))
+    try:
+        logps = completion_logps(model, input_ids, attention_mask, COMPLETION, TEMPERATURE)
+    finally:
+        hook.remove()
+    assert seen == [COMPLETION + 1]
+    with torch.no_grad():
+        whole = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -COMPLETION - 1:-1] / TEMPERATURE
+    expected = torch.log_softmax(whole.float(), -1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(logps.detach(), expected, rtol=1e-5, atol=1e-6)

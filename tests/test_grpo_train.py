@@ -70,6 +70,9 @@ def test_each_completion_is_rewarded_by_the_scorers_own_statistics_and_logged(cf
     for step in (1, 2):
         records = _rollouts(tmp_path, step)
         assert len(records) == 2 * 3 and [r["completion"] for r in records[:2]] == list(CRAFTED)
+        # Clipped: cut at the bound (8 tokens) before an end; the crafted molecule ends well before it.
+        assert not records[0]["clipped"] and records[0]["tokens"] < 8
+        assert all(r["tokens"] == 8 for r in records if r["clipped"]) and any(r["clipped"] for r in records)
         for record in records:
             sample = split[record["index"]]
             assert record["task"] == sample["task"]
@@ -190,6 +193,10 @@ def test_the_kl_to_the_starting_adapters_is_zero_at_the_start_and_the_stage_star
      ["forward_synthesis", "is 0"]),
     (["objective=grpo", "+reward.tasks.forward_synthesi.exact=1"], ["reward.tasks.forward_synthesi"]),
     (["objective=grpo", "init_from=/nowhere/run"], ["init_from=/nowhere/run"]),
+    (["objective=grpo", "callbacks.generation_evaluator.samples_per_task=0"],
+     ["callbacks.generation_evaluator.samples_per_task=0", "val/reward", "callbacks.model_checkpoint.monitor=val/loss"]),
+    (["objective=grpo", "data.tasks=[forward_synthesis]", "+reward.families.number.errr=1"],
+     ["reward.families.number.errr", "format, validity, error"]),  # a family this run does not train
 ])
 def test_a_bad_grpo_setting_is_one_line_before_hydra_starts(overrides, named):
     with refused(*named):
@@ -258,6 +265,9 @@ def test_grpo_under_fsdp2_samples_rewards_and_learns_as_under_ddp_on_two_process
         assert sum(r["completion"] in CRAFTED for r in ddp) == 2 * 2 * 2 and len({r["reward"] for r in ddp}) > 1
     logged = {kind: _logged(run) for kind, run in runs.items()}
     for step in (1, 2):
+        # The step's rewards are of both ranks' completions (rank 0 logs, every rank computes them alike).
+        assert logged["ddp"][step]["train/reward"] == pytest.approx(
+            np.mean([r["reward"] for r in _rollouts(runs["ddp"], step)]), rel=1e-6)
         for key in ("train/loss", "train/kl"):
             assert logged["fsdp"][step][key] == pytest.approx(logged["ddp"][step][key], rel=1e-4, abs=1e-7)
     assert logged["ddp"][2]["train/kl"] > 1e-7
@@ -344,6 +354,18 @@ def test_validation_rewards_the_top_answers_and_the_best_checkpoint_is_the_highe
     assert f"(val/reward {logged[1]['val/reward']:.4f}). Next:" in said  # and the closing one
 
 
+@pytest.mark.parametrize("overrides", [
+    ["callbacks.generation_evaluator.samples_per_task=0"],  # SFT: no generation at validation is allowed
+    ["objective=grpo", "callbacks.generation_evaluator.samples_per_task=0", "callbacks.model_checkpoint.monitor=val/loss",
+     "callbacks.model_checkpoint.mode=min"],  # GRPO choosing by loss needs no answers either
+    ["objective=grpo", "callbacks.generation_evaluator.samples_per_task=1"],
+])
+def test_no_generation_at_validation_is_allowed_where_nothing_is_chosen_by_it(overrides):
+    from llasmol.core.config import compose_config
+
+    check_config(compose_config([*overrides, "paths.output_dir=/x"]))
+
+
 def test_grpo_keeps_its_best_checkpoint_by_val_reward_unless_the_command_line_says_otherwise():
     from llasmol.core.config import compose_config
 
@@ -381,3 +403,49 @@ def test_a_multirun_sweeps_a_grpo_setting_as_any_other(tmp_path):
         assert "objective.beta" in (job / ".hydra" / "overrides.yaml").read_text()
         assert len(_rollouts(job, 1)) == 2 * 3
         assert ("train/kl" in _logged(job)[1]) == (beta > 0)
+
+
+def test_a_steps_logged_rewards_are_of_all_its_micro_batches_and_only_of_the_tasks_it_drew(cfg_factory, tmp_path,
+                                                                                          crafted):
+    """Two micro-batches a step: every series is of the step's 12 completions, not of its last micro-batch; a task
+    the step drew no prompt of has no value in the step's row (Lightning would repeat its last one)."""
+    train(cfg_factory(*GRPO, "trainer.max_steps=4", "data.effective_batch_size=4"))
+    logged = _logged(tmp_path)
+    seen_before: set[str] = set()
+    absent_after_seen = 0
+    for step in (1, 2, 3, 4):
+        records, row = _rollouts(tmp_path, step), logged[step]
+        assert len(records) == 2 * 2 * 3
+        rewards = np.array([r["reward"] for r in records])
+        groups = rewards.reshape(-1, 3)
+        assert row["train/reward"] == pytest.approx(rewards.mean(), rel=1e-6)
+        assert row["train/reward_std"] == pytest.approx(groups.std(axis=1, ddof=1).mean(), rel=1e-6, abs=1e-9)
+        assert row["train/no_signal"] == pytest.approx(np.mean([g.max() == g.min() for g in groups]))
+        assert row["train/completion_length"] == pytest.approx(np.mean([r["tokens"] for r in records]))
+        assert row["train/completion_clipped"] == pytest.approx(np.mean([r["clipped"] for r in records]))
+        assert row["train/rollout_tokens_per_sec"] > 0
+        tasks = {r["task"] for r in records}
+        assert {k.split("/")[2] for k in row if k.startswith("train/reward/")} == tasks
+        for task in tasks:
+            mine = [i for i, r in enumerate(records) if r["task"] == task]
+            assert row[f"train/reward/{task}"] == pytest.approx(rewards[mine].mean(), rel=1e-6)
+            assert row[f"train/reward/{task}/std"] == pytest.approx(
+                groups[sorted({i // 3 for i in mine})].std(axis=1, ddof=1).mean(), rel=1e-6, abs=1e-9)
+        absent_after_seen += len(seen_before - tasks)
+        seen_before |= tasks
+    assert absent_after_seen > 0  # the case this test is for happened
+
+
+def test_a_stage_with_a_kl_term_resumes_only_from_the_adapters_it_started_from(cfg_factory, tmp_path, trained_run):
+    """The reference is copied as the process starts: resuming without the stage's init_from would pull it towards
+    fresh adapters. Refused in one line naming the init_from to give; with it, the stage goes on."""
+    from llasmol.inference.loading import starting_adapter
+
+    settings = [*GRPO, "lora=lite", f"init_from={trained_run}", "objective.beta=0.5", "trainer.max_steps=2"]
+    folder = starting_adapter(cfg_factory(*settings))
+    with pytest.raises(SystemExit):  # Ctrl-C in step 1: interrupted.ckpt
+        train(cfg_factory(*settings, "+callbacks.signal={_target_:test_resume.SignalAtStep,step:1}"))
+    without = [o for o in settings if not o.startswith("init_from=")]
+    with refused(f"init_from={folder}", "fresh adapters", "objective.beta=0.5"):
+        train(cfg_factory(*without, "ckpt_path=last"))
+    assert train(cfg_factory(*settings, "ckpt_path=last"))["global_step"] == 2

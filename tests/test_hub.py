@@ -78,6 +78,29 @@ def test_offline_the_newest_finished_extraction_of_the_revision_is_used(tmp_path
         hub.fetch_smolinstruct("osunlp/SMolInstruct", revision="v9", cache_dir=tmp_path)
 
 
+def test_whether_the_archive_can_be_had_is_said_before_it_is_fetched(tmp_path, monkeypatch):
+    """`check_fetchable` (a run asks it before building its model) refuses exactly where the fetch would, and
+    fetches nothing: offline with no extraction nor cached archive; quiet with either, or with the Hub reachable."""
+    fetched = []
+    monkeypatch.setattr(hub, "_layout_root", lambda folder: fetched.append(folder))
+    monkeypatch.setattr(llasmol.core.offline, "hub_unreachable", lambda: "HF_HUB_OFFLINE is set")
+    monkeypatch.setattr(llasmol.core.offline, "cached_on_disk", lambda *a, **k: False)
+    with refused("osunlp/SMolInstruct", "revision main", "HF_HUB_OFFLINE is set", "data.path="):
+        hub.check_fetchable("osunlp/SMolInstruct", cache_dir=tmp_path)
+    with refused("data.revision=''"):
+        hub.check_fetchable("osunlp/SMolInstruct", revision="", cache_dir=tmp_path)
+    monkeypatch.setattr(llasmol.core.offline, "cached_on_disk", lambda *a, **k: True)  # the archive, not extracted
+    hub.check_fetchable("osunlp/SMolInstruct", cache_dir=tmp_path)
+    monkeypatch.setattr(llasmol.core.offline, "cached_on_disk", lambda *a, **k: False)
+    done = tmp_path / "osunlp--SMolInstruct@main" / "x"
+    (done / "sample").mkdir(parents=True)
+    (done / hub.DONE).touch()
+    hub.check_fetchable("osunlp/SMolInstruct", cache_dir=tmp_path)  # an earlier extraction serves offline
+    monkeypatch.setattr(llasmol.core.offline, "hub_unreachable", lambda: None)
+    hub.check_fetchable("osunlp/SMolInstruct", revision="v9", cache_dir=tmp_path)  # the Hub decides, later
+    assert fetched == []
+
+
 @pytest.mark.parametrize("revision", ["", None, 3])
 def test_a_revision_must_be_a_name(tmp_path, revision):
     with refused(f"data.revision={revision!r}"):

@@ -110,6 +110,11 @@ def test_a_declared_task_takes_its_familys_rewards_and_a_task_weight_wins():
     ({"families": {}, "tasks": {"forward_synth": {"exact": 1}}}, ("forward_synth", "reward.tasks.forward_synth")),
     ({"families": {"smiles": {"exact": 1}}, "tasks": {"forward_synthesis": {"exact": -2}}},
      ("reward.tasks.forward_synthesis.exact=-2", "from 0 up")),  # a task's own weight is named as the task's
+    # A family or task this run does not train (forward_synthesis only): a misspelt term is still a mistake.
+    ({"families": {"smiles": {"exact": 1}, "number": {"errr": 1}}},
+     ("reward.families.number.errr", "number family", "format, validity, error")),
+    ({"families": {"smiles": {"exact": 1}}, "tasks": {"property_prediction-esol": {"exact": 1}}},
+     ("reward.tasks.property_prediction-esol.exact", "number family (property_prediction-esol)")),
 ])
 def test_bad_weights_are_one_line_naming_the_setting(weights, named):
     from llasmol.core.schema import RewardSchema, check_group

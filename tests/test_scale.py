@@ -318,6 +318,37 @@ def test_a_paged_optimizer_needs_a_gpu(target, accelerator, cuda, refuses, monke
         check_optimizer({"_target_": target}, trainer)
 
 
+@pytest.mark.parametrize("accelerator, devices, seen, named", [
+    ("gpu", "auto", 0, ["trainer.accelerator=gpu", "no CUDA GPU", "trainer=cpu"]),
+    ("cuda", 1, 0, ["trainer.accelerator=cuda", "trainer=cpu"]),
+    ("gpu", 3, 2, ["trainer.devices=3", "sees 2", "trainer.devices=2"]),
+    ("gpu", 2, 2, None),  # as many as there are
+    ("gpu", "auto", 1, None),
+    ("gpu", -1, 1, None),  # Lightning's "every one"
+    ("cpu", 2, 0, None),  # processes on the CPU (gloo)
+])
+def test_the_gpus_a_run_asks_for_are_checked_before_anything_loads(accelerator, devices, seen, named, monkeypatch):
+    from llasmol.finetune.preflight import check_devices
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: seen)
+    trainer = {"accelerator": accelerator, "devices": devices}
+    if named is None:
+        check_devices(trainer)
+        return
+    with refused(*named):
+        check_devices(trainer)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has the GPU the run asks for")
+def test_the_papers_recipe_on_a_machine_without_a_gpu_is_one_line_before_the_base_loads(tmp_path):
+    """The paper's setup with the base standing in (`model=tiny trainer=gpu`): refused before Lightning builds a
+    trainer (which would say `No supported gpu backend found!` once the base had loaded), no run folder left."""
+    from refusals import refused_cli
+
+    refused_cli(["llasmol.train", "trainer=gpu"], tmp_path, "trainer.accelerator=gpu", "trainer=cpu")
+    assert not list(tmp_path.glob("outputs/train/*"))  # the timestamped run folder is not left behind
+
+
 def test_no_optimizer_config_is_no_paged_optimizer():
     from llasmol.finetune.distributed import check_optimizer
 

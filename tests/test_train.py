@@ -770,7 +770,10 @@ class _RecordingDataModule:
     """Stands in for `SMolInstructDataModule` as `cfg.data`'s target: records `setup`."""
 
     def __init__(self, tokenizer, path=None, prompts_only=False) -> None:
+        from types import SimpleNamespace
+
         self.tokenizer, self.path, self.stages, self.prompts_only = tokenizer, path, [], prompts_only
+        self.source = SimpleNamespace(check_reachable=lambda: self.stages.append("reachable?"))
 
     def setup(self, stage):
         self.stages.append(stage)
@@ -779,7 +782,7 @@ class _RecordingDataModule:
         return None
 
 
-@pytest.mark.parametrize("path, stages, objective", [("/data/smol", ["fit"], "sft"), (None, [], "grpo")])
+@pytest.mark.parametrize("path, stages, objective", [("/data/smol", ["fit"], "sft"), (None, ["reachable?"], "grpo")])
 def test_a_local_copy_is_indexed_before_anything_else_starts(path, stages, objective):
     from omegaconf import OmegaConf
 
@@ -789,7 +792,9 @@ def test_a_local_copy_is_indexed_before_anything_else_starts(path, stages, objec
                             "objective": {"name": objective}})
     datamodule = build_datamodule(cfg, "tokenizer")
     assert isinstance(datamodule, _RecordingDataModule) and datamodule.tokenizer == "tokenizer"
-    assert datamodule.stages == stages  # the Hub's copy is read when Lightning sets the data up
+    # A local copy is indexed now; the Hub's is fetched when Lightning sets the data up, but whether it can be is
+    # asked now, before the model is built.
+    assert datamodule.stages == stages
     assert datamodule.prompts_only == (objective == "grpo")  # GRPO trains on prompts alone
 
 

@@ -18,19 +18,41 @@ _WARNINGS = (
 )
 
 
-class _NoTips(logging.Filter):
+# Lines of libraries' loggers, by logger: (a part of the message, why it is noise).
+_LOG_LINES = {
+    # Lightning's advertisement of a cloud service.
+    "lightning.pytorch.utilities.rank_zero": ("Tip:",),
+    # peft imports bitsandbytes, whose CPU backend looks for an optional 4-bit kernel on the Hub at import, in every
+    # model command, quantised or not: offline (or untrusted) it says so twice and keeps its own 4-bit path.
+    "kernels._internals.hf_hub": ("Skipping publisher trust check",),
+    "bitsandbytes.backends.cpu.ops": ("from kernels-community",),
+}
+
+
+class _Known(logging.Filter):
+    def __init__(self, parts: tuple[str, ...]) -> None:
+        super().__init__()
+        self.parts = parts
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Tip:" not in record.getMessage()  # Lightning's advertisement of a cloud service
+        message = record.getMessage()
+        return not any(part in message for part in self.parts)
 
 
-_NO_TIPS = _NoTips()  # one instance: adding it again adds nothing
+_FILTERS = {name: _Known(parts) for name, parts in _LOG_LINES.items()}  # one each: adding it again adds nothing
 
 
 def quiet_known_noise() -> None:
     """Silence the known warnings (each command's first step, `llasmol.frame.start`)."""
     for pattern in _WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NO_TIPS)
+    quiet_known_log_lines()
+
+
+def quiet_known_log_lines() -> None:
+    """The known lines of libraries' loggers (`_LOG_LINES`): every other line of the same loggers still shows."""
+    for name, known in _FILTERS.items():
+        logging.getLogger(name).addFilter(known)
 
 
 def lightning_logs_to_root() -> None:

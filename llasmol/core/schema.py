@@ -606,6 +606,18 @@ def _objective_data(cfg: dict) -> Optional[str]:
     return None
 
 
+def _best_by_reward(cfg: dict) -> Optional[str]:
+    """A best checkpoint chosen by val/reward (objective=grpo's) needs answers generated at validation."""
+    callbacks = cfg.get("callbacks") or {}
+    monitor = (callbacks.get("model_checkpoint") or {}).get("monitor")
+    if monitor == "val/reward" and (callbacks.get("generation_evaluator") or {}).get("samples_per_task") == 0:
+        return ("callbacks.generation_evaluator.samples_per_task=0 generates no answer at validation, so there is no "
+                "val/reward to keep the best checkpoint by (callbacks.model_checkpoint.monitor=val/reward): give it "
+                "samples, or choose by loss with callbacks.model_checkpoint.monitor=val/loss "
+                "callbacks.model_checkpoint.mode=min")
+    return None
+
+
 @dataclass
 class TrainSchema(ModelCommandSchema):
     val_every_n_steps: int = setting(1, COUNT)
@@ -626,7 +638,7 @@ class TrainSchema(ModelCommandSchema):
     reward: RewardSchema = setting()
     init_from: Optional[str] = setting(hint="a run directory or an adapter folder")
 
-    RULES = (_lora_base, _sharded_quantization, _sharded_optimizer, _objective_data)
+    RULES = (_lora_base, _sharded_quantization, _sharded_optimizer, _objective_data, _best_by_reward)
 
 
 def _device(name: str) -> Optional[str]:
@@ -741,6 +753,16 @@ COMMANDS: dict[str, type] = {"train": TrainSchema, "params": TrainSchema, "evalu
 _UNRESOLVED = object()  # an interpolation only Hydra's own run can resolve (${hydra:...}), before it starts
 
 
+def _missing(key: str, cfg: DictConfig) -> str:
+    """The line for a `???` never given; model=hf's two settings in one line when both are missing."""
+    model = cfg.get("model") if OmegaConf.is_dict(cfg) else None
+    if key == "model.name" and model is not None and "path" in model and model.get("path") is None:
+        return ("model.name and model.path are not set: model=hf reads a base that is not listed from a local "
+                "folder, model.name=<its Hub id> model.path=<folder with its config.json, tokenizer files and "
+                "*.safetensors>")
+    return f"{key} is not set (???): give it a value, {key}=<value>"
+
+
 def resolved(cfg: DictConfig) -> dict:
     """`cfg` as plain dicts and lists with every interpolation resolved (the `hydra` node left out); a
     `UserError` naming the first key that cannot be resolved (`${oc.env:UNSET}`, a key that refers to itself,
@@ -755,11 +777,10 @@ def resolved(cfg: DictConfig) -> dict:
         try:
             value = node[key]
         except MissingMandatoryValue:
-            raise UserError(f"{where} is not set (???): give it a value, {where}=<value>") from None
+            raise UserError(_missing(where, cfg)) from None
         except InterpolationToMissingValueError as err:  # a setting that refers to a `???` (model=hf's name)
             missing = re.search(r"Missing mandatory value: ([\w.]+)", str(err))
-            key = missing.group(1) if missing else where
-            raise UserError(f"{key} is not set (???): give it a value, {key}=<value>") from None
+            raise UserError(_missing(missing.group(1) if missing else where, cfg)) from None
         except (OmegaConfBaseException, RecursionError, ValueError) as err:
             cause = err
             while cause is not None and not isinstance(cause, UserError):

@@ -28,17 +28,10 @@ def fetch_smolinstruct(repo_id: str, revision: str = "main", cache_dir: Path | N
     is extracted once per archive *content*, so `main` picks up a new release while a pinned commit never
     changes. Without the Hub, the newest extraction of `revision` is used.
     """
-    if not isinstance(revision, str) or not revision:
-        raise UserError(f"data.revision={revision!r} is not a revision name: give a branch, tag or commit, e.g. main")
-    base = (cache_dir or default_cache_dir()) / f"{repo_id}@{revision}".replace("/", "--")
-    fix = "set data.path=<folder with raw/, sample/, template/, core_tag/> to use a local copy"
-    reason = offline.hub_unreachable()
-    local_only = reason is not None and offline.cached_on_disk(repo_id, ARCHIVE, repo_type="dataset", revision=revision)
-    if reason is not None and not local_only:
-        newest = _newest_extraction(base)
-        if newest is not None:
-            return _layout_root(newest)
-        raise UserError(f"cannot fetch dataset {repo_id} at revision {revision} from the Hugging Face Hub ({reason}): {fix}")
+    base = _extractions(repo_id, revision, cache_dir)
+    local_only, newest = _without_hub(repo_id, revision, base)
+    if newest is not None:
+        return _layout_root(newest)
     try:
         from huggingface_hub import hf_hub_download
 
@@ -47,7 +40,7 @@ def fetch_smolinstruct(repo_id: str, revision: str = "main", cache_dir: Path | N
     except Exception as err:  # unknown repo or revision, no credentials, a failed download: the same for the user
         raise UserError(
             f"cannot fetch dataset {repo_id} at revision {revision} from the Hugging Face Hub "
-            f"({type(err).__name__}): {fix}"
+            f"({type(err).__name__}): {_FIX}"
         ) from None
     target = base / _content_key(archive)
     if not (target / DONE).is_file():
@@ -59,6 +52,37 @@ def fetch_smolinstruct(repo_id: str, revision: str = "main", cache_dir: Path | N
         tmp.rename(target)
         (target / DONE).touch()
     return _layout_root(target)
+
+
+_FIX = "set data.path=<folder with raw/, sample/, template/, core_tag/> to use a local copy"
+
+
+def _extractions(repo_id: str, revision, cache_dir: Path | None) -> Path:
+    if not isinstance(revision, str) or not revision:
+        raise UserError(f"data.revision={revision!r} is not a revision name: give a branch, tag or commit, e.g. main")
+    return (cache_dir or default_cache_dir()) / f"{repo_id}@{revision}".replace("/", "--")
+
+
+def _without_hub(repo_id: str, revision: str, base: Path) -> tuple[bool, Optional[Path]]:
+    """When the Hub cannot be reached: (True, None) if the Hugging Face cache holds the archive, else (False, the
+    newest extraction of `revision`); a `UserError` if there is neither. (False, None) when the Hub may be reached."""
+    reason = offline.hub_unreachable()
+    if reason is None:
+        return False, None
+    if offline.cached_on_disk(repo_id, ARCHIVE, repo_type="dataset", revision=revision):
+        return True, None
+    newest = _newest_extraction(base)
+    if newest is None:
+        raise UserError(f"cannot fetch dataset {repo_id} at revision {revision} from the Hugging Face Hub ({reason}): "
+                        f"{_FIX}")
+    return False, newest
+
+
+def check_fetchable(repo_id: str, revision: str = "main", cache_dir: Path | None = None) -> None:
+    """The line `fetch_smolinstruct` would give for an archive neither on this machine nor reachable, said before a
+    run builds its model and starts its loggers (the fetch itself waits for Lightning's `prepare_data`, which
+    runs it once per node)."""
+    _without_hub(repo_id, revision, _extractions(repo_id, revision, cache_dir))
 
 
 def _content_key(archive: Path) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional, Union
 from llasmol.core.errors import UserError
 from llasmol.core.schema import checked_tasks
 from llasmol.core.tasks import TASK_NAMES, TaskTable
-from llasmol.data.hub import fetch_smolinstruct
+from llasmol.data.hub import check_fetchable, fetch_smolinstruct
 from llasmol.data.smolinstruct import SMolInstructSplit, count_samples, raw_path, raw_split
 from llasmol.data.custom import MixedSplit, Row, TableSplit, is_table, read_table
 from llasmol.data.split import Split
@@ -78,6 +78,12 @@ class SMolInstructSource:
         if not self.path:
             self.path = str(fetch_smolinstruct(self.hub_id, self.revision))
         return self.path
+
+    def check_reachable(self) -> None:
+        """For the Hub's archive (`path` null): the one line its fetch would give, now, if it is neither on this
+        machine nor reachable (a run says it before its base loads)."""
+        if not self.path:
+            check_fetchable(self.hub_id, self.revision)
 
     def places(self) -> list[str]:
         """Where the data is: `path` (its SMolInstruct copy fetched if null), then each of `also`."""

@@ -50,6 +50,8 @@ def build_datamodule(cfg: DictConfig, tokenizer, tasks: Optional[TaskTable] = No
         mix = datamodule.mix()
         if mix:
             log.info("training samples per epoch: %s (data.weights)", mix)
+    else:  # fetched by Lightning's prepare_data, once the model is built: unreachable is said now
+        datamodule.source.check_reachable()
     return datamodule
 
 
@@ -76,9 +78,11 @@ def build_model(cfg: DictConfig, tokenizer, start: Optional[Path] = None):
     return model, params
 
 
-def build_module(cfg: DictConfig, model, datamodule: Optional[SMolInstructDataModule] = None) -> LoRACausalLM:
+def build_module(cfg: DictConfig, model, datamodule: Optional[SMolInstructDataModule] = None,
+                 start: Optional[Path] = None) -> LoRACausalLM:
     """The LightningModule training `model`'s adapters by the config's objective, optimizer and scheduler
-    (`datamodule`: the run's, whose tokenizer and task table GRPO samples and rewards with)."""
+    (`datamodule`: the run's, whose tokenizer and task table GRPO samples and rewards with; `start`: the adapter
+    folder the adapters started from, GRPO's KL reference)."""
     optimizer = hydra.utils.instantiate(cfg.optimizer)
     scheduler = hydra.utils.instantiate(cfg.scheduler) if cfg.get("scheduler") else None
     if cfg.objective.name == "sft":
@@ -86,7 +90,7 @@ def build_module(cfg: DictConfig, model, datamodule: Optional[SMolInstructDataMo
     tasks = datamodule.source.table
     return GRPOLoRA(model, optimizer, scheduler, objective=cfg.objective, tokenizer=datamodule.tokenizer, tasks=tasks,
                     rewards=Rewards(cfg.reward, tasks, datamodule.tasks), generation=cfg.generation, seed=cfg.seed,
-                    output_dir=cfg.paths.output_dir)
+                    output_dir=cfg.paths.output_dir, start=start)
 
 
 class FreeCoreThreads(Callback):

@@ -21,6 +21,8 @@ divides by it.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Optional
 
@@ -113,11 +115,23 @@ def completion_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
                      temperature: float = 1.0) -> torch.Tensor:
     """The log-probability (B, T) of each of the last `completion_length` tokens of `input_ids` (prompt then
     completion, left-padded prompts) under `model`, its logits divided by `temperature` as they were when the
-    completions were sampled."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    completions were sampled. Only the positions that predict a completion token go through the output layer
+    where the base takes `logits_to_keep` (a 150k-word vocabulary over a long prompt is the largest tensor)."""
+    keep = {"logits_to_keep": completion_length + 1} if _keeps_logits(type(_base_of(model))) else {}
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, **keep).logits
     logits = logits[:, -completion_length - 1:-1].float() / temperature  # position t predicts token t + 1
     targets = input_ids[:, -completion_length:]
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def _base_of(model):
+    """The transformers model under PEFT's wrapper (the one whose forward takes the keyword)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+@functools.lru_cache(maxsize=None)
+def _keeps_logits(model_type: type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_type.forward).parameters
 
 
 @torch.no_grad()

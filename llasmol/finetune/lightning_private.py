@@ -59,6 +59,10 @@ TOUCH_POINTS: tuple[tuple[str, str, str, str, str], ...] = (
     ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop", "_skip_next_val", "instance", "the same"),
     ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop", "val_loop", "instance", "the same"),
     ("lightning.pytorch.loops.fit_loop", "_FitLoop", "_data_fetcher", "instance", "the same"),
+    ("lightning.pytorch", "Trainer", "_results", "instance",
+     "a value logged in some steps only (a GRPO task's reward) is not written again in the steps that lack it"),
+    ("lightning.pytorch.trainer.connectors.logger_connector.result", "_ResultMetric", "has_reset", "instance",
+     "the same"),
 )
 
 
@@ -82,6 +86,10 @@ def _instance(name: str, cls: type) -> Any:
         return cls(save_dir=tempfile.mkdtemp(), **({"offline": True} if name == "WandbLogger" else {}))
     if name == "ExperimentWriter":
         return cls(tempfile.mkdtemp())
+    if name == "_ResultMetric":
+        from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata
+
+        return cls(_Metadata(fx="training_step", name="x"), is_tensor=True)
     if name in ("Trainer", "_FitLoop", "_TrainingEpochLoop"):
         from lightning.pytorch import Trainer
 
@@ -163,6 +171,17 @@ def validate_first_on_resume(trainer) -> None:
 
 
 # --------------------------------------------------------------------------- loggers
+
+
+def forget_step_values(trainer, prefix: str) -> None:
+    """Lightning keeps each value logged with on_step until the epoch ends and writes it in every later step's
+    row: a series logged in some steps only (a GRPO task's reward, in the steps that drew its prompts) would
+    repeat its last value. The values of the keys under `prefix` are marked reset (as Lightning's own reset
+    marks them), so that the step's row holds only those logged again in it."""
+    results = trainer._results
+    for metric in (results.values() if results is not None else ()):
+        if metric.meta.name.startswith(prefix):
+            metric.has_reset = True
 
 
 def log_step_row_now(trainer, pl_module, outputs, batch, batch_idx: int) -> None:

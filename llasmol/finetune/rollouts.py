@@ -34,6 +34,7 @@ from llasmol.core.files import write_jsonl
 from llasmol.core.run_dir import ROLLOUTS
 from llasmol.core.tasks import TaskTable
 from llasmol.finetune.grpo import PolicyLoss, completion_logps, group_advantages, sample_group
+from llasmol.finetune.lightning_private import forget_step_values
 from llasmol.finetune.module import LoRACausalLM
 from llasmol.inference.beam_search import forward_is_collective, task_settings
 from llasmol.inference.pipeline import gather_to_all, split_golds
@@ -52,7 +53,7 @@ class Rollout:
     advantages: torch.Tensor
     old_logps: Optional[torch.Tensor]  # the policy's when sampled (num_iterations > 1), else None
     ref_logps: Optional[torch.Tensor]  # the reference's (beta > 0), else None
-    records: list  # one dict per completion: index, task, completion, tokens, reward, terms, advantage
+    records: list  # one dict per completion: index, task, completion, tokens, reward, terms, clipped, advantage
 
     def state(self) -> dict:
         """Plain tensors and containers (a checkpoint is read weights-only)."""
@@ -64,9 +65,10 @@ class GRPOLoRA(LoRACausalLM):
 
     def __init__(self, model: torch.nn.Module, optimizer: Callable[..., torch.optim.Optimizer],
                  scheduler: Optional[Callable[..., Any]] = None, *, objective, rewards: Rewards, tokenizer,
-                 generation, tasks: TaskTable, seed: int, output_dir: str) -> None:
+                 generation, tasks: TaskTable, seed: int, output_dir: str, start: Optional[str] = None) -> None:
         """`objective`: the objective group's settings (conf/objective/grpo.yaml); `generation`: the generation
-        group, whose per-task max_new_tokens bound each completion as they bound generation."""
+        group, whose per-task max_new_tokens bound each completion as they bound generation; `start`: the adapter
+        folder the stage starts from (`init_from`'s), None for fresh adapters."""
         super().__init__(model, optimizer, scheduler)
         self.settings = objective
         self.policy_loss = PolicyLoss(objective.loss_type, objective.epsilon, objective.epsilon_high, objective.beta,
@@ -79,11 +81,13 @@ class GRPOLoRA(LoRACausalLM):
         self.tasks = tasks
         self.seed = seed
         self.output_dir = Path(output_dir)
+        self.start = str(start) if start is not None else None
         self._golds = None  # the training split's golds, pooled as the scorer pools them (built at fit start)
         self._kept: dict[int, Rollout] = {}  # micro-batch place in its step -> its rollout (num_iterations > 1)
         self._reference: Optional[list[torch.Tensor]] = None
-        self._records: list[dict] = []
+        self._records: list[dict] = []  # this step's completions on this process, its micro-batches in order
         self._records_step = -1
+        self._sampling_seconds = 0.0
 
     # ------------------------------------------------------------------ what one completion is worth
 
@@ -153,10 +157,12 @@ class GRPOLoRA(LoRACausalLM):
             text = self.tokenizer.decode(completion[row, :length], skip_special_tokens=True).strip()
             reward, terms = self.rewards(task, text, golds)
             rewards.append(reward)
+            # Clipped: cut at its bound before its end of sequence (one that ends exactly there is whole).
+            clipped = length >= int(limits[row // groups]) and int(completion[row, length - 1]) != self.eos_id
             records.append({"index": index, "task": task, "completion": text, "tokens": length, "reward": reward,
-                            "terms": terms})
+                            "terms": terms, "clipped": clipped})
         rewards_t = torch.tensor(rewards, dtype=torch.float32, device=completion.device)
-        advantages, no_signal = group_advantages(rewards_t, groups, self.settings.scale_rewards)
+        advantages, _ = group_advantages(rewards_t, groups, self.settings.scale_rewards)
         for record, advantage in zip(records, advantages.tolist()):
             record["advantage"] = advantage
         prompts = batch["input_ids"].repeat_interleave(groups, dim=0)
@@ -169,38 +175,48 @@ class GRPOLoRA(LoRACausalLM):
             if self.settings.beta:
                 with self._as_reference():
                     ref = self._logps(input_ids, attention_mask, completion.size(1))
-        self._watch_rollout(rewards_t, records, no_signal, mask, limits.repeat_interleave(groups), seconds)
+        self._sampling_seconds += seconds
         return Rollout(input_ids, attention_mask, mask, advantages, old, ref, records)
 
     def _logps(self, input_ids, attention_mask, length: int) -> torch.Tensor:
         return completion_logps(self.model, input_ids, attention_mask, length, float(self.settings.temperature))
 
-    def _watch_rollout(self, rewards: torch.Tensor, records: list[dict], no_signal: torch.Tensor, mask: torch.Tensor,
-                       limits: torch.Tensor, seconds: float) -> None:
-        """What RL users watch of a rollout: rewards overall, per task and per term; how many groups teach
-        nothing; completion lengths and how many hit their bound; sampling speed."""
-        n = rewards.numel()
-        groups = rewards.view(-1, self.settings.num_generations)
-        lengths = mask.sum(1).float()
-        self.log("train/reward", rewards.mean(), prog_bar=True, batch_size=n)
-        self.log("train/reward_std", groups.std(dim=1).mean(), batch_size=n)
-        self.log("train/no_signal", no_signal.float().mean(), batch_size=n)
-        self.log("train/completion_length", lengths.mean(), batch_size=n)
-        self.log("train/completion_clipped", (lengths >= limits).float().mean(), batch_size=n)
+    def _watch_step(self, records: list[dict], seconds: float) -> None:
+        """What RL users watch of a step, from all its completions (every micro-batch of every process): rewards
+        overall, per task and per term, with their spread within groups; how many completions teach nothing
+        (their group all earned the same); completion lengths and how many hit their bound; sampling speed.
+        A task the step drew no prompt of logs nothing this step."""
+        forget_step_values(self.trainer, "train/reward/")  # else Lightning writes a task's last value again
+        n = len(records)
+        rewards = np.array([r["reward"] for r in records])
+        groups = rewards.reshape(-1, self.settings.num_generations)
+        lengths = np.array([r["tokens"] for r in records], dtype=float)
+        self.log("train/reward", float(rewards.mean()), prog_bar=True, batch_size=n)
+        self.log("train/reward_std", float(groups.std(axis=1, ddof=1).mean()), batch_size=n)
+        self.log("train/no_signal", float(np.isclose(groups.max(axis=1), groups.min(axis=1)).mean()), batch_size=n)
+        self.log("train/completion_length", float(lengths.mean()), batch_size=n)
+        self.log("train/completion_clipped", float(np.mean([r.get("clipped", False) for r in records])), batch_size=n)
         if seconds > 0:
-            self.log("train/rollout_tokens_per_sec", float(lengths.sum()) / seconds, batch_size=n)
-        by_task: dict[str, list[dict]] = {}
-        for record in records:
-            by_task.setdefault(record["task"], []).append(record)
+            self.log("train/rollout_tokens_per_sec", float(lengths[[not r["reused"] for r in records]].sum()) / seconds,
+                     batch_size=n)
+        by_task: dict[str, list[int]] = {}
+        for i, record in enumerate(records):
+            by_task.setdefault(record["task"], []).append(i)
         for task, rows in by_task.items():
-            self.log(f"train/reward/{task}", float(np.mean([r["reward"] for r in rows])), batch_size=len(rows))
-            for term in rows[0]["terms"]:
-                self.log(f"train/reward/{task}/{term}", float(np.mean([r["terms"][term] for r in rows])),
-                         batch_size=len(rows))
+            mine = [records[i] for i in rows]
+            self.log(f"train/reward/{task}", float(np.mean([r["reward"] for r in mine])), batch_size=len(mine))
+            task_groups = sorted({i // self.settings.num_generations for i in rows})
+            self.log(f"train/reward/{task}/std", float(groups[task_groups].std(axis=1, ddof=1).mean()),
+                     batch_size=len(mine))
+            for term in mine[0]["terms"]:
+                self.log(f"train/reward/{task}/{term}", float(np.mean([r["terms"][term] for r in mine])),
+                         batch_size=len(mine))
 
     # ------------------------------------------------------------------ the step
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        if self._records_step != self.global_step:  # the step's first micro-batch
+            self._records, self._records_step, self._sampling_seconds = [], self.global_step, 0.0
         place = batch_idx % self.trainer.accumulate_grad_batches
         reuse = self.global_step % self.settings.num_iterations != 0 and place in self._kept
         rollout = self._kept[place] if reuse else self._roll_out(batch, batch_idx)
@@ -226,25 +242,34 @@ class GRPOLoRA(LoRACausalLM):
     # ------------------------------------------------------------------ rollouts/step{S}.jsonl
 
     def _keep_records(self, records: list[dict], reused: bool) -> None:
-        if self._records_step != self.global_step:
-            self._records, self._records_step = [], self.global_step
         self._records.extend({**r, "reused": reused} for r in records)
 
     def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
         super().on_train_batch_end(outputs, batch, batch_idx)
         if self.global_step > self._records_step >= 0:  # the step's optimizer update is done: its records are whole
             everything = gather_to_all(self._records)  # every rank, together (collective)
+            slowest = max(gather_to_all([self._sampling_seconds]))  # the ranks sample side by side
             if self.trainer.is_global_zero:
                 write_jsonl(self.output_dir / ROLLOUTS / f"step{self.global_step}.jsonl", everything)
+            self._watch_step(everything, slowest)  # the same numbers on every rank
             self._records, self._records_step = [], -1
 
     # ------------------------------------------------------------------ checkpoints
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
+        checkpoint["grpo_start"] = self.start  # the KL's reference: checked when the stage resumes
         if self._kept:
             checkpoint["grpo_rollouts"] = {place: r.state() for place, r in self._kept.items()}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
+        started = checkpoint.get("grpo_start", self.start)
+        if self.settings.beta and started != self.start:
+            # The reference is copied from the adapters as this process starts: another init_from, or none, would
+            # pull the resumed stage towards other weights than the interrupted one's.
+            raise UserError(f"this GRPO stage started from {started or 'fresh adapters (no init_from)'}, its KL "
+                            f"reference (objective.beta={self.settings.beta}), but resuming it starts from "
+                            f"{self.start or 'fresh adapters'}: resume with init_from="
+                            f"{started if started else 'null'}, as the stage began")
         self._kept = {int(place): Rollout(**state) for place, state in (checkpoint.get("grpo_rollouts") or {}).items()}

@@ -97,7 +97,7 @@ class GenerationEvaluator(Callback):
     def _rewarded(self, records: list[dict], tasks: TaskTable, datamodule) -> dict[str, float]:
         """`val/reward` and `val/reward/<task>`: the mean reward of each sample's top answer (its first prediction,
         the one the metrics score first) against its golds; nothing without reward weights."""
-        if not self.rewards:
+        if not self.rewards or not records:
             return {}
         from llasmol.metrics.rewards import Rewards
 

@@ -40,6 +40,13 @@ TERMS: dict[str, dict[str, _Term]] = {
 }
 
 
+def _check_terms(kind: str, weights, where: str, whose: str) -> None:
+    for term in dict(weights or {}):
+        if term not in TERMS[kind]:
+            raise UserError(f"{where}.{term}: {term} is no reward term of the {whose}: its terms are "
+                            f"{', '.join(TERMS[kind])}")
+
+
 class Rewards:
     """The reward of a completion for its task: the weighted sum of its family's terms (`weights`: conf/reward/'s
     `families` and per-task `tasks`, numbers from 0 up as the config check has found them); each family, task and
@@ -48,20 +55,17 @@ class Rewards:
     def __init__(self, weights: Mapping[str, Any], tasks: TaskTable, trained: Optional[list[str]] = None) -> None:
         self.tasks = tasks
         families, by_task = dict(weights.get("families") or {}), dict(weights.get("tasks") or {})
-        for name in families:
+        for name, own in families.items():
             if name not in TERMS:
                 raise UserError(f"reward.families.{name} is no metric family: the families are {', '.join(TERMS)}")
-        for name in by_task:
-            tasks.task(name, f"reward.tasks.{name}")
+            _check_terms(name, own, f"reward.families.{name}", f"{name} family")
+        for name, own in by_task.items():  # a task this run does not train is checked too: a typo is a typo
+            kind = tasks.task(name, f"reward.tasks.{name}").family
+            _check_terms(kind, own, f"reward.tasks.{name}", f"{kind} family ({name})")
         self.weights: dict[str, dict[str, float]] = {}
         for task in trained if trained is not None else list(tasks):
             kind = tasks.task(task).family
             own = {**dict(families.get(kind) or {}), **dict(by_task.get(task) or {})}
-            for term, weight in own.items():
-                where = f"reward.tasks.{task}.{term}" if term in (by_task.get(task) or {}) else f"reward.families.{kind}.{term}"
-                if term not in TERMS[kind]:
-                    raise UserError(f"{where}: {term} is no reward term of the {kind} family ({task}): its terms are "
-                                    f"{', '.join(TERMS[kind])}")
             if not any(own.values()):
                 raise UserError(f"every reward weight of task {task} ({kind} family) is 0 or unset: GRPO would learn "
                                 f"nothing from it; give one, e.g. reward.families.{kind}.format=0.1")
