@@ -126,18 +126,18 @@ def _steps(run: Path, steps) -> list[list[tuple]]:
             for s in steps]
 
 
-@pytest.mark.parametrize("iterations, beta", [(1, 0), (2, 0), (1, 0.5)])
+@pytest.mark.parametrize("iterations, beta, signum", [(1, 0, 2), (2, 0, 2), (1, 0.5, 2), (2, 0.5, 15)])
 def test_a_stage_resumed_from_its_checkpoint_samples_rewards_and_learns_as_the_uninterrupted_one(
-        cfg_factory, tmp_path, crafted, iterations, beta):
+        cfg_factory, tmp_path, crafted, iterations, beta, signum):
     """Rollouts are drawn from (seed, epoch, batch, rank), the data position and a kept rollout
     (num_iterations=2: step 2 trains on step 1's rollout again) travel in the checkpoint, and the KL's reference
     stays the adapters the stage started from (not the resumed ones)."""
     settings = [*GRPO, f"objective.num_iterations={iterations}", "lora.dropout=0", f"objective.beta={beta}",
                 "scheduler.num_warmup_steps=0", "optimizer.lr=0.01"]
     whole = train(cfg_factory(*settings, "trainer.max_steps=3", f"paths.output_dir={tmp_path / 'whole'}"))
-    with pytest.raises(SystemExit):  # Ctrl-C in step 1: the run stops at its end (interrupted.ckpt)
+    with pytest.raises(SystemExit):  # Ctrl-C (SIGTERM: a cluster) in step 1: it stops at its end (interrupted.ckpt)
         train(cfg_factory(*settings, "trainer.max_steps=3", f"paths.output_dir={tmp_path / 'cut'}",
-                          "+callbacks.signal={_target_:test_resume.SignalAtStep,step:1}"))
+                          f"+callbacks.signal={{_target_:test_resume.SignalAtStep,step:1,signum:{signum}}}"))
     resumed = train(cfg_factory(*settings, "trainer.max_steps=3", f"paths.output_dir={tmp_path / 'cut'}",
                                 "ckpt_path=last"))
     assert resumed["resumed_from"] and resumed["global_step"] == whole["global_step"] == 3

@@ -18,7 +18,7 @@ _WARNINGS = (
 )
 
 
-# Lines of libraries' loggers, by logger: (a part of the message, why it is noise).
+# Known lines of libraries' loggers: by logger, the parts of a message that mark it (each with why it is noise).
 _LOG_LINES = {
     # Lightning's advertisement of a cloud service.
     "lightning.pytorch.utilities.rank_zero": ("Tip:",),
