@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -551,16 +552,30 @@ def test_the_callbacks_a_resumable_run_needs_come_last_and_no_bar_when_it_is_off
     from llasmol.finetune.build import FreeCoreThreads, build_callbacks
     from llasmol.finetune.checkpointing import AdapterModelCheckpoint
     from llasmol.finetune.resume import StepSeeding, StopAtStepBoundary
-    from llasmol.finetune.tracking import ProgressBar
+    from llasmol.finetune.tracking import ProgressBar, ProgressLines
 
     kinds = [type(c) for c in build_callbacks(cfg_factory("seed=21", "trainer.enable_progress_bar=true"))]
-    assert ProgressBar in kinds and kinds.count(AdapterModelCheckpoint) == 2
+    assert ProgressBar in kinds and ProgressLines not in kinds and kinds.count(AdapterModelCheckpoint) == 2
     assert kinds[-3:] == [FreeCoreThreads, StepSeeding, StopAtStepBoundary]
-    cfg = cfg_factory("seed=21", "trainer.enable_progress_bar=false")
+    cfg = cfg_factory("seed=21", "trainer.enable_progress_bar=false", "progress_every_s=7")
     callbacks = build_callbacks(cfg)
     assert ProgressBar not in [type(c) for c in callbacks] and callbacks[-2].seed == 21
+    assert [c.every_s for c in callbacks if isinstance(c, ProgressLines)] == [7.0]  # the bar's stand-in, one
     del cfg.trainer.enable_progress_bar  # unset: Lightning's default shows the bar
     assert ProgressBar in [type(c) for c in build_callbacks(cfg)]
+
+
+@pytest.mark.parametrize("every_s, said", [(0, [1, 2, 3]), (3600, [])])
+def test_a_redirected_run_says_its_steps_rate_time_left_and_loss_in_its_log(cfg_factory, caplog, every_s, said):
+    with caplog.at_level("INFO", logger="llasmol.train"):
+        train(cfg_factory("trainer.max_steps=3", "val_every_n_steps=100", "trainer.enable_progress_bar=false",
+                          "data.micro_batch_size=4", "data.effective_batch_size=8",  # 2 micro-batches a step
+                          f"progress_every_s={every_s}", "callbacks.generation_evaluator.samples_per_task=1",
+                          "generation.max_new_tokens_limit=4"))
+    lines = [m for m in caplog.messages if m.startswith("training: ")]
+    assert [int(m.split()[1].split("/")[0]) for m in lines] == said
+    for m in lines:
+        assert re.fullmatch(r"training: \d/3 steps \(\d+%\), [\d.]+ steps/s, about \d+m\d\ds left; loss \d+\.\d{4}", m), m
 
 
 def _datamodule(**source):
@@ -690,8 +705,8 @@ def test_a_validation_generates_on_its_ranks_share_logs_every_number_and_writes_
     monkeypatch.setattr(validation, "BeamGenerator", lambda *args: calls.append(("generator", *args)) or "generator")
 
     @contextmanager
-    def progress(description, total, live):
-        calls.append(("progress", description, total, live))
+    def progress(description, total, live, log_every_s):
+        calls.append(("progress", description, total, live, log_every_s))
         yield "advance"
 
     monkeypatch.setattr(validation, "generation_progress", progress)
@@ -729,12 +744,12 @@ def test_a_validation_generates_on_its_ranks_share_logs_every_number_and_writes_
                               is_global_zero=True, global_step=8, loggers=[wandb])
     generation = {"max_prompt_tokens": 64, "batch_size": 3}
     evaluator = GenerationEvaluator(generation, samples_per_task=2, seed=9, output_dir=str(tmp_path / "out"),
-                                    intervals={"n": 10})
+                                    intervals={"n": 10}, progress_every_s=30)
     evaluator.on_validation_epoch_end(SimpleNamespace(**{**vars(trainer), "sanity_checking": True}), module)
     assert calls == [] and logged == []  # Lightning's sanity check is not a validation of the run
     evaluator.on_validation_epoch_end(trainer, module)
     assert calls == [("samples", "source", "validation", 2, 9), ("share", 1, 2),
-                     ("generator", "model", "tok", "fmt", 64, 3), ("progress", "Generation", 2, None),
+                     ("generator", "model", "tok", "fmt", 64, 3), ("progress", "validation generation", 2, None, 30),
                      ("answer", "generator", share, "advance"),
                      ("evaluation", (tmp_path / "out", "val-step8"), {"n": 10}, True), ("write", [1, 3]),
                      ("score", ("reduced", ["name_conversion-s2f"], "cpu"))]
@@ -752,6 +767,7 @@ def test_a_validation_generates_on_its_ranks_share_logs_every_number_and_writes_
     outcome.intervals = None
     evaluator.on_validation_epoch_end(SimpleNamespace(**{**vars(trainer), "is_global_zero": False}), module)
     assert calls[0] == ("share", 1, 2)
+    assert ("progress", "validation generation", 2, None, None) in calls  # rank 0 alone says its progress
     assert ("evaluation", (tmp_path / "default", "val-step8"), {"n": 10}, False) in calls
     assert len(tables) == 1 and len(logged) == 6  # no intervals this time; no W&B rows from rank 1
 

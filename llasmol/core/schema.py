@@ -477,6 +477,7 @@ class TrainerSchema:
 @dataclass
 class GenerationEvaluatorSchema:
     samples_per_task: Optional[int] = setting(0, COUNT, hint="null: every validation sample")
+    progress_every_s: float = setting(0)  # a copy of ${progress_every_s}
     # Copies of the top-level groups (${generation}, ${intervals}, ${seed}); an override can replace them.
     generation: GenerationSchema = setting()
     intervals: IntervalsSchema = setting()
@@ -495,10 +496,16 @@ class ResumeCheckpointSchema:
 
 
 @dataclass
+class ProgressLinesSchema:
+    every_s: float = setting(0)  # a copy of ${progress_every_s}
+
+
+@dataclass
 class CallbacksSchema:
     model_checkpoint: BestCheckpointSchema
     resume_checkpoint: ResumeCheckpointSchema
     generation_evaluator: GenerationEvaluatorSchema
+    progress_lines: ProgressLinesSchema
 
 
 @dataclass
@@ -622,6 +629,8 @@ def _best_by_reward(cfg: dict) -> Optional[str]:
 class TrainSchema(ModelCommandSchema):
     val_every_n_steps: int = setting(1, COUNT)
     checkpoint_every_n_steps: int = setting(1, COUNT)
+    progress_every_s: float = setting(0, hint="seconds between progress lines in train.log off a terminal; 0: at "
+                                      "every step")
     gradient_checkpointing: bool = setting()
     compile: CompileSchema = setting()
     ckpt_path: Optional[str] = setting()

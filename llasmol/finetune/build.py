@@ -27,7 +27,7 @@ from llasmol.finetune.rollouts import GRPOLoRA
 from llasmol.metrics.rewards import Rewards
 from llasmol.model.adapters import load_adapter_weights
 from llasmol.finetune.resume import Resume, StepSeeding, StopAtStepBoundary
-from llasmol.finetune.tracking import number_rows_by_optimizer_step
+from llasmol.finetune.tracking import ProgressLines, number_rows_by_optimizer_step
 
 log = logging.getLogger("llasmol.train")  # the run's log lines keep the command's name in train.log
 
@@ -106,9 +106,9 @@ def build_callbacks(cfg: DictConfig) -> list:
     then the two a resumable run needs: step-seeded random draws and stopping at an optimizer step's end."""
     callbacks = [*instantiate_all(cfg.get("callbacks")), FreeCoreThreads(), StepSeeding(cfg.seed),
                  StopAtStepBoundary()]
-    if not cfg.trainer.get("enable_progress_bar", True):
-        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
-    return callbacks
+    # The bar on a terminal, its lines in the log elsewhere: one of the two.
+    unwanted = ProgressLines if cfg.trainer.get("enable_progress_bar", True) else ProgressBar
+    return [c for c in callbacks if not isinstance(c, unwanted)]
 
 
 def build_trainer(cfg: DictConfig, datamodule: SMolInstructDataModule, resume: Resume) -> Trainer:

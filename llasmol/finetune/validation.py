@@ -43,11 +43,12 @@ log = logging.getLogger("llasmol.train")
 class GenerationEvaluator(Callback):
     def __init__(self, generation: dict, *, samples_per_task: Optional[int], seed: int,
                  output_dir: Optional[str] = None, intervals: Optional[dict] = None,
-                 rewards: Optional[dict] = None) -> None:
+                 rewards: Optional[dict] = None, progress_every_s: Optional[float] = None) -> None:
         """The settings of `callbacks.generation_evaluator` (conf/callbacks/default.yaml states their values;
         `rewards`: the reward group's weights, for a GRPO run)."""
         self.generation = generation
         self.rewards = rewards
+        self.progress_every_s = progress_every_s  # off a terminal: a line this often while generating (None: none)
         self.intervals = intervals  # None: none
         self.samples_per_task = samples_per_task
         self.seed = seed
@@ -66,7 +67,9 @@ class GenerationEvaluator(Callback):
         share = self._samples.share(trainer.global_rank, trainer.world_size)
         generator = BeamGenerator(pl_module.model, dm.tokenizer, dm.formatter,
                                   self.generation["max_prompt_tokens"], self.generation["batch_size"])
-        with generation_progress("Generation", len(share.indices), live_progress(trainer)) as advance:
+        every = self.progress_every_s if trainer.is_global_zero else None  # rank 0 speaks for all
+        with generation_progress("validation generation", len(share.indices), live_progress(trainer),
+                                 log_every_s=every) as advance:
             records = ModelAnswers(generator, self.generation, tasks=share.split.table).answer(share, advance)
         everything = sorted(gather_to_all(records), key=lambda r: r["index"])
         out = Path(self.output_dir or trainer.default_root_dir)
