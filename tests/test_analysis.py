@@ -442,11 +442,17 @@ def test_report_on_real_run(real_sweep, capsys):
     assert curves["train/loss"] and curves["train/loss"][-1][1] == run.train_loss
 
 
-def test_report_on_real_sweep(real_sweep, capsys, ablation_titles):
+def test_report_on_real_sweep(real_sweep, capsys, ablation_titles, monkeypatch):
     written = report_main([str(real_sweep)])
     capsys.readouterr()
     # every variant validated: the chart says it shows their latest validations (a baseline's: "or test split")
     assert ablation_titles == [f"{real_sweep.name}: variants at their latest validation, 95% intervals"]
+    from llasmol.analysis import pairs as pairs_module
+
+    monkeypatch.setattr(pairs_module, "ablation_intervals", lambda runs, labels: {"val/loss": dict.fromkeys(labels)})
+    report_main([str(real_sweep)])  # runs without intervals (intervals=none): the title promises none
+    capsys.readouterr()
+    assert ablation_titles[-1] == f"{real_sweep.name}: variants at their latest validation"
     report = real_sweep / "report"
     assert {p.name for p in written} == {"comparison.md", "comparison.csv", "ablation.png", "pairs.md", "pairs.csv"}
     data = analysis.ablation_data(real_sweep)
@@ -554,6 +560,8 @@ def test_charts_say_something_on_a_short_sweep():
         "loss, nats/token", "trainable parameters", "training time", "answered", "headline metric"]
     loss_panel = fig.axes[0]
     assert [t.get_text() for t in loss_panel.get_xticklabels()] == ["val/loss", "train/loss"]
+    assert [t.get_text() for t in fig.axes[1].texts] == ["0.03", "0.07"]  # the parameters' values, printed
+    assert "other work" in fig.axes[2].get_ylabel()  # time says what moves it besides the variant
     assert sorted(round(b.get_height(), 2) for c in loss_panel.containers for b in c) == [3.0, 3.1, 3.2, 3.4]
     # A score that is 0 for every variant has no bars to compare: left out of its panel, and said.
     assert [t.get_text() for t in fig.axes[4].get_xticklabels()] == ["retrosynthesis/exact_match"]

@@ -205,7 +205,7 @@ def plot_ablation(data: dict[str, dict[str, Optional[float]]], path: Optional[Pa
     present = {g: vals for g, vals in present.items() if g not in zeros}
     panels = [(k, [g for g in present if kind(g) == k], label) for k, label in (
         ("loss", "loss, nats/token (lower is better)"), ("trainable (M)", "trainable parameters (millions)"),
-        ("minutes", "training time (minutes)"), (ANSWERED, "answered (share of samples)"),
+        ("minutes", "training time (minutes; moves with\nthe machine's other work)"), (ANSWERED, "answered (share of samples)"),
         ("fraction", "headline metric (fraction)"), ("lower", "RMSE (lower is better)"))]
     panels = [p for p in panels if p[1]]
     widths = [1.5 * len(groups) if k in narrow else max(3.0, 0.9 * len(groups)) for k, groups, _ in panels]
@@ -234,8 +234,9 @@ def plot_ablation(data: dict[str, dict[str, Optional[float]]], path: Optional[Pa
                           [max(0.0, b[1] - h) if b and h == h else 0.0 for h, b in zip(heights, bounds)]]
             bars = ax.bar(xs, heights, width=width, label=variant, color=f"C{i}", yerr=errors,
                           error_kw={"elinewidth": 0.8, "capsize": 2, "ecolor": "0.2"})
-            if kind_ in ("loss", "lower", "minutes"):  # small differences between tall bars: print the values
-                ax.bar_label(bars, fmt="%.2f" if kind_ == "minutes" else "%.3f", fontsize="x-small")
+            if kind_ in ("loss", "lower", "minutes", "trainable (M)"):  # close or far apart: print the values
+                fmt = {"minutes": "%.2f", "trainable (M)": "%.3g"}.get(kind_, "%.3f")
+                ax.bar_label(bars, fmt=fmt, fontsize="x-small")
         ax.set_xticks(range(len(groups)))
         ax.set_xticklabels(groups, rotation=35, ha="right", fontsize="small")
         ax.set_ylabel(label, fontsize="small")

@@ -133,10 +133,12 @@ def report_sweep(sweep_dir, out_dir=None) -> list[Path]:
     _write(out / "comparison.csv", table.to_csv(), written)
     data = analysis.ablation_data(runs)
     labels = list(data["val/loss"])
+    intervals = pairs.ablation_intervals(runs, labels)
+    drawn = any(bound is not None for by_variant in intervals.values() for bound in by_variant.values())
     analysis.plot_ablation(data, out / "ablation.png",
                            title=f"{Path(sweep_dir).name}: variants at their latest validation"
                            + ("" if all(run.validations for run in runs) else " (or test split)")
-                           + ", 95% intervals", intervals=pairs.ablation_intervals(runs, labels))
+                           + (", 95% intervals" if drawn else ""), intervals=intervals)
     written.append(out / "ablation.png")
     written += _write_pairs(pairs.paired_table(runs, labels), out)
     return written
