@@ -62,6 +62,55 @@ def test_an_exported_run_loads_with_plain_transformers_and_computes_what_the_ada
     assert "- adapter: `checkpoints/" in card
     assert f"Not evaluated on the test split yet: `python -m llasmol.evaluate ckpt={trained_run} data.split=test`" in card
     assert oct(folder.stat().st_mode & 0o777) != oct(0o700)  # not the staging folder's private mode
+    # A tokenizer every transformers release the package allows reads: the class 4.x knows, its inputs named (4.x
+    # would add token_type_ids, which generate refuses), nothing about how this machine read the files.
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] in ("PreTrainedTokenizerFast", "LlamaTokenizerFast", "LlamaTokenizer")
+    if config["tokenizer_class"] == "PreTrainedTokenizerFast":  # the tiny model's (4.x reads its default inputs)
+        assert config["model_input_names"] == ["input_ids", "attention_mask"]
+    assert not {"is_local", "local_files_only"} & set(config)
+    assert set(tokenizer("CCO")) == {"input_ids", "attention_mask"}
+
+
+def _lowest_allowed(package: str) -> str:
+    """The lower bound pyproject.toml gives `package` (`package>=X` in the dependencies)."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    (bound,) = [m.group(1) for d in project["dependencies"] if (m := re.fullmatch(rf"{package}>=([\w.]+)(,.*)?", d))]
+    return bound
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("os").environ.get("LLASMOL_TEST_OLDEST_TRANSFORMERS"),
+                    reason="set LLASMOL_TEST_OLDEST_TRANSFORMERS=<python of an environment with torch and the oldest "
+                           "transformers pyproject.toml allows> (docs/install.md says how)")
+def test_an_export_loads_and_generates_alike_under_the_oldest_transformers_allowed(trained_run, tmp_path):
+    import os
+    import subprocess
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    python = os.environ["LLASMOL_TEST_OLDEST_TRANSFORMERS"]
+    folder = _export(trained_run, tmp_path / "merged")
+    code = ("import json, sys, transformers\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            "t = AutoTokenizer.from_pretrained(sys.argv[1]); m = AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
+            "ids = t(sys.argv[2], return_tensors='pt', add_special_tokens=False)\n"
+            "out = m.generate(**ids, max_new_tokens=6, num_beams=3, do_sample=False)\n"
+            "print(json.dumps([transformers.__version__, out.tolist()]))\n")
+    prompt = "<s>[INST] Is <SMILES> CCO </SMILES> toxic? [/INST]"
+    proc = subprocess.run([python, "-c", code, str(folder), prompt], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    version, old = json.loads(proc.stdout.strip().splitlines()[-1])
+    from packaging.version import Version
+
+    assert Version(version) == Version(_lowest_allowed("transformers"))  # the oldest the package allows
+    tokenizer, model = AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder)
+    now = model.generate(**tokenizer(prompt, return_tensors="pt", add_special_tokens=False), max_new_tokens=6,
+                         num_beams=3, do_sample=False)
+    assert old == now.tolist()  # the same beams under both releases
 
 
 def test_the_model_card_sets_the_runs_test_metrics_beside_the_paper_with_intervals(trained_run, tmp_path):

@@ -190,6 +190,28 @@ def load_adapter_weights(model, folder: Path) -> None:
     set_peft_model_state_dict(model, weights)
 
 
+# What transformers 5 writes into tokenizer_config.json that an older release (pyproject allows them) cannot read,
+# or that describes this machine rather than the tokenizer.
+_TOKENIZER_CLASS_FOR_ALL = {"TokenizersBackend": "PreTrainedTokenizerFast"}  # 5's name; 4.x knows only the old one
+_MACHINE_KEYS = ("is_local", "local_files_only")
+
+
+def _portable_tokenizer_config(path: Path) -> None:
+    """The exported tokenizer as every transformers release the package allows loads it: transformers 5 saves a
+    fast tokenizer as `TokenizersBackend`, a class 4.x lacks, while both load `PreTrainedTokenizerFast` from
+    the same tokenizer.json; and how this machine read its files is no fact of the tokenizer."""
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if config.get("tokenizer_class") in _TOKENIZER_CLASS_FOR_ALL:
+        config["tokenizer_class"] = _TOKENIZER_CLASS_FOR_ALL[config["tokenizer_class"]]
+        # 4.x's PreTrainedTokenizerFast also returns token_type_ids, which generate(**inputs) refuses
+        config.setdefault("model_input_names", ["input_ids", "attention_mask"])
+    for key in _MACHINE_KEYS:
+        config.pop(key, None)
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def save_merged(model, tokenizer, generation_config, card: str, output: Path, max_shard_size: str) -> None:
     """Write a merged model (weights as safetensors shards, tokenizer, generation config, README.md `card`) into a
     private folder beside `output`, make it as readable as the umask allows, and rename it into place: a stop
@@ -199,6 +221,7 @@ def save_merged(model, tokenizer, generation_config, card: str, output: Path, ma
     try:
         model.save_pretrained(staging, safe_serialization=True, max_shard_size=max_shard_size)
         tokenizer.save_pretrained(staging)
+        _portable_tokenizer_config(staging / "tokenizer_config.json")
         generation_config.save_pretrained(staging)
         (staging / "README.md").write_text(card, encoding="utf-8")
         # mkdtemp's folder is private and some writers' files too: the folder is for colleagues, as umask allows
