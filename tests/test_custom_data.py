@@ -429,3 +429,48 @@ def test_the_readmes_commands_for_your_own_data_compose_and_check():
         name = next(iter(values["data"]["new_tasks"]))
         assert values["data"]["new_tasks"] and tasks.task(name).in_smolinstruct is False
         assert set(tasks.declared) == set(values["data"]["new_tasks"]) and name not in SMOLINSTRUCT
+
+
+def test_each_table_of_data_also_can_bring_its_own_columns_and_split_fractions(tmp_path):
+    """A CSV with smiles,logp beside a JSONL with input/output: the CSV's place names its own columns; a place that
+    names none reads data.path's; a mapping that does not fit its file says which mapping applied and how to give
+    one per file."""
+    logp = write_logp_csv(tmp_path / "logp.csv")  # smiles,logp
+    ring = write_ring_jsonl(tmp_path / "ring.jsonl")  # input,output,split
+    own = {"path": str(logp), "columns": {"input": "smiles", "output": "logp"},
+           "split_fractions": {"validation": 0.25, "test": 0.25}}
+    source = SMolInstructSource(path=str(BUNDLED_DATA), tasks=["property_prediction-bbbp", "logp", "ring"],
+                                also=[own, str(ring)], table=TABLE, split_fractions={"validation": 0.1, "test": 0.1})
+    counts = {name: source.split(name).counts() for name in ("train", "validation", "test")}
+    assert counts["train"]["ring"] == 12 and counts["validation"]["ring"] == 4  # its own split column
+    def split_sizes(fractions):
+        rows = read_table(logp, own["columns"], fractions, TABLE)
+        return [sum(r.split == n for r in rows) for n in ("train", "validation", "test")]
+
+    # its own fractions (split by input), not data.path's
+    assert [counts[n]["logp"] for n in ("train", "validation", "test")] == split_sizes(own["split_fractions"])
+    assert split_sizes(own["split_fractions"]) != split_sizes(source.split_fractions)
+    assert list(source.split("train").core_samples("logp"))[0][0] in MOLECULES
+    assert source.reading(str(ring)) == (None, {"validation": 0.1, "test": 0.1}, "data.columns")  # data.path's
+    # The CSV without its mapping: data.columns (none given) applied, and the line says how to give it its own.
+    with refused(f"{logp} line 2 has no input", "data.columns maps", "data.also=[{path: <file>, columns:"):
+        SMolInstructSource(path=str(BUNDLED_DATA), also=[str(logp)], table=TABLE).split("train")
+    wrong = {"path": str(logp), "columns": {"input": "smile", "output": "logp"}}
+    with refused(f"{logp}", "'smile'", "data.also[0].columns.input applied", "smiles"):
+        SMolInstructSource(path=str(BUNDLED_DATA), also=[wrong], table=TABLE).split("train")
+
+
+@pytest.mark.parametrize("place, named", [
+    ({"path": "/x.csv", "colums": {"input": "a"}}, ["data.also[0]", "'colums'", "columns:"]),
+    ({"columns": {"input": "a"}}, ["data.also[0] has no path"]),
+    ({"path": "/x.csv", "columns": {"inpt": "a"}}, ["data.also[0].columns.inpt is no column role"]),
+    ({"path": "/x.csv", "columns": {"input": ""}}, ["data.also[0].columns.input=''"]),
+    ({"path": "/x.csv", "split_fractions": {"test": 1.5}}, ["data.also[0].split_fractions.test=1.5"]),
+    ({"path": "/x.csv", "columns": "smiles"}, ["data.also[0].columns='smiles' must be a mapping"]),
+])
+def test_a_place_of_data_also_that_is_not_a_path_or_its_mapping_is_one_line(place, named):
+    cfg = compose_config(["data=custom", "data.path=/d.csv", "+data.new_tasks.logp={family: number}",
+                          "paths.output_dir=/x"])
+    cfg.data.also = [place]
+    with refused(*named):
+        check_config(cfg)

@@ -170,7 +170,8 @@ def test_the_data_group_builds_the_paper_setup_and_the_library_restates_no_setti
     for built, group in ((SMolInstructDataModule, cfg.data), (GenerationEvaluator, cfg.callbacks.generation_evaluator)):
         restated = [name for name, p in inspect.signature(built).parameters.items()
                     if name in group and p.default is not inspect.Parameter.empty]
-        assert restated in ([], ["output_dir", "intervals"]), restated  # a run folder and intervals: optional
+        # a run folder, intervals and progress lines: optional (None: none)
+        assert restated in ([], ["output_dir", "intervals", "progress_every_s"]), restated
     with pytest.raises(ValueError, match="seed"):
         ShardedShuffleSampler(10, rank=0, world_size=1)
     with pytest.raises(ValueError, match="seed"):

@@ -211,22 +211,48 @@ def _weights(weights: dict, tasks: TaskTable) -> Optional[str]:
 TABLE_COLUMNS = ("input", "output", "split", "task")  # what a CSV/JSONL source's columns are read as
 
 
-def _columns(columns: dict) -> Optional[str]:
+def _columns(columns: dict, where: str = "data.columns") -> Optional[str]:
     for key, name in columns.items():
         if key not in TABLE_COLUMNS:
-            return f"data.columns.{key} is no column role: map some of {', '.join(TABLE_COLUMNS)} to your column names"
-        if not name:  # a string: the type is checked first
-            return f"data.columns.{key}={name!r} must be the name of a column of your file"
+            return f"{where}.{key} is no column role: map some of {', '.join(TABLE_COLUMNS)} to your column names"
+        if not name or not isinstance(name, str):  # data.columns: a string, its type checked first
+            return f"{where}.{key}={name!r} must be the name of a column of your file"
     return None
 
 
-def _fractions(fractions: dict) -> Optional[str]:
-    bad = [k for k, v in fractions.items() if k not in ("validation", "test") or not 0 <= v < 1]  # numbers, checked
+def _fractions(fractions: dict, where: str = "data.split_fractions") -> Optional[str]:
+    bad = [k for k, v in fractions.items() if k not in ("validation", "test") or isinstance(v, bool)
+           or not isinstance(v, (int, float)) or not 0 <= v < 1]
     if bad:
-        return (f"data.split_fractions.{bad[0]}={fractions[bad[0]]!r}: give validation and test each a fraction "
+        return (f"{where}.{bad[0]}={fractions[bad[0]]!r}: give validation and test each a fraction "
                 ">= 0 and < 1 of the inputs (the rest trains)")
     if sum(fractions.values()) >= 1:
-        return f"data.split_fractions={fractions} leaves nothing to train on: keep their sum under 1"
+        return f"{where}={fractions} leaves nothing to train on: keep their sum under 1"
+    return None
+
+
+ALSO_PLACE = ("path", "columns", "split_fractions")  # what a place of data.also may say of itself
+
+
+def _also_places(places: list) -> Optional[str]:
+    """A place of data.also is a path, or a mapping of its path and its own columns and split fractions (a table
+    whose column names differ from data.path's)."""
+    for i, place in enumerate(places):
+        if not isinstance(place, dict):
+            continue
+        where = f"data.also[{i}]"
+        unknown = [k for k in place if k not in ALSO_PLACE]
+        if unknown or not isinstance(place.get("path"), str) or not place.get("path"):
+            named = f"names {unknown[0]!r}" if unknown else "has no path"
+            return (f"{where} {named}: a place of data.also is a path, or {{path: <file or folder>, columns: "
+                    "{input: <column>, output: <column>}, split_fractions: {validation: 0.1, test: 0.1}}")
+        for key, rule in (("columns", _columns), ("split_fractions", _fractions)):
+            value = place.get(key)
+            if value is not None and not isinstance(value, dict):
+                return f"{where}.{key}={value!r} must be a mapping, as data.{key} is"
+            why = rule(value, f"{where}.{key}") if value else None
+            if why:
+                return why
     return None
 
 
@@ -236,7 +262,9 @@ class DataSchema(DeclaredTasksSchema):
     hub_id: Optional[str] = setting()
     revision: str = setting()
     tasks: Optional[List[str]] = setting(task_rule=lambda names, tasks: _said(tasks.check, names, "data.tasks"))
-    also: Optional[List[str]] = setting(hint="more data to train beside data.path: folders or CSV/JSONL files")
+    also: Optional[List[Union[str, Dict[str, Any]]]] = setting(
+        rule=_also_places, hint="more data to train beside data.path: folders or CSV/JSONL files, each a path or "
+        "{path, columns, split_fractions} of its own")
     weights: Optional[Dict[str, float]] = setting(task_rule=_weights)
     columns: Optional[Dict[str, str]] = setting(rule=_columns)
     split_fractions: Optional[Dict[str, float]] = setting(rule=_fractions)

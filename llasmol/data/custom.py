@@ -130,7 +130,12 @@ def _no_twice(pairs: list) -> dict:
     return seen
 
 
-def _check_columns(file: Path, seen: set[str], names: Mapping[str, str], given: Mapping[str, str]) -> None:
+# How a file of data.also gets column names of its own, said where a mapping does not fit a file.
+_OWN_MAPPING = "a file of data.also can have its own: data.also=[{path: <file>, columns: {input: <column>, ...}}]"
+
+
+def _check_columns(file: Path, seen: set[str], names: Mapping[str, str], given: Mapping[str, str],
+                   where: str = "data.columns") -> None:
     """Every column the config names is in `file` (`seen`: its columns): a split or task column spelt otherwise
     would be passed over without a word, and test rows would train."""
     for role in TABLE_COLUMNS:
@@ -139,18 +144,19 @@ def _check_columns(file: Path, seen: set[str], names: Mapping[str, str], given: 
             continue
         alike = next((c for c in seen if c.strip().casefold() == name.casefold()), None)
         if alike is not None:
-            raise UserError(f"{file} has a column {alike!r}, not {name!r}: set data.columns.{role}={alike}")
+            raise UserError(f"{file} has a column {alike!r}, not {name!r}: set {where}.{role}={alike}")
         if role in given:
-            raise UserError(f"{file} has no column {name!r} (data.columns.{role}); its columns are "
-                            f"{', '.join(sorted(seen))}")
+            raise UserError(f"{file} has no column {name!r} ({where}.{role} applied); its columns are "
+                            f"{', '.join(sorted(seen))}; {_OWN_MAPPING}")
 
 
-def _cell(record: dict, column: str, path: Path, number: int, required: bool = True) -> Optional[str]:
+def _cell(record: dict, column: str, path: Path, number: int, required: bool = True,
+          where: str = "data.columns") -> Optional[str]:
     value = record.get(column)
     if value is None or (isinstance(value, str) and not value.strip()):
         if required:
             raise UserError(f"{path} line {number} has no {column}: every row needs an input and an output "
-                            "(data.columns maps your column names)")
+                            f"({where} maps your column names; {_OWN_MAPPING})")
         return None
     if isinstance(value, bool):
         value = "Yes" if value else "No"
@@ -201,10 +207,11 @@ def _hashed_split(text: str, fractions: Mapping[str, float]) -> str:
 
 
 def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
-               fractions: Optional[Mapping[str, float]] = None, table: TaskTable = SMOLINSTRUCT) -> list[Row]:
+               fractions: Optional[Mapping[str, float]] = None, table: TaskTable = SMOLINSTRUCT,
+               where: str = "data.columns") -> list[Row]:
     """Every row of table data `path` (`is_table`), checked, with its task and split (`columns`: role -> column
-    name, `data.columns`; `fractions`: what a table without splits holds out, `data.split_fractions`; `table`: the
-    run's tasks, whose declared ones the rows may be)."""
+    name, `data.columns` or a place of data.also's own, named by `where`; `fractions`: what a table without splits
+    holds out, `data.split_fractions`; `table`: the run's tasks, whose declared ones the rows may be)."""
     path = Path(path)
     given = {role: name for role, name in (columns or {}).items() if name != role}
     names = {**{role: role for role in TABLE_COLUMNS}, **(columns or {})}
@@ -222,7 +229,7 @@ def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
                 seen.update(record)
             elif not seen:
                 seen = set(record)
-                _check_columns(file, seen, names, given)
+                _check_columns(file, seen, names, given, where)
             task_name = _cell(record, names["task"], file, number, required=False) or named
             if task_name is None:
                 raise UserError(f"{file} line {number} names no task: give the file a {names['task']} column, name "
@@ -234,8 +241,8 @@ def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
                 raise UserError(f"{file} line {number} is a sample of SMolInstruct's {task.name}, whose queries and "
                                 "tags its own files hold: give your rows a task of your own (data.new_tasks, e.g. "
                                 f"+data.new_tasks.my_{task.name.rsplit('-', 1)[-1]}.family={task.family})")
-            core_in = _cell(record, names["input"], file, number)
-            core_out = _answer(task, _cell(record, names["output"], file, number), file, number)
+            core_in = _cell(record, names["input"], file, number, where=where)
+            core_out = _answer(task, _cell(record, names["output"], file, number, where=where), file, number)
             split = split_of_file
             marked = _cell(record, names["split"], file, number, required=False)
             if marked is not None:

@@ -86,13 +86,27 @@ class SMolInstructSource:
             check_fetchable(self.hub_id, self.revision)
 
     def places(self) -> list[str]:
-        """Where the data is: `path` (its SMolInstruct copy fetched if null), then each of `also`."""
-        also = list(self.also or [])
-        for i, place in enumerate(also):
-            if not isinstance(place, str) or not place or not Path(place).exists():
-                raise UserError(f"data.also[{i}]={place!r} does not exist: give folders (SMolInstruct's layout, or "
+        """Where the data is: `path` (its SMolInstruct copy fetched if null), then each of `also` (a path, or
+        {path, columns, split_fractions}: a table read with its own column names)."""
+        also = []
+        for i, place in enumerate(self.also or []):
+            path = place.get("path") if isinstance(place, Mapping) else place
+            if not isinstance(path, str) or not path or not Path(path).exists():
+                raise UserError(f"data.also[{i}]={path!r} does not exist: give folders (SMolInstruct's layout, or "
                                 "train/validation/test tables) or CSV/JSONL files")
+            also.append(path)
         return [self.root(), *also]
+
+    def reading(self, path: str) -> tuple[Optional[dict], Optional[dict], str]:
+        """How the table at place `path` is read: (its columns, its split fractions, the setting that gave the
+        columns). A place of `also` given as a mapping brings its own (each it leaves out is data.path's)."""
+        for i, place in enumerate(self.also or []):
+            if isinstance(place, Mapping) and place.get("path") == path:
+                own = place.get("columns") is not None
+                return (dict(place["columns"]) if own else self.columns,
+                        dict(place["split_fractions"]) if place.get("split_fractions") is not None
+                        else self.split_fractions, f"data.also[{i}].columns" if own else "data.columns")
+        return self.columns, self.split_fractions, "data.columns"
 
     def copy(self) -> Optional["CopyPlace"]:
         """The SMolInstruct copy when the data is one copy alone (what the leakage audit reads: raw files, sample
@@ -240,7 +254,8 @@ class TablePlace:
             if source.representation != "smiles":
                 raise UserError(f"data.representation={source.representation} reads SMolInstruct's raw_selfies; the "
                                 f"table {self.path} is read as written: convert it, or use data.representation=smiles")
-            self._rows = read_table(self.path, source.columns, source.split_fractions, source.table)
+            columns, fractions, where = source.reading(self.path)
+            self._rows = read_table(self.path, columns, fractions, source.table, where=where)
         return self._rows
 
     def task_names(self) -> list[str]:
