@@ -24,7 +24,8 @@ from omegaconf import DictConfig
 
 from llasmol.core.config import CONFIG_DIR, check_command_line
 from llasmol.core.errors import report_user_errors
-from llasmol.core.quiet import quiet_known_noise
+from llasmol.core.quiet import quiet_known_noise, quiet_other_ranks
+from llasmol.core.run_lock import process_rank
 from llasmol.core.schema import check_config
 from llasmol.core.tasks import TaskTable
 from llasmol.core.threads import use_cpu_threads
@@ -43,6 +44,7 @@ def start(cfg: DictConfig, announce: Optional[Callable[[DictConfig], str]] = Non
     (train's, which says what runs while the imports take their seconds); `torch=False` for a command that never
     loads torch (its thread settings would cost the import)."""
     quiet_known_noise()
+    quiet_other_ranks(process_rank())
     tasks = check_config(cfg).tasks
     check_headlines(tasks)
     if announce is not None:

@@ -52,6 +52,12 @@ def _finished(run: Path, args: list[str], cwd: Path) -> Path:
     proc = _train(run, [*args, *probes], cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("run directory:") == 1  # rank 0 alone says it
+    # ... and its start-up lines, once: the other process keeps warnings and errors only; one line says how the
+    # processes hold the model
+    said = proc.stdout + proc.stderr
+    assert said.count("training tiny + LoRA") == 1 and said.count("trainable of") == 1
+    held = "DDP: each process holds the whole model" if "trainer=ddp" in args else "FSDP2: each process holds 1/2"
+    assert said.count(held) == 1
     return run
 
 

@@ -55,6 +55,22 @@ def quiet_known_log_lines() -> None:
         logging.getLogger(name).addFilter(known)
 
 
+class _WarningsAndWorse(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+
+_ONLY_WARNINGS = _WarningsAndWorse()  # one instance: adding it again adds nothing
+
+
+def quiet_other_ranks(rank: int) -> None:
+    """In a launch's other processes (DDP, FSDP2: rank > 0), the console and the run's log keep warnings and
+    errors only: their start-up and progress lines would repeat rank 0's, each once per process."""
+    if rank > 0:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_ONLY_WARNINGS)
+
+
 def lightning_logs_to_root() -> None:
     """Lightning's INFO lines through the root logger only; called once Lightning is imported, since its import
     adds a console handler of its own beside the root logger Hydra set up (console and the run's log file)."""

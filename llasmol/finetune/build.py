@@ -22,6 +22,7 @@ from llasmol.model.base import load_base_model
 from llasmol.model.blocks import compile_blocks, enable_gradient_checkpointing
 from llasmol.model.lora import apply_lora, base_name, count_parameters, target_modules
 from llasmol.finetune.checkpointing import AdapterModelCheckpoint, AtomicCheckpointIO
+from llasmol.finetune.distributed import uses_fsdp2
 from llasmol.finetune.module import LoRACausalLM
 from llasmol.finetune.rollouts import GRPOLoRA
 from llasmol.metrics.rewards import Rewards
@@ -128,10 +129,20 @@ def build_trainer(cfg: DictConfig, datamodule: SMolInstructDataModule, resume: R
     trainer.accumulate_grad_batches = accumulation
     trainer.val_check_interval = cfg.val_every_n_steps * accumulation
     log.info(
-        "effective batch %d = micro-batch %d × accumulation %d × %d process(es)",
+        "effective batch %d = micro-batch %d × accumulation %d × %d process(es)%s",
         datamodule.effective_batch_size, datamodule.micro_batch_size, accumulation, trainer.world_size,
+        _sharding(trainer),
     )
     return trainer
+
+
+def _sharding(trainer: Trainer) -> str:
+    """How the processes hold the model, said beside the batch (the start-up lines are rank 0's alone)."""
+    if trainer.world_size == 1:
+        return ""
+    if uses_fsdp2(trainer):
+        return f"; FSDP2: each process holds 1/{trainer.world_size} of the weights (trainer=fsdp)"
+    return "; DDP: each process holds the whole model"
 
 
 def record_run(cfg: DictConfig, trainer: Trainer, datamodule: SMolInstructDataModule, params: dict) -> None:
