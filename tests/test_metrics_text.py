@@ -135,6 +135,16 @@ def test_scibert_from_a_local_folder(monkeypatch, tmp_path):
     textmod._gold_tokens.cache_clear()
     try:
         assert textmod.tokenize("The molecule is Acetic acid.") == ["the", "molecule", "is", "acet", "##ic", "acid", "."]
+        # A character outside the vocabulary stays a token, [UNK], as the official scorer keeps it (it drops
+        # only [PAD], [CLS] and [SEP]): here 5 of the hypothesis' 7 tokens, not 5 of 5, are in the gold.
+        assert textmod.tokenize("The molecule is 分子 acid.") == ["the", "molecule", "is", "[UNK]", "[UNK]", "acid", "."]
+        unknown = caption([("The molecule is 分子 acid.", ["The molecule is an acid."])])
+        stats = textmod.bleu_stats([["the", "molecule", "is", "an", "acid", "."]],
+                                   ["the", "molecule", "is", "[UNK]", "[UNK]", "acid", "."])
+        assert unknown["bleu2"] == pytest.approx(textmod.bleu_from_stats(stats, 2))
+        dropped = textmod.bleu_stats([["the", "molecule", "is", "an", "acid", "."]],
+                                     ["the", "molecule", "is", "acid", "."])
+        assert unknown["bleu2"] != pytest.approx(textmod.bleu_from_stats(dropped, 2))
         metrics = caption([("The molecule is acetic acid.", ["The molecule is acetic acid."])])
         assert metrics["tokenizer_scibert"] == 1.0
         assert metrics["bleu4"] == pytest.approx(1.0)

@@ -55,6 +55,9 @@ MAX_CAPTION_CHARS = 5_000
 MAX_CAPTION_REFERENCES = 5
 BLEU_ORDERS = (1, 2, 3, 4)
 SCIBERT_ENV = "LLASMOL_SCIBERT"
+# The BERT tokens the official scorer removes before BLEU and METEOR (LLM4Chem utils/metrics.py,
+# calculate_text_metrics: three filter(...) calls); [UNK] and [MASK] stay.
+OFFICIAL_DROPPED = frozenset({"[PAD]", "[CLS]", "[SEP]"})
 NLTK_DATA_ENV = "LLASMOL_NLTK_DATA"
 
 _lock = threading.Lock()
@@ -113,10 +116,10 @@ def _tokenizer() -> tuple[str, Callable[[str], list[str]]]:
             f"{SCIBERT_ENV}={path!r} does not hold a loadable SciBERT tokenizer ({err}); "
             f"point it at a local copy of allenai/scibert_scivocab_uncased or unset it"
         ) from err
-    special = set(getattr(tok, "all_special_tokens", []))
-
     def scibert_tokenize(text: str) -> list[str]:
-        return [t for t in tok.tokenize(text) if t not in special][:MAX_TOKENS]
+        # The official calculate_text_metrics filters [PAD], [CLS] and [SEP] out of the BERT tokens and keeps
+        # [UNK]: a character outside the vocabulary still counts as a token (against a gold's, it is no match).
+        return [t for t in tok.tokenize(text) if t not in OFFICIAL_DROPPED][:MAX_TOKENS]
 
     return f"scibert:{path}", scibert_tokenize
 
