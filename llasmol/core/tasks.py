@@ -25,8 +25,9 @@ reverse task. `llasmol.leakage` checks a copy of the data against this.
 
 Counts are Table 1's #Train, #Valid, #Test (samples: SIDER counts one per molecule and side effect), as
 the LLM4Chem project page prints the table (its statistics image). The first arXiv version's Table 1
-has other train/valid counts for 8 tasks (e.g. 300,000 train samples for each NC task, 988,626 for FS);
-its test column is cut off in our text of it.
+has other train/valid counts for 9 tasks (NC-I2S, NC-S2F, NC-S2I, ClinTox, HIV, MC, MG, FS and RS: e.g. 300,000
+train samples for each NC task where the page has 299,890 for all but I2F, 988,626 for FS); its test column is cut
+off in our text of it.
 """
 
 from __future__ import annotations
