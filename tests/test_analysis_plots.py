@@ -234,7 +234,7 @@ def test_the_ablation_chart_has_a_panel_per_kind_and_bars_side_by_side():
     assert fig.get_suptitle() == "sweep" and fig._suptitle.get_fontsize() == points("medium")
     assert plot_ablation(ABLATION).get_suptitle() == "LoRA variants"
     assert [ax.get_ylabel() for ax in fig.axes] == [
-        "loss, nats/token (lower is better)", "trainable parameters (millions)", "training time (minutes)",
+        "loss, nats/token (lower is better)", "trainable parameters (millions)", "training time (minutes; moves with\nthe machine's other work)",
         "headline metric (fraction)", "RMSE (lower is better)"]
     # Widths 1.5 + 1.5 + 1.5 (one group each) + 3 + 3 (at least 3), and 2 more.
     assert tuple(fig.get_size_inches()) == (12.5, 5.0)
@@ -257,9 +257,10 @@ def test_the_ablation_chart_has_a_panel_per_kind_and_bars_side_by_side():
             to_hex(to_rgba(f"C{i}")) for i in range(3)]
     heights = [[p.get_height() for c in bar_containers(fig.axes[3]) for p in c]]
     assert heights[0][0] == 0.5 and math.isnan(heights[0][1]) and heights[0][2] == 0.25  # a gap for b
-    # Values printed over the loss, time and RMSE bars (3 and 2 decimals), not over fractions or parameters.
+    # Values printed over the loss, parameter, time and RMSE bars (3 decimals, 3 digits, 2 decimals), not over
+    # fractions (their axis reads them).
     assert [t.get_text() for t in fig.axes[0].texts] == ["3.000", "2.500", "2.000"]
-    assert len(fig.axes[1].texts) == 0 and len(fig.axes[3].texts) == 0
+    assert [t.get_text() for t in fig.axes[1].texts] == ["0.1", "0.2", "0.3"] and len(fig.axes[3].texts) == 0
     assert [t.get_text() for t in fig.axes[2].texts] == ["1.00", "2.00", "3.00"]
     assert [t.get_text() for t in fig.axes[4].texts][:2] == ["1.500", "1.250"]
     legend = fig.legends[0]

@@ -1342,3 +1342,28 @@ def test_the_commands_silence_the_known_library_noise_and_nothing_else(tmp_path)
 def test_missing_checkpoint_path_is_named(tmp_path):
     refused_cli(["llasmol.evaluate", "ckpt=/nonexistent/run", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path,
                 "ckpt=/nonexistent/run")
+
+
+def test_a_file_without_a_valid_top1_molecule_has_no_similarity_and_says_on_how_many(tmp_path):
+    """The official calculate_fingerprint_similarity averages over the valid top-1 answers: with none, np.mean of
+    nothing (NaN), not 0. Absent alike in the metrics file (null), its intervals (null) and the printed line (n=0)."""
+    import math
+
+    from llasmol.core.files import write_jsonl
+
+    path = tmp_path / "preds.jsonl"
+    write_jsonl(path, [{"task": "forward_synthesis", "input": i, "gold": [g], "predictions": [p]} for i, g, p in (
+        ("a", "CCO", "<SMILES> C1CC </SMILES>"), ("b", "CCN", "<SMILES> [Zz] </SMILES>"), ("c", "CCC", "none"))])
+    from llasmol.analysis.tables import metric_lines
+
+    result = evaluate(compose_config([f"predictions={path}", f"paths.output_dir={tmp_path / 'out'}"], "evaluate"))
+    said = metric_lines(result["metrics"], result["intervals"], True, result["tasks"])  # what the command prints
+    metrics = json.loads(path.with_suffix(".metrics.json").read_text())["forward_synthesis"]
+    assert (metrics["num_valid"], metrics["fts"], metrics["fts_maccs"], metrics["fts_rdk"]) == (0, None, None, None)
+    assert math.isnan(result["metrics"]["forward_synthesis"]["fts"])
+    intervals = json.loads(path.with_suffix(".metrics.intervals.json").read_text())["tasks"]["forward_synthesis"]
+    assert intervals["fts"] is None and intervals["validity"] == [0.0, 0.0]
+    assert "fts=nan (n=0 of 3, too few)" in said
+    write_jsonl(path, [{"task": "forward_synthesis", "input": "a", "gold": ["CCO"], "predictions": ["<SMILES> CCN </SMILES>"]}])
+    one = evaluate(compose_config([f"predictions={path}", f"paths.output_dir={tmp_path / 'out2'}"], "evaluate"))
+    assert 0 < one["metrics"]["forward_synthesis"]["fts"] < 1  # one valid answer: its similarity

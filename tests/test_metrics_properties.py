@@ -53,7 +53,9 @@ def _check(task: str, metrics: dict[str, float]) -> None:
     assert set(metrics) >= {"num_samples", "num_no_answer"}
     for key, value in metrics.items():
         assert isinstance(value, float), (task, key)
-        if key in FRACTIONS:
+        if key.startswith("fts") and metrics.get("num_valid") == 0:
+            assert math.isnan(value), (task, key, value)  # a mean of no valid answer: absent, as officially
+        elif key in FRACTIONS:
             assert 0.0 <= value <= 1.0, (task, key, value)
         elif key == "mcc":
             assert -1.0 <= value <= 1.0

@@ -173,9 +173,10 @@ class SmilesFamily(Family):
             "validity": ratio(valid, stats["num_samples"] - stats["num_no_answer"]),
             "num_valid": valid,
             "num_too_complex": stats["num_too_complex"],
-            "fts": ratio(stats["fts_morgan_sum"], valid),
-            "fts_maccs": ratio(stats["fts_maccs_sum"], valid),
-            "fts_rdk": ratio(stats["fts_rdk_sum"], valid),
+            # Over the valid top-1 answers; with none, absent (NaN, as RMSE without a number): the official
+            # calculate_fingerprint_similarity takes np.mean of an empty list, NaN, not 0.
+            **{name: stats[f"{key}_sum"] / valid if valid > 0 else math.nan
+               for name, key in (("fts", "fts_morgan"), ("fts_maccs", "fts_maccs"), ("fts_rdk", "fts_rdk"))},
         }
 
     def basis(self, metric, values):
