@@ -462,3 +462,43 @@ def test_an_adapter_path_that_is_a_broken_link_is_named_so_not_as_holding_no_ada
         (tmp_path / "other").symlink_to(link)
     with refused(f"ckpt={link}", "symbolic link loop" if node == "loop" else "which does not exist"):
         resolve_checkpoint(str(link), compose_config([], "evaluate"))
+
+
+def test_a_path_that_is_no_regular_file_is_refused_before_the_work_that_would_write_it(tmp_path):
+    """check_writable_file, asked before hours of generation: a FIFO or a device in the way is said now, as the
+    atomic write would say it only at the end."""
+    fifo = tmp_path / "out.jsonl"
+    os.mkfifo(fifo)
+    with refused(f"output={fifo} is a named pipe (FIFO), not a regular file", "name a new file"):
+        files.check_writable_file(fifo, "output")
+    device = tmp_path / "dev.jsonl"
+    device.symlink_to("/dev/null")
+    with refused(f"{device} is a character device"):
+        files.check_writable_file(device)
+    files.check_writable_file(tmp_path / "new.jsonl")  # a new path in a writable folder: fine
+
+
+def test_a_second_log_file_starts_each_session_with_its_command(tmp_path, monkeypatch):
+    """log_also_to: the run folder's shared log (evaluate.log) heads each session with the command that ran,
+    then takes every later line; a file a handler writes already gets nothing twice."""
+    import logging
+    import shlex
+
+    from llasmol.core.log_files import log_also_to
+
+    root = logging.getLogger()
+    before = list(root.handlers)
+    monkeypatch.setattr(sys, "argv", ["evaluate.py", "ckpt=/r", "data.split=test"])
+    path = tmp_path / "evaluate.log"
+    try:
+        log_also_to(path, "llasmol.evaluate")
+        log_also_to(path, "llasmol.evaluate")  # already written by a handler: not added again
+        logging.getLogger("llasmol.x").warning("a later line")
+    finally:
+        for handler in root.handlers[len(before):]:
+            handler.close()
+        root.handlers[:] = before
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2 and lines[0].endswith(shlex.join(["python", "-m", "llasmol.evaluate", "ckpt=/r",
+                                                               "data.split=test"]))
+    assert lines[1].endswith("a later line")

@@ -45,6 +45,11 @@ def test_4bit_base_is_nf4_with_the_configured_compute_dtype_and_adapters_train_i
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert trainable and all(p.dtype == torch.float32 for p in trainable)
     assert {type(m.base_layer).__name__ for m in model.modules() if hasattr(m, "lora_A") and len(m.lora_A)} == {"Linear4bit"}
+    # One CPU kernel layout throughout: bitsandbytes would repack a layer's weights at its first eval forward (and
+    # train with another kernel afterwards); every 4-bit layer that could is told not to.
+    repacking = [m.support_avx512bf16_for_cpu for m in model.modules() if hasattr(m, "support_avx512bf16_for_cpu")]
+    if hasattr(bnb.nn.Linear4bit(4, 4), "support_avx512bf16_for_cpu"):  # the CPU backend's switch, where it has one
+        assert len(repacking) == 7 * 2 and not any(repacking)  # 7 projections in each of the 2 layers
 
 
 def test_a_quantised_base_keeps_its_norms_in_fp32_and_a_plain_base_keeps_its_dtype():

@@ -66,6 +66,12 @@ PLUGIN_DIR = Path(__file__).resolve().parent.relative_to(ROOT)  # this script's 
 # Survivors that change nothing a user could observe, by mutant id, with the reason (filled in after
 # reading each survivor of a recorded run).
 EQUIVALENT: dict[str, str] = {
+    "llasmol/finetune/lightning_private.py:92:70:constant:1":
+        "the _ResultMetric made only to ask whether the installed Lightning still has `has_reset`: whether it "
+        "holds a tensor or not, the attribute is there or not alike",
+    "llasmol/metrics/families.py:257:21:constant:1":
+        "where RMSE's two sums part (errors up to 2^256 or 2^257): both keep every square finite and the root "
+        "is the same to rounding; no input between the two bounds is a plausible property error",
     "llasmol/metrics/families.py:94:31:constant:1":
         "has_top{k} is only read as `> 0` (was a top-k answer list ever that long); 2.0 reads the same",
     "llasmol/metrics/formula.py:49:16:compare:1":
