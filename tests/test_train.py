@@ -879,3 +879,22 @@ def test_a_card_of_mixed_data_names_each_place_and_the_own_tasks_with_their_fami
     alone = SMolInstructSource(path=str(table), new_tasks={"logp": {"family": "number"}})
     only = card_facts(cfg_factory(), {}, SimpleNamespace(**{**vars(datamodule), "source": alone, "tasks": ["logp"]}), 1)
     assert trained_on(only) == "tasks of its own (logp)" and only["data"] == f"{table}, a table of its own"
+
+
+def test_a_run_without_an_end_says_its_steps_and_rate_without_a_time_left(caplog, monkeypatch):
+    """max_steps=-1 with max_epochs=-1 trains until stopped: Lightning's step estimate is infinite, and the line
+    says so rather than failing mid-run."""
+    from types import SimpleNamespace
+
+    from llasmol.finetune import tracking
+
+    clock = iter([100.0, 110.0])
+    monkeypatch.setattr(tracking.time, "monotonic", lambda: next(clock))
+    lines = tracking.ProgressLines(every_s=5)
+    trainer = SimpleNamespace(global_step=0, is_global_zero=True, estimated_stepping_batches=float("inf"),
+                              callback_metrics={})
+    lines.on_train_start(trainer, None)
+    trainer.global_step = 20
+    with caplog.at_level("INFO", logger="llasmol.train"):
+        lines.on_train_batch_end(trainer, None, None, None, 0)
+    assert caplog.messages == ["training: 20 steps, 2.00 steps/s, no end set"]
