@@ -331,8 +331,9 @@ def test_a_source_says_its_places_and_hands_out_its_one_copy_only(tmp_path, smol
     assert bundled.copy().is_bundled() and local.copy().root == str(smol_root) and not local.copy().is_bundled()
     assert alone.copy() is None and mixed.copy() is None  # a table, or a copy beside one: no copy to audit alone
     assert str(BUNDLED_DATA) not in bundled.describe() and "excerpt bundled with llasmol" in bundled.describe()
-    assert mixed.describe() == f"SMolInstruct, {smol_root}, {table}, a table of its own"
-    assert alone.describe() == f"{table}, a table of its own"
+    # Names, not this machine's paths: the words go into model cards, which travel.
+    assert mixed.describe() == f"SMolInstruct, a local copy ({smol_root.name}), {table.name}, a table of its own"
+    assert alone.describe() == f"{table.name}, a table of its own" and str(tmp_path) not in mixed.describe()
     monkeypatch.setattr(source_module, "fetch_smolinstruct", lambda hub_id, revision: smol_root)  # no network
     hub = SMolInstructSource(path=None, revision="v1")
     assert hub.describe() == "SMolInstruct, osunlp/SMolInstruct at revision v1" and hub.copy().root == str(smol_root)

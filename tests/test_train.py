@@ -873,12 +873,12 @@ def test_a_card_of_mixed_data_names_each_place_and_the_own_tasks_with_their_fami
     datamodule = SimpleNamespace(**{**vars(_datamodule()), "source": source, "tasks": source.task_names()})
     facts = card_facts(cfg_factory(), {"trainable": 5}, datamodule, 3)
     assert facts["data"] == (f"SMolInstruct, the excerpt bundled with llasmol (a few hundred samples a task), "
-                             f"{table}, a table of its own")
+                             f"{table.name}, a table of its own")
     assert facts["tasks"] == ["property_prediction-esol", "logp"] and facts["own_tasks"] == {"logp": "number"}
     assert trained_on(facts) == "SMolInstruct and tasks of its own (logp)"
     alone = SMolInstructSource(path=str(table), new_tasks={"logp": {"family": "number"}})
     only = card_facts(cfg_factory(), {}, SimpleNamespace(**{**vars(datamodule), "source": alone, "tasks": ["logp"]}), 1)
-    assert trained_on(only) == "tasks of its own (logp)" and only["data"] == f"{table}, a table of its own"
+    assert trained_on(only) == "tasks of its own (logp)" and only["data"] == f"{table.name}, a table of its own"
 
 
 def test_a_run_without_an_end_says_its_steps_and_rate_without_a_time_left(caplog, monkeypatch):

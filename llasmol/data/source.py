@@ -229,7 +229,8 @@ class CopyPlace:
             return "SMolInstruct, the excerpt bundled with llasmol (a few hundred samples a task)"
         if source.from_hub and self.root == source.path:
             return f"SMolInstruct, {source.hub_id} at revision {source.revision}"
-        return f"SMolInstruct, {self.root}"
+        # The folder's name, not this machine's path: a card travels (to the Hub, to colleagues).
+        return f"SMolInstruct, a local copy ({Path(self.root).name})"
 
     def open(self, name: str, folder: str, tasks: list[str], limit: Optional[int]) -> SMolInstructSplit:
         source = self.source
@@ -263,7 +264,7 @@ class TablePlace:
         return list(dict.fromkeys(row.task for row in self.rows()))
 
     def describe(self) -> str:
-        return f"{self.path}, a table of its own"
+        return f"{Path(self.path).name}, a table of its own"  # the file's name: a card travels
 
     def open(self, name: str, folder: str, tasks: list[str], limit: Optional[int]) -> TableSplit:
         if name not in ("train", "validation", "test"):
