@@ -44,7 +44,10 @@ def model_card(cfg: DictConfig, model_cfg: DictConfig, adapter: str) -> str:
     ckpt = Path(str(cfg.ckpt))
     is_run = (ckpt / run_dir.HYDRA_CONFIG).is_file()
     tasks = run_dir.read_tasks(ckpt)  # the run's own tasks (none for an adapter folder)
-    beams = [f"{task} {b.num_beams}/{b.num_return_sequences}" for task, b in cfg.generation.tasks.items()]
+    facts = run_dir.read_card(ckpt)
+    trained = set((facts or {}).get("tasks") or cfg.generation.tasks)  # the run's tasks; unknown: every one
+    beams = [f"{task} {b.num_beams}/{b.num_return_sequences}" for task, b in cfg.generation.tasks.items()
+             if task in trained]
     beams += [f"{task} {s.num_beams}/{s.num_return_sequences} (its own)"
               for task in tasks.declared for s in [task_settings(cfg.generation, task, tasks)]]
     decoding = (f"`generation_config.json` holds the paper's default ({cfg.generation.default.num_beams} beams, up to "
@@ -52,7 +55,7 @@ def model_card(cfg: DictConfig, model_cfg: DictConfig, adapter: str) -> str:
                 f"by task, as the paper's evaluation: {', '.join(beams)}.")
     named = Path(adapter).relative_to(ckpt) if is_run and Path(adapter).is_relative_to(ckpt) else Path(adapter).name
     evaluation = card_evaluation(ckpt, str(cfg.ckpt)) if is_run else []
-    return merged_card(model_cfg, run_dir.read_card(ckpt), str(named), decoding, evaluation)
+    return merged_card(model_cfg, facts, str(named), decoding, evaluation)
 
 
 def export(cfg: DictConfig) -> Path:

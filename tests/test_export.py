@@ -62,6 +62,12 @@ def test_an_exported_run_loads_with_plain_transformers_and_computes_what_the_ada
     assert "- adapter: `checkpoints/" in card
     assert f"Not evaluated on the test split yet: `python -m llasmol.evaluate ckpt={trained_run} data.split=test`" in card
     assert oct(folder.stat().st_mode & 0o777) != oct(0o700)  # not the staging folder's private mode
+    # The decoding section names the beams of the tasks the run trained, not of all 14.
+    decoding = card.split("## Decoding")[1].split("## Evaluation")[0]
+    trained = json.loads((trained_run / "card.json").read_text())["tasks"]
+    for task in compose_config(["paths.output_dir=/x"]).generation.tasks:
+        assert (f"{task} " in decoding) == (task in trained), task
+    assert "molecule_captioning" not in decoding  # the bundled data has no captions
     # A tokenizer every transformers release the package allows reads: the class 4.x knows, its inputs named (4.x
     # would add token_type_ids, which generate refuses), nothing about how this machine read the files.
     config = json.loads((folder / "tokenizer_config.json").read_text())
