@@ -91,11 +91,9 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((values * mask).sum() / mask.sum().clamp(min=1.0))
 
 
-def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group"
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(advantages, no_signal) of `rewards` (B,), B = prompts × `num_generations`, each prompt's completions
-    side by side. `no_signal` marks completions whose group (or batch, for `"batch"`) rewards are all equal: their
-    advantage is 0 and they teach nothing (the share RL users watch)."""
+def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group") -> torch.Tensor:
+    """The advantages of `rewards` (B,), B = prompts × `num_generations`, each prompt's completions side by side;
+    a group whose rewards are all equal gets 0 (it teaches nothing: `train/no_signal` counts them)."""
     if scale_rewards not in SCALE_REWARDS:
         raise ValueError(f"scale_rewards {scale_rewards!r} is none of {', '.join(SCALE_REWARDS)}")
     if num_generations < 2 or rewards.numel() % num_generations:
@@ -108,7 +106,7 @@ def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards:
         std = groups.std(dim=1).repeat_interleave(num_generations)
     if scale_rewards != "none":
         advantages = advantages / (std + STD_EPSILON)
-    return advantages, torch.isclose(std, torch.zeros_like(std))
+    return advantages
 
 
 def completion_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int,

@@ -162,7 +162,7 @@ class GRPOLoRA(LoRACausalLM):
             records.append({"index": index, "task": task, "completion": text, "tokens": length, "reward": reward,
                             "terms": terms, "clipped": clipped})
         rewards_t = torch.tensor(rewards, dtype=torch.float32, device=completion.device)
-        advantages, _ = group_advantages(rewards_t, groups, self.settings.scale_rewards)
+        advantages = group_advantages(rewards_t, groups, self.settings.scale_rewards)
         for record, advantage in zip(records, advantages.tolist()):
             record["advantage"] = advantage
         prompts = batch["input_ids"].repeat_interleave(groups, dim=0)

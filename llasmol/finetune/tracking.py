@@ -96,11 +96,9 @@ class ProgressLines(Callback):
             return
         self._last, self._said_step = now, step
         loss = trainer.callback_metrics.get("train/loss")
-        total, done = trainer.estimated_stepping_batches, step - self._first_step
-        if math.isfinite(total):
-            line = progress_line("training", step, int(total), done, now - self._start, unit="steps")
-        else:  # max_steps=-1 and max_epochs=-1: no end to count down to
-            line = f"training: {step} steps, {done / max(now - self._start, 1e-9):.2f} steps/s, no end set"
+        total = trainer.estimated_stepping_batches  # infinite with max_steps=-1 and max_epochs=-1
+        line = progress_line("training", step, int(total) if math.isfinite(total) else None,
+                             step - self._first_step, now - self._start, unit="steps")
         log.info("%s%s", line, f"; loss {float(loss):.4f}" if loss is not None else "")
 
 

@@ -30,13 +30,17 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
-def progress_line(description: str, done: int, total: int, new: int, elapsed: float, unit: str = "samples") -> str:
+def progress_line(description: str, done: int, total: Optional[int], new: int, elapsed: float,
+                  unit: str = "samples") -> str:
     """'<description>: 120/330 samples (36%), 2.10 samples/s, about 1m40s left': the rate counts only the
-    samples answered since this process started (`new` in `elapsed` seconds), not those a stopped run kept."""
-    line = f"{description}: {done}/{total} {unit} ({done / max(total, 1):.0%})"
+    samples answered since this process started (`new` in `elapsed` seconds), not those a stopped run kept.
+    `total` None: work with no end set ('training: 20 steps, 2.00 steps/s, no end set')."""
+    line = f"{description}: {done} {unit}" if total is None else \
+        f"{description}: {done}/{total} {unit} ({done / max(total, 1):.0%})"
     if new and elapsed > 0:
         rate = new / elapsed
-        line += f", {rate:.2f} {unit}/s, about {_duration((total - done) / rate)} left"
+        line += f", {rate:.2f} {unit}/s, " + ("no end set" if total is None else
+                                                 f"about {_duration((total - done) / rate)} left")
     return line
 
 
