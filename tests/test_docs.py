@@ -4,6 +4,7 @@ link in the README and the docs points at a file (and, for a Markdown heading an
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,40 @@ def test_the_bases_in_recipe_md_are_the_ones_params_lists(tmp_path):
     assert lines[0].split() == ["model=", "Hub", "id", "size", "vocabulary", "prompt", "the", "paper's", "model", "on", "it"]
     assert lines[1].split()[:3] == ["tiny", "-", "(bundled)"] and len(lines) == 1 + len(listed) + 2
     assert "mistral       mistralai/Mistral-7B-v0.1         7.24B   32,000      paper          LlaSMol-Mistral" in lines
+
+
+def _train_commands() -> list[tuple[str, list[str]]]:
+    """Every `python -m llasmol.train …` line in the README's and the docs' shell blocks, as (page, overrides):
+    continuation lines joined, a sweep's comma lists split into one command a value, `<run>`-style placeholders
+    filled, Hydra's own flags and settings (--multirun, hydra.*) left to Hydra."""
+    commands = []
+    for page in [ROOT / "README.md", *PAGES]:
+        for block in re.findall(r"^```[a-z]*\n(.*?)^```", page.read_text(), flags=re.S | re.M):
+            for line in block.replace("\\\n", " ").splitlines():
+                found = re.search(r"python -m llasmol\.train\b(.*)", line)
+                if not found:
+                    continue
+                words = shlex.split(re.sub(r"<[a-z_]+>", "placeholder", found.group(1).split(" #")[0]))
+                words = [w for w in words if not w.startswith(("--", "hydra"))]
+                sweeps = [w for w in words if re.fullmatch(r"[\w.]+=[^\[{'\"]*,.*", w)]
+                for i in range(max((len(w.split(",")) for w in sweeps), default=1)):
+                    commands.append((page.name, [w if w not in sweeps else w.split("=")[0] + "=" +
+                                                 w.split("=", 1)[1].split(",")[i] for w in words]))
+    return commands
+
+
+def test_every_train_command_in_the_docs_passes_the_config_check():
+    """A documented command that the check refuses is a broken promise (trainer=fsdp on a real base names its
+    optimizer: docs/scale-out.md)."""
+    from llasmol.core.config import compose_config
+    from llasmol.core.schema import check_config
+
+    commands = _train_commands()
+    assert len(commands) >= 25 and (("scale-out.md", ["lora=large", "trainer=fsdp", "optimizer=adamw",
+                                                      "trainer.devices=8", "gradient_checkpointing=true"]) in commands)
+    assert ("README.md", ["lora=ffn"]) in commands  # a sweep's values, one command each
+    for page, overrides in commands:
+        try:
+            check_config(compose_config([*overrides, "paths.output_dir=/x"]))
+        except Exception as error:  # noqa: BLE001 - named with the page and the command
+            pytest.fail(f"{page}: python -m llasmol.train {' '.join(overrides)}: {error}")

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from llasmol.model.base import load_base_model, load_tokenizer, quantization_config
 from llasmol.model.lora import apply_lora
 from llasmol.model.memory import weight_bytes
-from llasmol.finetune.distributed import check_optimizer
+from llasmol.core.schema import check_config
 
 bnb = pytest.importorskip("bitsandbytes")
 
@@ -156,20 +156,30 @@ def test_bad_quantisation_settings_are_one_line():
         quantization_config(bad)
 
 
-def test_a_quantised_base_picks_paged_adamw_on_gpus_and_plain_8bit_adamw_on_a_cpu():
-    on_gpu = compose_config(["model=mistral", "quantization=4bit"])
-    assert on_gpu.optimizer._target_ == "bitsandbytes.optim.PagedAdamW8bit" and on_gpu.gradient_checkpointing
-    for overrides in (["quantization=4bit"], ["model=mistral", "quantization=8bit", "trainer.accelerator=cpu"]):
-        assert compose_config(overrides).optimizer._target_ == "bitsandbytes.optim.AdamW8bit"
-    cpu = compose_config(["quantization=4bit"])
-    with refused("optimizer._target_=bitsandbytes.optim.PagedAdamW8bit",
-                 "optimizer._target_=bitsandbytes.optim.AdamW8bit"):
-        check_optimizer({"_target_": "bitsandbytes.optim.PagedAdamW8bit"}, cpu.trainer)
-    check_optimizer(cpu.optimizer, cpu.trainer)  # the unpaged one is fine on a CPU
-    # The paper's GPU setup on a machine without CUDA (accelerator gpu, as model=mistral picks): the same line.
-    if not torch.cuda.is_available():
-        with refused("PagedAdamW8bit", "trainer.accelerator=gpu"):
-            check_optimizer(on_gpu.optimizer, on_gpu.trainer)
+@pytest.mark.parametrize("overrides, target, lr", [
+    (["model=mistral", "quantization=4bit"], "bitsandbytes.optim.AdamW8bit", 1e-4),  # the paper setup's
+    (["model=mistral", "quantization=8bit", "trainer=cpu"], "bitsandbytes.optim.AdamW8bit", 1e-4),
+    (["quantization=4bit"], "torch.optim.AdamW", 3e-3),  # the tiny demo's, quantised or not
+    (["model=mistral", "quantization=4bit", "optimizer=paged_adamw8bit"], "bitsandbytes.optim.PagedAdamW8bit", 1e-4),
+    (["quantization=8bit", "optimizer=adamw8bit", "optimizer.lr=0.01"], "bitsandbytes.optim.AdamW8bit", 0.01),
+    (["model=mistral", "optimizer=adamw", "experiment=lora_ablation"], "torch.optim.AdamW", 1e-4),
+])
+def test_the_optimizer_is_its_group_choice_and_the_recipe_keeps_its_settings(overrides, target, lr):
+    """conf/optimizer/ picks the update, setup/demo.yaml or setup/paper.yaml its default, the recipe its lr; a
+    choice on the command line wins over the setup's whatever else is chosen (quantisation included)."""
+    cfg = compose_config([*overrides, "paths.output_dir=/x"])
+    assert (cfg.optimizer._target_, cfg.optimizer.lr, cfg.optimizer.weight_decay) == (target, lr, 0.0)
+    assert cfg.gradient_checkpointing is ("quantization=none" not in overrides and any(
+        o.startswith("quantization=") for o in overrides))
+
+
+def test_a_paged_optimizer_is_refused_on_a_cpu_and_runs_its_check_on_a_gpu_trainer():
+    with refused("optimizer._target_=bitsandbytes.optim.PagedAdamW8bit", "trainer.accelerator=cpu",
+                 "optimizer=adamw8bit"):
+        check_config(compose_config(["quantization=4bit", "optimizer=paged_adamw8bit", "paths.output_dir=/x"]))
+    check_config(compose_config(["quantization=4bit", "optimizer=adamw8bit", "paths.output_dir=/x"]))
+    check_config(compose_config(["model=mistral", "quantization=4bit", "optimizer=paged_adamw8bit",
+                                 "paths.output_dir=/x"]))  # trainer=gpu: paging is what it is for
 
 
 def _rows(run: Path) -> list[dict]:
@@ -186,7 +196,7 @@ def test_qlora_trains_validates_saves_and_evaluates_on_cpu(cfg_factory, tmp_path
     from llasmol.train import train
 
     tasks = "data.tasks=[name_conversion-s2f,property_prediction-bbbp]"
-    result = train(cfg_factory(f"quantization={bits}", "trainer.max_steps=4", "val_every_n_steps=2", tasks, *QUICK))
+    result = train(cfg_factory(f"quantization={bits}", "optimizer=adamw8bit", "trainer.max_steps=4", "val_every_n_steps=2", tasks, *QUICK))
     assert result["global_step"] == 4
     hparams = (tmp_path / "csv" / "hparams.yaml").read_text()
     assert "bitsandbytes.optim.AdamW8bit" in hparams and f"bits: {bits[0]}" in hparams
@@ -377,6 +387,6 @@ def test_4bit_settings_default_to_double_quantised_nf4_in_bfloat16():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
 def test_a_paged_optimizer_without_cuda_ends_with_one_line(tmp_path):
     """Quantised bases run on a CPU (bitsandbytes' CPU backend); only paging optimizer state needs CUDA."""
-    refused_cli(["llasmol.train", "quantization=4bit", "optimizer._target_=bitsandbytes.optim.PagedAdamW8bit",
+    refused_cli(["llasmol.train", "quantization=4bit", "optimizer=paged_adamw8bit",
                  f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
-                "optimizer._target_=bitsandbytes.optim.PagedAdamW8bit", "optimizer._target_=bitsandbytes.optim.AdamW8bit")
+                "optimizer._target_=bitsandbytes.optim.PagedAdamW8bit", "optimizer=adamw8bit")

@@ -265,7 +265,6 @@ def test_only_rank_0_locks_and_tidies_the_run_folder(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("optimizer._target_=bitsandbytes.optim.PagedAdamW8bit", "optimizer._target_=bitsandbytes.optim.PagedAdamW8bit"),
     ("+logger.w={_target_:llasmol.finetune.tracking.WandbLogger,log_model:true,offline:true}", "logger.w.log_model=True"),
 ])  # packing a base that cannot pack: train's, before the base's files (tests/test_packing.py)
 def test_the_preflight_check_names_what_this_machine_cannot_run(override, message, monkeypatch):

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from llasmol.core.errors import UserError, report_user_errors
 from llasmol.core.files import NO_SPACE, folder_problem, nearest_existing
-from llasmol.core.schema import check_config, is_fsdp2
+from llasmol.core.schema import check_config
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
@@ -80,13 +80,6 @@ def _per_process_batch(samples: int, devices, nodes) -> int:
     return int(samples) * _device_count(devices, 1) * int(nodes)
 
 
-def _paper_optimizer(strategy) -> str:
-    """The paper recipe's optimizer for a trainer's strategy: 8-bit AdamW, but torch's AdamW under trainer=fsdp,
-    whose sharded DTensor parameters bitsandbytes' update cannot take ("optimizer_update_32bit does not have a
-    sharding strategy registered")."""
-    return "torch.optim.AdamW" if is_fsdp2(strategy) else "bitsandbytes.optim.AdamW8bit"
-
-
 def _not_given(key: str, example: str):
     """A setting a config option cannot do without: `???` would not do, as a `???` merged over a value keeps
     that value (data=custom's path over SMolInstruct's null, which downloads the archive)."""
@@ -108,12 +101,7 @@ RESOLVERS = {
     "llasmol_interactive": _interactive,
     # The GPU presets' precision: bf16 autocast on GPUs, plain fp32 when run on CPU.
     "llasmol_precision": lambda accelerator: "32-true" if accelerator == "cpu" else "bf16-mixed",
-    # A quantised base's optimizer: paged 8-bit AdamW on GPUs (QLoRA's: its state pages out to CPU memory
-    # under a memory spike), the same 8-bit AdamW unpaged on a CPU, where there is nothing to page to.
-    "llasmol_kbit_optimizer": lambda accelerator: "bitsandbytes.optim." + (
-        "AdamW8bit" if accelerator == "cpu" else "PagedAdamW8bit"),
     "llasmol_gpus_per_node": _gpus_per_node,
-    "llasmol_paper_optimizer": _paper_optimizer,
     "llasmol_per_process_batch": _per_process_batch,
 }
 

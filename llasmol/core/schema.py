@@ -595,15 +595,21 @@ def _sharded_quantization(cfg: dict) -> Optional[str]:
     return None
 
 
-def _sharded_optimizer(cfg: dict) -> Optional[str]:
-    """bitsandbytes' optimizers update plain tensors: FSDP2's DTensor shards stop the first step with "does not
-    have a sharding strategy registered" (torch 2.13, bitsandbytes 0.50)."""
-    strategy = (cfg.get("trainer") or {}).get("strategy")
+def _optimizer_runs_here(cfg: dict) -> Optional[str]:
+    """The optimizer against the trainer (conf/optimizer/ says what each is): bitsandbytes' update takes plain
+    tensors, so FSDP2's DTensor shards would stop the first step with "does not have a sharding strategy
+    registered" (torch 2.13, bitsandbytes 0.50); a paged one pages through CUDA memory, and on a CPU bitsandbytes
+    would quietly run the unpaged one instead."""
+    trainer = cfg.get("trainer") or {}
     target = str((cfg.get("optimizer") or {}).get("_target_", ""))
-    if target.startswith("bitsandbytes.") and is_fsdp2(strategy):
+    if target.startswith("bitsandbytes.") and is_fsdp2(trainer.get("strategy")):
         return (f"optimizer._target_={target} cannot update trainer=fsdp's sharded parameters (bitsandbytes has no "
-                "rule for FSDP2's DTensors): use optimizer._target_=torch.optim.AdamW (trainer=fsdp's default), or "
-                "trainer=ddp")
+                "rule for FSDP2's DTensors): add optimizer=adamw (torch's AdamW), or use trainer=ddp")
+    name = target.rsplit(".", 1)[-1]
+    if target.startswith("bitsandbytes.") and name.startswith("Paged") and trainer.get("accelerator") == "cpu":
+        return (f"optimizer._target_={target} pages its state through CUDA memory and trainer.accelerator=cpu has "
+                f"none: use optimizer=adamw8bit (bitsandbytes.optim.{name.removeprefix('Paged')}, the same update, "
+                "unpaged)")
     return None
 
 
@@ -675,7 +681,7 @@ class TrainSchema(ModelCommandSchema):
     reward: RewardSchema = setting()
     init_from: Optional[str] = setting(hint="a run directory or an adapter folder")
 
-    RULES = (_lora_base, _sharded_quantization, _sharded_optimizer, _objective_data, _best_by_reward)
+    RULES = (_lora_base, _sharded_quantization, _optimizer_runs_here, _objective_data, _best_by_reward)
 
 
 def _device(name: str) -> Optional[str]:

@@ -26,7 +26,6 @@ from typing import Any, Optional
 
 import torch
 
-from llasmol.core.errors import UserError
 from llasmol.finetune.lightning_private import ModelParallelOverEveryProcess
 from llasmol.model.blocks import clean_name, decoder_layer_types, is_sharded
 
@@ -107,17 +106,3 @@ class FSDP2Strategy(ModelParallelOverEveryProcess):
 def uses_fsdp2(trainer) -> bool:
     """Whether `trainer` (a Lightning Trainer) runs trainer=fsdp's strategy."""
     return isinstance(getattr(trainer, "strategy", None), FSDP2Strategy)
-
-
-def check_optimizer(optimizer_cfg, trainer_cfg) -> None:
-    """A paged bitsandbytes optimizer pages its state between GPU and CPU memory through CUDA unified
-    memory; on a CPU bitsandbytes falls back to the unpaged optimizer with a warning, which would run
-    another optimizer than the one asked for. Say so in one line instead."""
-    target = str(optimizer_cfg.get("_target_", "")) if optimizer_cfg else ""
-    name = target.rsplit(".", 1)[-1]
-    if not name.startswith("Paged"):
-        return
-    if trainer_cfg.get("accelerator") == "cpu" or not torch.cuda.is_available():
-        raise UserError(f"optimizer._target_={target} pages its state through CUDA memory and this run has no GPU "
-                        f"(trainer.accelerator={trainer_cfg.get('accelerator')}): use "
-                        f"optimizer._target_=bitsandbytes.optim.{name.removeprefix('Paged')} (the same update, unpaged)")

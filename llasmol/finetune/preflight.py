@@ -13,7 +13,6 @@ from omegaconf import DictConfig
 from llasmol.core.errors import UserError
 from llasmol.core.run_lock import hold_run_lock
 from llasmol.finetune.checkpointing import tidy_run_dir
-from llasmol.finetune.distributed import check_optimizer
 from llasmol.finetune.tracking import check_loggers
 
 log = logging.getLogger("llasmol.train")  # the run's log lines keep the command's name in train.log
@@ -32,11 +31,10 @@ def claim_run_dir(output_dir: str | Path) -> Path:
 
 
 def check_run(cfg: DictConfig) -> None:
-    """A `UserError` for devices, an optimizer or a logger this machine cannot run, cheapest first (the
+    """A `UserError` for devices or a logger this machine cannot run, cheapest first (the
     quantisation settings are the schema's to check; packing and the base's files, `train`'s before Lightning
     loads)."""
     check_devices(cfg.trainer)
-    check_optimizer(cfg.optimizer, cfg.trainer)
     check_loggers(cfg.get("logger"))
 
 

@@ -225,7 +225,7 @@ def quantization_config(quant_cfg):
     (`core.schema.QuantizationSchema`: the bits, the 4-bit data type, a 4-bit base's every setting).
 
     bitsandbytes (>= 0.49) runs its 4-bit and 8-bit layers and its 8-bit optimizers on a CPU as well as on
-    CUDA, so a quantised base needs no GPU: only paged optimizers do (`check_optimizer`).
+    CUDA, so a quantised base needs no GPU: only paged optimizers do (the config check says so).
     """
     bits = quant_cfg.get("bits") if quant_cfg else None
     if bits is None:
