@@ -247,6 +247,37 @@ VALUED_OPTIONS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--c
 OPTIONAL_VALUE_OPTIONS = {"--info", "-i"}
 
 
+_OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
+
+
+def _settings_of(config_name: str) -> frozenset[str]:
+    """The names an override of command `config_name` may start with: its config's top-level keys and the groups."""
+    try:
+        keys = set(compose_config([], config_name))
+    finally:
+        GlobalHydra.instance().clear()
+    return frozenset(keys | {p.name for p in CONFIG_DIR.iterdir() if p.is_dir()} | {"hydra"})
+
+
+def split_free_text(argv: list[str], key: str, config_name: str,
+                    settings: Optional[frozenset[str]] = None) -> tuple[list[str], Optional[str]]:
+    """`argv` without its free text, and that text (generate's question): Hydra takes only key=value overrides, and
+    the text is kept out of them so that it is never parsed as config (`${oc.env:HOME}` in a question stays as
+    written). It is `<key>=<text>` when given (taken literally, whatever it holds), else the first argument that is
+    not an option or an override of one of the command's settings: `'a=b, c'` is text, since `a` is no setting."""
+    for i, arg in enumerate(argv[1:], 1):
+        if arg.startswith(f"{key}="):
+            return argv[:i] + argv[i + 1 :], arg[len(key) + 1 :]
+    settings = _settings_of(config_name) if settings is None else settings
+    for i, arg in enumerate(argv[1:], 1):
+        if argv[i - 1] in VALUED_OPTIONS or arg.startswith("-"):
+            continue
+        name = re.split(r"[.=/@]", arg.lstrip("+~"), maxsplit=1)[0]
+        if not (_OVERRIDE.match(arg) and (name in settings or arg[0] in "+~")):  # +key=: a key added on purpose
+            return argv[:i] + argv[i + 1 :], arg
+    return argv, None
+
+
 def overrides_of(argv: list[str]) -> list[str]:
     """The key=value arguments of a command line (its options and their values left out)."""
     out = []
