@@ -27,19 +27,9 @@ log = logging.getLogger(__name__)
 
 def _protocol_row(cfg: DictConfig, model_cfg: DictConfig, protocol, folder: Path, split: str, samples: int) -> None:
     """Label the folder's row with its protocol (``Mistral (1-shot)``), as report and the notebooks show it."""
-    # lazy: the analysis package brings matplotlib (0.6 s), needed only for a base model's protocol row
-    from llasmol.analysis.paper import PAPER_SOURCES
+    from llasmol.analysis.paper import protocol_row  # lazy: the analysis package brings matplotlib (0.6 s)
 
-    if protocol.style == "molinst":
-        name = "Molinst"
-    else:  # the paper's name of the base where it has a base row ("Code Llama"), else the model's name
-        name = next((n for n, s in PAPER_SOURCES.items() if s.kind == "base LLM" and s.base == model_cfg.name),
-                    str(model_cfg.name))
-        if cfg.ckpt and str(cfg.ckpt).lower() != "none":
-            name = f"{name} + {Path(str(cfg.ckpt)).name}"
-    source = PAPER_SOURCES.get(name)
-    # Beside the paper's row only when asked as the paper asked it (Mistral 3-shot has no paper row).
-    paper_row = name if source is not None and source.protocol == (protocol.style, protocol.shots) else None
+    name, paper_row = protocol_row(str(model_cfg.name), cfg.ckpt and str(cfg.ckpt), protocol.style, protocol.shots)
     write_json(folder / run_dir.SYSTEM, {"name": f"{name} ({protocol.setting})", "protocol": asdict(protocol),
                                          "paper_row": paper_row, "model": str(model_cfg.name),
                                          "ckpt": str(cfg.ckpt), "split": split, "samples": samples})

@@ -1,15 +1,12 @@
-"""`python -m llasmol.export ckpt=<run dir | adapter> output=<folder>`: a merged model for plain transformers.
-
-    python -m llasmol.export ckpt=outputs/train/<run> output=exported/<name>
-    python -m llasmol.export ckpt=<adapter folder> model=mistral output=<folder> push_to_hub=<owner/name>
+"""`python -m llasmol.export ckpt=<run dir | adapter> output=<folder> [push_to_hub=<owner/name>]`: a merged model.
 
 The adapter is folded into its base (PEFT's `merge_and_unload`, in the base's dtype) and the folder is what
 `AutoModelForCausalLM.from_pretrained` reads, with no PEFT: safetensors shards, `config.json`,
 `generation_config.json` (the paper's default decoding: 4 beams, up to 1,024 new tokens, `early_stopping`
 false; per-task beams are in the model card), the tokenizer with its chat template if it has one, and
 `README.md`, a model card: base, LoRA variant, data, recipe (the facts its run saved at train time), and the
-run's test metrics beside the paper's row with their intervals, or how to get them. The folder is written beside
-its final name and renamed into place.
+run's test metrics beside the paper's row with their intervals, or how to get them. Written beside its final
+name and renamed into place. An adapter folder names its base: `model=mistral`.
 """
 
 from __future__ import annotations
@@ -21,19 +18,12 @@ from typing import Optional
 from omegaconf import DictConfig
 
 from llasmol.core import offline, run_dir
-from llasmol.core.errors import UserError
+from llasmol.core.files import check_new_folder
 from llasmol.frame import command, start
 from llasmol.model.adapters import save_merged
 from llasmol.model.cards import merged_card
 
 log = logging.getLogger(__name__)
-
-
-def _check_output(output: Path) -> None:
-    if output.is_symlink() or (output.exists() and not output.is_dir()):
-        raise UserError(f"output={output} is not a folder: name a new folder for the exported model")
-    if output.is_dir() and any(output.iterdir()):
-        raise UserError(f"output={output} holds files already: name a new (or empty) folder; nothing is replaced")
 
 
 def model_card(cfg: DictConfig, model_cfg: DictConfig, adapter: str) -> str:
@@ -62,7 +52,7 @@ def export(cfg: DictConfig) -> Path:
     """Merge `cfg.ckpt`'s adapter into its base and write the model folder `cfg.output`; returns it."""
     start(cfg)
     output = Path(str(cfg.output))
-    _check_output(output)
+    check_new_folder(output, "output", "for the exported model")
     from llasmol.inference.beam_search import generation_config  # lazy: torch and transformers
     from llasmol.inference.loading import load_model, resolve_checkpoint
 
@@ -72,22 +62,9 @@ def export(cfg: DictConfig) -> Path:
     save_merged(model, tokenizer, generation_config(cfg.generation, tokenizer), card, output, str(cfg.max_shard_size))
     log.info("exported %s + %s into %s", model_cfg.name, adapter, output)
     if cfg.push_to_hub:
-        push(output, str(cfg.push_to_hub))
+        offline.push_folder(output, str(cfg.push_to_hub))
+        log.info("uploaded %s to https://huggingface.co/%s", output, cfg.push_to_hub)
     return output
-
-
-def push(folder: Path, repo_id: str) -> None:
-    """Upload `folder` to the Hub repo `repo_id` (made if missing); offline, one line saying where the folder is."""
-    reason = offline.hub_unreachable()
-    if reason is not None:
-        raise UserError(f"push_to_hub={repo_id}: the Hub is not reachable ({reason}); the exported folder is "
-                        f"{folder}: upload it later with `hf upload {repo_id} {folder}`")
-    from huggingface_hub import HfApi
-
-    api = HfApi()
-    api.create_repo(repo_id, exist_ok=True)
-    api.upload_folder(folder_path=str(folder), repo_id=repo_id)
-    log.info("uploaded %s to https://huggingface.co/%s", folder, repo_id)
 
 
 @command("export")

@@ -24,9 +24,8 @@ import argparse
 from pathlib import Path
 from typing import Optional, Sequence
 
-from llasmol import analysis
-from llasmol.analysis.report_folder import report_run, report_sweep, report_two
-from llasmol.core.errors import UserError, report_user_errors
+from llasmol.analysis.report_folder import report_paths
+from llasmol.core.errors import report_user_errors
 from llasmol.core.files import WRITE_ELSEWHERE, raise_if_unwritable
 
 
@@ -48,7 +47,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
 def _run(args) -> list[Path]:
     token = WRITE_ELSEWHERE.set("write the report elsewhere with --out <folder>")
     try:
-        written = _report(args)
+        written = report_paths(args.path, args.out, args.validation, args.worst, args.all_metrics)
     except OSError as err:  # a chart's file on a full disk or in a read-only folder: one line naming it
         raise_if_unwritable(err, Path(err.filename or args.out or args.path[0]))
         raise
@@ -56,33 +55,6 @@ def _run(args) -> list[Path]:
         WRITE_ELSEWHERE.reset(token)
     for file in written:
         print(f"wrote {file}")
-    return written
-
-
-def _report(args) -> list[Path]:
-    if args.worst < 0:
-        raise UserError(f"--worst {args.worst} must be a whole number >= 0 (worst examples per task; 0: none)")
-    if len(args.path) > 2:
-        raise UserError(f"{len(args.path)} paths given: give one run or multirun directory, or two runs to compare")
-    for given in args.path:
-        if not Path(given).is_dir():
-            raise UserError(f"{given} is not a directory (give a run directory or a multirun directory)")
-    path = Path(args.path[0])
-    if len(args.path) == 2:
-        for given in args.path:
-            if not analysis.is_run_dir(given):
-                raise UserError(f"{given} is not a run directory: two paths compare two runs (params.json, "
-                                "metrics/, predictions/)")
-        written = report_two(path, Path(args.path[1]), args.out)
-    elif analysis.is_run_dir(path):
-        written = report_run(path, args.out, args.validation, args.worst, args.all_metrics)
-    elif analysis.is_multirun_dir(path):
-        written = report_sweep(path, args.out)
-    else:
-        raise UserError(
-            f"{path} is neither a run directory (params.json, metrics/, predictions/) "
-            "nor a multirun directory (run directories inside)"
-        )
     return written
 
 

@@ -959,7 +959,7 @@ def test_a_validation_without_predictions_gets_the_tables_its_metrics_allow(run_
 
 
 def test_the_report_command_passes_its_options_on(run_dir, tmp_path, monkeypatch, capsys):
-    import llasmol.report as report
+    import llasmol.analysis.report_folder as report
 
     calls = []
     monkeypatch.setattr(report, "report_run", lambda *args: calls.append(args) or [])

@@ -66,7 +66,7 @@ def test_the_bases_in_recipe_md_are_the_ones_params_lists(tmp_path):
     import sys
 
     from conftest import HANG_TIMEOUT
-    from llasmol.params import bases_table
+    from llasmol.analysis.model_choices import bases_table
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "recipe.md").read_text(encoding="utf-8")
     table = text.split("| `model=` | Hub id |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]  # its rows

@@ -51,6 +51,7 @@ from the paper's text (tests/data/paper_tables.json, tests/test_paper_transcript
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 
@@ -475,3 +476,16 @@ PAPER_TRAINABLE: dict[str, dict[str, float]] = {
 def paper_metric(model: str, task: str, metric: str) -> Optional[float]:
     """A reported value (fraction), or None when the paper's number is not here."""
     return PAPER_RESULTS.get(model, {}).get(task, {}).get(metric)
+
+
+def protocol_row(model: str, ckpt: Optional[str], style: str, shots: int) -> tuple[str, Optional[str]]:
+    """The row name of a base asked by a prompting protocol (``Code Llama``, ``Molinst``, ``Mistral + <adapter>``)
+    and the paper's row it stands beside: only one asked as the paper asked it (Mistral 3-shot has none)."""
+    if style == "molinst":
+        name = "Molinst"
+    else:  # the paper's name of the base where it has a base row ("Code Llama"), else the model's name
+        name = next((n for n, s in PAPER_SOURCES.items() if s.kind == "base LLM" and s.base == model), model)
+        if ckpt and ckpt.lower() != "none":
+            name = f"{name} + {Path(ckpt).name}"
+    source = PAPER_SOURCES.get(name)
+    return name, (name if source is not None and source.protocol == (style, shots) else None)

@@ -170,3 +170,28 @@ PAIRS_NOTE = (
     "A - B of each task's headline metric on the samples both answered, with a 95% paired bootstrap "
     "interval (both resampled together). `excludes_zero: yes`: the samples tell A and B apart; `no`: the "
     "difference may be noise. RMSE is lower-is-better: there a negative difference favours A.\n\n")
+
+
+def report_paths(paths: Sequence[str], out=None, validation=None, worst: int = 5, all_metrics: bool = False) -> list[Path]:
+    """`python -m llasmol.report`'s paths, checked, to the report they ask for: a run's, a multirun's, or two
+    runs' paired differences; the files written."""
+    if worst < 0:
+        raise UserError(f"--worst {worst} must be a whole number >= 0 (worst examples per task; 0: none)")
+    if len(paths) > 2:
+        raise UserError(f"{len(paths)} paths given: give one run or multirun directory, or two runs to compare")
+    for given in paths:
+        if not Path(given).is_dir():
+            raise UserError(f"{given} is not a directory (give a run directory or a multirun directory)")
+    path = Path(paths[0])
+    if len(paths) == 2:
+        for given in paths:
+            if not analysis.is_run_dir(given):
+                raise UserError(f"{given} is not a run directory: two paths compare two runs (params.json, "
+                                "metrics/, predictions/)")
+        return report_two(path, Path(paths[1]), out)
+    if analysis.is_run_dir(path):
+        return report_run(path, out, validation, worst, all_metrics)
+    if analysis.is_multirun_dir(path):
+        return report_sweep(path, out)
+    raise UserError(f"{path} is neither a run directory (params.json, metrics/, predictions/) "
+                    "nor a multirun directory (run directories inside)")

@@ -159,6 +159,14 @@ def check_target(path: str | os.PathLike, setting: str | None = None) -> None:
                     "or new paths; name a new file")
 
 
+def check_new_folder(path: Path, setting: str, purpose: str) -> None:
+    """A folder a command fills from nothing: new, or empty; nothing is replaced."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise UserError(f"{setting}={path} is not a folder: name a new folder {purpose}")
+    if path.is_dir() and any(path.iterdir()):
+        raise UserError(f"{setting}={path} holds files already: name a new (or empty) folder; nothing is replaced")
+
+
 def _atomic_write(path: Path, write, binary: bool = False) -> None:
     # The temporary file sits in the target's folder: os.replace is atomic only within one filesystem.
     check_target(path)

@@ -1,5 +1,6 @@
 """Is the Hugging Face Hub reachable? Asked once, before a download that would otherwise retry for a
-minute and print a warning per retry when the machine has no network."""
+minute and print a warning per retry when the machine has no network; and an upload that says where its folder
+stays when it is not."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import socket
 import threading
 from typing import Optional
 from urllib.parse import urlparse
+
+from llasmol.core.errors import UserError
 
 _PROBE_SECONDS = 3.0
 
@@ -49,3 +52,16 @@ def cached_on_disk(repo_id: str, filename: str = "config.json", repo_type: str =
         return isinstance(try_to_load_from_cache(repo_id, filename, revision=revision, repo_type=repo_type), str)
     except ValueError:  # not a valid repository id (HFValidationError): nothing of it can be cached
         return False
+
+
+def push_folder(folder, repo_id: str) -> None:
+    """Upload `folder` to the Hub repo `repo_id` (made if missing); offline, one line saying where the folder is."""
+    reason = hub_unreachable()
+    if reason is not None:
+        raise UserError(f"push_to_hub={repo_id}: the Hub is not reachable ({reason}); the exported folder is "
+                        f"{folder}: upload it later with `hf upload {repo_id} {folder}`")
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    api.create_repo(repo_id, exist_ok=True)
+    api.upload_folder(folder_path=str(folder), repo_id=repo_id)

@@ -1,4 +1,5 @@
-"""Fitting a built run and finishing it: the fit (SIGTERM ends it with exit status 143), a validation of the
+"""A run from its checked config: preflight, build, fit and finish (`run`, `train`'s table of contents), each step
+a helper of `llasmol.finetune`. Fitting a built run and finishing it: the fit (SIGTERM ends it with exit status 143), a validation of the
 last step when `val_every_n_steps` does not divide the run's length, then result.json, the closing log line
 and the W&B runs closed."""
 
@@ -9,16 +10,53 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import lightning as L
 from lightning import LightningDataModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from llasmol.core import run_dir
 from llasmol.core.files import write_json
+from llasmol.core.quiet import lightning_logs_to_root
+from llasmol.core.threads import wait_description
+from llasmol.finetune.build import build_datamodule, build_model, build_module, build_trainer, record_run
 from llasmol.finetune.checkpointing import AdapterModelCheckpoint
 from llasmol.finetune.module import LoRACausalLM
+from llasmol.finetune.preflight import check_run, claim_run_dir
+from llasmol.finetune.resume import Resume
+from llasmol.model.base import load_tokenizer
 from llasmol.finetune.tracking import finish_wandb_runs
 
 log = logging.getLogger("llasmol.train")  # the run's log lines keep the command's name in train.log
+
+
+def run(cfg, tasks, threads: int, start_from, started: float) -> dict[str, Any]:
+    """Fit one run whose settings, data declarations and starting adapter are checked (`llasmol.train.train`);
+    returns its final metrics, parameter counts and best checkpoint. `started`: `time.monotonic()` at launch."""
+    # Preflight: what this machine runs, the run directory (ours alone), what ckpt_path= means.
+    lightning_logs_to_root()
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    log.info("CPU: %d intra-op thread(s), OpenMP threads wait %s (cpu.threads, cpu.wait_policy)", threads,
+             wait_description(cfg.get("cpu")))
+    check_run(cfg)  # before the folder is claimed: a refused run leaves nothing behind
+    out = claim_run_dir(cfg.paths.output_dir)
+    resume = Resume.plan(cfg.get("ckpt_path"), out, cfg.model.name, cfg.lora.name)
+
+    # Build: the data first, so bad data stops the run before the model loads and the loggers start.
+    tokenizer = load_tokenizer(cfg.model)
+    datamodule = build_datamodule(cfg, tokenizer, tasks)
+    model, params = build_model(cfg, tokenizer, start_from)
+    module = build_module(cfg, model, datamodule, start_from)
+    trainer = build_trainer(cfg, datamodule, resume)  # the one place the resume plan meets the trainer
+    record_run(cfg, trainer, datamodule, params)
+
+    # Fit: from the planned checkpoint, if any; a SIGTERM ends the process with exit status 143.
+    fit(trainer, module, datamodule, resume.checkpoint)
+
+    # Finish: the last step validated if no validation fell on it, result.json, the closing line, the loggers.
+    validate_last_step(trainer, module, datamodule, cfg.val_every_n_steps)
+    result = run_result(trainer, params, out, resume.checkpoint, started)
+    finish(trainer, result)
+    return result
 
 
 def fit(trainer: Trainer, module: LoRACausalLM, datamodule: LightningDataModule, checkpoint: Optional[str]) -> None:
