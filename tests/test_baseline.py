@@ -25,7 +25,7 @@ from llasmol.evaluate import evaluate
 from llasmol.inference.beam_search import task_settings
 from llasmol.inference.predictions import read_predictions
 from llasmol.metrics import extract_answer
-from llasmol.report import report_run
+from llasmol.analysis.report_folder import report_run
 
 # The fields every predictions record carries (llasmol.inference.predictions.make_record).
 RECORD_FIELDS = {"task", "index", "input", "raw_input", "gold", "predictions", "answers", "skipped"}

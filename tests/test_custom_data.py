@@ -252,7 +252,7 @@ def test_a_custom_regression_and_yes_no_task_train_validate_evaluate_and_report(
     weighted; the run's files name the tasks, and evaluate and report read them back in a fresh process."""
     from llasmol.analysis import load_run
     from llasmol.evaluate import evaluate
-    from llasmol.report import report_run
+    from llasmol.analysis.report_folder import report_run
     from llasmol.train import train
 
     csv_file, jsonl = write_logp_csv(tmp_path / "logp.csv", ("input", "output")), write_ring_jsonl(tmp_path / "ring.jsonl")
@@ -474,3 +474,54 @@ def test_a_place_of_data_also_that_is_not_a_path_or_its_mapping_is_one_line(plac
     cfg.data.also = [place]
     with refused(*named):
         check_config(cfg)
+
+
+@pytest.mark.parametrize("output", [None, "elsewhere/metrics/m.json"])
+def test_scoring_a_file_of_own_tasks_writes_its_metrics_and_nothing_beside(tmp_path, output):
+    """`evaluate predictions=<folder>/preds.jsonl` (or with output=<dir>/metrics/m.json) writes the metrics and
+    their intervals, not a tasks.json over the user's own file in the predictions' folder or a level above the
+    named output: the declarations came from the command line, and no run folder of the command's holds them."""
+    from llasmol.evaluate import evaluate
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "tasks.json").write_text('["build", "test"]')  # some other tool's file
+    preds = folder / "preds.jsonl"
+    preds.write_text("".join(json.dumps({"task": "logp", "input": "CCO", "gold": "1.5",
+                                         "predictions": [f"<NUMBER> {v} </NUMBER>"]}) + "\n" for v in (1.4, 1.6)))
+    overrides = [f"predictions={preds}", "+data.new_tasks.logp={family: number}", f"paths.output_dir={tmp_path / 'cmd'}"]
+    if output:
+        overrides.append(f"output={tmp_path / output}")
+    result = evaluate(compose_config(overrides, "evaluate"))
+    assert result["metrics"]["logp"]["rmse"] == pytest.approx(0.1)
+    assert (folder / "tasks.json").read_text() == '["build", "test"]'
+    written = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
+    metrics = output or "mine/preds.metrics.json"
+    assert written == {"mine/tasks.json", "mine/preds.jsonl", metrics, metrics.replace(".json", ".intervals.json")}
+
+
+@pytest.mark.parametrize("family, row, role", [
+    ("number", "C" * 20_000 + ",1.0", "input"),  # a 20,000-carbon chain: RDKit's writer overflows the C stack on it
+    ("smiles", "CCO," + "C" * 4097, "output"),  # one character past the bound
+])
+def test_a_molecule_past_the_bound_is_one_line_before_rdkit_reads_it(tmp_path, family, row, role):
+    """The bound of every SMILES read (llasmol.core.smiles.MAX_SMILES_CHARS): a row past it names its file, line
+    and role and stops before any split key or gold is parsed; one at it is read."""
+    table = TaskTable({"own": {"family": family}})
+    path = tmp_path / "own.csv"
+    path.write_text(f"input,output\n{row}\n")
+    with refused(str(path), "line 2", f"the {role} of task own", "past the 4,096"):
+        read_table(path, fractions={"validation": 0.5}, table=table)
+    path.write_text("input,output\n" + ("C" * 4096 + ",1.0" if role == "input" else "CCO," + "C" * 4096) + "\n")
+    assert len(read_table(path, fractions={"validation": 0.5}, table=table)) == 1
+
+
+def test_a_question_about_a_molecule_past_the_bound_is_one_line_before_the_model_loads():
+    from llasmol.core.smiles import MAX_SMILES_CHARS, canonical_kekule, canonicalize_query
+    from llasmol.generate import generate
+
+    huge = "Is <SMILES> " + "C" * 20_000 + " </SMILES> toxic?"
+    assert canonical_kekule("C" * 20_000) is None and canonicalize_query(huge) == huge  # not given to RDKit
+    assert canonical_kekule("C" * MAX_SMILES_CHARS) == "C" * MAX_SMILES_CHARS
+    with refused("the query's SMILES is 20,000 characters", "past the 4,096"):
+        generate(compose_config(["model=tiny", "ckpt=none"], "generate"), huge)

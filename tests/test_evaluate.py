@@ -424,7 +424,7 @@ def test_saved_adapters_name_their_base_and_carry_a_real_model_card(run_dir):
 def test_test_results_attach_to_the_run_and_reach_the_report_beside_the_paper(run_dir, tmp_path):
     import shutil
 
-    from llasmol.report import report_run
+    from llasmol.analysis.report_folder import report_run
 
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
