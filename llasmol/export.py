@@ -5,22 +5,21 @@ The adapter is folded into its base (PEFT's `merge_and_unload`, in the base's dt
 `generation_config.json` (the paper's default decoding: 4 beams, up to 1,024 new tokens, `early_stopping`
 false; per-task beams are in the model card), the tokenizer with its chat template if it has one, and
 `README.md`, a model card: base, LoRA variant, data, recipe (the facts its run saved at train time), and the
-run's test metrics beside the paper's row with their intervals, or how to get them. Written beside its final
-name and renamed into place. An adapter folder names its base: `model=mistral`.
+run's test metrics beside the paper's row with their intervals, or how to get them. An adapter folder names its
+base (`model=mistral`). Written beside its final name (`model.adapters.export_staging`), then renamed.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Optional
 
 from omegaconf import DictConfig
 
 from llasmol.core import offline, run_dir
 from llasmol.core.files import check_new_folder
 from llasmol.frame import command, start
-from llasmol.model.adapters import save_merged
+from llasmol.model.adapters import export_staging, save_merged
 from llasmol.model.cards import merged_card
 
 log = logging.getLogger(__name__)
@@ -58,8 +57,10 @@ def export(cfg: DictConfig) -> Path:
 
     model_cfg, adapter, _ = resolve_checkpoint(str(cfg.ckpt), cfg)  # an adapter: the schema refuses ckpt=none
     card = model_card(cfg, model_cfg, adapter)  # first: a run's unreadable files stop it before minutes of merging
-    model, tokenizer = load_model(model_cfg, adapter, None, merge=True)
-    save_merged(model, tokenizer, generation_config(cfg.generation, tokenizer), card, output, str(cfg.max_shard_size))
+    with export_staging(output) as staging:  # before the merge too: another export into output is one line
+        model, tokenizer = load_model(model_cfg, adapter, None, merge=True)
+        save_merged(model, tokenizer, generation_config(cfg.generation, tokenizer), card, staging, output,
+                    str(cfg.max_shard_size))
     log.info("exported %s + %s into %s", model_cfg.name, adapter, output)
     if cfg.push_to_hub:
         offline.push_folder(output, str(cfg.push_to_hub))
@@ -68,7 +69,7 @@ def export(cfg: DictConfig) -> Path:
 
 
 @command("export")
-def main(cfg: DictConfig) -> Optional[Path]:
+def main(cfg: DictConfig) -> Path:
     folder = export(cfg)
     print(f"exported to {folder}: AutoModelForCausalLM.from_pretrained({str(folder)!r}) loads it, no PEFT needed",
           flush=True)

@@ -30,7 +30,7 @@ def test_an_exported_run_loads_with_plain_transformers_and_computes_what_the_ada
     folder = _export(trained_run, tmp_path / "merged")
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "README.md"} <= {
         p.name for p in folder.iterdir()}
-    assert not list(tmp_path.glob(".merged.*"))  # the staging folder was renamed into place
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["merged"]  # the staging folder was renamed into place
     with safe_open(str(folder / "model.safetensors"), "pt") as weights:
         names = list(weights.keys())
     assert names and not [n for n in names if "lora" in n.lower()]  # no adapter weights: merged
@@ -201,3 +201,81 @@ def test_a_runs_card_facts_and_tasks_read_back_in_another_process_as_train_wrote
     from llasmol.data.source import BUNDLED_DATA, SMolInstructSource
 
     assert card["tasks"] == SMolInstructSource(path=str(BUNDLED_DATA)).task_names()  # the 11 the excerpt has
+
+
+HOLDER = """
+import sys, time
+from llasmol.core.run_lock import hold_run_lock
+hold_run_lock(sys.argv[1], "export")
+print("holding", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def merges(monkeypatch) -> list:
+    """The merges an export starts (load_model with merge=True), counted: a refused target must come first."""
+    import llasmol.inference.loading as loading
+
+    started, real = [], loading.load_model
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: started.append(a) or real(*a, **k))
+    return started
+
+
+@pytest.mark.parametrize("target, named", [
+    ("file/out", ["output=", "is a file, not a folder"]),  # under a file
+    ("/proc/llasmol-export", ["output=/proc/llasmol-export", "virtual file system"]),
+    ("link", ["output=", "is a symbolic link", "would be replaced"]),
+])
+def test_an_output_that_cannot_be_made_is_one_line_before_the_merge(trained_run, tmp_path, merges, target, named):
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    with refused(*named):
+        _export(trained_run, tmp_path / target)
+    assert merges == [] and sorted(p.name for p in tmp_path.iterdir()) == ["empty", "file", "link"]
+
+
+def test_a_shard_size_transformers_cannot_read_is_one_line_at_the_config_check(tmp_path):
+    from llasmol.core.schema import check_config
+
+    for bad in ("bogus", "0GB", "1.5GB", "5 GB", "5TB"):  # a bare 5 is no string: the type check says so
+        with refused(f"max_shard_size={bad!r}", "5GB"):
+            check_config(compose_config([f"ckpt={tmp_path}", f"output={tmp_path / 'o'}", f"max_shard_size={bad}"],
+                                        "export"))
+    for good in ("5GB", "200MB", "2GiB", "512KiB"):
+        check_config(compose_config([f"ckpt={tmp_path}", f"output={tmp_path / 'o'}", f"max_shard_size={good}"],
+                                    "export"))
+
+
+def test_a_second_export_into_one_output_is_one_line_before_its_merge(trained_run, tmp_path, merges):
+    import subprocess
+    import sys
+
+    staging = tmp_path / ".merged.exporting"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(staging)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        with refused(f"{staging} is in use by another llasmol.export", f"pid {holder.pid}",
+                     f"name another output= than {tmp_path / 'merged'}"):
+            _export(trained_run, tmp_path / "merged")
+        assert merges == [] and not (tmp_path / "merged").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    (staging / "model.safetensors").write_text("half")  # what the killed export left
+    _export(trained_run, tmp_path / "merged")  # cleared and written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["merged"] and len(merges) == 1
+    assert (tmp_path / "merged" / "model.safetensors").stat().st_size > 100
+
+
+def test_an_export_that_fails_while_writing_leaves_nothing_beside_its_output(trained_run, tmp_path, monkeypatch):
+    import llasmol.model.adapters as adapters
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(tmp_path / ".merged.exporting" / "model.safetensors"))
+
+    monkeypatch.setattr(adapters, "_portable_tokenizer_config", broken)
+    with refused("no space left on device"):
+        _export(trained_run, tmp_path / "merged")
+    assert list(tmp_path.iterdir()) == []

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import HANG_TIMEOUT, QUICK
+from conftest import HANG_TIMEOUT, QUICK, compose_config
 from refusals import error_line, refused, refused_cli, run_cli
 
 HOLDER = """
 import sys, time
 from llasmol.core.run_lock import hold_run_lock
-hold_run_lock(sys.argv[1])
+hold_run_lock(sys.argv[1], *sys.argv[2:])
 print("holding", flush=True)
 time.sleep(600)
 """
@@ -276,3 +276,25 @@ def test_the_preflight_check_names_what_this_machine_cannot_run(override, messag
     with refused(message):
         check_run(cfg)
     check_run(compose_config(["paths.output_dir=/x", "logger=csv"]))  # the default run: fine
+
+
+def test_a_second_evaluation_into_a_busy_folder_is_one_line_naming_the_first(trained_run, tmp_path):
+    """Two evaluations into one folder would leave one's predictions beside the other's metrics: the second
+    stops before its model loads, naming the first, and writes nothing there."""
+    from llasmol.evaluate import evaluate
+
+    folder = tmp_path / "eval"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder), "evaluate"], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        cfg = compose_config([f"paths.output_dir={folder}", f"ckpt={trained_run}", "data.split=test",
+                              "data.max_samples_per_task={test: 1}", "generation.max_new_tokens_limit=2"], "evaluate")
+        with refused(f"{folder} is in use by another llasmol.evaluate", f"pid {holder.pid}", "hydra.run.dir"):
+            evaluate(cfg)
+        assert sorted(p.name for p in folder.iterdir()) == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    evaluate(cfg)  # free again once the first has ended
+    assert (folder / "predictions" / "test.jsonl").is_file()

@@ -189,6 +189,27 @@ def _busy(tmp_path):
     raise _busy(tmp_path)
 
 
+def _busy_evaluating(tmp_path):
+    from llasmol.core.run_lock import LOCK, _busy
+
+    (tmp_path / LOCK).write_text(json.dumps({"command": "evaluate", "pid": 12, "host": "node7", "started": 0}))
+    raise _busy(tmp_path)
+
+
+def _huge_row(tmp_path):
+    from llasmol.core.tasks import TaskTable
+    from llasmol.data.custom import read_table
+
+    (tmp_path / "own.csv").write_text("input,output\n" + "C" * 5000 + ",1\n")
+    read_table(tmp_path / "own.csv", table=TaskTable({"own": {"family": "number"}}))
+
+
+def _huge_question():
+    from llasmol.generate import generate
+
+    generate(compose_config(["model=tiny", "ckpt=none"], "generate"), "<SMILES> " + "C" * 5000 + " </SMILES>")
+
+
 def _fresh_start(tmp_path):
     from llasmol.core.run_lock import check_fresh_start
 
@@ -282,6 +303,10 @@ ROWS = [
     ("… already holds a run, and starting fresh there would replace its checkpoints, result and config …",
      _fresh_start),
     ("… is in use by another llasmol.train (pid … on …)", _busy),
+    ("… in use by another llasmol.evaluate …", _busy_evaluating),
+    ("<file> line …: the input of task … is a SMILES of … characters, past the 4,096 any molecule is read with here …",
+     _huge_row),
+    ("the query's SMILES is … characters, past the 4,096 …", _huge_question),
     ("logger.wandb.log_model=… needs an online run", _logger("logger=wandb", "logger.wandb.offline=true",
                                                              "logger.wandb.log_model=true")),
     ("logger=tensorboard needs the tensorboard package", _no_tensorboard),

@@ -136,15 +136,7 @@ def check_writable_file(path: str | os.PathLike, setting: str | None = None) -> 
     a device), under a file, or in a folder that is read-only, foreign, virtual or full. `setting` names the
     option that chose the path."""
     check_target(path, setting)
-    what = f"{setting}={path}" if setting else str(path)
-    folder = nearest_existing(Path(path).parent)
-    if not folder.is_dir():
-        raise UserError(f"{what} cannot be written: {folder} is {not_a_regular_file(folder) or 'a file'}, not a "
-                        "folder; name a path in a folder")
-    problem = folder_problem(folder)
-    if problem:
-        fix = "free space there or name" if problem.startswith(NO_SPACE) else "name"
-        raise UserError(f"{what} cannot be written: {folder} {problem}; {fix} a path elsewhere")
+    _check_room(f"{setting}={path}" if setting else str(path), Path(path).parent)
 
 
 def check_target(path: str | os.PathLike, setting: str | None = None) -> None:
@@ -160,11 +152,30 @@ def check_target(path: str | os.PathLike, setting: str | None = None) -> None:
 
 
 def check_new_folder(path: Path, setting: str, purpose: str) -> None:
-    """A folder a command fills from nothing: new, or empty; nothing is replaced."""
-    if path.is_symlink() or (path.exists() and not path.is_dir()):
-        raise UserError(f"{setting}={path} is not a folder: name a new folder {purpose}")
+    """A folder a command fills from nothing (`setting` chose it, `purpose` says what for): new, or empty, in a
+    folder that can take it; nothing is replaced. Asked before the work."""
+    if path.is_symlink():
+        raise UserError(f"{setting}={path} is a symbolic link ({os.readlink(path)}), which would be replaced: name a "
+                        f"new folder {purpose}")
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{setting}={path} is {not_a_regular_file(path) or 'a file'}, not a folder: name a new "
+                        f"folder {purpose}")
     if path.is_dir() and any(path.iterdir()):
         raise UserError(f"{setting}={path} holds files already: name a new (or empty) folder; nothing is replaced")
+    _check_room(f"{setting}={path}", path)
+
+
+def _check_room(what: str, path: Path) -> None:
+    """A `UserError` when `path` could not be made: the nearest folder above it that exists is a file, or is
+    read-only, foreign, virtual or full."""
+    folder = nearest_existing(path)
+    if not folder.is_dir():
+        raise UserError(f"{what} cannot be written: {folder} is {not_a_regular_file(folder) or 'a file'}, not a "
+                        "folder; name a path in a folder")
+    problem = folder_problem(folder)
+    if problem:
+        fix = "free space there or name" if problem.startswith(NO_SPACE) else "name"
+        raise UserError(f"{what} cannot be written: {folder} {problem}; {fix} a path elsewhere")
 
 
 def _atomic_write(path: Path, write, binary: bool = False) -> None:

@@ -1,6 +1,7 @@
-"""One `llasmol.train` per run directory, and a fresh start never in a folder that holds a run
+"""One `llasmol.train` or `llasmol.evaluate` per run directory (two evaluations into one folder would leave one's
+predictions beside the other's metrics), and a fresh start never in a folder that holds a run
 (`check_fresh_start`). The lock: an advisory (`flock`) on `<run dir>/.lock`, held for the life
-of the training process. The kernel drops it when that process ends, however it ends (a kill, a pre-empted
+of the process that writes the folder. The kernel drops it when that process ends, however it ends (a kill, a pre-empted
 job, a crash), so a killed run never leaves it stuck and `ckpt_path=last` in place works right after. On
 network filesystems Linux maps `flock` onto NFS byte-range locks (a shared cluster's run directories too)."""
 
@@ -30,22 +31,27 @@ def process_rank() -> int:
     return next((int(os.environ[key]) for key in RANK_VARIABLES if os.environ.get(key) is not None), 0)
 
 
-def _owner(path: Path) -> str:
+def _owner(path: Path) -> tuple[str, str]:
+    """The command holding the lock in `path` (`llasmol.train`) and which process it is."""
     try:
         info = json.loads(path.read_text())
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["started"]))
-        return f"pid {info['pid']} on {info['host']}, started {started}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "another process"
+        return f"llasmol.{info.get('command', 'train')}", f"pid {info['pid']} on {info['host']}, started {started}"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return "llasmol command", "another process"
 
 
-def _busy(run_dir: Path) -> UserError:
-    return UserError(f"{run_dir} is in use by another llasmol.train ({_owner(run_dir / LOCK)}): wait for it to "
-                     "end, or give this run its own hydra.run.dir")
+OWN_FOLDER = "give this command its own hydra.run.dir"
 
 
-def hold_run_lock(run_dir: Path) -> None:
-    """Take `run_dir`'s lock for the rest of this process, or a `UserError` naming the run that holds it."""
+def _busy(run_dir: Path, fix: str = OWN_FOLDER) -> UserError:
+    command, process = _owner(run_dir / LOCK)
+    return UserError(f"{run_dir} is in use by another {command} ({process}): wait for it to end, or {fix}")
+
+
+def hold_run_lock(run_dir: Path, command: str = "train", fix: str = OWN_FOLDER) -> None:
+    """Take `run_dir`'s lock for the rest of this process, or until `release_run_lock` (`command`: which one, as a
+    second one is told), or a `UserError` naming the command that holds it and `fix`."""
     run_dir = Path(run_dir)
     key = str(run_dir.resolve())
     if key in _held:
@@ -56,10 +62,18 @@ def hold_run_lock(run_dir: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise _busy(run_dir) from None
+        raise _busy(run_dir, fix) from None
     os.ftruncate(fd, 0)
-    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}).encode())
+    os.write(fd, json.dumps({"command": command, "pid": os.getpid(), "host": socket.gethostname(),
+                             "started": time.time()}).encode())
     _held[key] = fd
+
+
+def release_run_lock(run_dir: Path) -> None:
+    """Drop this process's lock of `run_dir` (a folder renamed or removed once written: an export's staging)."""
+    fd = _held.pop(str(Path(run_dir).resolve()), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def check_run_lock(run_dir: Optional[Path]) -> None:

@@ -747,12 +747,20 @@ def _export_base(cfg: dict) -> Optional[str]:
     return None
 
 
+def _shard_size(size: str) -> Optional[str]:
+    """What transformers' `save_pretrained` reads as a shard size (`convert_file_size_to_int`): a whole number and
+    a unit; anything else would stop the export after the merge."""
+    if re.fullmatch(r"[1-9]\d*[GMK]i?B", str(size), flags=re.I):  # 5GB, 2GiB; a lower-case b counts bits
+        return None
+    return f"max_shard_size={size!r} is no size: give a whole number and a unit, e.g. 5GB, 500MB or 2GiB"
+
+
 @dataclass
 class ExportSchema(ModelCommandSchema):
     ckpt: str = setting()
     output: str = setting()
     push_to_hub: Optional[str] = setting()
-    max_shard_size: str = setting()
+    max_shard_size: str = setting(rule=_shard_size)
 
     RULES = (_export_base,)
 

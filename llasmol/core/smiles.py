@@ -16,6 +16,11 @@ from __future__ import annotations
 
 from typing import Optional
 
+MAX_SMILES_CHARS = 4096
+"""The longest SMILES read anywhere (answers, golds, table rows, questions): no SMolInstruct molecule comes close,
+and past some 10,000 atoms RDKit's writer overflows the C stack (a 20,000-carbon chain ends the process with a
+segmentation fault, RDKit 2025.09): text past this bound is not given to RDKit at all."""
+
 
 def _rebuilt(mol):
     """The official `canonicalize`'s clean copy of `mol` (read unsanitised): atoms from element and charge,
@@ -46,11 +51,12 @@ def _rebuilt(mol):
 
 
 def canonical_part(part: str) -> Optional[str]:
-    """One '.'-free part in the official form; None when RDKit cannot read it (may raise on odd input)."""
+    """One '.'-free part in the official form; None when RDKit cannot read it, or it is longer than
+    `MAX_SMILES_CHARS` (may raise on odd input)."""
     from rdkit import Chem
     from rdkit.Chem.AllChem import AssignStereochemistry
 
-    mol = Chem.MolFromSmiles(part) if part else None
+    mol = Chem.MolFromSmiles(part) if part and len(part) <= MAX_SMILES_CHARS else None
     if mol is None:
         return None
     for atom in mol.GetAtoms():
@@ -73,7 +79,10 @@ def canonical_part(part: str) -> Optional[str]:
 
 
 def canonical_kekule(smiles: str) -> Optional[str]:
-    """`smiles` in SMolInstruct's form, or None when a part is empty or RDKit cannot read it."""
+    """`smiles` in SMolInstruct's form, or None when a part is empty or RDKit cannot read it, or the whole is longer
+    than `MAX_SMILES_CHARS`."""
+    if len(smiles) > MAX_SMILES_CHARS:
+        return None
     from rdkit import RDLogger
 
     RDLogger.DisableLog("rdApp.*")
@@ -92,6 +101,12 @@ def canonical_kekule(smiles: str) -> Optional[str]:
 SMILES_OPEN, SMILES_CLOSE = "<SMILES>", "</SMILES>"
 
 
+def tagged_smiles(query: str) -> Optional[str]:
+    """The SMILES between a query's first ``<SMILES>`` and the first ``</SMILES>``, stripped; None without that pair."""
+    left, right = query.find(SMILES_OPEN), query.find(SMILES_CLOSE)
+    return None if left == -1 or right < left else query[left + len(SMILES_OPEN): right].strip()
+
+
 def canonicalize_query(query: str) -> str:
     """The query as the official LlaSMol generation prepares it (generation.py `canonicalize_smiles_in_text`,
     called by `create_sample`): the SMILES between the first ``<SMILES>`` and the first ``</SMILES>`` written
@@ -100,11 +115,11 @@ def canonicalize_query(query: str) -> str:
     follows a space) and exactly one after the closing tag; any later tag pair stays as written. Where the
     official function stops with an error instead (a SMILES RDKit cannot read, ``;`` in it, a closing tag
     missing or before the opening one) the query is left as written (docs/deviations.md)."""
-    left = query.find(SMILES_OPEN)
-    right = query.find(SMILES_CLOSE)
-    if left == -1 or right < left:
+    tagged = tagged_smiles(query)
+    if tagged is None:
         return query
-    written = canonical_kekule(query[left + len(SMILES_OPEN): right].strip())
+    left, right = query.find(SMILES_OPEN), query.find(SMILES_CLOSE)
+    written = canonical_kekule(tagged)
     if written is None:
         return query
     before = "" if left == 0 or query[left - 1] == " " else " "

@@ -30,6 +30,7 @@ from typing import Iterator, Mapping, Optional
 import numpy as np
 
 from llasmol.core.errors import UserError
+from llasmol.core.smiles import MAX_SMILES_CHARS
 from llasmol.core.files import unreadable
 from llasmol.core.schema import TABLE_COLUMNS
 from llasmol.core.tasks import SMOLINSTRUCT, Task, TaskTable, tag_pair
@@ -243,6 +244,11 @@ def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
                                 f"+data.new_tasks.my_{task.name.rsplit('-', 1)[-1]}.family={task.family})")
             core_in = _cell(record, names["input"], file, number, where=where)
             core_out = _answer(task, _cell(record, names["output"], file, number, where=where), file, number)
+            for role, text, kind in (("input", core_in, task.input_kind), ("output", core_out, task.family)):
+                if kind == "smiles" and len(text) > MAX_SMILES_CHARS:  # RDKit would stall or crash on it
+                    raise UserError(f"{file} line {number}: the {role} of task {task.name} is a SMILES of "
+                                    f"{len(text):,} characters, past the {MAX_SMILES_CHARS:,} any molecule is read "
+                                    "with here: leave the row out (no SMolInstruct molecule comes close)")
             split = split_of_file
             marked = _cell(record, names["split"], file, number, required=False)
             if marked is not None:

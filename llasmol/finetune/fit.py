@@ -1,7 +1,7 @@
 """A run from its checked config: preflight, build, fit and finish (`run`, `train`'s table of contents), each step
-a helper of `llasmol.finetune`. Fitting a built run and finishing it: the fit (SIGTERM ends it with exit status 143), a validation of the
-last step when `val_every_n_steps` does not divide the run's length, then result.json, the closing log line
-and the W&B runs closed."""
+a helper of `llasmol.finetune`. The fit (SIGTERM ends it with exit status 143), a validation of the last step
+when `val_every_n_steps` does not divide the run's length, then result.json, the closing log line and the W&B
+runs closed."""
 
 from __future__ import annotations
 

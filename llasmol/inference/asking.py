@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from llasmol.core.errors import UserError
 from llasmol.core.run_dir import read_tasks
-from llasmol.core.smiles import canonicalize_query
+from llasmol.core.smiles import MAX_SMILES_CHARS, canonicalize_query, tagged_smiles
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.data.formatting import PromptFormatter
 from llasmol.inference.beam_search import BeamGenerator
@@ -44,6 +44,10 @@ def ask(cfg: DictConfig, query: Optional[str], tasks: TaskTable) -> tuple[list[s
     except UnicodeEncodeError as err:
         raise UserError(f"the query holds bytes that are not UTF-8 text (at character {err.start}, "
                         f"{query[err.start:err.end]!r}): pass it as UTF-8") from None
+    molecule = tagged_smiles(query)
+    if molecule is not None and len(molecule) > MAX_SMILES_CHARS:  # RDKit would stall or crash on it
+        raise UserError(f"the query's SMILES is {len(molecule):,} characters, past the {MAX_SMILES_CHARS:,} any "
+                        "molecule is read with here: ask about a smaller molecule")
     model_cfg, adapter, _ = resolve_checkpoint(cfg.ckpt, cfg)
     model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"), merge=cfg.merge_adapter)
     # The tokenizer reads a special token's text as the token itself: an end of sequence or a turn marker in

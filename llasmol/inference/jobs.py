@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from llasmol.core import run_dir
 from llasmol.core.errors import Stopped, UserError
 from llasmol.core.files import write_json
+from llasmol.core.run_lock import hold_run_lock
 from llasmol.core.tasks import TaskTable
 from llasmol.data.formatting import PromptFormatter
 from llasmol.data.source import SMolInstructSource
@@ -71,6 +72,7 @@ def with_split_golds(records: list[dict], cfg: DictConfig, tasks: TaskTable) -> 
 
 def _system_row(cfg: DictConfig, records: list[dict], src: Path, tasks: TaskTable) -> tuple[dict, Optional[dict], Path]:
     folder, split = Path(cfg.paths.output_dir), cfg.data.split
+    hold_run_lock(folder, "evaluate")
     outcome = Evaluation(RunFiles.named(folder, split, cfg.output).check_writable(), cfg.intervals,
                          tasks=tasks).finish(records)
     write_json(folder / run_dir.SYSTEM, {"name": str(cfg.name), "predictions": str(src.resolve()), "split": split,
@@ -153,6 +155,7 @@ def generate_and_score(cfg: DictConfig, tasks: TaskTable,
     # a capped split (data.max_samples_per_task) or another checkpoint writes to this command's folder.
     capped = bool(source.max_samples_per_task.get(split_name))
     out_dir = Path(cfg.ckpt) if run_data is not None and not capped else Path(cfg.paths.output_dir)
+    hold_run_lock(out_dir, "evaluate")  # a second evaluation (or a training) into this folder: one line
     files = RunFiles.named(out_dir, split_name, cfg.output).check_writable()
     if log_into is not None and out_dir.resolve() != Path(cfg.paths.output_dir).resolve():
         log_into(out_dir)

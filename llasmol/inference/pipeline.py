@@ -162,23 +162,26 @@ class ModelAnswers:
 @dataclass(frozen=True)
 class RunFiles:
     """Where one evaluation's files go: its predictions (None: not written, e.g. a predictions file scored
-    in place) and metrics; the intervals lie beside the metrics (`core.run_dir.intervals_file`)."""
+    in place) and metrics; the intervals lie beside the metrics (`core.run_dir.intervals_file`); `folder`: the
+    run folder the command writes (None for a file scored in place), whose `tasks.json` declares the user's own
+    tasks its predictions name. Nothing else is written: not beside a file the user named."""
 
     predictions: Optional[Path]
     metrics: Path
+    folder: Optional[Path] = None
 
     @property
-    def declared(self) -> Path:
-        """Where the declarations of the user's own tasks the files name go: the run folder's `tasks.json`."""
-        folder = self.metrics.parent
-        return (folder.parent if folder.name == METRICS else folder) / DECLARED_TASKS
+    def declared(self) -> Optional[Path]:
+        """Where the declarations of the user's own tasks the predictions name go: the run folder's `tasks.json`."""
+        return None if self.folder is None else self.folder / DECLARED_TASKS
 
     @classmethod
     def named(cls, folder: Path, name: str, metrics: Optional[Path] = None) -> "RunFiles":
         """A run directory's `predictions/<name>.jsonl` and `metrics/<name>.json` (or `metrics`, the user's
         `output=`)."""
         folder = Path(folder)
-        return cls(folder / PREDICTIONS / f"{name}.jsonl", Path(metrics) if metrics else folder / METRICS / f"{name}.json")
+        return cls(folder / PREDICTIONS / f"{name}.jsonl",
+                   Path(metrics) if metrics else folder / METRICS / f"{name}.json", folder)
 
     @property
     def intervals(self) -> Path:
@@ -187,7 +190,7 @@ class RunFiles:
     def check_writable(self) -> "RunFiles":
         """Refuse now, in one line, a target that could not be written once the answers are scored (a full or
         read-only disk, /proc, a FIFO in its place): not after an hour of generation."""
-        for path in (self.predictions, self.metrics, self.intervals):
+        for path in (self.predictions, self.metrics, self.intervals, self.declared):
             if path is not None:
                 check_writable_file(path)
         return self
@@ -226,12 +229,12 @@ class Evaluation:
             write_jsonl(self.files.predictions, records)
 
     def write_declared(self, records: list[dict]) -> None:
-        """The declarations of the user's own tasks among `records`, added to the folder's `tasks.json`."""
+        """The declarations of the user's own tasks among `records`, added to the run folder's `tasks.json`."""
         own = self.tasks.declared
         named = {r.get("task") for r in records} & set(own)
-        if not named:
-            return
         path = self.files.declared
+        if not named or path is None:
+            return
         try:
             kept = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
         except (OSError, ValueError):
@@ -245,8 +248,6 @@ class Evaluation:
         metrics = task_metrics(samples) if metrics is None else metrics
         intervals = interval_report(samples, self.intervals)
         if self.write:
-            if self.files.predictions is None:  # scored in place: no predictions written that brought them
-                self.write_declared(records)
             write_json(self.files.metrics, metrics)
             if intervals is not None:
                 write_json(self.files.intervals, intervals)

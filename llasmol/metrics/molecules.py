@@ -39,12 +39,13 @@ from typing import NamedTuple
 from rdkit import Chem, DataStructs, RDLogger
 from rdkit.Chem import MACCSkeys, rdFingerprintGenerator
 
+from llasmol.core.smiles import MAX_SMILES_CHARS
 from llasmol.core.smiles import canonical_part as _canonical_part
 
 RDLogger.DisableLog("rdApp.*")
 
-MAX_SMILES_CHARS = 4096
-"""Answers longer than this are invalid without parsing (no SMolInstruct molecule comes close)."""
+# Answers longer than `MAX_SMILES_CHARS` (llasmol.core.smiles: the bound on every SMILES read) are invalid
+# without parsing.
 
 # Fingerprints cost what a molecule's graph makes them cost, not what its text length says: 64 sulfur atoms
 # bonded six ways in a 3-D grid (680 characters, valid for RDKit) take RDKit minutes of path enumeration

@@ -14,10 +14,13 @@ import logging
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from llasmol.core.errors import UserError
 from llasmol.core.files import raise_if_unwritable, shareable_mode
+from llasmol.core.run_lock import LOCK, hold_run_lock, release_run_lock
 
 log = logging.getLogger(__name__)
 
@@ -212,25 +215,44 @@ def _portable_tokenizer_config(path: Path) -> None:
     path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def save_merged(model, tokenizer, generation_config, card: str, output: Path, max_shard_size: str) -> None:
-    """Write a merged model (weights as safetensors shards, tokenizer, generation config, README.md `card`) into a
-    private folder beside `output`, make it as readable as the umask allows, and rename it into place: a stop
-    midway leaves no half folder under the final name."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+@contextmanager
+def export_staging(output: Path) -> Iterator[Path]:
+    """The folder a merged model is written into before it is renamed to `output` (`.<name>.exporting` beside it),
+    this process's alone from before the merge: a second export into the same output is one line naming the
+    first, what a killed one left there is cleared, and a failure leaves nothing beside `output`."""
+    staging = output.parent / f".{output.name}.exporting"
     try:
-        model.save_pretrained(staging, safe_serialization=True, max_shard_size=max_shard_size)
-        tokenizer.save_pretrained(staging)
-        _portable_tokenizer_config(staging / "tokenizer_config.json")
-        generation_config.save_pretrained(staging)
-        (staging / "README.md").write_text(card, encoding="utf-8")
-        # mkdtemp's folder is private and some writers' files too: the folder is for colleagues, as umask allows
-        for path in [staging, *staging.rglob("*")]:
-            path.chmod(shareable_mode(directory=path.is_dir()))
-        if output.is_dir():
-            output.rmdir()  # an empty folder the user named (the command refuses one that holds files)
-        staging.rename(output)
+        hold_run_lock(staging, "export", fix=f"name another output= than {output}")
+    except OSError as err:
+        raise_if_unwritable(err, output)
+        raise
+    try:
+        for child in staging.iterdir():
+            if child.name != LOCK:
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        yield staging
     except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
         raise_if_unwritable(err, output)
         raise
+    finally:
+        release_run_lock(staging)
+
+
+def save_merged(model, tokenizer, generation_config, card: str, staging: Path, output: Path,
+                max_shard_size: str) -> None:
+    """Write a merged model (weights as safetensors shards, tokenizer, generation config, README.md `card`) into
+    `staging` (`export_staging`), make it as readable as the umask allows, and rename it into place: a stop
+    midway leaves no half folder under the final name."""
+    model.save_pretrained(staging, safe_serialization=True, max_shard_size=max_shard_size)
+    tokenizer.save_pretrained(staging)
+    _portable_tokenizer_config(staging / "tokenizer_config.json")
+    generation_config.save_pretrained(staging)
+    (staging / "README.md").write_text(card, encoding="utf-8")
+    (staging / LOCK).unlink()  # held still (its descriptor stays open) until the rename is done
+    # some writers' files are private: the folder is for colleagues, as the umask allows
+    for path in [staging, *staging.rglob("*")]:
+        path.chmod(shareable_mode(directory=path.is_dir()))
+    if output.is_dir():
+        output.rmdir()  # an empty folder the user named (the command refuses one that holds files)
+    staging.rename(output)
