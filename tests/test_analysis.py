@@ -1044,3 +1044,11 @@ def test_a_run_with_nothing_scored_yet_says_so_once(tmp_path, capsys):
     assert stop.value.code == 2 and capsys.readouterr().err.strip() == (
         f"error: {fresh} {NO_VALIDATION} (nor an evaluated split: metrics/<split>.json)")
     assert not (fresh / "report").exists()
+
+
+def test_a_report_into_a_virtual_folder_is_one_line_before_any_chart(run_dir, capsys):
+    with pytest.raises(SystemExit) as stop:
+        report_main([str(run_dir), "--out", "/proc/llasmol-report"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.startswith("error: --out /proc/llasmol-report cannot be written: /proc is on a "
+                                              "virtual file system")

@@ -1366,3 +1366,16 @@ def test_a_file_without_a_valid_top1_molecule_has_no_similarity_and_says_on_how_
     write_jsonl(path, [{"task": "forward_synthesis", "input": "a", "gold": ["CCO"], "predictions": ["<SMILES> CCN </SMILES>"]}])
     one = evaluate(compose_config([f"predictions={path}", f"paths.output_dir={tmp_path / 'out2'}"], "evaluate"))
     assert 0 < one["metrics"]["forward_synthesis"]["fts"] < 1  # one valid answer: its similarity
+
+
+def test_a_predictions_folder_named_dot_is_scored_with_its_metrics_beside_it(tmp_path, monkeypatch):
+    """`evaluate predictions=.` in a folder of predictions: the folder it is, its metrics beside it (as for
+    predictions=<folder>), not a traceback on the empty name of `.`."""
+    folder = tmp_path / "preds"
+    folder.mkdir()
+    (folder / "bbbp.jsonl").write_text(json.dumps({"task": "property_prediction-bbbp", "input": "CCO", "gold": "Yes",
+                                                   "predictions": ["<BOOLEAN> Yes </BOOLEAN>"]}) + "\n")
+    monkeypatch.chdir(folder)
+    result = evaluate(compose_config(["predictions=.", f"paths.output_dir={tmp_path / 'cmd'}"], "evaluate"))
+    assert result["output"] == str(tmp_path / "preds.metrics.json")
+    assert result["metrics"]["property_prediction-bbbp"]["num_samples"] == 1

@@ -14,7 +14,7 @@ from typing import Sequence
 from llasmol import analysis
 from llasmol.analysis import pairs, trivial
 from llasmol.core.errors import UserError
-from llasmol.core.files import nearest_existing, raise_if_unwritable, write_text
+from llasmol.core.files import check_room, nearest_existing, raise_if_unwritable, write_text
 from llasmol.core.tasks import TASK_NAMES
 
 
@@ -30,6 +30,7 @@ def _out_folder(out: Path) -> Path:
     if not existing.is_dir():
         raise UserError(f"--out {out} is not a folder: {existing} is a file; give the folder the report's files go "
                         "into (it is made if missing), e.g. --out " + str(existing.parent / "report"))
+    check_room(f"--out {out}", out)  # read-only, virtual (/proc) or full: before any chart is drawn
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -136,7 +136,7 @@ def check_writable_file(path: str | os.PathLike, setting: str | None = None) -> 
     a device), under a file, or in a folder that is read-only, foreign, virtual or full. `setting` names the
     option that chose the path."""
     check_target(path, setting)
-    _check_room(f"{setting}={path}" if setting else str(path), Path(path).parent)
+    check_room(f"{setting}={path}" if setting else str(path), Path(path).parent)
 
 
 def check_target(path: str | os.PathLike, setting: str | None = None) -> None:
@@ -162,10 +162,10 @@ def check_new_folder(path: Path, setting: str, purpose: str) -> None:
                         f"folder {purpose}")
     if path.is_dir() and any(path.iterdir()):
         raise UserError(f"{setting}={path} holds files already: name a new (or empty) folder; nothing is replaced")
-    _check_room(f"{setting}={path}", path)
+    check_room(f"{setting}={path}", path)
 
 
-def _check_room(what: str, path: Path) -> None:
+def check_room(what: str, path: Path) -> None:
     """A `UserError` when `path` could not be made: the nearest folder above it that exists is a file, or is
     read-only, foreign, virtual or full."""
     folder = nearest_existing(path)

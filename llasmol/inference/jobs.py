@@ -46,7 +46,8 @@ def score_file(cfg: DictConfig, tasks: TaskTable) -> tuple[dict, Optional[dict],
     src = Path(cfg.predictions)
     if cfg.get("name"):  # another system's answers, kept as a row that report and the notebooks read
         return _system_row(cfg, records, src, tasks)
-    out = Path(cfg.output) if cfg.output else src.with_name(src.stem + ".metrics.json")
+    named = src.resolve() if src.name in ("", "..") else src  # predictions=. names the folder it is
+    out = Path(cfg.output) if cfg.output else named.with_name(named.stem + ".metrics.json")
     files = RunFiles(None, out).check_writable()  # the predictions file itself stays as it is
     outcome = Evaluation(files, cfg.intervals, tasks=tasks).finish(records)
     return outcome.metrics, outcome.intervals, out
