@@ -525,3 +525,32 @@ def test_a_question_about_a_molecule_past_the_bound_is_one_line_before_the_model
     assert canonical_kekule("C" * MAX_SMILES_CHARS) == "C" * MAX_SMILES_CHARS
     with refused("the query's SMILES is 20,000 characters", "past the 4,096"):
         generate(compose_config(["model=tiny", "ckpt=none"], "generate"), huge)
+
+
+@pytest.mark.parametrize("override, named", [
+    ("data.columns.input=output", ["data.columns", "'output'", "both input and output"]),
+    ("data.columns={input: smiles, output: smiles}", ["'smiles'", "both input and output"]),
+    ("data.columns.split=task", ["'task'", "both split and task"]),
+])
+def test_a_column_read_as_two_roles_is_one_line_at_the_config_check(override, named):
+    """docs/data.md: a column named twice is an error, not a table whose outputs train as its inputs."""
+    with refused(*named):
+        check_config(compose_config(["data=custom", "data.path=/x/logs.csv", override, "paths.output_dir=/x",
+                                     "+data.new_tasks.logs={family: number}"]))
+    check_config(compose_config(["data=custom", "data.path=/x/logs.csv", "data.columns.input=smiles",
+                                 "data.columns.output=logs", "paths.output_dir=/x", "+data.new_tasks.logs={family: number}"]))
+
+
+@pytest.mark.parametrize("name, twin", [("Forward_Synthesis", "forward_synthesis"), ("LOGS", "logs"),
+                                        ("property_prediction-BBBP", "property_prediction-bbbp")])
+def test_a_declared_task_that_differs_only_by_letter_case_is_refused(name, twin):
+    with refused(name, twin, "letter case"):
+        check_config(compose_config(["paths.output_dir=/x", "+data.new_tasks.logs={family: number}",
+                                     f"+data.new_tasks.{name}={{family: number}}"]))
+
+
+def test_a_nul_byte_in_a_cell_is_one_line_naming_the_row(tmp_path):
+    path = tmp_path / "logp.csv"
+    path.write_text("input,output\nCCO,1.0\nC\x00CO,2.0\n")
+    with refused(str(path), "line 3", "input holds a NUL byte", "character 1"):
+        read_table(path, table=LOGP_ONLY)

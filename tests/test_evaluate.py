@@ -1379,3 +1379,15 @@ def test_a_predictions_folder_named_dot_is_scored_with_its_metrics_beside_it(tmp
     result = evaluate(compose_config(["predictions=.", f"paths.output_dir={tmp_path / 'cmd'}"], "evaluate"))
     assert result["output"] == str(tmp_path / "preds.metrics.json")
     assert result["metrics"]["property_prediction-bbbp"]["num_samples"] == 1
+
+
+def test_a_runs_evaluation_scores_the_tasks_data_tasks_names_into_this_commands_folder(trained_run, tmp_path):
+    """`evaluate ckpt=<run> data.tasks=[…]` answers those tasks only (the run's data bring the rest of the
+    settings), and, being part of the split, writes to the command's folder rather than the run's test results."""
+    cfg = compose_config([f"paths.output_dir={tmp_path / 'cmd'}", f"ckpt={trained_run}", "data.split=test",
+                          "data.tasks=[property_prediction-bbbp]", "generation.max_new_tokens_limit=2",
+                          "intervals.resamples=0"], "evaluate")
+    result = evaluate(cfg)
+    assert list(result["metrics"]) == ["property_prediction-bbbp"]
+    assert result["output"] == str(tmp_path / "cmd" / "metrics" / "test.json")
+    assert not (trained_run / "predictions" / "test.jsonl").exists()

@@ -204,6 +204,14 @@ def _huge_row(tmp_path):
     read_table(tmp_path / "own.csv", table=TaskTable({"own": {"family": "number"}}))
 
 
+def _nul_byte(tmp_path):
+    from llasmol.core.tasks import TaskTable
+    from llasmol.data.custom import read_table
+
+    (tmp_path / "own.csv").write_text("input,output\nC\x00C,1\n")
+    read_table(tmp_path / "own.csv", table=TaskTable({"own": {"family": "number"}}))
+
+
 def _huge_question():
     from llasmol.generate import generate
 
@@ -307,6 +315,11 @@ ROWS = [
     ("<file> line …: the input of task … is a SMILES of … characters, past the 4,096 any molecule is read with here …",
      _huge_row),
     ("the query's SMILES is … characters, past the 4,096 …", _huge_question),
+    ("data.columns reads column … as both input and output …", lambda: _config("data=custom", "data.path=/x/t.csv",
+                                                                              "data.columns.input=output")),
+    ("… differ only by letter case or '-' and '_' …", lambda: _config("+data.new_tasks.LogP={family: number}",
+                                                                      "+data.new_tasks.logp={family: number}")),
+    ("<file> line …: input holds a NUL byte …", _nul_byte),
     ("logger.wandb.log_model=… needs an online run", _logger("logger=wandb", "logger.wandb.offline=true",
                                                              "logger.wandb.log_model=true")),
     ("logger=tensorboard needs the tensorboard package", _no_tensorboard),

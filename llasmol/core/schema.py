@@ -217,6 +217,12 @@ def _columns(columns: dict, where: str = "data.columns") -> Optional[str]:
             return f"{where}.{key} is no column role: map some of {', '.join(TABLE_COLUMNS)} to your column names"
         if not name or not isinstance(name, str):  # data.columns: a string, its type checked first
             return f"{where}.{key}={name!r} must be the name of a column of your file"
+    roles: dict[str, str] = {}
+    for role, name in {**{r: r for r in TABLE_COLUMNS}, **columns}.items():  # a role not mapped: its own name
+        if name in roles:  # one column read as two roles: its outputs would train as inputs
+            return (f"{where} reads column {name!r} as both {roles[name]} and {role}: give each role a column of its "
+                    f"own ({where}.{role}=<another column>)")
+        roles[name] = role
     return None
 
 

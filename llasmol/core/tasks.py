@@ -119,6 +119,10 @@ _TAG = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
+def _folded(name: str) -> str:
+    return name.replace("-", "_").casefold()
+
+
 def declaration_problem(name: Any, decl: Any, beside: Iterable[str] = ()) -> Optional[str]:
     """What is wrong with declaring task `name` as `decl` beside the tasks named `beside` (one sentence naming
     the key), None if nothing is. Types and bounds of the beams are the schema's (`NewTaskSchema`); this says
@@ -131,10 +135,11 @@ def declaration_problem(name: Any, decl: Any, beside: Iterable[str] = ()) -> Opt
         return (f"{where}: {name} is a SMolInstruct task name (or data.weights' word for all of them): give your task "
                 "another name")
     # Metric states and logger keys write '-' as '_': two names that meet so would share their sums.
-    twin = next((t for t in (*TASK_NAMES, *beside) if t != name and t.replace("-", "_") == name.replace("-", "_")),
-                None)
+    # Nor may two names differ only by letter case: one person's SMILES task is another's.
+    twin = next((t for t in (*TASK_NAMES, *beside) if t != name and _folded(t) == _folded(name)), None)
     if twin is not None:
-        return f"{where}: {name} and the task {twin} differ only by '-' and '_': give your task another name"
+        return (f"{where}: {name} and the task {twin} differ only by letter case or '-' and '_': give your task "
+                "another name")
     if not isinstance(decl, Mapping):
         return f"{where} must be a mapping with at least family: one of {', '.join(FAMILY_NAMES)}"
     unknown = [k for k in decl if k not in DECLARATION_KEYS]

@@ -165,6 +165,9 @@ def _cell(record: dict, column: str, path: Path, number: int, required: bool = T
         value = repr(value) if isinstance(value, float) else str(value)
     if not isinstance(value, str):
         raise UserError(f"{path} line {number}: {column} is a JSON {type(value).__name__}, not text or a number")
+    if "\x00" in value:  # no molecule, name or answer holds one; a tokenizer or RDKit may cut the text there
+        raise UserError(f"{path} line {number}: {column} holds a NUL byte (at character {value.index(chr(0))}): "
+                        "mend the row (a binary file, or text written with a broken encoding)")
     return value.strip()
 
 

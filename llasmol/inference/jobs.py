@@ -143,18 +143,20 @@ def generate_and_score(cfg: DictConfig, tasks: TaskTable,
                         "SELFIES (data.representation=selfies): use prompting=dataset or SMILES data")
     # A run directory brings the data it was trained on; this command's split and sample cap apply.
     split_name = cfg.data.split
-    caps = OmegaConf.to_container(cfg.data, resolve=True).get("max_samples_per_task")
-    source = SMolInstructSource.from_config(
-        OmegaConf.to_container(run_data if run_data is not None else cfg.data, resolve=True),
-        max_samples_per_task=caps, table=tasks,
-    )
+    asked = OmegaConf.to_container(cfg.data, resolve=True)
+    caps, chosen = asked.get("max_samples_per_task"), asked.get("tasks")
+    data = OmegaConf.to_container(run_data if run_data is not None else cfg.data, resolve=True)
+    if chosen:  # this command's data.tasks: some of the run's tasks
+        data["tasks"] = chosen
+    source = SMolInstructSource.from_config(data, max_samples_per_task=caps, table=tasks)
     samples = Samples.of(source, split_name, None, cfg.seed)
     if not samples.indices:
         raise UserError(f"data.split={split_name} holds no sample of {', '.join(source.task_names())} in "
                         f"{', '.join(source.places())}: evaluate another split, or give the table rows of this one")
     # A run evaluated on a whole split keeps the results with the run (report shows them beside the paper);
-    # a capped split (data.max_samples_per_task) or another checkpoint writes to this command's folder.
-    capped = bool(source.max_samples_per_task.get(split_name))
+    # a capped split (data.max_samples_per_task), some of its tasks (data.tasks) or another checkpoint writes to
+    # this command's folder.
+    capped = bool(source.max_samples_per_task.get(split_name)) or bool(chosen)
     out_dir = Path(cfg.ckpt) if run_data is not None and not capped else Path(cfg.paths.output_dir)
     hold_run_lock(out_dir, "evaluate")  # a second evaluation (or a training) into this folder: one line
     files = RunFiles.named(out_dir, split_name, cfg.output).check_writable()
