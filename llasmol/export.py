@@ -68,7 +68,7 @@ def export(cfg: DictConfig) -> Path:
     return output
 
 
-@command("export")
+@command("export", sweeps=False)
 def main(cfg: DictConfig) -> Path:
     folder = export(cfg)
     print(f"exported to {folder}: AutoModelForCausalLM.from_pretrained({str(folder)!r}) loads it, no PEFT needed",

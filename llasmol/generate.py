@@ -33,7 +33,7 @@ def _answer(cfg: DictConfig, query: Optional[str]):
 _QUERY: Optional[str] = None  # the question from the command line, literally
 
 
-@command("generate")
+@command("generate", sweeps=False)
 def main(cfg: DictConfig) -> None:
     from llasmol.inference.asking import answer_lines
 

@@ -19,7 +19,7 @@ from llasmol.model.counting import base_of, base_weight_bytes, count_trainable
 from llasmol.model.memory import describe
 
 
-@command("params")
+@command("params", sweeps=False)
 def main(cfg: DictConfig) -> None:
     start(cfg, torch=False)
     base = base_of(cfg)  # found or built once

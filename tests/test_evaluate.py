@@ -1391,3 +1391,16 @@ def test_a_runs_evaluation_scores_the_tasks_data_tasks_names_into_this_commands_
     assert list(result["metrics"]) == ["property_prediction-bbbp"]
     assert result["output"] == str(tmp_path / "cmd" / "metrics" / "test.json")
     assert not (trained_run / "predictions" / "test.jsonl").exists()
+
+
+def test_a_cuda_device_on_a_machine_without_one_is_one_line(monkeypatch):
+    import torch
+
+    from llasmol.inference.loading import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    for name in ("cuda", "cuda:1"):
+        with refused(f"device={name}", "0 CUDA GPU", "device=cpu"):
+            pick_device(name)
+    assert pick_device("cpu").type == "cpu" and pick_device("auto").type == "cpu"

@@ -90,3 +90,14 @@ def test_the_hub_kernel_lines_bitsandbytes_says_at_every_model_commands_import_a
     assert "Skipping publisher trust check" in said["loud"]
     assert "kernels-community" not in said["quiet"] and "publisher trust" not in said["quiet"]
     assert "another line" in said["quiet"]
+
+
+@pytest.mark.parametrize("module", ["llasmol.generate", "llasmol.export", "llasmol.params"])
+def test_a_command_of_one_answer_refuses_a_sweep_in_one_line(module, tmp_path):
+    from refusals import error_line, run_cli
+
+    args = {"llasmol.generate": ["hi"], "llasmol.export": [f"ckpt={tmp_path}", f"output={tmp_path / 'o'}"],
+            "llasmol.params": []}[module]
+    proc = run_cli([module, *args, "--multirun"], tmp_path)
+    assert proc.returncode == 2 and "runs once: --multirun sweeps train, evaluate and baseline" in error_line(proc)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no multirun folder

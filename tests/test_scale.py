@@ -352,3 +352,20 @@ def test_no_optimizer_config_is_no_paged_optimizer():
 
     for optimizer in (None, {}):
         assert _optimizer_runs_here({"optimizer": optimizer, "trainer": {"accelerator": "cpu"}}) is None
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["trainer=fsdp", "trainer.accelerator=cpu", "trainer.strategy.reshard_after_forward=maybe"],
+     ["trainer.strategy.reshard_after_forward='maybe'", "true", "false"]),
+    (["seed=1180591620717411303424"], ["seed=1180591620717411303424", "4294967295"]),
+    (["seed=-1"], ["seed=-1"]),
+    (["trainer.devices=-1"], ["trainer.devices=-1", "trainer.accelerator=cpu", "trainer.devices=2"]),
+])
+def test_odd_trainer_values_are_one_line_at_the_config_check(overrides, named):
+    """Before Lightning's import and the base's load: fully_shard read reshard_after_forward a minute in, and
+    seed_everything and the CPU accelerator failed with their own tracebacks."""
+    with refused(*named):
+        check_config(compose_config([*overrides, "paths.output_dir=/x"]))
+    check_config(compose_config(["seed=4294967295", "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
+                                 "trainer.strategy.reshard_after_forward=false", "paths.output_dir=/x"]))
+    check_config(compose_config(["model=mistral", "trainer.devices=-1", "paths.output_dir=/x"]))  # every GPU

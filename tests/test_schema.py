@@ -249,9 +249,11 @@ def refusal(values: dict, group: type, prefix: str = "") -> str | None:
 
 
 S = schema
+SEED_MUST = "an integer >= 0 and <= 4294967295 (Lightning's seed_everything takes 0 to 2^32-1)"
+
 BOUNDS = [
     # (group, field, allowed, refused, what a refused value "must be")
-    (S.ModelSchema, "init_seed", [0, 7], [-1], "an integer >= 0"),
+    (S.ModelSchema, "init_seed", [0, 7, 2**32 - 1], [-1, 2**32], "an integer >= 0 and <= 4294967295"),
     (S.LoraSchema, "r", [1, 16, 65536], [0, 65537], "an integer >= 1 and <= 65536 (the paper's LoRA rank is 16)"),
     (S.LoraSchema, "alpha", [1e-9, 0.5, 16, 1e6], [0, -1, 1000001], "a number > 0 and <= 1000000"),
     (S.LoraSchema, "dropout", [0, 0.05, 0.999], [-0.01, 1, 1.0], "a number >= 0 and < 1"),
@@ -265,7 +267,7 @@ BOUNDS = [
     (S.DataSchema, "eval_batch_size", [None, 1, 65536], [0, 65537],
      "an integer >= 1 and <= 65536 or null (null: the micro-batch)"),
     (S.DataSchema, "num_workers", [0, 256], [-1, 257], "an integer >= 0 and <= 256"),
-    (S.DataSchema, "seed", [0], [-1], "an integer >= 0"),
+    (S.DataSchema, "seed", [0, 2**32 - 1], [-1, 2**32], SEED_MUST),
     (S.DataSchema, "representation", ["smiles", "selfies"], ["inchi"], "one of smiles, selfies"),
     (S.DataSchema, "split", ["train", "validation", "test"], ["dev"], "one of train, validation, test"),
     (S.BeamSchema, "num_beams", [1, 256], [0, 257], "an integer >= 1 and <= 256"),
@@ -277,11 +279,11 @@ BOUNDS = [
     (S.GenerationSchema, "batch_size", [1, 65536], [0, 65537], "an integer >= 1 and <= 65536"),
     (S.IntervalsSchema, "resamples", [0, 100000], [-1, 100001],
      "an integer >= 0 and <= 100000 (0 turns intervals off; 1000 is the default)"),
-    (S.IntervalsSchema, "seed", [0], [-1], "an integer >= 0"),
+    (S.IntervalsSchema, "seed", [0, 2**32 - 1], [-1, 2**32], SEED_MUST),
     (S.IntervalsSchema, "level", [1e-6, 0.95, 0.999999], [0, 1, 0.0, 1.0, float("nan")],
      "a number > 0 and < 1 (0.95 for 95% intervals)"),
     (S.PromptingSchema, "shots", [0, 64], [-1, 65], "an integer >= 0 and <= 64"),
-    (S.PromptingSchema, "seed", [0], [-1], "an integer >= 0"),
+    (S.PromptingSchema, "seed", [0, 2**32 - 1], [-1, 2**32], SEED_MUST),
     (S.OptimizerSchema, "lr", [1e-9, 1e-4, 3, 1e6], [0, -1e-4, 1.000001e6, float("inf"), float("nan")],
      "a number > 0 and <= 1000000 (the paper's is 1e-4)"),
     (S.OptimizerSchema, "weight_decay", [0, 0.01], [-0.01], "a number >= 0"),
@@ -303,7 +305,7 @@ BOUNDS = [
     (S.TrainerSchema, "deterministic", [True, False, "warn"], ["yes", 1], "one of True, False, warn"),
     (S.GenerationEvaluatorSchema, "samples_per_task", [None, 0, 1073741824], [-1, 1073741825],
      "an integer >= 0 and <= 1073741824 or null (null: every validation sample)"),
-    (S.GenerationEvaluatorSchema, "seed", [0], [-1], "an integer >= 0"),
+    (S.GenerationEvaluatorSchema, "seed", [0, 2**32 - 1], [-1, 2**32], SEED_MUST),
     (S.BestCheckpointSchema, "save_top_k", [-1, 0, 1073741824], [-2, 1073741825],
      "an integer >= -1 and <= 1073741824 (-1 keeps every validated adapter)"),
     (S.ResumeCheckpointSchema, "save_top_k", [-1, 0], [-2], "an integer >= -1 and <= 1073741824"),
@@ -323,7 +325,7 @@ BOUNDS = [
     (S.CpuSchema, "wait_policy", ["auto", "passive", "active", "inherit"], ["spin"],
      "one of auto, passive, active, inherit (auto: spin briefly, on the cores other work leaves free; passive: a "
      "waiting thread sleeps; inherit: OMP_WAIT_POLICY as it is)"),
-    (S.CommandSchema, "seed", [0], [-1], "an integer >= 0"),
+    (S.CommandSchema, "seed", [0, 2**32 - 1], [-1, 2**32], SEED_MUST),
     (S.CommandSchema, "first_job", [0, 1073741824], [-1, 1073741825], "an integer >= 0 and <= 1073741824"),
     (S.TrainSchema, "val_every_n_steps", [1, 1073741824], [0, 1073741825], "an integer >= 1 and <= 1073741824"),
     (S.TrainSchema, "checkpoint_every_n_steps", [1, 1073741824], [0, 1073741825],

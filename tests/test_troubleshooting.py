@@ -212,6 +212,20 @@ def _nul_byte(tmp_path):
     read_table(tmp_path / "own.csv", table=TaskTable({"own": {"family": "number"}}))
 
 
+def _no_cuda(monkeypatch):
+    from llasmol.inference.loading import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    pick_device("cuda")
+
+
+def _sweep_one_answer():
+    from llasmol.frame import _no_sweeps
+
+    _no_sweeps("generate")
+
+
 def _huge_question():
     from llasmol.generate import generate
 
@@ -320,6 +334,9 @@ ROWS = [
     ("… differ only by letter case or '-' and '_' …", lambda: _config("+data.new_tasks.LogP={family: number}",
                                                                       "+data.new_tasks.logp={family: number}")),
     ("<file> line …: input holds a NUL byte …", _nul_byte),
+    ("trainer.devices=-1 means every GPU, and trainer.accelerator=cpu has none …", lambda: _config("trainer.devices=-1")),
+    ("device=cuda but torch sees 0 CUDA GPU(s) …", _no_cuda),
+    ("llasmol.generate runs once: --multirun sweeps train, evaluate and baseline …", _sweep_one_answer),
     ("logger.wandb.log_model=… needs an online run", _logger("logger=wandb", "logger.wandb.offline=true",
                                                              "logger.wandb.log_model=true")),
     ("logger=tensorboard needs the tensorboard package", _no_tensorboard),

@@ -91,6 +91,7 @@ def setting(low: Optional[float] = None, high: Optional[float] = None, *, above:
 # an hours-long loop (a rank of 2^40, 200,000 beams, two billion bootstrap resamples).
 TOKENS = 1 << 20  # a million tokens: more than any base's context
 COUNT = 1 << 30  # steps, epochs, samples: past a billion is a typo
+SEED_MAX = (1 << 32) - 1  # numpy's and Lightning's seed_everything's largest seed
 
 
 # --------------------------------------------------------------------------- the groups
@@ -130,7 +131,7 @@ class ModelSchema:
     tokenizer: Optional[str]
     tokenizer_legacy: Optional[bool]
     random_init: bool
-    init_seed: int = setting(0)
+    init_seed: int = setting(0, SEED_MAX)
     path: Optional[str] = setting()
     dtype: str = setting()
     trust_remote_code: bool = setting()
@@ -290,7 +291,7 @@ class DataSchema(DeclaredTasksSchema):
     max_samples_per_task: Optional[Dict[str, int]] = setting(rule=_split_caps)
     num_workers: int = setting(0, 256)
     skip_bad_lines: bool = setting()
-    seed: int = setting(0)
+    seed: int = setting(0, SEED_MAX, hint="Lightning's seed_everything takes 0 to 2^32-1")
     split: str = setting(choices=("train", "validation", "test"))
 
 
@@ -340,7 +341,7 @@ class GenerationSchema:
 class IntervalsSchema:
     # Each resample redraws every sample of a task: past 100,000 the intervals stop changing and the time grows.
     resamples: int = setting(0, 100_000, hint="0 turns intervals off; 1000 is the default")
-    seed: int = setting(0)
+    seed: int = setting(0, SEED_MAX, hint="Lightning's seed_everything takes 0 to 2^32-1")
     level: float = setting(above=0, below=1, hint="0.95 for 95% intervals")
 
 
@@ -371,7 +372,7 @@ class PromptingSchema:
     shots: int = setting(0, 64)
     rules: str = setting()
     bare_only: bool = setting()
-    seed: int = setting(0)
+    seed: int = setting(0, SEED_MAX, hint="Lightning's seed_everything takes 0 to 2^32-1")
 
     RULES = (_shots_styled,)
 
@@ -476,6 +477,10 @@ def is_fsdp2(strategy) -> bool:
 def _strategy(value) -> Optional[str]:
     named = value if isinstance(value, str) else value.get("_target_")  # a preset's strategy class, or a name
     if named == FSDP2_TARGET:
+        reshard = value.get("reshard_after_forward", True)
+        if not isinstance(reshard, bool):  # fully_shard would take it only at the first step, a minute in
+            return (f"trainer.strategy.reshard_after_forward={reshard!r} must be true (free each block's weights after "
+                    "its forward) or false (keep them gathered until its backward)")
         return None
     if named not in STRATEGY_NAMES:
         return (f"must be {' or '.join(STRATEGY_NAMES)} or trainer=fsdp's {FSDP2_TARGET}: llasmol runs trainer=ddp "
@@ -486,6 +491,13 @@ def _strategy(value) -> Optional[str]:
 # Lightning 2.x's precision names (lightning.fabric.connector._PRECISION_INPUT), ints and strings as it takes them.
 PRECISIONS = ("transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true", "bf16-mixed",
               "32-true", "64-true", 64, 32, 16, "64", "32", "16", "bf16")
+
+
+def _cpu_devices(trainer: dict) -> Optional[str]:
+    if trainer.get("accelerator") == "cpu" and str(trainer.get("devices")).strip() == "-1":
+        return ("trainer.devices=-1 means every GPU, and trainer.accelerator=cpu has none: give the number of CPU "
+                "processes, e.g. trainer.devices=2")
+    return None
 
 
 @dataclass
@@ -507,6 +519,8 @@ class TrainerSchema:
     enable_model_summary: bool = setting()
     deterministic: Union[bool, str] = setting(choices=(True, False, "warn"))
 
+    RULES = (_cpu_devices,)
+
 
 @dataclass
 class GenerationEvaluatorSchema:
@@ -515,7 +529,7 @@ class GenerationEvaluatorSchema:
     # Copies of the top-level groups (${generation}, ${intervals}, ${seed}); an override can replace them.
     generation: GenerationSchema = setting()
     intervals: IntervalsSchema = setting()
-    seed: int = setting(0)
+    seed: int = setting(0, SEED_MAX, hint="Lightning's seed_everything takes 0 to 2^32-1")
 
 
 @dataclass
@@ -631,7 +645,7 @@ class CpuSchema:
 class CommandSchema:
     """What every command has (conf/shared.yaml): the one seed, and a multirun's first job number."""
 
-    seed: int = setting(0)
+    seed: int = setting(0, SEED_MAX, hint="Lightning's seed_everything takes 0 to 2^32-1")
     first_job: int = setting(0, COUNT)
 
 

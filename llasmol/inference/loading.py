@@ -254,7 +254,12 @@ def pick_device(name: str):
 
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)  # a name the schema allows
+    device = torch.device(name)  # a name the schema allows
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count() or (
+            device.type == "cuda" and not torch.cuda.is_available()):
+        raise UserError(f"device={name} but torch sees {torch.cuda.device_count()} CUDA GPU(s) on this machine: use "
+                        "device=auto (the GPU when there is one) or device=cpu")
+    return device
 
 
 def load_model(model_cfg: DictConfig, adapter: Optional[str], quant_cfg: Optional[DictConfig] = None,
