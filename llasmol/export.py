@@ -2,11 +2,10 @@
 
 The adapter is folded into its base (PEFT's `merge_and_unload`, in the base's dtype) and the folder is what
 `AutoModelForCausalLM.from_pretrained` reads, with no PEFT: safetensors shards, `config.json`,
-`generation_config.json` (the paper's default decoding: 4 beams, up to 1,024 new tokens, `early_stopping`
-false; per-task beams are in the model card), the tokenizer with its chat template if it has one, and
-`README.md`, a model card: base, LoRA variant, data, recipe (the facts its run saved at train time), and the
-run's test metrics beside the paper's row with their intervals, or how to get them. An adapter folder names its
-base (`model=mistral`). Written beside its final name (`model.adapters.export_staging`), then renamed.
+`generation_config.json` (one question, greedy, as the official generation decodes it), the tokenizer, and
+`README.md`, a model card: base, LoRA variant, data, recipe (the facts its run saved at train time), per-task
+beams, and the run's test metrics beside the paper's row with their intervals, or how to get them. An adapter
+folder names its base (`model=mistral`). Written beside its final name (`model.adapters.export_staging`).
 """
 
 from __future__ import annotations
@@ -39,8 +38,9 @@ def model_card(cfg: DictConfig, model_cfg: DictConfig, adapter: str) -> str:
              if task in trained]
     beams += [f"{task} {s.num_beams}/{s.num_return_sequences} (its own)"
               for task in tasks.declared for s in [task_settings(cfg.generation, task, tasks)]]
-    decoding = (f"`generation_config.json` holds the paper's default ({cfg.generation.default.num_beams} beams, up to "
-                f"{cfg.generation.default.max_new_tokens} new tokens, `early_stopping` false). Beams / returned answers "
+    q = cfg.generation.question
+    decoding = (f"`generation_config.json` decodes one question as the official `LlaSMolGeneration.generate` does "
+                f"({q.num_beams} beam(s), up to {q.max_new_tokens} new tokens). Beams / returned answers "
                 f"by task, as the paper's evaluation: {', '.join(beams)}.")
     named = Path(adapter).relative_to(ckpt) if is_run and Path(adapter).is_relative_to(ckpt) else Path(adapter).name
     evaluation = card_evaluation(ckpt, str(cfg.ckpt)) if is_run else []

@@ -988,7 +988,8 @@ def test_the_generate_command_labels_each_response_the_answer_and_the_demo_base(
     assert capsys.readouterr().out.splitlines() == [
         "[1] as generated: The product is <SMILES> CCO </SMILES> .", "[2] as generated: <SMILES> C </SMILES>",
         "answer (the first tagged answer): CCO",
-        "(no task=: the default beams (4, one answer); task=<name> gives that task's beams, top-k answers and the "
+        "(no task=: one greedy answer, as the official generation decodes a question; task=<name> gives that task's "
+        "beams, top-k answers and the "
         "scorer's answer extraction)"]
     command.main.__wrapped__(OmegaConf.create({"task": "forward_synthesis"}))
     assert capsys.readouterr().out.splitlines()[2:] == ["answer (as the scorer reads forward_synthesis): CCO"]
@@ -1105,7 +1106,11 @@ def test_the_device_setting(monkeypatch):
 
     from llasmol.inference.loading import pick_device
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert pick_device("cpu") == torch.device("cpu") and pick_device("cuda:1") == torch.device("cuda", 1)
+    with refused("device=cuda:2", "2 CUDA GPU(s)"):
+        pick_device("cuda:2")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert pick_device("auto") == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -1404,3 +1409,20 @@ def test_a_cuda_device_on_a_machine_without_one_is_one_line(monkeypatch):
         with refused(f"device={name}", "0 CUDA GPU", "device=cpu"):
             pick_device(name)
     assert pick_device("cpu").type == "cpu" and pick_device("auto").type == "cpu"
+
+
+def test_a_question_without_a_task_is_decoded_greedily_as_the_official_generation_does():
+    """LLM4Chem generation.py: `LlaSMolGeneration.generate` without settings builds a GenerationConfig of the
+    special ids alone (greedy, one sequence) and max_new_tokens=1024; a task keeps its evaluation beams, and a task
+    of one's own without beams takes generation.default's."""
+    from llasmol.core.tasks import TaskTable
+    from llasmol.inference.beam_search import BeamSettings, task_settings
+
+    gen = compose_config(["model=mistral"], "generate").generation
+    for task in (None, ""):
+        assert task_settings(gen, task) == BeamSettings(1, 1, 1024, False)
+    assert task_settings(gen, "forward_synthesis") == BeamSettings(8, 5, 1024, False)
+    own = TaskTable({"logp": {"family": "number"}})
+    assert task_settings(gen, "logp", own) == BeamSettings(4, 1, 1024, False)
+    demo = compose_config(["model=tiny"], "generate").generation
+    assert task_settings(demo, None) == BeamSettings(1, 1, 48, False)  # the demo's cap applies too

@@ -49,7 +49,8 @@ def test_an_exported_run_loads_with_plain_transformers_and_computes_what_the_ada
     out = merged.generate(ids, max_new_tokens=3, num_beams=1, do_sample=False)  # plain transformers generates
     assert out.shape[1] == ids.shape[1] + 3 or out[0, -1].item() == tokenizer.eos_token_id
     gen = json.loads((folder / "generation_config.json").read_text())
-    assert (gen["num_beams"], gen["max_new_tokens"], gen["early_stopping"]) == (4, 1024, False)  # the paper's default
+    # one question, greedy, as the official LlaSMolGeneration.generate decodes it without settings
+    assert (gen["num_beams"], gen["max_new_tokens"], gen["early_stopping"]) == (1, 1024, False)
     card = (folder / "README.md").read_text()
     assert "- LoRA `lite`: r=" in card and "random initial weights" in card
     assert "- data: SMolInstruct, the excerpt bundled with llasmol" in card
@@ -163,15 +164,16 @@ def test_the_command_without_a_checkpoint_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("pad", [None, 7])
-def test_the_generation_config_carries_the_tokenizers_special_ids_and_the_default_beams(pad):
-    """What an exported folder decodes with: the default beams field by field, and the tokenizer's own ids (its
-    end-of-sequence as padding when it has no pad token, as generate would pad)."""
+def test_the_generation_config_carries_the_tokenizers_special_ids_and_one_questions_decoding(pad):
+    """What an exported folder decodes with: one question's settings field by field (generation.question, not a
+    task's default beams), and the tokenizer's own ids (its end-of-sequence as padding when it has no pad token, as
+    generate would pad)."""
     from types import SimpleNamespace
 
     from llasmol.inference.beam_search import generation_config
 
-    gen = compose_config(["ckpt=/x", "output=/y", "generation.default.num_beams=3",
-                          "generation.default.num_return_sequences=2", "generation.default.max_new_tokens=17"],
+    gen = compose_config(["ckpt=/x", "output=/y", "generation.question.num_beams=3", "generation.default.num_beams=5",
+                          "generation.question.num_return_sequences=2", "generation.question.max_new_tokens=17"],
                          "export").generation
     tokenizer = SimpleNamespace(eos_token_id=2, pad_token_id=pad, bos_token_id=1)
     config = generation_config(gen, tokenizer)

@@ -332,9 +332,9 @@ def test_every_command_meets_a_full_disk_with_one_line(tmp_path):
                         ["llasmol.baseline", "method=rdkit"], ["llasmol.audit"]):
             refused_cli([*command, f"hydra.run.dir={full}/run"], tmp_path, f"{full}/run", "no space left", "0.00 GB free")
             assert not (full / "run").exists()
-        refused_cli(["llasmol.report", str(run), "--out", str(full / "report")], tmp_path, f"{full}/report/",
-                    "no space left", "--out")
-        assert [p.name for p in (full / "report").iterdir()] == []  # no half-written file
+        refused_cli(["llasmol.report", str(run), "--out", str(full / "report")], tmp_path, f"--out {full}/report",
+                    "no space left", "0.00 GB free")
+        assert not (full / "report").exists()  # refused before its folder or any chart
     finally:
         subprocess.run(["umount", str(full)])
 

@@ -330,6 +330,7 @@ def _said(check: Callable, *args) -> Optional[str]:
 @dataclass
 class GenerationSchema:
     default: BeamSchema
+    question: BeamSchema
     tasks: Dict[str, BeamSchema] = setting(
         task_rule=lambda names, tasks: _said(tasks.check, list(names), "generation.tasks"))
     max_prompt_tokens: int = setting(1, TOKENS)
@@ -743,7 +744,7 @@ def _generate_task(cfg: dict, tasks: TaskTable) -> Optional[str]:
     task, ckpt = cfg.get("task"), cfg.get("ckpt")
     if task is None or (isinstance(ckpt, str) and Path(ckpt).is_dir()):
         return None
-    return _said(tasks.task, task, "task= (or leave task out for the default beams)")
+    return _said(tasks.task, task, "task= (or leave task out for one greedy answer)")
 
 
 @dataclass
@@ -996,7 +997,7 @@ def _beams(values: dict, where: str) -> Optional[str]:
 
 def _generation_rule(values: dict, tasks: TaskTable) -> Optional[str]:
     default, given = values.get("default") or {}, values.get("tasks") or {}
-    for where, beams in [("generation.default", default),
+    for where, beams in [("generation.default", default), ("generation.question", values.get("question") or {}),
                          *((f"generation.tasks.{t}", v or {}) for t, v in given.items())]:
         why = _beams(beams, where)
         if why:

@@ -36,7 +36,7 @@ def ask(cfg: DictConfig, query: Optional[str], tasks: TaskTable) -> tuple[list[s
     if cfg.ckpt and Path(str(cfg.ckpt)).is_dir():
         tasks = read_tasks(Path(str(cfg.ckpt)), tasks)  # a run's own task may be asked for by name
     if cfg.task is not None:
-        tasks.task(cfg.task, "task= (or leave task out for the default beams)")
+        tasks.task(cfg.task, "task= (or leave task out for one greedy answer)")
     if not query:
         raise UserError('no query: run python -m llasmol.generate "<your question>" [ckpt=<run dir>]')
     try:
@@ -77,8 +77,8 @@ def answer_lines(responses: list[str], task: Optional[str], demo: bool, tasks: T
     how = f"as the scorer reads {task}" if task else "the first tagged answer"
     lines.append(f"answer ({how}): {answer if answer is not None else 'none found in [1]'}")
     if not task:
-        lines.append("(no task=: the default beams (4, one answer); task=<name> gives that task's beams, top-k "
-                     "answers and the scorer's answer extraction)")
+        lines.append("(no task=: one greedy answer, as the official generation decodes a question; task=<name> gives "
+                     "that task's beams, top-k answers and the scorer's answer extraction)")
     if demo:
         lines.append("note: model=tiny is the demo's small random-weight base, not a chemistry model: its answers "
                      "show the pipeline works; LlaSMol's own: model=mistral ckpt=osunlp/LlaSMol-Mistral-7B")

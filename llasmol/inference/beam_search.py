@@ -32,9 +32,13 @@ class BeamSettings:
 
 def task_settings(gen_cfg, task: Optional[str], tasks: TaskTable = SMOLINSTRUCT) -> BeamSettings:
     """The default settings overlaid with the task's own (a declared task's from its declaration in `tasks`, then
-    `generation.tasks.<task>`), capped by `max_new_tokens_limit`; `task` None: the default."""
-    declared = dict(tasks[task].generation) if task in tasks else {}
-    merged = {**gen_cfg["default"], **declared, **(gen_cfg["tasks"].get(task) or {})}
+    `generation.tasks.<task>`), capped by `max_new_tokens_limit`; no task (None or ""): one question's
+    (`generation.question`)."""
+    if not task:
+        merged = dict(gen_cfg["question"])
+    else:
+        declared = dict(tasks[task].generation) if task in tasks else {}
+        merged = {**gen_cfg["default"], **declared, **(gen_cfg["tasks"].get(task) or {})}
     limit = gen_cfg.get("max_new_tokens_limit")
     if limit:
         merged["max_new_tokens"] = min(merged["max_new_tokens"], limit)
@@ -43,11 +47,12 @@ def task_settings(gen_cfg, task: Optional[str], tasks: TaskTable = SMOLINSTRUCT)
 
 
 def generation_config(gen_cfg, tokenizer):
-    """transformers' `GenerationConfig` of the default beams (`gen_cfg.default`: the paper's 4 beams, up to 1,024
-    new tokens, no early stop), what an exported model decodes with unless told otherwise."""
+    """transformers' `GenerationConfig` of one question (`gen_cfg.question`: greedy, up to 1,024 new tokens, as the
+    official `LlaSMolGeneration.generate` without settings), what an exported model decodes with unless told
+    otherwise."""
     from transformers import GenerationConfig
 
-    default = gen_cfg.default
+    default = gen_cfg.question
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return GenerationConfig(num_beams=int(default.num_beams), num_return_sequences=int(default.num_return_sequences),
                             max_new_tokens=int(default.max_new_tokens), early_stopping=bool(default.early_stopping),
