@@ -554,3 +554,18 @@ def test_a_nul_byte_in_a_cell_is_one_line_naming_the_row(tmp_path):
     path.write_text("input,output\nCCO,1.0\nC\x00CO,2.0\n")
     with refused(str(path), "line 3", "input holds a NUL byte", "character 1"):
         read_table(path, table=LOGP_ONLY)
+
+
+@pytest.mark.parametrize("declaration, exact", [("{family: smiles}", 1.0), ("{family: smiles, pooled: false}", 0.5)])
+def test_a_declared_smiles_task_pools_the_golds_of_one_input_as_its_family_does(tmp_path, declaration, exact):
+    """An input asked twice with two golds, answered with the second: scored against both golds, as the official
+    scorer pools every SMILES, formula, IUPAC and caption task's (one right answer of the input's golds counts),
+    unless the declaration says pooled: false."""
+    from llasmol.evaluate import evaluate
+
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text("".join(json.dumps({"task": "product", "input": "CCO", "gold": gold,
+                                         "predictions": ["<SMILES> CCC </SMILES>"]}) + "\n" for gold in ("CC", "CCC")))
+    result = evaluate(compose_config([f"predictions={preds}", f"+data.new_tasks.product={declaration}",
+                                      f"paths.output_dir={tmp_path / 'cmd'}", "intervals.resamples=0"], "evaluate"))
+    assert result["metrics"]["product"]["exact_match"] == exact

@@ -173,7 +173,9 @@ def declaration_problem(name: Any, decl: Any, beside: Iterable[str] = ()) -> Opt
 def _row(name: str, decl: Mapping) -> Task:
     family = decl["family"]
     like = _FAMILY_DEFAULTS[family]
-    return Task(name, family, decl.get("answer_tag", like.answer_tag), bool(decl.get("pooled", False)),
+    # pooled as its family's SMolInstruct tasks are: the official scorer pools the golds of one input for every
+    # SMILES, formula, IUPAC and caption task (utils/metrics.py), not for numbers and yes/no labels
+    return Task(name, family, decl.get("answer_tag", like.answer_tag), bool(decl.get("pooled", like.pooled)),
                 decl.get("headline") or like.headline, None, None, decl.get("input_kind", "smiles"),
                 tuple((k, decl[k]) for k in _BEAM_KEYS if decl.get(k) is not None))
 
