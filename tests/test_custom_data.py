@@ -569,3 +569,29 @@ def test_a_declared_smiles_task_pools_the_golds_of_one_input_as_its_family_does(
     result = evaluate(compose_config([f"predictions={preds}", f"+data.new_tasks.product={declaration}",
                                       f"paths.output_dir={tmp_path / 'cmd'}", "intervals.resamples=0"], "evaluate"))
     assert result["metrics"]["product"]["exact_match"] == exact
+
+
+@pytest.mark.parametrize("value", ["inf", "-Infinity", "nan", "NaN", "1e400"])
+def test_a_non_finite_number_gold_is_one_line_naming_the_row(tmp_path, value):
+    path = tmp_path / "logp.csv"
+    path.write_text(f"input,output\nCCO,1.5\nCCC,{value}\n")
+    with refused(str(path), "line 3", repr(value), "not a finite number"):
+        read_table(path, table=LOGP_ONLY)
+    path.write_text("input,output\nCCO,1.5\nCCC,-1e300\n")  # huge but finite: a gold
+    assert [r.output for r in read_table(path, table=LOGP_ONLY)] == ["1.5", "-1e300"]
+
+
+def test_a_tasks_beams_come_from_generation_tasks_over_its_declaration_over_the_default():
+    """Each pair of sources both ways round: a declaration's beams over generation.default; generation.tasks.<t>
+    over the declaration; what neither sets from the default; the cap over all of them."""
+    from llasmol.inference.beam_search import BeamSettings, task_settings
+
+    own = TaskTable({"a": {"family": "smiles", "num_beams": 6, "num_return_sequences": 2},
+                     "b": {"family": "smiles", "max_new_tokens": 40}})
+    gen = compose_config(["model=mistral", "+generation.tasks.b={num_beams: 3}"], "generate").generation
+    assert task_settings(gen, "a", own) == BeamSettings(6, 2, 1024, False)  # declared over default
+    assert task_settings(gen, "b", own) == BeamSettings(3, 1, 40, False)  # generation.tasks over both
+    gen = compose_config(["model=mistral", "+generation.tasks.a={num_beams: 9}", "generation.max_new_tokens_limit=30"],
+                         "generate").generation
+    assert task_settings(gen, "a", own) == BeamSettings(9, 2, 30, False)
+    assert task_settings(gen, "b", own) == BeamSettings(4, 1, 30, False)  # the cap under a declared 40

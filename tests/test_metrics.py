@@ -1074,3 +1074,18 @@ def test_too_few_begins_just_under_ten_samples_on_both_sides_of_the_bound(n, tot
 
     assert FEWEST_TO_COMPARE == 10
     assert note_of((n, total)) == note
+
+
+def test_an_ordinary_and_a_huge_error_in_one_regression_file_sum_exactly():
+    """RMSE over errors 1, 1e200 and 0: sqrt((1 + 1e400) / 3) = 1e200 / sqrt(3), with no overflow to inf in the
+    squared sum (1e400 is past float64); infinite and NaN answers are invalid, not errors of their own."""
+    from llasmol.metrics.scoring import score_records
+
+    def rows(*answers):
+        return [{"task": "property_prediction-esol", "input": "C" * i, "gold": ["1.0"],
+                 "predictions": [f"<NUMBER> {a} </NUMBER>"]} for i, a in enumerate(answers, 1)]
+
+    got = score_records(rows("2.0", "1e200", "1.0"))["property_prediction-esol"]
+    assert got["rmse"] == pytest.approx(1e200 / 3 ** 0.5, rel=1e-12) and got["num_valid"] == 3
+    got = score_records(rows("2.0", "1e400", "nan", "-inf"))["property_prediction-esol"]
+    assert (got["rmse"], got["num_valid"], got["num_invalid"]) == (1.0, 1, 3)
