@@ -15,7 +15,7 @@ from llasmol.core.errors import UserError
 from llasmol.core.schema import check_config
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable, get_task
 from llasmol.data.custom import read_table
-from llasmol.data.sampler import ShardedShuffleSampler
+from llasmol.data.sampler import ShardedShuffleSampler, draws
 from llasmol.data.source import BUNDLED_DATA, SMolInstructSource
 
 # Molecules of the bundled excerpt with values computed by RDKit (logP) and a ring test: answers a model can
@@ -595,3 +595,32 @@ def test_a_tasks_beams_come_from_generation_tasks_over_its_declaration_over_the_
                          "generate").generation
     assert task_settings(gen, "a", own) == BeamSettings(9, 2, 30, False)
     assert task_settings(gen, "b", own) == BeamSettings(4, 1, 30, False)  # the cap under a declared 40
+
+
+def test_weighted_drawing_keeps_its_promises_beyond_the_counts():
+    """data.weights, block by block: 2.3 draws every sample twice and 3 of 10 a third time, 0.25 draws 5 of 20
+    samples at most once each, 0.1 of 3 still draws one; nothing outside its block, a fresh choice each epoch, the
+    same choice on every rank, and the ranks' shares disjoint and together the epoch (one left over for 2 ranks)."""
+    from collections import Counter
+
+    blocks = [(0, 10, 2.3), (10, 30, 0.25), (30, 33, 0.1)]
+    assert [draws(end - start, w) for start, end, w in blocks] == [(2, 3), (0, 5), (0, 1)]
+    chosen = []
+    for epoch in (0, 1, 2):
+        shares = []
+        for rank in (0, 1):
+            sampler = ShardedShuffleSampler(33, seed=5, rank=rank, world_size=2, weights=blocks)
+            sampler.set_epoch(epoch)
+            shares.append(list(sampler))
+            assert len(shares[-1]) == len(sampler) == 14  # (23 + 5 + 1) // 2
+        whole = ShardedShuffleSampler(33, seed=5, rank=0, world_size=1, weights=blocks)
+        whole.set_epoch(epoch)
+        epoch_counts = Counter(whole)
+        assert sum(epoch_counts.values()) == 29 and set(epoch_counts) <= set(range(33))
+        assert sorted(Counter(i for i in epoch_counts.elements() if i < 10).values()).count(3) == 3
+        assert all(epoch_counts[i] in (2, 3) for i in range(10))
+        assert sum(1 for i in range(10, 30) if epoch_counts[i]) == 5 and all(epoch_counts[i] <= 1 for i in range(10, 33))
+        assert sum(epoch_counts[i] for i in range(30, 33)) == 1
+        assert not Counter(shares[0] + shares[1]) - epoch_counts  # the shares are a part of the epoch's draws
+        chosen.append(frozenset(i for i in epoch_counts if 10 <= i < 30))
+    assert len(set(chosen)) > 1  # drawn anew each epoch
