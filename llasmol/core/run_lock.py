@@ -1,8 +1,8 @@
 """One `llasmol.train` or `llasmol.evaluate` per run directory (two evaluations into one folder would leave one's
 predictions beside the other's metrics), and a fresh start never in a folder that holds a run
-(`check_fresh_start`). The lock: an advisory (`flock`) on `<run dir>/.lock`, held for the life
-of the process that writes the folder. The kernel drops it when that process ends, however it ends (a kill, a pre-empted
-job, a crash), so a killed run never leaves it stuck and `ckpt_path=last` in place works right after. On
+(`check_fresh_start`). The lock: an advisory (`flock`) on `<run dir>/.lock`, held for the life of the process
+that writes the folder. The kernel drops it when that process ends, however it ends (a kill, a pre-empted job, a
+crash), so a killed run never leaves it stuck and `ckpt_path=last` in place works right after. On
 network filesystems Linux maps `flock` onto NFS byte-range locks (a shared cluster's run directories too)."""
 
 from __future__ import annotations

@@ -121,8 +121,8 @@ class ModelAnswers:
         self.sink = sink
 
     def ask(self, query: str, task: str = "") -> Optional[list[str]]:
-        """The responses to one question, best first, with `task`'s beams ("": one question's, `generation.question`); None
-        when it is over the prompt limit."""
+        """The responses to one question, best first, with `task`'s beams ("": one question's, `generation.question`);
+        None when it is over the prompt limit."""
         return self.generator.generate([query], task_settings(self.generation, task, self.tasks))[0]
 
     def answer(self, samples: Samples, advance: Optional[Advance] = None) -> list[dict]:
