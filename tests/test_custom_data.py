@@ -523,6 +523,7 @@ def test_a_question_about_a_molecule_past_the_bound_is_one_line_before_the_model
     huge = "Is <SMILES> " + "C" * 20_000 + " </SMILES> toxic?"
     assert canonical_kekule("C" * 20_000) is None and canonicalize_query(huge) == huge  # not given to RDKit
     assert canonical_kekule("C" * MAX_SMILES_CHARS) == "C" * MAX_SMILES_CHARS
+    assert canonical_kekule("C" * (MAX_SMILES_CHARS + 1)) is None and canonical_kekule("CC." + "C" * 4097) is None
     with refused("the query's SMILES is 20,000 characters", "past the 4,096"):
         generate(compose_config(["model=tiny", "ckpt=none"], "generate"), huge)
 

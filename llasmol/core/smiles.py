@@ -79,10 +79,8 @@ def canonical_part(part: str) -> Optional[str]:
 
 
 def canonical_kekule(smiles: str) -> Optional[str]:
-    """`smiles` in SMolInstruct's form, or None when a part is empty or RDKit cannot read it, or the whole is longer
-    than `MAX_SMILES_CHARS`."""
-    if len(smiles) > MAX_SMILES_CHARS:
-        return None
+    """`smiles` in SMolInstruct's form, or None when a part is empty, longer than `MAX_SMILES_CHARS` or unreadable
+    by RDKit."""
     from rdkit import RDLogger
 
     RDLogger.DisableLog("rdApp.*")
@@ -101,10 +99,16 @@ def canonical_kekule(smiles: str) -> Optional[str]:
 SMILES_OPEN, SMILES_CLOSE = "<SMILES>", "</SMILES>"
 
 
+def _tag_span(query: str) -> Optional[tuple[int, int]]:
+    """Where a query's first ``<SMILES>`` and first ``</SMILES>`` start; None without that pair in that order."""
+    left, right = query.find(SMILES_OPEN), query.find(SMILES_CLOSE)
+    return None if left == -1 or right < left else (left, right)
+
+
 def tagged_smiles(query: str) -> Optional[str]:
     """The SMILES between a query's first ``<SMILES>`` and the first ``</SMILES>``, stripped; None without that pair."""
-    left, right = query.find(SMILES_OPEN), query.find(SMILES_CLOSE)
-    return None if left == -1 or right < left else query[left + len(SMILES_OPEN): right].strip()
+    span = _tag_span(query)
+    return None if span is None else query[span[0] + len(SMILES_OPEN): span[1]].strip()
 
 
 def canonicalize_query(query: str) -> str:
@@ -115,11 +119,11 @@ def canonicalize_query(query: str) -> str:
     follows a space) and exactly one after the closing tag; any later tag pair stays as written. Where the
     official function stops with an error instead (a SMILES RDKit cannot read, ``;`` in it, a closing tag
     missing or before the opening one) the query is left as written (docs/deviations.md)."""
-    tagged = tagged_smiles(query)
-    if tagged is None:
+    span = _tag_span(query)
+    if span is None:
         return query
-    left, right = query.find(SMILES_OPEN), query.find(SMILES_CLOSE)
-    written = canonical_kekule(tagged)
+    left, right = span
+    written = canonical_kekule(query[left + len(SMILES_OPEN): right].strip())
     if written is None:
         return query
     before = "" if left == 0 or query[left - 1] == " " else " "

@@ -255,8 +255,7 @@ def pick_device(name: str):
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)  # a name the schema allows
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count() or (
-            device.type == "cuda" and not torch.cuda.is_available()):
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
         raise UserError(f"device={name} but torch sees {torch.cuda.device_count()} CUDA GPU(s) on this machine: use "
                         "device=auto (the GPU when there is one) or device=cpu")
     return device
