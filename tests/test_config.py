@@ -434,7 +434,7 @@ def test_the_resolvers_the_configs_use(monkeypatch):
     assert cfg.asset == str(bundled) and bundled.is_dir()
     assert cfg.job == 7  # job 3 of a sweep continued from job 4
     assert (cfg.cpu, cfg.gpu) == ("32-true", "bf16-mixed")
-    for mode, offline in ((None, True), ("offline", True), ("disabled", True), ("online", False)):
+    for mode, offline in ((None, True), ("offline", True), ("disabled", True), ("online", False), (" Online", False)):
         if mode is None:
             monkeypatch.delenv("WANDB_MODE", raising=False)
         else:

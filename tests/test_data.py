@@ -1081,3 +1081,47 @@ def test_malformed_lines_can_be_skipped_and_counted(broken_root):
     lenient = SMolInstructSplit(broken_root, "dev", ["name_conversion-s2f"], skip_bad_lines=True)
     assert len(lenient) == whole - 1 and lenient.skipped == {"name_conversion-s2f": 1}
     assert all(lenient[i]["raw_input"] for i in range(len(lenient)))
+
+
+def test_a_raw_file_swapped_for_one_of_the_same_size_and_date_or_reached_through_a_link_is_told_apart(own_root,
+                                                                                                       tmp_path):
+    """A copy of the same size and modification time put in the file's place is another file (its inode); a data
+    folder reached through a symbolic link reads as the folder itself, and a link re-pointed to another file of the
+    same size and date while the run reads is refused like a replaced file."""
+    import os
+    import shutil
+
+    task = "name_conversion-s2f"
+    raw = own_root / "raw" / "train" / f"{task}.jsonl"
+    lines = raw.read_text().splitlines()
+    linked = tmp_path / "linked-root"
+    linked.symlink_to(own_root, target_is_directory=True)
+    split = SMolInstructSplit(linked, "train", [task])
+    direct = SMolInstructSplit(own_root, "train", [task])
+    assert [split[i] for i in range(len(split))] == [direct[i] for i in range(len(direct))]
+    direct.close()
+    split.close()
+
+    twin = raw.with_name("twin.jsonl")
+    twin.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n")  # the same bytes, two lines swapped
+    stat = raw.stat()
+    os.utime(twin, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    os.replace(twin, raw)
+    assert raw.stat().st_size == stat.st_size and raw.stat().st_mtime_ns == stat.st_mtime_ns
+    with refused(str(linked / raw.relative_to(own_root)), "changed while this run was reading it"):  # as given
+        split[0]
+
+    kept = tmp_path / "kept.jsonl"  # the data file itself a link, to a file kept elsewhere
+    shutil.copy2(raw, kept)
+    other = tmp_path / "other.jsonl"
+    shutil.copy2(raw, other)
+    raw.unlink()
+    raw.symlink_to(kept)
+    split = SMolInstructSplit(own_root, "train", [task])
+    first = split[0]
+    split.close()
+    raw.unlink()
+    raw.symlink_to(other)  # same size and date, another file
+    with refused(str(raw), "changed while this run was reading it"):
+        split[0]
+    assert first == SMolInstructSplit(own_root, "train", [task])[0]

@@ -1164,3 +1164,27 @@ def test_a_stop_at_a_step_due_for_validation_validates_that_step_on_resume(cfg_f
     # As if it had never stopped: the same validations and the same training steps, to the loss.
     assert rows(run, "val/loss") == rows(straight, "val/loss")
     assert rows(run, "train/loss") == rows(straight, "train/loss")
+
+
+def test_checkpoints_and_run_folders_reached_through_links_resume_as_given(tmp_path):
+    """A .ckpt or run folder given through a symbolic link is resumed by the name given; a last.ckpt that is a
+    link to a checkpoint kept elsewhere counts as the run's; a link to nothing is one line naming it."""
+    run = _run_dir(tmp_path, "run")
+    here = tmp_path / "here"
+    here.mkdir()
+    links = tmp_path.parent / f"{tmp_path.name}-links"  # beside the runs' folder, not among them
+    links.mkdir()
+    (links / "ckpt-link").symlink_to(run / "checkpoints" / "last.ckpt")
+    assert resolve_resume(str(links / "ckpt-link"), here, "tiny", "full") == str(links / "ckpt-link")
+    (links / "run-link").symlink_to(run, target_is_directory=True)
+    assert resolve_resume(str(links / "run-link"), here, "tiny", "full") == str(
+        links / "run-link" / "checkpoints" / "last.ckpt")
+    kept = tmp_path / "kept.ckpt"
+    (run / "checkpoints" / "last.ckpt").rename(kept)
+    (run / "checkpoints" / "last.ckpt").symlink_to(kept)
+    assert resolve_resume("last", here, "tiny", "full") == str(run / "checkpoints" / "last.ckpt")  # a sibling run
+    kept.unlink()
+    with refused("ckpt_path=last", "checkpoints/last.ckpt"):  # the sibling's only checkpoint points nowhere
+        resolve_resume("last", here, "tiny", "full")
+    with refused(f"ckpt_path={links / 'ckpt-link'}", "last, auto, a run directory or a .ckpt file"):
+        resolve_resume(str(links / "ckpt-link"), here, "tiny", "full")

@@ -277,3 +277,11 @@ def test_with_torch_loaded_a_policy_already_in_place_or_inherited_says_nothing(m
         assert caplog.records == [] and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("given, threads", [(" 3", 3), ("3 ", 3), ("3,1", 3), (" 2 , 1", 2), ("", None), (",3", None),
+                                            ("-3", None), ("3.0", None)])
+def test_a_launchers_count_is_read_as_openmp_reads_it(given, threads):
+    """Spaces around the number and a nested list's first level count, as OpenMP takes them; anything else is
+    no count."""
+    assert thread_count(None, {"OMP_NUM_THREADS": given}) == (threads or usable_cores())

@@ -488,3 +488,27 @@ def test_a_wandb_folder_on_a_full_disk_is_one_line_before_the_logger_starts(tmp_
                     f"logger.wandb.save_dir={small}", "no space left", untouched=small)
     finally:
         subprocess.run(["umount", str(small)])
+
+
+@pytest.mark.parametrize("given, mode", [("online", "online"), ("ONLINE", "online"), (" Offline ", "offline"),
+                                         ("disabled", "disabled"), ("onilne", None), ("", None)])
+def test_wandb_mode_is_taken_in_any_case_and_a_misspelt_one_is_one_line(given, mode, monkeypatch):
+    """W&B takes only its own lower-case spelling (a validation traceback at the first logged value otherwise):
+    a known mode is respelt before the logger starts, and sets our offline default the same way."""
+    from omegaconf import OmegaConf
+
+    from llasmol.finetune.tracking import check_loggers
+
+    monkeypatch.setenv("WANDB_MODE", given)
+    cfg = OmegaConf.create({"wandb": {"_target_": "llasmol.finetune.tracking.WandbLogger",
+                                      "offline": "${llasmol_wandb_offline:}", "log_model": False}})
+    if mode is None:
+        with refused(f"WANDB_MODE={given!r}", "WANDB_MODE=online or offline"):
+            check_loggers(cfg)
+        return
+    check_loggers(cfg)
+    assert os.environ["WANDB_MODE"] == mode
+    assert cfg.wandb.offline is (mode != "online")
+    monkeypatch.setenv("WANDB_MODE", "ONLINE")
+    check_loggers({"csv": {"_target_": "llasmol.finetune.tracking.KeepingCSVLogger"}})
+    assert os.environ["WANDB_MODE"] == "ONLINE"  # no W&B logger: not ours to touch

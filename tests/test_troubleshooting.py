@@ -84,6 +84,12 @@ def _logger_folder(tmp_path):
     check_loggers({"wandb": {"_target_": "x.WandbLogger", "save_dir": str(tmp_path / "file" / "wandb")}})
 
 
+def _wandb_mode(tmp_path):
+    from llasmol.finetune.tracking import check_wandb_mode
+
+    check_wandb_mode({"WANDB_MODE": "onilne"})
+
+
 def _method(name):
     from llasmol.classical import get_method
 
@@ -358,6 +364,7 @@ ROWS = [
     ("<file> line … the file was changed since the evaluation stopped; delete it to start over …", _partial_edited),
     ("unknown task … it looks like forward_synthesis but is spelt with other characters …", _look_alike),
     ("logger.wandb.save_dir=… cannot take the logger's files …", _logger_folder),
+    ("WANDB_MODE='onilne' is not a W&B mode …", _wandb_mode),
     ("model=mistrall is not a choice of model: pick one of …", _command_line("model=mistrall")),
     ("trainer.max_stepz is not a setting of llasmol.train: check the spelling …", _command_line("trainer.max_stepz=3")),
 ]

@@ -92,7 +92,7 @@ RESOLVERS = {
     # `${llasmol_required:data.path,<file.csv>}`: a setting the user must give.
     "llasmol_required": _not_given,
     # W&B stays offline (no account, no network) unless the user asks for online, by config or WANDB_MODE.
-    "llasmol_wandb_offline": lambda: os.environ.get("WANDB_MODE", "offline") != "online",
+    "llasmol_wandb_offline": lambda: os.environ.get("WANDB_MODE", "offline").strip().lower() != "online",
     "llasmol_sweep_group": _sweep_group,
     # A multirun job's folder number: its place in this sweep plus `first_job`, so that a continued sweep
     # (the jobs a stopped one had not started) numbers on from the jobs its folder has.

@@ -42,7 +42,8 @@ def thread_count(threads: Optional[int], environ: Mapping[str, str] = os.environ
     process its share that way), else one per usable core."""
     if threads is not None:
         return int(threads)
-    given = environ.get("OMP_NUM_THREADS", "")
+    # As OpenMP reads it: spaces around the number, and of a nested list ("4,2") the outermost level's.
+    given = environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     return int(given) if given.isdigit() and int(given) > 0 else usable_cores()
 
 

@@ -27,9 +27,29 @@ from llasmol.finetune.lightning_private import (
 log = logging.getLogger("llasmol.train")  # the closing lines belong in the run's train.log
 
 
+# The modes W&B takes from WANDB_MODE, spelt as it takes them: lower case, no spaces.
+WANDB_MODES = ("online", "offline", "disabled", "dryrun", "shared", "run")
+
+
+def check_wandb_mode(environ=os.environ) -> None:
+    """WANDB_MODE as users write it (`ONLINE`, `Offline `): W&B itself refuses any spelling but its own, in a
+    validation traceback at the first logged value, so a known mode is respelt and an unknown one is one line."""
+    given = environ.get("WANDB_MODE")
+    if given is None:
+        return
+    mode = given.strip().lower()
+    if mode not in WANDB_MODES:
+        raise UserError(f"WANDB_MODE={given!r} is not a W&B mode: set WANDB_MODE=online or offline (or unset it: "
+                        "llasmol logs offline by default)")
+    environ["WANDB_MODE"] = mode
+
+
 def check_loggers(logger_cfg) -> None:
     """Settings that would fail only after the run has started, as one line now: a logger's folder that cannot
-    take its files (W&B's offline run on a full disk fails in its own process, in hundreds of lines)."""
+    take its files (W&B's offline run on a full disk fails in its own process, in hundreds of lines), W&B's
+    mode from the environment."""
+    if any(str((node or {}).get("_target_", "")).endswith("WandbLogger") for node in (logger_cfg or {}).values()):
+        check_wandb_mode()
     for name, node in (logger_cfg or {}).items():
         target = (node or {}).get("_target_", "")
         save_dir = (node or {}).get("save_dir")
