@@ -1089,3 +1089,22 @@ def test_an_ordinary_and_a_huge_error_in_one_regression_file_sum_exactly():
     assert got["rmse"] == pytest.approx(1e200 / 3 ** 0.5, rel=1e-12) and got["num_valid"] == 3
     got = score_records(rows("2.0", "1e400", "nan", "-inf"))["property_prediction-esol"]
     assert (got["rmse"], got["num_valid"], got["num_invalid"]) == (1.0, 1, 3)
+
+
+WATER_AND_ETHANOL = frozenset({"InChI=1S/C2H6O/c1-2-3/h3H,2H2,1H3", "InChI=1S/H2O/h1H2"})
+ETHANOL = frozenset({"InChI=1S/C2H6O/c1-2-3/h3H,2H2,1H3"})
+
+
+@pytest.mark.parametrize("text, official, strict", [
+    ("CCO . O", WATER_AND_ETHANOL, WATER_AND_ETHANOL),  # spaces around the parts: both readings strip them
+    ("CCO.\tO", WATER_AND_ETHANOL, WATER_AND_ETHANOL),
+    ("\tCCO\n", ETHANOL, ETHANOL),
+    ("CCO .O x", WATER_AND_ETHANOL, None),  # a space inside the last part: RDKit's name officially, none strictly
+    ("CC O", frozenset({"InChI=1S/C2H6/c1-2/h1-2H3"}), None),
+    (" CC O", None, None),  # a name after leading whitespace: unreadable either way
+    ("CCO . ", None, None),  # a part of whitespace only
+])
+def test_whitespace_around_and_inside_smiles_parts_under_both_readings(text, official, strict):
+    for reading, wanted in ((False, official), (True, strict)):
+        mol = parse_molecule(text, strict=reading)
+        assert (mol.keys if mol is not None else None) == wanted, reading
