@@ -86,13 +86,18 @@ def _not_given(key: str, example: str):
     raise UserError(f"{key} is not set: give it a value, {key}={example}")
 
 
+def wandb_mode(given: str) -> str:
+    """WANDB_MODE as W&B spells it (lower case, no spaces), whatever spelling the user wrote."""
+    return given.strip().lower()
+
+
 RESOLVERS = {
     # `${llasmol_asset:data/bundled}`: a path inside the installed package.
     "llasmol_asset": lambda rel: str(PACKAGE_DIR / rel),
     # `${llasmol_required:data.path,<file.csv>}`: a setting the user must give.
     "llasmol_required": _not_given,
     # W&B stays offline (no account, no network) unless the user asks for online, by config or WANDB_MODE.
-    "llasmol_wandb_offline": lambda: os.environ.get("WANDB_MODE", "offline").strip().lower() != "online",
+    "llasmol_wandb_offline": lambda: wandb_mode(os.environ.get("WANDB_MODE", "offline")) != "online",
     "llasmol_sweep_group": _sweep_group,
     # A multirun job's folder number: its place in this sweep plus `first_job`, so that a continued sweep
     # (the jobs a stopped one had not started) numbers on from the jobs its folder has.

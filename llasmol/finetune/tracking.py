@@ -15,6 +15,7 @@ from typing import Optional
 
 from lightning.pytorch.callbacks import Callback, RichProgressBar
 
+from llasmol.core.config import wandb_mode
 from llasmol.core.errors import UserError
 from llasmol.core.files import NO_SPACE, folder_problem, nearest_existing, write_text
 from llasmol.inference.progress import progress_line
@@ -37,7 +38,7 @@ def check_wandb_mode(environ=os.environ) -> None:
     given = environ.get("WANDB_MODE")
     if given is None:
         return
-    mode = given.strip().lower()
+    mode = wandb_mode(given)
     if mode not in WANDB_MODES:
         raise UserError(f"WANDB_MODE={given!r} is not a W&B mode: set WANDB_MODE=online or offline (or unset it: "
                         "llasmol logs offline by default)")
@@ -48,10 +49,10 @@ def check_loggers(logger_cfg) -> None:
     """Settings that would fail only after the run has started, as one line now: a logger's folder that cannot
     take its files (W&B's offline run on a full disk fails in its own process, in hundreds of lines), W&B's
     mode from the environment."""
-    if any(str((node or {}).get("_target_", "")).endswith("WandbLogger") for node in (logger_cfg or {}).values()):
-        check_wandb_mode()
     for name, node in (logger_cfg or {}).items():
         target = (node or {}).get("_target_", "")
+        if target.endswith("WandbLogger"):
+            check_wandb_mode()  # before `offline` below is read
         save_dir = (node or {}).get("save_dir")
         existing = nearest_existing(Path(save_dir)) if save_dir else None
         problem = None if existing is None else (
