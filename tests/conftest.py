@@ -137,3 +137,18 @@ def _torch_threads_as_they_were():
     torch = sys.modules.get("torch")
     if torch is not None and before is not None and torch.get_num_threads() != before:
         torch.set_num_threads(before)
+
+
+@pytest.fixture
+def one_process_group(monkeypatch):
+    """A gloo process group of one process, and its device mesh."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()

@@ -65,3 +65,26 @@ class LogitsProbe(Callback):
         pl_module.model.train()
         if trainer.is_global_zero:
             torch.save({"input_ids": ids, "logits": logits}, self.path)
+
+
+class ShardProbe(Callback):
+    """Where each parameter is before the model is sharded (`setup` comes before `configure_model`) and which
+    rows of it this process holds as training starts, with the rows' sum: one JSON file per rank."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.before: dict = {}
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        self.before = {name: p.device.type for name, p in pl_module.model.named_parameters()}
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        from torch.distributed.tensor import DTensor
+
+        after = {}
+        for name, p in pl_module.model.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            after[name] = {"rows": local.shape[0], "of": p.shape[0], "sum": float(local.double().sum()),
+                           "device": local.device.type}
+        with open(f"{self.path}.{trainer.global_rank}", "w") as f:
+            json.dump({"before": self.before, "after": after}, f)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import HANG_TIMEOUT, free_port
+from conftest import HANG_TIMEOUT, compose_config, free_port
 from refusals import refused
 from test_resume import TESTS, _records
 
@@ -114,6 +114,44 @@ def test_fsdp2_trains_as_ddp_does_on_the_same_global_batch(runs):
 
 
 @pytest.mark.slow
+def test_fsdp2_reads_a_pretrained_base_shard_by_shard_and_trains_as_ddp_on_it(runs, tmp_path):
+    """A base with files (the tiny base, saved as a user's download is): each process builds it on the meta
+    device, so no process ever holds it whole, and reads its own rows once FSDP2 has sharded it. Its first
+    3 steps are DDP's on the very same base, micro-batch by micro-batch."""
+    from safetensors.torch import load_file
+
+    from llasmol.model.base import load_base_model, load_tokenizer
+
+    cfg = compose_config([], "train")
+    tok = load_tokenizer(cfg.model)
+    load_base_model(cfg.model, tok).save_pretrained(tmp_path / "base")
+    run = tmp_path / "run"
+    args = [*RUN, *FSDP, "trainer.max_steps=3", "model.random_init=false", f"model.path={tmp_path / 'base'}",
+            f"+callbacks.recorder.path={run}.steps", "+callbacks.shards._target_=resume_probe.ShardProbe",
+            f"+callbacks.shards.path={run}.shards"]
+    proc = _train(run, args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (proc.stdout + proc.stderr).count("each process reads its own shards of") == 1
+    ddp = _steps(runs["ddp"])
+    for rank, records in _steps(run).items():  # steps 1-3: the schedule's warm-up, the same under max_steps=6
+        assert [(r["step"], r["indices"]) for r in records] == [(r["step"], r["indices"]) for r in ddp[rank][:6]]
+        assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in ddp[rank][:6]], rel=1e-5)
+    files = load_file(str(tmp_path / "base" / "model.safetensors"))
+    probes = [json.loads(Path(f"{run}.shards.{rank}").read_text()) for rank in (0, 1)]
+    for name, where in probes[0]["before"].items():  # before sharding: the base on the meta device, on each rank
+        assert where == ("cpu" if "lora_" in name else "meta"), name
+        assert probes[1]["before"][name] == where
+    for name, mine in probes[0]["after"].items():
+        other = probes[1]["after"][name]
+        assert mine["rows"] == -(-mine["of"] // 2) and mine["rows"] + other["rows"] == mine["of"], name
+        if "lora_" not in name:  # each rank's rows of the file's tensor, the two halves summing to the whole
+            key = name.replace("base_model.model.", "").replace(".base_layer", "").replace(
+                ".modules_to_save.default", "").replace(".original_module", "")
+            whole = files[key].double()
+            assert mine["sum"] == pytest.approx(float(whole[:mine["rows"]].sum()), rel=1e-9, abs=1e-9), name
+            assert other["sum"] == pytest.approx(float(whole[mine["rows"]:].sum()), rel=1e-9, abs=1e-9), name
+
+
 def test_ddps_two_ranks_score_as_one_process_scores_their_answers(runs):
     """The metric sums are reduced over the ranks: one process scoring the gathered predictions agrees."""
     from llasmol.inference.predictions import read_predictions

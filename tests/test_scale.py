@@ -109,23 +109,6 @@ def test_mixed_precision_gathers_half_weights_and_reduces_gradients_in_fp32():
         assert (mixed_precision(full).param_dtype, mixed_precision(full).reduce_dtype) == (None, None)
 
 
-@pytest.fixture
-def one_process_group(monkeypatch):
-    """A gloo process group of one process, and its device mesh."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from conftest import free_port
-
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("family", ["mistral", "galactica"])
 @pytest.mark.parametrize("lora", ["lite", "plus"])
 def test_fsdp2_shards_each_block_and_the_base_model_keeping_what_trains(family, lora, one_process_group):

@@ -18,7 +18,8 @@ from llasmol.core.files import write_json
 from llasmol.core.tasks import TaskTable
 from llasmol.core.threads import retune_threads
 from llasmol.data.datamodule import SMolInstructDataModule
-from llasmol.model.base import load_base_model
+from llasmol.core.schema import is_fsdp2
+from llasmol.model.base import load_base_model, load_base_on_meta
 from llasmol.model.blocks import compile_blocks, enable_gradient_checkpointing
 from llasmol.model.lora import apply_lora, base_name, count_parameters, target_modules
 from llasmol.finetune.checkpointing import AdapterModelCheckpoint, AtomicCheckpointIO
@@ -59,7 +60,16 @@ def build_datamodule(cfg: DictConfig, tokenizer, tasks: Optional[TaskTable] = No
 def build_model(cfg: DictConfig, tokenizer, start: Optional[Path] = None):
     """Base model with adapters (`start`'s weights when given: `init_from`'s adapter folder), and its parameter
     counts (logged), named by model and LoRA variant."""
-    model = apply_lora(load_base_model(cfg.model, tokenizer, cfg.get("quantization")), cfg.model, cfg.lora)
+    if is_fsdp2(cfg.trainer.get("strategy")) and not cfg.model.get("random_init"):
+        # No process holds the whole base: it is built on the meta device and each process reads its own shards
+        # once FSDP2 has sharded it (`FSDP2Strategy.shard`). A random base (the tiny model) has no files to read
+        # from: its values are one seeded sequence over the whole model, so it is built whole, then sharded.
+        base = load_base_on_meta(cfg.model, tokenizer)
+        log.info("trainer=fsdp: the base is built on the meta device; each process reads its own shards of %s",
+                 base.deferred_weights.folder)
+    else:
+        base = load_base_model(cfg.model, tokenizer, cfg.get("quantization"))
+    model = apply_lora(base, cfg.model, cfg.lora)
     if start is not None:
         load_adapter_weights(model, start)
         log.info("adapters start from %s (init_from)", start)

@@ -22,12 +22,17 @@ few MB to tens of MB), with the optimizer state gathered the same way: one `.ckp
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, Optional
 
 import torch
 
 from llasmol.finetune.lightning_private import ModelParallelOverEveryProcess
 from llasmol.model.blocks import clean_name, decoder_layer_types, is_sharded
+from llasmol.model.deferred import fill_from_files
+
+log = logging.getLogger("llasmol.train")
 
 SHARDED_KEY = "llasmol_fsdp2"  # in a checkpoint: saved under trainer=fsdp (its optimizer state is keyed otherwise)
 
@@ -71,10 +76,19 @@ class FSDP2Strategy(ModelParallelOverEveryProcess):
         self.reshard_after_forward = reshard_after_forward
 
     def shard(self, model: torch.nn.Module) -> None:
-        """Shard `model` over the data-parallel mesh, once (Lightning asks at every fit and validate)."""
+        """Shard `model` over the data-parallel mesh, once (Lightning asks at every fit and validate); a base built
+        on the meta device (`llasmol.model.deferred`) then gets its values, each process its own rows."""
         if not is_sharded(model):
             shard_model(model, self.device_mesh["data_parallel"], self.precision_plugin.precision,
                         self.reshard_after_forward)
+        root = model.get_base_model() if hasattr(model, "get_base_model") else model
+        weights = getattr(root, "deferred_weights", None)
+        if weights is not None:
+            started = time.perf_counter()
+            read = fill_from_files(model, weights, self.root_device)
+            del root.deferred_weights  # filled once: a later fit or validate finds the values in place
+            log.info("read this process's shards of the base: %s MiB in %.1f s", f"{read / 2**20:,.1f}",
+                     time.perf_counter() - started)
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         """The trainable tensors whole, on rank 0 (empty elsewhere); collective. Lightning's own would gather the

@@ -315,6 +315,46 @@ def load_base_model(model_cfg, tokenizer, quant_cfg=None):
     return model
 
 
+def weights_folder(model_cfg) -> Path:
+    """The local folder of the base's config.json and safetensors files: model.path, or the Hugging Face cache
+    (filled from the Hub when it is reachable and the files are not cached yet)."""
+    source = _weights_source(model_cfg)
+    if Path(source).is_dir():
+        return Path(source)
+    local_only = _local_only(model_cfg, "base weights")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(source, allow_patterns=["*.json", "*.safetensors"], local_files_only=local_only))
+    except (OSError, ValueError) as err:
+        raise _offline_error(model_cfg, "base weights") from err
+
+
+def load_base_on_meta(model_cfg, tokenizer):
+    """The pretrained base as `load_base_model` gives it, but with its parameters on the meta device: no memory
+    until `trainer=fsdp` has sharded it and each process reads its own rows (`llasmol.model.deferred`). The
+    files to read them from are named on the model as `deferred_weights`."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from llasmol.model.deferred import DeferredWeights, parameters_on_meta, weight_entries
+
+    folder = weights_folder(model_cfg)
+    weight_entries(folder)  # an incomplete or damaged folder is one line now, not after the sharding
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=model_cfg.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise _offline_error(model_cfg, "base weights") from err
+    with parameters_on_meta():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(model_cfg.dtype),
+                                                 trust_remote_code=model_cfg.trust_remote_code)
+    if (folder / "generation_config.json").is_file():  # as from_pretrained reads it
+        model.generation_config = GenerationConfig.from_pretrained(folder)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    model.deferred_weights = DeferredWeights.of(model, folder)
+    return model
+
+
 def _one_cpu_layout(model) -> None:
     """bitsandbytes' CPU backend repacks a 4-bit layer's weights for its AVX512-BF16 kernel at the layer's first
     forward in eval mode without gradients, and keeps them so: every step after a run's first validation then

@@ -59,13 +59,18 @@ def apply_lora(model, model_cfg, lora_cfg):
 
     from peft import get_peft_model
 
+    from llasmol.model.deferred import adapt_meta_base
+
     with warnings.catch_warnings():
         # PEFT asks for a property this transformers release deprecates; nothing for our users to do.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         config = lora_config(model_cfg, lora_cfg)
         _check_targets_exist(model, sorted(config.target_modules), model_cfg)
         try:
-            peft_model = get_peft_model(model, config)
+            if any(p.is_meta for p in model.parameters()):  # trainer=fsdp's base, read after sharding
+                peft_model = adapt_meta_base(model, lambda base: get_peft_model(base, config))
+            else:
+                peft_model = get_peft_model(model, config)
         except ValueError as err:  # PEFT's word on a module name it cannot adapt (missing, or unsupported)
             reason = " ".join(str(err).split())[:300]
             raise UserError(f"LoRA cannot go on {sorted(config.target_modules)} of model {model_cfg.name} ({reason}): "
