@@ -4,7 +4,8 @@
 #      tokens/s, peak memory, MFU (bench/gpu_check.py);
 #   2. QLoRA: the same shape with 4 layers, its base in NF4 through llasmol's loader, 5 steps of 8-bit AdamW;
 #   3. FSDP2 (trainer=fsdp's strategy) through Lightning: 2 steps of the 7B-wide stack with 2 layers, bf16 weights
-#      and fp32 reduction, a checkpoint saved and resumed (bench/scale_out.py);
+#      and fp32 reduction, a checkpoint saved and resumed (bench/scale_out.py), with the host's and the GPU's peak
+#      memory; once with the base read shard by shard after sharding, once with it built whole first;
 #   4. where RDKit, TRL and datasets are installed (not on the bare image): GRPO steps of the 7B-wide stack with 2
 #      layers beside TRL's GRPOTrainer, 8 prompts x 8 completions of 128 tokens (bench/grpo_vs_trl.py), 150 s.
 # It starts on the bare GPU image: what the image lacks (hydra-core, omegaconf, antlr4, bitsandbytes) is unpacked
@@ -67,8 +68,12 @@ if [ "$has_bnb" = 1 ]; then
 else
   echo "== QLoRA skipped: bitsandbytes is not installed (bash bench/gpu_wheels.sh fetches its wheel)"
 fi
-part "FSDP2 (trainer=fsdp), one device" 120 "$PYTHON" bench/scale_out.py --case fsdp2 --devices 1 "${fsdp[@]}" \
+# The base read shard by shard after sharding (trainer=fsdp's way), then built whole first (the way before #55):
+# the host's peak resident memory and the GPU's peak allocation of each (the weights are written once, before).
+part "FSDP2 (trainer=fsdp), one device" 150 "$PYTHON" bench/scale_out.py --case fsdp2 --devices 1 "${fsdp[@]}" \
   --out "$OUT/gpu_check_fsdp2.json"
+part "FSDP2 over a base built whole, one device" 120 "$PYTHON" bench/scale_out.py --case fsdp2_whole --devices 1 \
+  "${fsdp[@]}" --out "$OUT/gpu_check_fsdp2_whole.json"
 # GRPO beside TRL needs RDKit (the rewards), TRL and datasets, which the bare image lacks and whose wheels (RDKit
 # about 35 MB, pyarrow about 40 MB) do not fit beside bitsandbytes' in what is carried: run where they are.
 if "$PYTHON" -c "import rdkit, trl, datasets" 2>/dev/null; then

@@ -1,15 +1,19 @@
-"""Scale-out benchmark (issue #36): one process, DDP over 2 and FSDP2 over 2 (`trainer=fsdp`'s strategy, also with
-`reshard_after_forward=false`: `fsdp2_keep`), on the tiny model and on a Mistral-7B-shaped stack of 2 decoder layers (full width: 4096 hidden, 14336 FFN, 32000
-vocabulary, random weights). Per case: the time of an optimizer step, each process's peak and final resident
-memory, the bytes of parameters each process holds, the checkpoint's size and save time, and the time to read
-it back into a new run (the strategy's `load_checkpoint`) and to reach that run's first step.
+"""Scale-out benchmark (issues #36 and #55): one process, DDP over 2 and FSDP2 over 2 (`trainer=fsdp`'s strategy, also
+with `reshard_after_forward=false`: `fsdp2_keep`; and `fsdp2_whole`, FSDP2 over a base built whole on every process
+before it is sharded, as before #55), on the tiny model and on a Mistral-7B-shaped stack of 2 decoder layers (full
+width: 4096 hidden, 14336 FFN, 32000 vocabulary, random weights), and FSDP2 over 4 processes. Per case: the time
+of an optimizer step, each process's peak and final resident memory, the bytes of parameters each process holds,
+the time from the process's start to its first step, the checkpoint's size and save time, and the time to read it
+back into a new run (the strategy's `load_checkpoint`) and to reach that run's first step.
 
     python bench/scale_out.py                         # every case, CPU over gloo; bench/results/scale_out.json
     python bench/scale_out.py --case fsdp2 --arch tiny-mistral --out /tmp/x.json   # one case (2 processes)
 
-The training is `LoRACausalLM` (the paper's `full` LoRA, AdamW) under Lightning with the strategy of the
-trainer preset, on random token rows, so that the figures are the strategy's, not the data's. bench/gpu_check.sh
-runs the FSDP2 case on one GPU (`--accelerator gpu --devices 1`: bf16 weights, fp32 reduction).
+The base is read as a user's is: its random weights are written once as safetensors (model.path), then each case
+builds it as `llasmol.train` does under its strategy (whole, or on the meta device and read shard by shard under
+FSDP2), puts the paper's `full` LoRA on it and trains `LoRACausalLM` (AdamW) under Lightning on random token rows,
+so that the figures are the strategy's, not the data's. bench/gpu_check.sh runs the FSDP2 case on one GPU
+(`--accelerator gpu --devices 1`: bf16 weights, fp32 reduction).
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from _common import compose_config, write_result  # noqa: E402  (sets offline mo
 
 # case: processes; fsdp2_keep is trainer.strategy.reshard_after_forward=false (a block's weights gathered once for
 # each micro-batch's forward and backward, rather than once for each)
-CASES = {"single": 1, "ddp": 2, "fsdp2": 2, "fsdp2_keep": 2}
+CASES = {"single": 1, "ddp": 2, "fsdp2": 2, "fsdp2_keep": 2, "fsdp2_whole": 2}
 ARCHS = {"tiny-mistral": None, "mistral-7b": 2}  # architecture: decoder layers (None: its own)
+MORE = [("mistral-7b", "fsdp2", 4)]  # (architecture, case, processes) run after the cases above: the scaling
+STARTED = time.perf_counter()  # this process's start (each rank's: Lightning starts the others as this script)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -47,6 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--out", type=Path, default=None, help="one case: its JSON (rank 0); all: default results file")
+    p.add_argument("--weights", type=Path, default=None,
+                   help="the base's folder (default: written once to a temporary folder named by its shape)")
     return p.parse_args(argv)
 
 
@@ -57,20 +65,53 @@ def _rss_mib() -> float:
     return round(kib / 1024, 1)
 
 
-def build_module(args, torch, cuda: bool):
+def _model_cfg(args, cuda: bool, folder: Path):
+    return compose_config(["model=mistral", "lora=full", "paths.output_dir=/unused", f"model.path={folder}",
+                           f"model.dtype={'bfloat16' if cuda else 'float32'}"])
+
+
+def weights_folder(arch: str, layers, cuda: bool, root: Path) -> Path:
+    """The base's config.json and random weights as safetensors, written once (atomically: every rank of a case
+    may ask) to a folder of `root` named by the architecture, depth and dtype."""
+    import torch
     from transformers import AutoModelForCausalLM
 
-    from llasmol.finetune.module import LoRACausalLM
     from llasmol.model.base import arch_config
+
+    dtype = "bfloat16" if cuda else "float32"
+    folder = root / f"llasmol-scale-{arch}-{layers or 'all'}-{dtype}"
+    if (folder / "config.json").is_file():
+        return folder
+    config = arch_config(arch, **({"num_hidden_layers": layers} if layers else {}))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    partial_folder = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+    model.save_pretrained(partial_folder)  # config.json last-but-one, weights, then the rename below
+    del model
+    os.replace(partial_folder, folder)
+    return folder
+
+
+def build_module(args, torch, cuda: bool, case: str):
+    """`LoRACausalLM` over the base as `llasmol.train` builds it for `case`: on the meta device, read shard by
+    shard after sharding, under trainer=fsdp (`fsdp2`, `fsdp2_keep`); whole otherwise (`fsdp2_whole`: whole, then
+    sharded, as trainer=fsdp did before #55)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from llasmol.finetune.module import LoRACausalLM
+    from llasmol.model.base import TINY_TOKENIZER_DIR, load_base_model, load_base_on_meta
     from llasmol.model.lora import apply_lora
 
-    cfg = compose_config(["model=mistral", "lora=full", "paths.output_dir=/unused"])
-    config = arch_config(args.arch, **({"num_hidden_layers": args.layers} if args.layers else {}))
-    torch.manual_seed(0)  # the same base on every process
-    base = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if cuda else torch.float32)
+    folder = args.weights or weights_folder(args.arch, args.layers, cuda, Path(tempfile.gettempdir()))
+    cfg = _model_cfg(args, cuda, folder)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(TINY_TOKENIZER_DIR))  # its pad id, if the base has none
+    torch.manual_seed(0)  # the same adapters on every process
+    on_meta = case in ("fsdp2", "fsdp2_keep")
+    base = (load_base_on_meta if on_meta else load_base_model)(cfg.model, tokenizer)
     model = apply_lora(base, cfg.model, cfg.lora)
     model.train()
-    return LoRACausalLM(model, optimizer=partial(torch.optim.AdamW, lr=1e-4, weight_decay=0.0)), config
+    return LoRACausalLM(model, optimizer=partial(torch.optim.AdamW, lr=1e-4, weight_decay=0.0)), base.config
 
 
 def fit_case(args, case: str, devices: int) -> dict:
@@ -84,7 +125,7 @@ def fit_case(args, case: str, devices: int) -> dict:
     from llasmol.finetune.distributed import FSDP2Strategy
 
     cuda = args.accelerator != "cpu"
-    module, config = build_module(args, torch, cuda)
+    module, config = build_module(args, torch, cuda, case)
 
     class Clock(Callback):
         def __init__(self) -> None:
@@ -102,6 +143,7 @@ def fit_case(args, case: str, devices: int) -> dict:
             self._start = time.perf_counter()
             if self.first_batch is None:
                 self.first_batch = self._start - self.fit_started
+                self.since_start = self._start - STARTED
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             self._sync()
@@ -117,7 +159,7 @@ def fit_case(args, case: str, devices: int) -> dict:
         return out
 
     def trainer(max_steps: int, clock: Clock) -> L.Trainer:
-        strategy = {"single": "auto", "ddp": "ddp", "fsdp2": FSDP2Strategy(),
+        strategy = {"single": "auto", "ddp": "ddp", "fsdp2": FSDP2Strategy(), "fsdp2_whole": FSDP2Strategy(),
                     "fsdp2_keep": FSDP2Strategy(reshard_after_forward=False)}[case]
         return L.Trainer(accelerator="gpu" if cuda else "cpu", devices=devices, strategy=strategy,
                          precision="bf16-mixed" if cuda else "32-true", max_steps=max_steps, logger=False,
@@ -145,7 +187,7 @@ def fit_case(args, case: str, devices: int) -> dict:
     rank = fresh.global_rank
     mine = {"rank": rank, "median_step_seconds": round(statistics.median(clock.steps[1:]), 4),
             "parameter_bytes_held": held,
-            # the whole base is built on every process before it is sharded: the peak includes it
+            "first_step_seconds": round(clock.since_start, 2),  # from the process's start: imports, build, load
             "rss_after_fit_mib": _rss_mib(),
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
@@ -154,7 +196,7 @@ def fit_case(args, case: str, devices: int) -> dict:
     # Resume: a new module and trainer, from the checkpoint, one step more (the first ones gone).
     del fresh, module
     gc.collect()
-    module, _ = build_module(args, torch, cuda)
+    module, _ = build_module(args, torch, cuda, case)
     again = Clock()
     resumed = trainer(steps + 1, again)
     loads = []
@@ -191,6 +233,7 @@ def fit_case(args, case: str, devices: int) -> dict:
             "peak_rss_mib_per_process": [r["peak_rss_mib"] for r in everyone],
             "rss_after_fit_mib_per_process": [r["rss_after_fit_mib"] for r in everyone],
             "peak_gpu_gib": first["peak_gpu_gib"], "checkpoint_bytes": size,
+            "first_step_seconds": max(r["first_step_seconds"] for r in everyone),
             "checkpoint_save_seconds": first["checkpoint_save_seconds"],
             "resume_load_seconds": first["resume_load_seconds"],
             "resumed_fit_start_seconds": first["resumed_fit_start_seconds"],
@@ -207,22 +250,26 @@ def main(argv=None) -> dict:
         if result:
             print(json.dumps(result))
         return result
-    # Every case in a process of its own (Lightning starts the second process of a 2-process case itself).
+    # Every case in a process of its own (Lightning starts the other processes of a case itself), each
+    # architecture's weights written once beforehand by this process, whose memory no case counts.
     results = []
+    runs = [(arch, case, CASES[case]) for arch in ARCHS for case in CASES] + MORE
     with tempfile.TemporaryDirectory() as tmp:
-        for arch, layers in ARCHS.items():
-            for case in CASES:
-                out = Path(tmp) / f"{arch}-{case}.json"
-                cmd = [sys.executable, __file__, "--case", case, "--arch", arch, "--steps", str(args.steps),
-                       "--micro-batch", str(args.micro_batch), "--seq-len", str(args.seq_len), "--out", str(out),
-                       "--accelerator", args.accelerator, *(["--layers", str(layers)] if layers else [])]
-                print("running:", " ".join(cmd[2:]), flush=True)
-                subprocess.run(cmd, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                               stdout=subprocess.DEVNULL)
-                results.append(json.loads(out.read_text()))
-                r = results[-1]
-                print(f"  {r['median_step_seconds']} s/step, params held {r['parameter_bytes_held_per_process']}, "
-                      f"peak RSS {r['peak_rss_mib_per_process']} MiB, checkpoint {r['checkpoint_bytes']} B", flush=True)
+        for arch, case, devices in runs:
+            layers = ARCHS[arch]
+            folder = weights_folder(arch, layers, args.accelerator != "cpu", Path(tmp))
+            out = Path(tmp) / f"{arch}-{case}-{devices}.json"
+            cmd = [sys.executable, __file__, "--case", case, "--devices", str(devices), "--arch", arch,
+                   "--steps", str(args.steps), "--micro-batch", str(args.micro_batch), "--seq-len", str(args.seq_len),
+                   "--out", str(out), "--accelerator", args.accelerator, "--weights", str(folder),
+                   *(["--layers", str(layers)] if layers else [])]
+            print("running:", " ".join(cmd[2:]), flush=True)
+            subprocess.run(cmd, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL)
+            results.append(json.loads(out.read_text()))
+            r = results[-1]
+            print(f"  {r['median_step_seconds']} s/step, params held {r['parameter_bytes_held_per_process']}, "
+                  f"peak RSS {r['peak_rss_mib_per_process']} MiB, first step after {r['first_step_seconds']} s",
+                  flush=True)
     result = {"command": "python bench/scale_out.py", "load_average": os.getloadavg(), "cases": results}
     write_result("scale_out", result) if args.out is None else args.out.write_text(json.dumps(result, indent=2))
     return result

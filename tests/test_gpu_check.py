@@ -92,7 +92,7 @@ def test_the_check_starts_on_the_bare_gpu_image_with_the_fetched_wheels(tmp_path
     for wheel in wheels:
         assert f"unpacked {wheel}-" in proc.stdout
     results = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "out").glob("*.json")}
-    assert sorted(results) == ["gpu_check", "gpu_check_fsdp2", "gpu_check_qlora"]
+    assert sorted(results) == ["gpu_check", "gpu_check_fsdp2", "gpu_check_fsdp2_whole", "gpu_check_qlora"]
     assert "== GRPO beside TRL skipped: python has no rdkit, trl or datasets" in proc.stdout  # said, not failed
     train = results["gpu_check"]["train"]
     assert results["gpu_check"]["optimizer"] == "adamw8bit"  # bitsandbytes' 8-bit AdamW, from its wheel
@@ -104,9 +104,11 @@ def test_the_check_starts_on_the_bare_gpu_image_with_the_fetched_wheels(tmp_path
     qlora = results["gpu_check_qlora"]
     assert (qlora["quantization"], qlora["layers"]) == ("4bit", 1)
     assert qlora["train"]["last_loss"] != qlora["train"]["first_loss"]
-    fsdp = results["gpu_check_fsdp2"]
-    assert (fsdp["case"], fsdp["processes"], fsdp["ranks"][0]["resumed_steps"]) == ("fsdp2", 1, 1)
-    assert fsdp["checkpoint_bytes"] > 0 and fsdp["parameter_bytes_held_per_process"][0] > 0
+    for case in ("fsdp2", "fsdp2_whole"):  # the host's and the device's peak of each way to build the base
+        fsdp = results[f"gpu_check_{case}"]
+        assert (fsdp["case"], fsdp["processes"], fsdp["ranks"][0]["resumed_steps"]) == (case, 1, 1)
+        assert fsdp["checkpoint_bytes"] > 0 and fsdp["parameter_bytes_held_per_process"][0] > 0
+        assert fsdp["peak_rss_mib_per_process"][0] > 0 and fsdp["first_step_seconds"] > 0
 
 
 def test_asking_for_a_gpu_without_one_is_one_line():

@@ -122,8 +122,15 @@ def test_fsdp2_shards_each_block_and_the_base_model_keeping_what_trains(family, 
     model.zero_grad(set_to_none=True)
     assert shard_model(model, one_process_group, "32-true") == 2
     units = {name for name, m in model.named_modules() if isinstance(m, FSDPModule)}
-    layers = "base_model.model.model.decoder.layers" if family == "galactica" else "base_model.model.model.layers"
-    assert units == {f"{layers}.0", f"{layers}.1", "base_model.model"}  # the blocks, and the base model as root
+    if family == "galactica":  # the blocks and the base model as the root, which holds the tied embeddings and head
+        layers = "base_model.model.model.decoder.layers"
+        # OPT's MLP is two direct children of a block; in the tiny one (FFN 2x hidden) attention is its largest part
+        assert units == {f"{layers}.0", f"{layers}.0.self_attn", f"{layers}.1", f"{layers}.1.self_attn",
+                         "base_model.model"}
+    else:  # the blocks, each block's MLP (its largest part), the embeddings, the head, the base model as the root
+        layers = "base_model.model.model.layers"
+        assert units == {f"{layers}.0", f"{layers}.0.mlp", f"{layers}.1", f"{layers}.1.mlp",
+                         "base_model.model.model.embed_tokens", "base_model.model.lm_head", "base_model.model"}
     assert all(isinstance(p, DTensor) for p in model.parameters())
     assert {n: p.requires_grad for n, p in model.named_parameters()} == before  # per parameter, names unchanged
     loss, grads = _loss_and_grads(model, batch)

@@ -49,19 +49,69 @@ def mixed_precision(precision: str):
 
 
 def shard_model(model: torch.nn.Module, mesh, precision: str, reshard_after_forward: bool = True) -> int:
-    """`fully_shard` each transformer block of `model` (a PEFT model), then its base model as the root;
-    returns the number of blocks. The root is the base model rather than the PEFT wrapper because generation
-    calls the base model directly (`PeftModel.generate`), and training reaches it too."""
+    """`fully_shard` each transformer block of `model` (a PEFT model), its input embeddings and its head (when
+    they are two tensors), then its base model as the root; returns the number of blocks. The root is the base
+    model rather than the PEFT wrapper because generation calls the base model directly (`PeftModel.generate`),
+    and training reaches it too.
+
+    The embeddings and the head are units of their own, as torchtitan shards them: in a root unit both would
+    stay gathered from the first block's forward to the last one's backward (FSDP2 keeps a root gathered after
+    its forward), 1 GB for Mistral-7B in fp32; apart, the embeddings are gathered for their forward only (not in
+    backward when nothing in them trains: no adapter reaches them) and the head from its forward to its
+    backward. A head tied to the embeddings (Gemma, Galactica) is one tensor, which FSDP2 keeps in one unit:
+    the root's."""
     from torch.distributed.fsdp import fully_shard
 
     policy = mixed_precision(precision)
     types = decoder_layer_types(model)
     blocks = [m for m in model.modules() if isinstance(m, types)]
     for block in blocks:
+        part = _largest_part(block)
+        if part is not None:
+            fully_shard(part, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     root = model.get_base_model() if hasattr(model, "get_base_model") else model
-    fully_shard(root, mesh=mesh, mp_policy=policy)  # FSDP2 keeps a root's weights gathered after its forward
+    # (lora=plus: the head is PEFT's wrapper of the frozen head and its trainable copy, both in its unit)
+    embeddings, head = root.get_input_embeddings(), root.get_output_embeddings()
+    if head is not None and not {id(p) for p in embeddings.parameters()} & {id(p) for p in head.parameters()}:
+        fully_shard(embeddings, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+        if not any(p.requires_grad for p in embeddings.parameters()):
+            embeddings.set_unshard_in_backward(False)  # a frozen embedding's backward needs no weight
+        fully_shard(head, mesh=mesh, mp_policy=policy, reshard_after_forward=False)  # its backward follows at once
+    fully_shard(root, mesh=mesh, mp_policy=policy)
+    if mesh.device_type == "cpu":
+        _gather_one_unit_at_a_time(model, root)
     return len(blocks)
+
+
+def _largest_part(block: torch.nn.Module) -> Optional[torch.nn.Module]:
+    """The part of a transformer block that holds most of its weights (a Llama-family block's MLP: 80% of a
+    Mistral-7B block), which is then a unit of its own inside the block's. A unit's weights are held twice for a
+    moment as they are gathered (FSDP2's all-gather buffer, and the weights copied out of it): a block in two
+    units holds its MLP twice at most, not the whole block. None where no part holds more than half (OPT's two
+    projections are direct children of the block)."""
+    def size(module: torch.nn.Module) -> int:
+        return sum(p.numel() for p in module.parameters())
+
+    parts = list(block.children())
+    largest = max(parts, key=size, default=None)
+    return largest if largest is not None and 2 * size(largest) > size(block) else None
+
+
+def _gather_one_unit_at_a_time(model: torch.nn.Module, root) -> None:
+    """On CPUs (gloo), no more than one unit's weights gathered at a time, and its all-gather buffer freed as
+    soon as they are copied out. On GPUs FSDP2 keeps the buffer until the next unit's all-gather and gathers the
+    next unit during a backward, so that copies and collectives overlap with compute on other streams; a CPU has
+    no streams, and gloo shares the cores that compute, so both would only hold a unit's size more at the peak
+    (a block of Mistral-7B: 0.87 GB in fp32, measured in BENCHMARKS.md §15)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    root._set_unshard_async_op(True)  # FSDPModule's documented switch for this, named with a `_`
+    for unit in model.modules():
+        if isinstance(unit, FSDPModule):
+            # Naming the unit itself as the one to gather ahead of its backward turns off the implicit gathering
+            # of the next one: at its backward a unit is gathered already, so nothing more is gathered.
+            unit.set_modules_to_backward_prefetch([unit])
 
 
 class FSDP2Strategy(ModelParallelOverEveryProcess):
