@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -368,6 +369,33 @@ def test_both_cards_say_what_the_adapter_learnt_from_once_and_alike(tmp_path):
     assert "# tiny + LoRA `lite` on SMolInstruct and tasks of its own (logp)" in adapter
     bare = merged_card(model_cfg, None, "my.adapter", "beams", []).splitlines()  # an adapter folder: no run facts
     assert "- adapter: `my.adapter`" in bare and not any(line.startswith("- LoRA") for line in bare)
+
+
+def test_markup_in_a_runs_own_words_is_shown_on_the_cards_never_rendered():
+    """The Hub renders a card's HTML: a model name, the data in words or the recipe holding markup is escaped; a
+    backtick cannot end a code span, a line break cannot start a YAML key or a heading."""
+    from omegaconf import OmegaConf
+
+    from llasmol.model.cards import adapter_card, merged_card
+
+    facts = {"base": "someone/b\nbase_model: evil", "model": "<script>alert(1)</script>", "tiny": False,
+             "lora": {"name": "x`<b>y</b>", "r": 8, "alpha": 16, "dropout": 0.05, "targets": ["q_proj"]},
+             "params": {"trainable": 10, "total": 100, "percent": 10.0}, "data": "<img src=x onerror=alert(1)>",
+             "tasks": ["forward_synthesis"], "recipe": "a & <i>b</i>"}
+    model_cfg = OmegaConf.create({"name": "<svg onload=x>", "hf_id": "someone/b\nlicense: x", "dtype": "float32",
+                                  "random_init": False, "prompt_template": "llasmol"})
+    for card in (adapter_card(facts, {"val/<u>t</u>/em": 0.5}, 3), merged_card(model_cfg, facts, "a`b", "d", [])):
+        rendered = re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", card, flags=re.S))  # code is shown as is
+        for raw in ("<script", "<img", "<b>", "<i>", "<svg", "<u>"):
+            assert raw not in rendered
+        assert "&lt;img src=x onerror=alert(1)&gt;" in card and "a &amp; &lt;i&gt;b&lt;/i&gt;" in card
+        lines = card.splitlines()
+        assert [line for line in lines if line.startswith(("base_model:", "license:"))] == [
+            "base_model: someone/b base_model: evil" if "peft" in card else "base_model: someone/b license: x"]
+        assert all(line.count("`") % 2 == 0 for line in lines if not line.startswith("```"))  # spans closed
+    adapter = adapter_card(facts, {"val/<u>t</u>/em": 0.5}, 3)
+    assert "# &lt;script&gt;alert(1)&lt;/script&gt; + LoRA `x'<b>y</b>`" in adapter  # literal inside the span
+    assert "| val/&lt;u&gt;t&lt;/u&gt;/em | 0.5000 |" in adapter
 
 
 @pytest.mark.parametrize("written, said", [("[1, 2]", "holds a JSON list"), ("{\"model\": \"tiny\"}", "lacks lora"),

@@ -8,6 +8,7 @@ targets, train_head), params (trainable, total, percent), data (each place in wo
 
 from __future__ import annotations
 
+import html
 from typing import Optional
 
 CITATION = """@article{yu2024llasmol,
@@ -19,27 +20,39 @@ CITATION = """@article{yu2024llasmol,
 }"""
 
 
+def _text(value) -> str:
+    """A run's own words (a model or task name, the data in words, the recipe) as card text: markup in them is
+    shown, never rendered (the Hub renders a card's HTML), and they stay on their line."""
+    return html.escape(" ".join(str(value).split()), quote=False)
+
+
+def _code(value) -> str:
+    """A run's own words inside a code span, a code block or the YAML header: on one line, and with no backtick
+    to end the span."""
+    return " ".join(str(value).split()).replace("`", "'")
+
+
 def trained_on(facts: dict) -> str:
     """What the adapter learnt from, in words: SMolInstruct, tasks of its own, or both."""
     own = list(facts.get("own_tasks") or {})
     smolinstruct = any(task not in own for task in facts["tasks"])
     if not own:
         return "SMolInstruct"
-    return ("SMolInstruct and " if smolinstruct else "") + f"tasks of its own ({', '.join(own)})"
+    return ("SMolInstruct and " if smolinstruct else "") + f"tasks of its own ({', '.join(map(_text, own))})"
 
 
 def training_lines(facts: dict) -> list[str]:
     """The adapter and how it was trained, one fact a line: both cards say them alike."""
     lora, params, own = facts["lora"], facts["params"], facts.get("own_tasks") or {}
     return [
-        f"- LoRA `{lora['name']}`: r={lora['r']}, alpha={lora['alpha']}, dropout={lora['dropout']}, on "
-        f"{', '.join(lora['targets'])}" + (" and a trained output head" if lora.get("train_head") else ""),
+        f"- LoRA `{_code(lora['name'])}`: r={lora['r']}, alpha={lora['alpha']}, dropout={lora['dropout']}, on "
+        f"{', '.join(map(_text, lora['targets']))}" + (" and a trained output head" if lora.get("train_head") else ""),
         f"- trainable parameters: {params['trainable']:,} of {params['total']:,} ({params['percent']:.2f}%)",
-        f"- data: {facts['data']}; tasks: {', '.join(facts['tasks'])}",
+        f"- data: {_text(facts['data'])}; tasks: {', '.join(map(_text, facts['tasks']))}",
         *(["- tasks of its own (data.new_tasks, scored as their family): "
-           + ", ".join(f"{name} ({family})" for name, family in own.items())] if own else []),
-        f"- recipe: {facts['recipe']}",
-        *([f"- objective: {facts['objective']}"] if facts.get("objective") else []),
+           + ", ".join(f"{_text(name)} ({_text(family)})" for name, family in own.items())] if own else []),
+        f"- recipe: {_text(facts['recipe'])}",
+        *([f"- objective: {_text(facts['objective'])}"] if facts.get("objective") else []),
     ]
 
 
@@ -48,31 +61,32 @@ def adapter_card(facts: dict, metrics: dict, step: int) -> str:
     the latest validation's `val/...` values there), how to load it."""
     front = ["---", "library_name: peft", "tags: [lora, chemistry, llasmol, smolinstruct]"]
     if not facts["tiny"]:
-        front += [f"base_model: {facts['base']}", "datasets: [osunlp/SMolInstruct]"]
-    lines = front + ["---", "", f"# {facts['model']} + LoRA `{facts['lora']['name']}` on {trained_on(facts)}", ""]
+        front += [f"base_model: {_code(facts['base'])}", "datasets: [osunlp/SMolInstruct]"]
+    lines = front + ["---", "", f"# {_text(facts['model'])} + LoRA `{_code(facts['lora']['name'])}` on "
+                     f"{trained_on(facts)}", ""]
     if facts["tiny"]:
         lines += ["The base is llasmol's embedded **tiny model**: 2 layers with **random weights**, rebuilt by llasmol",
                   "from `model.init_seed` (never saved), trained on the bundled excerpt of the data. It is a demo",
                   "of the pipeline, not a chemistry model; load it with llasmol (`model=tiny`).", ""]
     else:
-        lines += [f"LoRA adapter for `{facts['base']}`, trained with llasmol as in the LlaSMol paper.", ""]
+        lines += [f"LoRA adapter for `{_code(facts['base'])}`, trained with llasmol as in the LlaSMol paper.", ""]
     lines += ["## Adapter and training", "", *training_lines(facts), f"- this checkpoint: optimizer step {step}", ""]
     scores = {k: v for k, v in metrics.items() if isinstance(v, float)}
     if scores:
         lines += ["## Validation at this step", "", "| metric | value |", "|---|---|"]
-        lines += [f"| {k} | {v:.4f} |" for k, v in sorted(scores.items())] + [""]
+        lines += [f"| {_text(k).replace('|', '&#124;')} | {v:.4f} |" for k, v in sorted(scores.items())] + [""]
     lines += [
         "## Use", "",
         "With llasmol (the paper's prompt `<s>[INST] {query} [/INST]`, beams and metrics):", "", "```bash",
-        f"python -m llasmol.evaluate ckpt=<this folder> model={facts['model']} data.split=test",
-        f'python -m llasmol.generate "<your question>" ckpt=<this folder> model={facts["model"]}', "```", "",
+        f"python -m llasmol.evaluate ckpt=<this folder> model={_code(facts['model'])} data.split=test",
+        f'python -m llasmol.generate "<your question>" ckpt=<this folder> model={_code(facts["model"])}', "```", "",
     ]
     if not facts["tiny"]:
         lines += ["With PEFT:", "", "```python", "from peft import PeftModel",
                   "from transformers import AutoModelForCausalLM, AutoTokenizer",
-                  f'base = AutoModelForCausalLM.from_pretrained("{facts["base"]}", torch_dtype="bfloat16")',
+                  f'base = AutoModelForCausalLM.from_pretrained("{_code(facts["base"])}", torch_dtype="bfloat16")',
                   'model = PeftModel.from_pretrained(base, "<this folder>")',
-                  f'tokenizer = AutoTokenizer.from_pretrained("{facts["base"]}")', "```", ""]
+                  f'tokenizer = AutoTokenizer.from_pretrained("{_code(facts["base"])}")', "```", ""]
     return "\n".join(lines + ["## Citation", "", "```bibtex", CITATION, "```", ""])
 
 
@@ -80,19 +94,19 @@ def merged_card(model_cfg, facts: Optional[dict], adapter: str, decoding: str, e
     """The README.md of an exported model: `model_cfg` its base's config, `facts` the run's (None for an adapter
     folder, or a run from before runs kept them), `adapter` the adapter's name within its run (no machine path),
     `decoding` the beams per task, `evaluation` the test metrics' lines or how to get them."""
-    base = model_cfg.get("hf_id") or model_cfg.name
+    base = _code(model_cfg.get("hf_id") or model_cfg.name)
     about = facts if facts is not None else {"tasks": []}
     demo = ", random initial weights: a demo, not a chemistry model" if model_cfg.get("random_init") else ""
     lines = [
         "---", "library_name: transformers", "tags: [chemistry, llasmol, smolinstruct, lora-merged]",
         *([f"base_model: {base}"] if model_cfg.get("hf_id") else []), "---", "",
-        f"# {model_cfg.name} + LlaSMol adapter, merged", "",
+        f"# {_text(model_cfg.name)} + LlaSMol adapter, merged", "",
         f"A causal LM fine-tuned with LoRA on {trained_on(about)} (SMolInstruct: Yu et al. 2024, arXiv 2402.09391) by "
         "llasmol, the adapter merged into its base: it loads with `AutoModelForCausalLM.from_pretrained` and needs "
         "no PEFT.", "",
-        f"- base: `{base}` ({model_cfg.dtype}{demo})", f"- adapter: `{adapter}`",
+        f"- base: `{base}` ({model_cfg.dtype}{demo})", f"- adapter: `{_code(adapter)}`",
         *(training_lines(facts) if facts is not None else []),
-        f"- prompt: `{model_cfg.get('prompt_template')}`; answers between tags such as `<SMILES> … </SMILES>`", "",
+        f"- prompt: `{_code(model_cfg.get('prompt_template'))}`; answers between tags such as `<SMILES> … </SMILES>`", "",
         "## Decoding", "", decoding, "", "## Evaluation", "", *evaluation, "",
         "## Citation", "", "```bibtex", CITATION, "```", "",
     ]
