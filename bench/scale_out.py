@@ -144,6 +144,8 @@ def fit_case(args, case: str, devices: int) -> dict:
             if self.first_batch is None:
                 self.first_batch = self._start - self.fit_started
                 self.since_start = self._start - STARTED
+                # the peak of building, sharding and reading the base, before any step's gathers
+                self.peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             self._sync()
@@ -188,6 +190,7 @@ def fit_case(args, case: str, devices: int) -> dict:
     mine = {"rank": rank, "median_step_seconds": round(statistics.median(clock.steps[1:]), 4),
             "parameter_bytes_held": held,
             "first_step_seconds": round(clock.since_start, 2),  # from the process's start: imports, build, load
+            "peak_rss_before_first_step_mib": round(clock.peak_before, 1),
             "rss_after_fit_mib": _rss_mib(),
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
@@ -231,6 +234,7 @@ def fit_case(args, case: str, devices: int) -> dict:
             "median_step_seconds": max(r["median_step_seconds"] for r in everyone),
             "parameter_bytes_held_per_process": [r["parameter_bytes_held"] for r in everyone],
             "peak_rss_mib_per_process": [r["peak_rss_mib"] for r in everyone],
+            "peak_rss_before_first_step_mib_per_process": [r["peak_rss_before_first_step_mib"] for r in everyone],
             "rss_after_fit_mib_per_process": [r["rss_after_fit_mib"] for r in everyone],
             "peak_gpu_gib": first["peak_gpu_gib"], "checkpoint_bytes": size,
             "first_step_seconds": max(r["first_step_seconds"] for r in everyone),

@@ -86,5 +86,31 @@ class ShardProbe(Callback):
             local = p.to_local() if isinstance(p, DTensor) else p
             after[name] = {"rows": local.shape[0], "of": p.shape[0], "sum": float(local.double().sum()),
                            "device": local.device.type}
+        self.after = after
+        # How many other blocks' weights are gathered as each unit runs (its forward, its projections' backward):
+        # a gathered unit's parameters are plain tensors, a sharded one's DTensors (weights gathered ahead are not
+        # registered until their unit runs: bench/scale_out.py measures those by the memory they take).
+        import re
+
+        from torch.distributed.fsdp import FSDPModule
+
+        blocks = [m for n, m in pl_module.model.named_modules() if re.fullmatch(r".*\.layers\.\d+", n)]
+        assert len(blocks) == 2
+        self.others = 0
+
+        def gathered(block) -> bool:
+            return any(not isinstance(p, DTensor) for p in block.parameters())
+
+        def count(unit, args, block):
+            self.others = max(self.others, sum(gathered(b) for b in blocks if b is not block))
+
+        for block in blocks:
+            for name, unit in block.named_modules():
+                if isinstance(unit, FSDPModule):
+                    unit.register_forward_pre_hook(lambda m, a, block=block: count(m, a, block))
+                if name.endswith("base_layer"):  # and in backward, as each adapted projection's gradient is made
+                    unit.register_full_backward_hook(lambda m, gi, go, block=block: count(m, gi, block))
+
+    def on_train_end(self, trainer, pl_module) -> None:
         with open(f"{self.path}.{trainer.global_rank}", "w") as f:
-            json.dump({"before": self.before, "after": after}, f)
+            json.dump({"before": self.before, "after": self.after, "other_blocks_gathered": self.others}, f)

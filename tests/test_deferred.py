@@ -16,7 +16,7 @@ from refusals import refused
 from test_hf_base import _hf, write_base
 
 from llasmol.model.base import load_base_model, load_base_on_meta, load_tokenizer
-from llasmol.model.deferred import fill_from_files, read_header, read_rows, shard_rows
+from llasmol.model.deferred import DeferredWeights, fill_from_files, read_header, read_rows, shard_rows
 from llasmol.model.lora import apply_lora
 
 
@@ -70,6 +70,27 @@ def test_the_base_takes_no_memory_until_filled_then_equals_the_loaded_one(tmp_pa
     if model_type == "opt":  # still one tensor for the embeddings and the frozen head
         head = inner.lm_head.original_module.weight
         assert head is inner.model.decoder.embed_tokens.weight
+
+
+def test_an_adapter_started_from_keeps_its_trained_head_on_the_meta_base(tmp_path):
+    """init_from with lora=plus: the adapter's own head copy (not the base's head) and its LoRA weights are what
+    training starts from, as on a loaded base."""
+    from llasmol.model.adapters import load_adapter_weights
+
+    folder = write_base(tmp_path / "base", "llama")
+    eager, _, _ = _both(_cfg(folder, "lora=plus"))
+    with torch.no_grad():
+        for name, param in eager.named_parameters():
+            if param.requires_grad:
+                param.add_(torch.randn_like(param))  # an adapter trained away from its start
+    eager.save_pretrained(tmp_path / "start")
+    started, deferred, weights = _both(_cfg(folder, "lora=plus"))
+    load_adapter_weights(started, tmp_path / "start")
+    load_adapter_weights(deferred, tmp_path / "start")
+    fill_from_files(deferred, weights, torch.device("cpu"))
+    head = "base_model.model.lm_head.modules_to_save.default.weight"
+    assert torch.equal(deferred.state_dict()[head], eager.state_dict()[head])
+    _assert_same(started, deferred)
 
 
 def test_sharded_by_fsdp2_then_filled_equals_the_loaded_base(tmp_path, one_process_group):
@@ -137,9 +158,14 @@ def _corrupt(folder: Path, how: str) -> str:
     if how == "length":
         path.write_bytes(struct.pack("<Q", len(raw) * 2) + raw[8:])
         return "not a safetensors file"
+    key = next(k for k in header if k != "__metadata__")
     if how == "dtype":
-        key = next(k for k in header if k != "__metadata__")
         header[key]["dtype"] = "Q7"
+    elif how == "before":  # bytes of the header read as weights
+        begin, end = header[key]["data_offsets"]
+        header[key]["data_offsets"] = [begin - 8, end - 8]
+    elif how == "fraction":  # 1e400 (infinity) once overflowed int(): a shape is whole numbers or refused
+        header[key]["shape"] = [2.5, header[key]["shape"][1]]
     elif how in ("missing", "shape"):
         key = "model.layers.1.mlp.down_proj.weight"
         if how == "missing":
@@ -150,11 +176,11 @@ def _corrupt(folder: Path, how: str) -> str:
     text += b" " * (length - len(text))
     assert len(text) == length
     path.write_bytes(raw[:8] + text + raw[8 + length:])
-    return {"dtype": "Q7", "missing": "no tensor 'model.layers.1.mlp.down_proj.weight'",
-            "shape": "model.layers.1.mlp.down_proj"}[how]
+    return {"dtype": "Q7", "missing": "no tensor 'model.layers.1.mlp.down_proj.weight'", "before": "does not",
+            "fraction": "does not", "shape": "model.layers.1.mlp.down_proj"}[how]
 
 
-@pytest.mark.parametrize("how", ["truncated", "header", "length", "dtype", "missing", "shape"])
+@pytest.mark.parametrize("how", ["truncated", "header", "length", "dtype", "before", "fraction", "missing", "shape"])
 def test_damaged_weights_are_one_line_naming_the_file_and_the_fix(tmp_path, how):
     folder = write_base(tmp_path / "base", "llama")
     named = _corrupt(folder, how)
@@ -173,10 +199,92 @@ def test_a_folder_without_its_safetensors_is_one_line_before_anything_is_built(t
     tok = load_tokenizer(cfg.model)
     with refused("model-00001-of-00002.safetensors", "model.path"):
         load_base_on_meta(cfg.model, tok)
-    (folder / "model.safetensors.index.json").write_text("[1, 2]")
-    with refused("model.safetensors.index.json", "not a safetensors index"):
-        load_base_on_meta(cfg.model, tok)
+    for index in ("[1, 2]", '{"weight_map": {"a": 1}}', '{"weight_map": {"a": "../base/model.safetensors"}}',
+                  "[" * 100_000 + "]" * 100_000):
+        (folder / "model.safetensors.index.json").write_text(index)
+        with refused("model.safetensors.index.json", "not a safetensors index"):
+            load_base_on_meta(cfg.model, tok)
     (folder / "model.safetensors.index.json").unlink()
     (folder / "model.safetensors").unlink()
     with refused("model.safetensors", "model.path"):
         load_base_on_meta(cfg.model, tok)
+
+
+@pytest.mark.parametrize("header, said", [
+    ('{"a":{"dtype":"F32","shape":[1e400],"data_offsets":[0,4]}}', "does not"),  # infinity: int() overflowed
+    ('{"a":{"dtype":"F32","shape":[true],"data_offsets":[0,4]}}', "does not"),
+    ('{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', "outside the file"),
+    ('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}', "wrong size"),
+    ('{"a":[1, 2]}', "does not"), ("[" * 100_000 + "]" * 100_000, "damaged safetensors header")])
+def test_a_header_that_lies_is_one_line_and_nothing_is_read(tmp_path, header, said):
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header.encode() + bytes(4))
+    with refused(path, said):
+        read_header(path)
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_a_hub_base_fetches_the_files_its_index_names_and_no_consolidated_copy(tmp_path, monkeypatch, trust):
+    """Mistral's repositories hold consolidated.safetensors (14.5 GB) beside the indexed shards: only the files
+    transformers reads are asked for, and the base's own code only when it is trusted."""
+    import huggingface_hub
+    from omegaconf import OmegaConf
+
+    import llasmol.core.offline
+    from llasmol.model.base import weights_folder
+
+    folder = tmp_path / "snap"
+    folder.mkdir()
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    calls = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo, **kw: calls.append((repo, kw)) or str(folder))
+    monkeypatch.setattr(llasmol.core.offline, "hub_unreachable", lambda: None)
+    cfg = OmegaConf.create({"hf_id": "mistralai/Mistral-7B-v0.3", "path": None, "trust_remote_code": trust})
+    assert weights_folder(cfg) == folder
+    code = ["*.py"] if trust else []
+    assert calls == [
+        ("mistralai/Mistral-7B-v0.3", {"allow_patterns": ["config.json", "generation_config.json",
+                                                          "model.safetensors.index.json", *code],
+                                       "local_files_only": False}),
+        ("mistralai/Mistral-7B-v0.3", {"allow_patterns": ["model-00001-of-00002.safetensors",
+                                                          "model-00002-of-00002.safetensors"],
+                                       "local_files_only": False})]
+
+
+def test_an_old_checkpoints_key_is_renamed_as_transformers_renames_it(tmp_path):
+    """transformers 5 reads `LayerNorm.gamma` as `LayerNorm.weight` (and the like) in old checkpoints: the shards
+    are read by the same renaming."""
+    from safetensors.torch import load_file, save_file
+
+    folder = write_base(tmp_path / "base", "llama")
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["model.norm.gamma"] = tensors.pop("model.norm.weight")
+    save_file(tensors, str(folder / "model.safetensors"))
+    eager, deferred, weights = _both(_cfg(folder))
+    assert ("LayerNorm.gamma", "LayerNorm.weight") in weights.renames
+    with refused("no tensor 'model.norm.weight'"):  # without the renaming the key is not there
+        fill_from_files(deferred, DeferredWeights(weights.folder, weights.prefix, weights.aliases), torch.device("cpu"))
+    _, deferred, _ = _both(_cfg(folder))
+    fill_from_files(deferred, DeferredWeights(weights.folder, weights.prefix, weights.aliases,
+                                              (*weights.renames, (r"norm\.gamma$", "norm.weight"))),
+                    torch.device("cpu"))
+    assert torch.equal(deferred.get_base_model().model.norm.weight, tensors["model.norm.gamma"])
+
+
+def test_a_base_whose_loading_does_more_than_read_is_one_line_naming_ddp(tmp_path, monkeypatch):
+    import llasmol.model.base as base
+
+    folder = write_base(tmp_path / "base", "llama")
+    cfg = _cfg(folder, "model.dtype=float16")
+    tok = load_tokenizer(cfg.model)
+    from transformers import LlamaForCausalLM
+
+    monkeypatch.setattr(LlamaForCausalLM, "_keep_in_fp32_modules", ["norm"], raising=False)
+    with refused("keeps norm in float32 under model.dtype=float16", "trainer=ddp"):
+        base.load_base_on_meta(cfg.model, tok)
+    monkeypatch.setattr(LlamaForCausalLM, "_keep_in_fp32_modules", [], raising=False)
+    fused = type("WeightConverter", (), {})()
+    monkeypatch.setattr(base, "_conversions", lambda model: [fused])
+    with refused("converts its tensors as they load (WeightConverter)", "trainer=ddp"):
+        base.load_base_on_meta(cfg.model, tok)

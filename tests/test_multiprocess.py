@@ -126,7 +126,7 @@ def test_fsdp2_reads_a_pretrained_base_shard_by_shard_and_trains_as_ddp_on_it(ru
     tok = load_tokenizer(cfg.model)
     load_base_model(cfg.model, tok).save_pretrained(tmp_path / "base")
     run = tmp_path / "run"
-    args = [*RUN, *FSDP, "trainer.max_steps=3", "model.random_init=false", f"model.path={tmp_path / 'base'}",
+    args = [*RUN, "trainer=fsdp", "trainer.max_steps=3", "model.random_init=false", f"model.path={tmp_path / 'base'}",
             f"+callbacks.recorder.path={run}.steps", "+callbacks.shards._target_=resume_probe.ShardProbe",
             f"+callbacks.shards.path={run}.shards"]
     proc = _train(run, args, tmp_path)
@@ -141,6 +141,8 @@ def test_fsdp2_reads_a_pretrained_base_shard_by_shard_and_trains_as_ddp_on_it(ru
     for name, where in probes[0]["before"].items():  # before sharding: the base on the meta device, on each rank
         assert where == ("cpu" if "lora_" in name else "meta"), name
         assert probes[1]["before"][name] == where
+    # Each block's weights gathered for its own forward and backward only: no other block's are at the same time
+    assert [p["other_blocks_gathered"] for p in probes] == [0, 0]
     for name, mine in probes[0]["after"].items():
         other = probes[1]["after"][name]
         assert mine["rows"] == -(-mine["of"] // 2) and mine["rows"] + other["rows"] == mine["of"], name

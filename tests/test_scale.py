@@ -144,6 +144,23 @@ def test_fsdp2_shards_each_block_and_the_base_model_keeping_what_trains(family, 
         assert "base_model.model.lm_head.modules_to_save.default.weight" in graded
 
 
+@pytest.mark.parametrize("family", ["mistral", "galactica"])
+def test_on_cpus_each_unit_is_gathered_alone_and_its_buffer_freed_at_once(family, one_process_group):
+    """On gloo no unit gathers the next one ahead of its backward (it names itself, already gathered), and
+    every unit's all-gather is asynchronous, which frees its buffer as soon as the weights are copied out:
+    BENCHMARKS.md §15 measures what each saves."""
+    from torch.distributed.fsdp import FSDPModule
+
+    model = tiny_peft_model(family, "plus")
+    shard_model(model, one_process_group, "32-true")
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    assert len(units) >= 3
+    for unit in units:
+        state = unit._get_fsdp_state()
+        assert state._states_to_backward_prefetch == [state]
+        assert all(group.unshard_async_op for group in state._fsdp_param_groups)
+
+
 def test_wrapper_prefixes_do_not_reach_checkpoint_names():
     assert clean_name("model._orig_mod.layers.0._checkpoint_wrapped_module.q_proj.lora_A.default.weight") \
         == "model.layers.0.q_proj.lora_A.default.weight"

@@ -309,8 +309,32 @@ def _nan_loss():
 
 
 # (the quote as the page has it, what produces it)
+def _weights(how: str, folder: Path):
+    """A folder of the tiny base's weights, damaged `how`, read as trainer=fsdp reads it."""
+    from llasmol.model.base import load_base_model, load_tokenizer
+    from llasmol.model.deferred import DeferredWeights, fill_from_files
+
+    cfg = compose_config([], "train")
+    model = load_base_model(cfg.model, load_tokenizer(cfg.model))
+    model.save_pretrained(folder)
+    path = folder / "model.safetensors"
+    if how == "header":
+        path.write_bytes(path.read_bytes()[:8] + b"x" + path.read_bytes()[9:])
+    elif how == "gone":
+        path.unlink()
+    weights = DeferredWeights(folder, "model", {})
+    if how == "renamed":
+        model.model.embed_tokens.weight = torch.nn.Parameter(torch.empty_like(model.model.embed_tokens.weight,
+                                                                              device="meta"))
+        weights = DeferredWeights(folder, "other", {"model.embed_tokens.weight": ("nothing.weight",)})
+    fill_from_files(model, weights, torch.device("cpu"))
+
+
 ROWS = [
     ("… are not available offline …", _offline),
+    ("the base's safetensors files in … have no tensor …", lambda tmp_path: _weights("renamed", tmp_path)),
+    ("… has a damaged safetensors header …", lambda tmp_path: _weights("header", tmp_path)),
+    ("… has no model.safetensors: trainer=fsdp reads the base from safetensors files …", lambda tmp_path: _weights("gone", tmp_path)),
     ("data.effective_batch_size=… is not a multiple of …", _batch),
     ("unknown task …", _task),
     ("unknown method=…", lambda: _method("nope")),

@@ -2,12 +2,15 @@
 Lightning's `ModelParallelStrategy`, the strategy of `trainer=fsdp`.
 
 Every process holds 1/W of every parameter, frozen base weights and adapters alike, as DTensor shards, and
-all-gathers one transformer block's weights just before its forward (and again before its backward). Each
-decoder block is one unit and the base model (embeddings, final norm, head) the root unit, as torchtune and
-PyTorch shard decoders. FSDP2 keeps `requires_grad` per parameter, so the frozen weights and the adapters of a
-block share its unit and only the adapters get gradients and optimizer state (FSDP1's flat parameters
-needed a unit per adapter for that). `lora=plus`'s trainable head copy sits in the root unit beside the
-frozen head.
+all-gathers one unit's weights just before its forward (and again before its backward). The units: each decoder
+block, with its largest part (a Llama-family block's MLP) a unit inside it; the input embeddings and the head,
+when they are two tensors (as torchtitan shards them); the base model as the root (the final norm, or the tied
+embeddings and head). FSDP2 keeps `requires_grad` per parameter, so the frozen weights and the adapters of a
+unit share it and only the adapters get gradients and optimizer state (FSDP1's flat parameters needed a unit
+per adapter for that). `lora=plus`'s trainable head copy sits in the head's unit beside the frozen head.
+
+A pretrained base never exists whole in a process: it is built on the meta device and each process reads its
+own rows of the weights after sharding (`llasmol.model.deferred`, called from `FSDP2Strategy.shard`).
 
 Mixed precision follows the trainer's precision: with `bf16-mixed` (the GPU presets) the all-gathered
 weights and the compute are bf16 and gradients are reduce-scattered in fp32 into the fp32 adapter shards the

@@ -178,6 +178,7 @@ def load_adapter(model, folder: Path):
 def load_adapter_weights(model, folder: Path) -> None:
     """Copy the adapter in `folder` into `model`'s own adapters (a PEFT model, trained on from there): every
     adapter tensor, each of its shape, or one line saying which does not fit."""
+    import torch
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
     weights, _ = adapter_weights(folder)
@@ -190,6 +191,10 @@ def load_adapter_weights(model, folder: Path) -> None:
                 f"{shaped[0]} is {tuple(weights[shaped[0]].shape)}, not {tuple(expected[shaped[0]].shape)}")
         raise UserError(f"adapter {folder} does not fit this model's adapters ({what}): pass the model= and lora= "
                         "it was trained with")
+    for module in model.modules():  # trainer=fsdp's meta base: lora=plus's head copy gets memory for its values
+        for name, param in list(module._parameters.items()):  # (kept when the rest of the base is read)
+            if param is not None and param.is_meta and param.requires_grad:
+                module._parameters[name] = torch.nn.Parameter(torch.empty_like(param, device="cpu"))
     set_peft_model_state_dict(model, weights)
 
 

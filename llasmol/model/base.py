@@ -73,6 +73,18 @@ def _check_sizes(section, path: Path) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
             raise UserError(f"{path} has {key}={json.dumps(value)[:40]}, which must be a whole number from 1 to "
                             f"{bound}: copy the base's config.json again")
+    # Heads split the width: without an explicit head_dim each head is width / heads wide, and grouped-query
+    # attention shares each key/value head among a whole number of query heads.
+    for width, heads in (("hidden_size", "num_attention_heads"), ("n_embd", "n_head")):
+        if section.get("head_dim") is None and section.get(width) and section.get(heads) and \
+                section[width] % section[heads]:
+            raise UserError(f"{path} has {width}={section[width]} and {heads}={section[heads]}: without a head_dim "
+                            f"each head is {width} / {heads} wide, which must be a whole number: copy the base's "
+                            "config.json again")
+    heads, shared = section.get("num_attention_heads"), section.get("num_key_value_heads")
+    if heads and shared and heads % shared:
+        raise UserError(f"{path} has num_attention_heads={heads} and num_key_value_heads={shared}: each key/value "
+                        "head serves a whole number of attention heads: copy the base's config.json again")
 
 
 def arch_is_bundled(arch: str) -> bool:
@@ -324,9 +336,20 @@ def weights_folder(model_cfg) -> Path:
     local_only = _local_only(model_cfg, "base weights")
     from huggingface_hub import snapshot_download
 
+    from llasmol.model.deferred import INDEX_FILE, SINGLE_FILE
+
+    code = ["*.py"] if model_cfg.trust_remote_code else []  # a base's own modelling code, when it is trusted
     try:
-        return Path(snapshot_download(source, allow_patterns=["*.json", "*.safetensors"], local_files_only=local_only))
-    except (OSError, ValueError) as err:
+        # The files transformers reads, not every *.safetensors: some repositories also hold a consolidated copy
+        # of the weights (Mistral's: 14.5 GB more).
+        folder = Path(snapshot_download(source, allow_patterns=["config.json", "generation_config.json", INDEX_FILE,
+                                                                *code], local_files_only=local_only))
+        index = folder / INDEX_FILE
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
+            else [SINGLE_FILE]
+        return Path(snapshot_download(source, allow_patterns=[f for f in files if isinstance(f, str)],
+                                      local_files_only=local_only))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise _offline_error(model_cfg, "base weights") from err
 
 
@@ -344,15 +367,44 @@ def load_base_on_meta(model_cfg, tokenizer):
         config = AutoConfig.from_pretrained(folder, trust_remote_code=model_cfg.trust_remote_code)
     except (OSError, ValueError) as err:
         raise _offline_error(model_cfg, "base weights") from err
+    dtype = torch_dtype(model_cfg.dtype)
     with parameters_on_meta():
-        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(model_cfg.dtype),
-                                                 trust_remote_code=model_cfg.trust_remote_code)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
+    _check_read_as_is(model, model_cfg, dtype)
     if (folder / "generation_config.json").is_file():  # as from_pretrained reads it
         model.generation_config = GenerationConfig.from_pretrained(folder)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    model.deferred_weights = DeferredWeights.of(model, folder)
+    model.deferred_weights = DeferredWeights.of(model, folder, _renames(model))
     return model
+
+
+def _conversions(model) -> list:
+    """What transformers does to a checkpoint's tensors as `from_pretrained` loads them into `model` (5.x)."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+    except ImportError:  # transformers 4: keys are matched as they are
+        return []
+    return list(get_model_conversion_mapping(model))
+
+
+def _renames(model) -> tuple[tuple[str, str], ...]:
+    return tuple((source, step.target_patterns[0]) for step in _conversions(model)
+                 if type(step).__name__ == "WeightRenaming" for source in step.source_patterns)
+
+
+def _check_read_as_is(model, model_cfg, dtype: torch.dtype) -> None:
+    """trainer=fsdp reads each tensor as the files hold it, renamed at most: a base whose loading does more (fuses
+    tensors, keeps modules in float32 under a half dtype) is one line naming trainer=ddp, which loads it whole."""
+    converted = [type(step).__name__ for step in _conversions(model) if type(step).__name__ != "WeightRenaming"]
+    fp32 = set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    if dtype == torch.float16:
+        fp32 |= set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    if converted or (fp32 and dtype != torch.float32):
+        what = f"converts its tensors as they load ({converted[0]})" if converted else \
+            f"keeps {sorted(fp32)[0]} in float32 under model.dtype={model_cfg.dtype}"
+        raise UserError(f"{model_cfg.get('hf_id') or model_cfg.name} {what}, which trainer=fsdp's shard-by-shard read "
+                        "does not do: train it with trainer=ddp")
 
 
 def _one_cpu_layout(model) -> None:

@@ -17,6 +17,7 @@ usual while the parameters go to the meta device.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,8 +34,9 @@ SINGLE_FILE = "model.safetensors"
 
 # safetensors' dtype names
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-           "BOOL": torch.bool}
+           "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
+           "I16": torch.int16, "I8": torch.int8, "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16,
+           "U8": torch.uint8, "BOOL": torch.bool}
 _MAX_HEADER = 100 << 20  # safetensors' own limit on a header's size
 
 # Names PEFT puts between a base tensor's module and its own name: a LoRA layer's frozen base layer, and
@@ -68,22 +70,29 @@ def adapt_meta_base(base: torch.nn.Module, adapt: Callable[[torch.nn.Module], to
     PEFT puts each new adapter on its base layer's device, which for a meta base would drop the values it has
     just drawn. So PEFT is shown host tensors that take no memory (one element, broadcast to the parameter's
     shape: default LoRA initialisation never reads the base's values), and every parameter that is not an
-    adapter goes back to the meta device afterwards, ties kept. lora=plus's head copy (PEFT deep-copies the
-    head) is the one whole tensor made, for a moment."""
-    def swap(model: torch.nn.Module, make: Callable[[torch.Tensor], torch.Tensor], keep: str = "") -> None:
+    adapter goes back to the meta device afterwards, ties kept. The head stays on the meta device throughout:
+    no adapter goes on it, and lora=plus's trainable copy of it (PEFT deep-copies the head) is then a meta
+    tensor too, filled from the files with the rest."""
+    def swap(model: torch.nn.Module, make: Callable[[torch.Tensor], torch.Tensor], skip) -> None:
         made: dict[int, torch.nn.Parameter] = {}
         for module_name, module in model.named_modules():
             for name, param in list(module._parameters.items()):
-                if param is None or (keep and keep in f"{module_name}.{name}"):
+                if param is None or skip(f"{module_name}.{name}", param):
                     continue
                 if id(param) not in made:  # a tied parameter is swapped for one shared replacement
                     made[id(param)] = torch.nn.Parameter(make(param), requires_grad=param.requires_grad)
                 module._parameters[name] = made[id(param)]
 
-    swap(base, lambda p: torch.zeros((), dtype=p.dtype).expand(p.shape))
+    head = base.get_output_embeddings()
+    on_meta = {id(p) for p in head.parameters()} if head is not None else set()
+    swap(base, lambda p: torch.zeros((), dtype=p.dtype).expand(p.shape), lambda name, p: id(p) in on_meta)
     adapted = adapt(base)
     prefix = getattr(getattr(adapted, "base_model", None), "prefix", None) or "lora_"
-    swap(adapted, lambda p: torch.empty_like(p, device="meta"), keep=prefix)
+    lost = [name for name, p in adapted.named_parameters() if prefix in name and p.is_meta]
+    if lost:  # an adapter on the head: this model cannot be adapted on the meta device
+        raise UserError(f"LoRA targets {lost[0].split('.' + prefix)[0]}, whose weights trainer=fsdp keeps on the "
+                        "meta device until sharded: leave the output head out of model.lora_targets")
+    swap(adapted, lambda p: torch.empty_like(p, device="meta"), lambda name, p: prefix in name or p.is_meta)
     return adapted
 
 
@@ -117,7 +126,7 @@ def read_header(path: Path) -> dict[str, Entry]:
             raise UserError(f"{path} is not a safetensors file (no header): download the weights again")
         try:
             header = json.loads(fh.read(length))
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             header = None
     if not isinstance(header, dict):
         raise UserError(f"{path} has a damaged safetensors header: download the weights again")
@@ -126,18 +135,23 @@ def read_header(path: Path) -> dict[str, Entry]:
     for key, info in header.items():
         if key == "__metadata__":
             continue
-        try:
-            dtype = _DTYPES[info["dtype"]]
-            shape = tuple(int(s) for s in info["shape"])
-            begin, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise UserError(f"{path} describes tensor {key!r} in a way safetensors does not (dtype "
-                            f"{str(info)[:60]}): download the weights again") from None
-        if min(shape, default=0) < 0 or end - begin != _numel(shape) * dtype.itemsize or base + end > size:
+        info = info if isinstance(info, dict) else {}
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if info.get("dtype") not in _DTYPES or not _whole_numbers(shape) or not _whole_numbers(offsets) or \
+                len(offsets) != 2:
+            raise UserError(f"{path} describes tensor {key!r} in a way safetensors does not "
+                            f"({json.dumps(info)[:80]}): download the weights again")
+        dtype, (begin, end) = _DTYPES[info["dtype"]], offsets
+        if not 0 <= begin <= end <= size - base or end - begin != _numel(shape) * dtype.itemsize:
             raise UserError(f"{path}: tensor {key!r} lies outside the file or has the wrong size: download the "
                             "weights again")
-        entries[key] = Entry(path, dtype, shape, base + begin)
+        entries[key] = Entry(path, dtype, tuple(shape), base + begin)
     return entries
+
+
+def _whole_numbers(values) -> bool:
+    """A JSON list of whole numbers from 0 (not booleans, not 1e400)."""
+    return isinstance(values, list) and all(type(v) is int and v >= 0 for v in values)
 
 
 def weight_entries(folder: Path) -> dict[str, Entry]:
@@ -146,8 +160,12 @@ def weight_entries(folder: Path) -> dict[str, Entry]:
     if index.is_file():
         try:
             files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise UserError(f"{index} is not a safetensors index: download the weights again") from None
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            files = None
+        # Files of the folder itself, by plain name: an index cannot point a read outside it.
+        if not files or not all(isinstance(f, str) and f == Path(f).name and f not in (".", "..") for f in files):
+            raise UserError(f"{index} is not a safetensors index naming files of its folder: download the weights "
+                            "again")
         paths = [folder / name for name in files]
     else:
         paths = [folder / SINGLE_FILE]
@@ -169,14 +187,25 @@ class DeferredWeights:
     folder: Path
     prefix: str
     aliases: dict[str, tuple[str, ...]]
+    renames: tuple[tuple[str, str], ...] = ()  # (pattern in the files' keys, its name in the model), in order
 
     @classmethod
-    def of(cls, model: torch.nn.Module, folder: Path) -> "DeferredWeights":
+    def of(cls, model: torch.nn.Module, folder: Path, renames: tuple[tuple[str, str], ...] = ()) -> "DeferredWeights":
         names: dict[int, list[str]] = {}
         for name, param in model.named_parameters(remove_duplicate=False):
             names.setdefault(id(param), []).append(name)
         aliases = {name: tuple(group) for group in names.values() if len(group) > 1 for name in group}
-        return cls(folder, getattr(model, "base_model_prefix", "") or "model", aliases)
+        return cls(folder, getattr(model, "base_model_prefix", "") or "model", aliases, renames)
+
+    def entries(self) -> dict[str, Entry]:
+        """The files' tensors by the names the model gives them (transformers' renaming of old checkpoints' keys,
+        such as `LayerNorm.gamma` for `LayerNorm.weight`, applied as `from_pretrained` applies it)."""
+        found = {}
+        for key, entry in weight_entries(self.folder).items():
+            for pattern, name in self.renames:
+                key = re.sub(pattern, name, key)
+            found[key] = entry
+        return found
 
     def key(self, name: str, entries: dict[str, Entry]) -> str:
         """The key in the files of the base tensor that a (PEFT, FSDP2, compiled) model's parameter `name`
@@ -220,7 +249,7 @@ def read_rows(entry: Entry, first: int, into: torch.Tensor) -> None:
     differ)."""
     count = into.shape[0] if into.dim() else 1
     target = into if into.dtype == entry.dtype and into.is_contiguous() and into.device.type == "cpu" else \
-        torch.empty(into.shape, dtype=entry.dtype)
+        torch.empty(into.shape, dtype=entry.dtype, device="cpu")
     if count:
         view = target.reshape(-1).view(torch.uint8).numpy()
         with entry.file.open("rb") as fh:
@@ -237,11 +266,14 @@ def fill_from_files(model: torch.nn.Module, weights: DeferredWeights, device: to
     already have values (the adapters, the rotary frequencies) keep them. Returns the bytes read."""
     from torch.distributed.tensor import DTensor
 
-    entries = weight_entries(weights.folder)
+    entries = weights.entries()
     kept = {}
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
         if local.device.type != "meta":
+            if isinstance(tensor, torch.nn.Parameter) and not tensor.requires_grad:
+                raise UserError(f"the base's {name} has values before its files are read (its code makes its "
+                                "weights itself): trainer=fsdp cannot read this base shard by shard; use trainer=ddp")
             kept[name] = local.detach().clone()
     tied: dict[int, list[tuple[torch.nn.Module, str]]] = {}  # a tensor held by several modules (a tied head)
     for module in model.modules():
