@@ -212,6 +212,9 @@ def test_smolinstruct_and_tables_mix_with_weights(tmp_path):
         SMolInstructSource(path=str(BUNDLED_DATA), also=[str(tmp_path / "empty")], table=TABLE).task_names()
     with refused("data.weights names logs"):
         make_datamodule(tokenizer, path=also[0], weights={"logs": 2}, table=TABLE).mix()
+    # a weight for SMolInstruct's tasks where the data holds none of them: it would weigh nothing
+    with refused("data.weights.smolinstruct", "holds none (logp)"):
+        make_datamodule(tokenizer, path=also[0], weights={"smolinstruct": 2}, table=TABLE).mix()
 
 
 def test_weights_of_one_keep_the_order_of_no_weights():

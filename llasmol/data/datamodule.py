@@ -202,6 +202,9 @@ class SMolInstructDataModule(L.LightningDataModule):
         if absent:
             raise UserError(f"data.weights names {absent[0]}, which this data's training split does not hold: it holds "
                             f"{', '.join(counts)}")
+        if SMOLINSTRUCT_WEIGHT in self.weights and not any(self.source.table[t].in_smolinstruct for t in counts):
+            raise UserError(f"data.weights.{SMOLINSTRUCT_WEIGHT} weighs SMolInstruct's tasks, and this data's training "
+                            f"split holds none ({', '.join(counts)}): drop it, or weigh the tasks by name")
         blocks, start = [], 0
         for task, count in counts.items():
             default = self.weights.get(SMOLINSTRUCT_WEIGHT, 1.0) if self.source.table[task].in_smolinstruct else 1.0
