@@ -646,6 +646,7 @@ def test_a_question_holding_an_equals_sign_is_a_question():
     ('{"best_checkpoint": 5}', ("best_checkpoint is 5",)),
     ('{"best_checkpoint": {"a": 1}}', ('best_checkpoint is {"a": 1}',)),
     (b"\xff\xfe", ("JSON",)),
+    ("[" * 100_000 + "]" * 100_000, ("JSON",)),  # nested past Python's stack
 ])
 def test_a_run_directorys_result_json_is_read_as_data(tmp_path, content, named):
     from llasmol.inference.loading import _best_adapter

@@ -56,6 +56,9 @@ def _read_json(path: Path):
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise UserError(f"cannot read {path}: {err}") from None
+    except RecursionError:
+        raise UserError(f"cannot read {path}: its JSON is nested deeper than Python reads (not a file llasmol "
+                        "wrote): restore or remove it") from None
 
 
 @dataclass
@@ -182,7 +185,8 @@ class Run:
     def seconds(self) -> Optional[float]:
         """The training command's wall time (its result.json; a resumed run: the last process only)."""
         result = self.path / layout.RESULT
-        return _finite_or_none((_read_json(result) or {}).get("seconds")) if result.is_file() else None
+        data = _read_json(result) if result.is_file() else None
+        return _finite_or_none(data.get("seconds")) if isinstance(data, dict) else None
 
     def loss_curves(self) -> dict[str, list[tuple[int, float]]]:
         """``train/loss`` and ``val/loss`` against the optimizer step, from the CSV log."""

@@ -218,7 +218,7 @@ def _best_checkpoint(result: Path) -> tuple[Optional[str], str]:
     fix = "repair or remove it (then the run's last adapter is taken)"
     try:
         data = json.loads(result.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # also nesting deeper than Python's stack
         raise UserError(f"{result} is not JSON (truncated or overwritten?): {fix}") from None
     if not isinstance(data, dict):
         raise UserError(f"{result} holds a JSON {type(data).__name__}, not the object llasmol.train writes: {fix}")
