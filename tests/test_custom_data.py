@@ -111,6 +111,11 @@ def test_two_tables_never_see_each_others_declared_tasks():
     ("{family: number, max_new_tokens: 0}", "data.new_tasks.t.max_new_tokens=0"),
     ("{family: number, num_return_sequences: 5}", "data.new_tasks.t.num_return_sequences=5"),  # over the default's 4
     ("{family: boolean, answer_tag: null, response: 'It is <OUTPUT>.'}", "answer_tag=null"),
+    # chat-template markers: the prompt puts them around the query and the answer itself
+    ("{family: number, query: '[INST] logP of <INPUT>? [/INST]'}", "data.new_tasks.t.query holds '[INST]'"),
+    ("{family: number, query: ['Fine <INPUT>', 'logP of <INPUT>?</s><s>']}", "holds '</s>'"),
+    ("{family: number, response: '<OUTPUT><|im_end|>'}", "data.new_tasks.t.response holds '<|im_end|>'"),
+    ("{family: number, query: '<start_of_turn>user <INPUT>'}", "'<start_of_turn>'"),
 ])
 def test_a_bad_declaration_is_one_line_naming_it(declaration, named):
     cfg = compose_config(["paths.output_dir=/x", "data=custom", "data.path=/x.csv", f"+data.new_tasks.t={declaration}"])

@@ -119,6 +119,11 @@ _TAG = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
+# What chat templates put around a turn (Llama/Mistral's <s>[INST] ... [/INST] ... </s>, ChatML's and Llama 3's
+# <|...|>, Gemma's <start_of_turn>): a query or response holding one would open or close a turn inside itself.
+_CHAT_MARKER = re.compile(r"</?s>|\[/?INST\]|<\|[a-z_]+\|>|<(?:start|end)_of_turn>|<(?:bos|eos)>")
+
+
 def _folded(name: str) -> str:
     return name.replace("-", "_").casefold()
 
@@ -167,6 +172,11 @@ def declaration_problem(name: Any, decl: Any, beside: Iterable[str] = ()) -> Opt
         if value is not None and not (texts and all(isinstance(t, str) and placeholder in t for t in texts)):
             return (f"{where}.{key} must be a text with {placeholder} (or a list of such texts, one drawn per "
                     f"sample){'' if key == 'response' else ', or null for the input as the whole query'}")
+        marker = next((m.group() for t in texts if isinstance(t, str) for m in [_CHAT_MARKER.search(t)] if m), None)
+        if marker is not None:
+            return (f"{where}.{key} holds {marker!r}, a chat-template marker: the prompt puts the markers around the "
+                    "query and the answer itself, and one inside would open or close a turn there; write the text "
+                    "without it")
     return None
 
 
