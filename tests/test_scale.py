@@ -344,6 +344,24 @@ def test_the_gpus_a_run_asks_for_are_checked_before_anything_loads(accelerator, 
         check_devices(trainer)
 
 
+@pytest.mark.parametrize("nodes, environ, named", [
+    (2, {}, ["trainer.num_nodes=2", "MASTER_ADDR and NODE_RANK are not set", "srun or torchrun"]),
+    (2, {"MASTER_ADDR": "10.0.0.1"}, ["NODE_RANK is not set"]),  # every node would take rank 0
+    (4, {"NODE_RANK": "1"}, ["trainer.num_nodes=4", "MASTER_ADDR is not set"]),
+    (2, {"MASTER_ADDR": "10.0.0.1", "NODE_RANK": "1"}, None),  # started by hand, told everything
+    (2, {"SLURM_NTASKS": "2"}, None), (2, {"TORCHELASTIC_RUN_ID": "x"}, None),  # a launcher ranks the nodes
+    (1, {}, None)])
+def test_nodes_started_by_hand_must_be_told_their_rank_and_the_first_nodes_address(nodes, environ, named):
+    """Without it each node took rank 0 and waited for the others forever after "MEMBER: 1/2"."""
+    from llasmol.finetune.preflight import check_nodes
+
+    if named is None:
+        check_nodes({"num_nodes": nodes}, environ)
+        return
+    with refused(*named):
+        check_nodes({"num_nodes": nodes}, environ)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has the GPU the run asks for")
 def test_the_papers_recipe_on_a_machine_without_a_gpu_is_one_line_before_the_base_loads(tmp_path):
     """The paper's setup with the base standing in (`model=tiny trainer=gpu`): refused before Lightning builds a

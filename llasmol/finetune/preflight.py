@@ -4,6 +4,7 @@ the settings that would fail only once the run had started, each said in one lin
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -35,7 +36,27 @@ def check_run(cfg: DictConfig) -> None:
     quantisation settings are the schema's to check; packing and the base's files, `train`'s before Lightning
     loads)."""
     check_devices(cfg.trainer)
+    check_nodes(cfg.trainer)
     check_loggers(cfg.get("logger"))
+
+
+# What a launcher of several nodes sets in each process (SLURM's srun, torchrun, LSF, MPI), for Lightning to read
+# the node's rank and the first node's address from.
+_LAUNCHED = ("SLURM_NTASKS", "TORCHELASTIC_RUN_ID", "LSB_JOBID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def check_nodes(trainer_cfg, environ=os.environ) -> None:
+    """trainer.num_nodes > 1 started by hand: without a launcher each node must be told its rank and the first
+    node's address, or every node takes rank 0 and waits for the others forever after "MEMBER: 1/N"."""
+    nodes = trainer_cfg.get("num_nodes") or 1
+    if not isinstance(nodes, int) or nodes <= 1 or any(environ.get(v) for v in _LAUNCHED):
+        return
+    missing = [v for v in ("MASTER_ADDR", "NODE_RANK") if not environ.get(v)]
+    if missing:
+        raise UserError(f"trainer.num_nodes={nodes} but no launcher started this process (no SLURM, torchrun, LSF or "
+                        f"MPI variables) and {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: "
+                        "start each node with srun or torchrun, or set MASTER_ADDR (the first node's address), "
+                        "MASTER_PORT and NODE_RANK (0 to num_nodes-1) on each node (docs/scale-out.md)")
 
 
 def check_devices(trainer_cfg) -> None:
