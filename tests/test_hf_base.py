@@ -413,3 +413,17 @@ def test_a_config_json_with_a_size_no_base_has_is_one_line_naming_it(tmp_path, k
     with refused(folder / "config.json", f"{key}={shown}"):
         count_trainable(compose_config(_hf(folder), "params"))
 
+
+
+def test_a_base_that_needs_its_own_code_is_one_line_naming_trust_remote_code(tmp_path):
+    """Once called "weights not found" (transformers' refusal to run a base's code, read as files missing)."""
+    from llasmol.model.base import load_base_model, load_tokenizer
+
+    folder = write_base(tmp_path / "base", "llama")
+    facts = json.loads((folder / "config.json").read_text())
+    facts.update(model_type="mycustom", auto_map={"AutoConfig": "configuration_my.MyConfig",
+                                                  "AutoModelForCausalLM": "modeling_my.MyModel"})
+    (folder / "config.json").write_text(json.dumps(facts))
+    cfg = compose_config([*_hf(folder), "model.dtype=float32"], "train").model
+    with refused("someone/base needs its own modelling code", "model.trust_remote_code=true"):
+        load_base_model(cfg, load_tokenizer(cfg))

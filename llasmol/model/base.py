@@ -151,6 +151,16 @@ def check_base_reachable(model_cfg) -> None:
         _local_only(model_cfg, "the tokenizer files")
 
 
+def _load_error(model_cfg, what: str, err: Exception) -> UserError:
+    """What loading `what` failed for: a base whose own code transformers will not run untrusted, or files that
+    are not there (the offline message)."""
+    if "trust_remote_code" in str(err) and not model_cfg.get("trust_remote_code"):
+        return UserError(f"{model_cfg.get('hf_id') or model_cfg.get('path')} needs its own modelling code to load "
+                         f"{what}, which transformers runs only when trusted: read its code, then set "
+                         "model.trust_remote_code=true (it runs as you)")
+    return _offline_error(model_cfg, what)
+
+
 def _offline_error(model_cfg, what: str, reason: Optional[str] = None) -> UserError:
     if model_cfg.get("path"):
         return UserError(
@@ -185,7 +195,7 @@ def load_tokenizer(model_cfg):
             **({} if legacy is None else {"legacy": legacy}),
         )
     except (OSError, ValueError) as err:
-        raise _offline_error(model_cfg, "the tokenizer files") from err
+        raise _load_error(model_cfg, "the tokenizer files", err) from err
     if legacy is not None:
         _check_legacy_encoding(tok, legacy, model_cfg)
     complete_special_tokens(tok, arch_facts(model_cfg.arch))
@@ -314,7 +324,7 @@ def load_base_model(model_cfg, tokenizer, quant_cfg=None):
                 trust_remote_code=model_cfg.trust_remote_code,
             )
         except (OSError, ValueError) as err:
-            raise _offline_error(model_cfg, "base weights") from err
+            raise _load_error(model_cfg, "base weights", err) from err
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id
     if quantization is not None:
@@ -350,7 +360,7 @@ def weights_folder(model_cfg) -> Path:
         return Path(snapshot_download(source, allow_patterns=[f for f in files if isinstance(f, str)],
                                       local_files_only=local_only))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise _offline_error(model_cfg, "base weights") from err
+        raise _load_error(model_cfg, "base weights", err) from err
 
 
 def load_base_on_meta(model_cfg, tokenizer):
@@ -366,7 +376,7 @@ def load_base_on_meta(model_cfg, tokenizer):
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=model_cfg.trust_remote_code)
     except (OSError, ValueError) as err:
-        raise _offline_error(model_cfg, "base weights") from err
+        raise _load_error(model_cfg, "base weights", err) from err
     dtype = torch_dtype(model_cfg.dtype)
     with parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
