@@ -22,7 +22,6 @@ import argparse
 import gc
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -58,10 +57,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _rss_mib() -> float:
-    """This process's resident memory now (Linux), MiB."""
+def _memory_mib(field: str = "VmRSS") -> float:
+    """This process's resident memory now (VmRSS) or at its peak (VmHWM), MiB (Linux). Not getrusage's
+    ru_maxrss: Linux carries it across exec from the process that started this one (a rank started by a rank
+    that held the whole base would report that base as its own peak)."""
     with open("/proc/self/status") as fh:
-        kib = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+        kib = next(int(line.split()[1]) for line in fh if line.startswith(f"{field}:"))
     return round(kib / 1024, 1)
 
 
@@ -145,7 +146,7 @@ def fit_case(args, case: str, devices: int) -> dict:
                 self.first_batch = self._start - self.fit_started
                 self.since_start = self._start - STARTED
                 # the peak of building, sharding and reading the base, before any step's gathers
-                self.peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+                self.peak_before = _memory_mib("VmHWM")
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             self._sync()
@@ -191,8 +192,8 @@ def fit_case(args, case: str, devices: int) -> dict:
             "parameter_bytes_held": held,
             "first_step_seconds": round(clock.since_start, 2),  # from the process's start: imports, build, load
             "peak_rss_before_first_step_mib": round(clock.peak_before, 1),
-            "rss_after_fit_mib": _rss_mib(),
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "rss_after_fit_mib": _memory_mib(),
+            "peak_rss_mib": _memory_mib("VmHWM"),
             "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
             "checkpoint_save_seconds": round(save_seconds, 3)}
 
