@@ -93,15 +93,17 @@ def test_an_adapter_started_from_keeps_its_trained_head_on_the_meta_base(tmp_pat
     _assert_same(started, deferred)
 
 
-def test_sharded_by_fsdp2_then_filled_equals_the_loaded_base(tmp_path, one_process_group):
+@pytest.mark.parametrize("model_type", ["llama", "opt"])
+def test_sharded_by_fsdp2_then_filled_equals_the_loaded_base(tmp_path, one_process_group, model_type):
     """The order trainer=fsdp runs: shard the meta model, then read each shard (a world of one process here;
-    two processes in test_multiprocess.py). Weights saved as several files with an index."""
+    two processes in test_multiprocess.py). Weights saved as several files with an index; OPT's head is its
+    embeddings, one tensor in the root unit, still one after the fill."""
     from torch.distributed.fsdp import FSDPModule
     from transformers import AutoModelForCausalLM
 
     from llasmol.finetune.distributed import shard_model
 
-    folder = write_base(tmp_path / "base", "llama")
+    folder = write_base(tmp_path / "base", model_type)
     AutoModelForCausalLM.from_pretrained(folder).save_pretrained(folder, max_shard_size="200KB")
     (folder / "model.safetensors").unlink(missing_ok=True)
     assert len(json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]) > 2
@@ -110,6 +112,9 @@ def test_sharded_by_fsdp2_then_filled_equals_the_loaded_base(tmp_path, one_proce
     assert any(isinstance(m, FSDPModule) for m in deferred.modules())
     fill_from_files(deferred, weights, torch.device("cpu"))
     _assert_same(eager, deferred)
+    inner = deferred.get_base_model()
+    if model_type == "opt":
+        assert inner.lm_head.original_module.weight is inner.model.decoder.embed_tokens.weight
 
 
 @pytest.mark.parametrize("rows,world,shares", [
