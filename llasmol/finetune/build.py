@@ -60,7 +60,7 @@ def build_datamodule(cfg: DictConfig, tokenizer, tasks: Optional[TaskTable] = No
 def build_model(cfg: DictConfig, tokenizer, start: Optional[Path] = None):
     """Base model with adapters (`start`'s weights when given: `init_from`'s adapter folder), and its parameter
     counts (logged), named by model and LoRA variant."""
-    if is_fsdp2(cfg.trainer.get("strategy")) and not cfg.model.get("random_init"):
+    if is_fsdp2((cfg.get("trainer") or {}).get("strategy")) and not cfg.model.get("random_init"):
         # No process holds the whole base: it is built on the meta device and each process reads its own shards
         # once FSDP2 has sharded it (`FSDP2Strategy.shard`). A random base (the tiny model) has no files to read
         # from: its values are one seeded sequence over the whole model, so it is built whole, then sharded.

@@ -67,7 +67,7 @@ def apply_lora(model, model_cfg, lora_cfg):
         config = lora_config(model_cfg, lora_cfg)
         _check_targets_exist(model, sorted(config.target_modules), model_cfg)
         try:
-            if any(p.is_meta for p in model.parameters()):  # trainer=fsdp's base, read after sharding
+            if getattr(model, "deferred_weights", None) is not None:  # trainer=fsdp's base, read after sharding
                 peft_model = adapt_meta_base(model, lambda base: get_peft_model(base, config))
             else:
                 peft_model = get_peft_model(model, config)
