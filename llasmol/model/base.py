@@ -346,7 +346,7 @@ def weights_folder(model_cfg) -> Path:
     local_only = _local_only(model_cfg, "base weights")
     from huggingface_hub import snapshot_download
 
-    from llasmol.model.deferred import INDEX_FILE, SINGLE_FILE
+    from llasmol.model.deferred import INDEX_FILE, weight_files
 
     code = ["*.py"] if model_cfg.trust_remote_code else []  # a base's own modelling code, when it is trusted
     try:
@@ -354,12 +354,9 @@ def weights_folder(model_cfg) -> Path:
         # of the weights (Mistral's: 14.5 GB more).
         folder = Path(snapshot_download(source, allow_patterns=["config.json", "generation_config.json", INDEX_FILE,
                                                                 *code], local_files_only=local_only))
-        index = folder / INDEX_FILE
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
-            else [SINGLE_FILE]
-        return Path(snapshot_download(source, allow_patterns=[f for f in files if isinstance(f, str)],
+        return Path(snapshot_download(source, allow_patterns=weight_files(folder / INDEX_FILE),
                                       local_files_only=local_only))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+    except (OSError, ValueError) as err:
         raise _load_error(model_cfg, "base weights", err) from err
 
 
@@ -380,12 +377,15 @@ def load_base_on_meta(model_cfg, tokenizer):
     dtype = torch_dtype(model_cfg.dtype)
     with parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
-    _check_read_as_is(model, model_cfg, dtype)
+    conversions = _conversions(model)
+    _check_read_as_is(model, model_cfg, dtype, conversions)
     if (folder / "generation_config.json").is_file():  # as from_pretrained reads it
         model.generation_config = GenerationConfig.from_pretrained(folder)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    model.deferred_weights = DeferredWeights.of(model, folder, _renames(model))
+    renames = tuple((source, step.target_patterns[0]) for step in conversions
+                    if type(step).__name__ == "WeightRenaming" for source in step.source_patterns)
+    model.deferred_weights = DeferredWeights.of(model, folder, renames)
     return model
 
 
@@ -398,15 +398,10 @@ def _conversions(model) -> list:
     return list(get_model_conversion_mapping(model))
 
 
-def _renames(model) -> tuple[tuple[str, str], ...]:
-    return tuple((source, step.target_patterns[0]) for step in _conversions(model)
-                 if type(step).__name__ == "WeightRenaming" for source in step.source_patterns)
-
-
-def _check_read_as_is(model, model_cfg, dtype: torch.dtype) -> None:
+def _check_read_as_is(model, model_cfg, dtype: torch.dtype, conversions: list) -> None:
     """trainer=fsdp reads each tensor as the files hold it, renamed at most: a base whose loading does more (fuses
     tensors, keeps modules in float32 under a half dtype) is one line naming trainer=ddp, which loads it whole."""
-    converted = [type(step).__name__ for step in _conversions(model) if type(step).__name__ != "WeightRenaming"]
+    converted = [type(step).__name__ for step in conversions if type(step).__name__ != "WeightRenaming"]
     fp32 = set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
     if dtype == torch.float16:
         fp32 |= set(getattr(model, "_keep_in_fp32_modules", None) or ())

@@ -154,21 +154,23 @@ def _whole_numbers(values) -> bool:
     return isinstance(values, list) and all(type(v) is int and v >= 0 for v in values)
 
 
+def weight_files(index: Path) -> list[str]:
+    """The names of the safetensors files an index names (`model.safetensors` where there is no index)."""
+    if not index.is_file():
+        return [SINGLE_FILE]
+    try:
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        files = None
+    # Files of the folder itself, by plain name: an index cannot point a read outside it.
+    if not files or not all(isinstance(f, str) and f == Path(f).name and f not in (".", "..") for f in files):
+        raise UserError(f"{index} is not a safetensors index naming files of its folder: download the weights again")
+    return files
+
+
 def weight_entries(folder: Path) -> dict[str, Entry]:
     """Every tensor of the base's safetensors files in `folder` (an index naming several files, or one file)."""
-    index = folder / INDEX_FILE
-    if index.is_file():
-        try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            files = None
-        # Files of the folder itself, by plain name: an index cannot point a read outside it.
-        if not files or not all(isinstance(f, str) and f == Path(f).name and f not in (".", "..") for f in files):
-            raise UserError(f"{index} is not a safetensors index naming files of its folder: download the weights "
-                            "again")
-        paths = [folder / name for name in files]
-    else:
-        paths = [folder / SINGLE_FILE]
+    paths = [folder / name for name in weight_files(folder / INDEX_FILE)]
     missing = [p.name for p in paths if not p.is_file()]
     if missing:
         raise UserError(f"{folder} has no {missing[0]}: trainer=fsdp reads the base from safetensors files; point "
