@@ -402,7 +402,8 @@ def test_a_probe_that_never_answers_cannot_keep_the_command_from_exiting(probe_h
                                                ("num_hidden_layers", "2", '"2"'), ("hidden_size", -1, "-1"),
                                                ("num_attention_heads", True, "true"), ("vocab_size", 2.5, "2.5"),
                                                # heads that do not split the width (32), or the attention heads (4)
-                                               ("num_attention_heads", 5, "5"), ("num_key_value_heads", 3, "3")])
+                                               ("num_attention_heads", 5, "5"), ("num_key_value_heads", 3, "3"),
+                                               ("num_key_value_heads", 8, "8")])  # more key/value heads than heads
 def test_a_config_json_with_a_size_no_base_has_is_one_line_naming_it(tmp_path, key, value, shown):
     """Taken unchecked, 2^41 took 35 s to end in "Storage size calculation overflowed", "2" a traceback."""
     from llasmol.model.counting import count_trainable
