@@ -524,6 +524,50 @@ def test_a_molecule_past_the_bound_is_one_line_before_rdkit_reads_it(tmp_path, f
     assert len(read_table(path, fractions={"validation": 0.5}, table=table)) == 1
 
 
+def test_an_input_pooling_more_golds_than_the_bound_is_one_line_naming_the_row(tmp_path):
+    """`MAX_POOLED_GOLDS`: an input of a pooled task gathers at most 1,000 different golds per split (every answer
+    to it is scored against all of them); the row that brings the 1,001st is named, at reading, before any work.
+    Repeats of a gold, the same input in another split and a task declared `pooled: false` do not count."""
+    from llasmol.core.tasks import MAX_POOLED_GOLDS
+
+    assert MAX_POOLED_GOLDS == 1_000
+    table = TaskTable({"gen": {"family": "smiles"}, "own": {"family": "smiles", "pooled": False}})
+    golds = ["C" * (1 + i % 40) + "O" * (i // 40) for i in range(MAX_POOLED_GOLDS + 1)]
+    assert len(set(golds)) == len(golds)
+    path = tmp_path / "gen.csv"
+    rows = [f"gen,a drug,{g},train" for g in golds[:-1]] + ["gen,a drug,CCO,train", f"gen,a drug,{golds[-1]},test"]
+    path.write_text("task,input,output,split\n" + "\n".join(rows) + "\n")
+    assert len(read_table(path, table=table)) == MAX_POOLED_GOLDS + 2  # at the bound: read
+    path.write_text(path.read_text() + f"gen,a drug,{golds[-1]},train\n")
+    with refused(str(path), f"line {MAX_POOLED_GOLDS + 4}", "'a drug'", "task gen", "more than 1,000",
+                 "+data.new_tasks.gen.pooled=false"):
+        read_table(path, table=table)
+    path.write_text(path.read_text().replace("gen,", "own,"))  # each sample against its own gold: no pool
+    assert len(read_table(path, table=table)) == MAX_POOLED_GOLDS + 3
+
+
+def test_a_predictions_file_whose_input_pools_past_the_bound_is_one_line_naming_its_line(tmp_path):
+    """The scorer's pool and a predictions file's reader keep one bound: the line that brings an input's 1,001st
+    different gold (here one line with all of them) is named before any answer is scored."""
+    from llasmol.core.tasks import MAX_POOLED_GOLDS
+    from llasmol.inference.predictions import read_predictions
+    from llasmol.metrics.scoring import GoldPool
+
+    golds = ["C" * (1 + i % 40) + "O" * (i // 40) for i in range(MAX_POOLED_GOLDS + 1)]
+    line = {"task": "molecule_generation", "input": "a drug", "predictions": ["<SMILES> CCO </SMILES>"]}
+    path = tmp_path / "preds.jsonl"
+    path.write_text(json.dumps({**line, "gold": golds[:2]}) + "\n" + json.dumps({**line, "gold": golds[1:-1]}) + "\n")
+    assert len(read_predictions(path)) == 2  # 1,000 different golds: read
+    path.write_text(path.read_text() + json.dumps({**line, "gold": golds[-1]}) + "\n")
+    with refused(f"{path} line 3", "'a drug'", "molecule_generation", "more than 1,000", "leave out samples"):
+        read_predictions(path)
+    path.write_text(json.dumps({**line, "gold": golds}) + "\n")
+    with refused(f"{path} line 1", "more than 1,000"):
+        read_predictions(path)
+    pool = GoldPool()  # a task scored against each sample's own label never pools
+    pool.add({"task": "property_prediction-bbbp", "input": "CCO"}, ["Yes"] * 3 + [str(i) for i in range(2_000)])
+
+
 def test_a_question_about_a_molecule_past_the_bound_is_one_line_before_the_model_loads():
     from llasmol.core.smiles import MAX_SMILES_CHARS, canonical_kekule, canonicalize_query
     from llasmol.generate import generate

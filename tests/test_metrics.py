@@ -979,7 +979,7 @@ def test_molecule_parsing_edges_and_whole_molecule_fingerprints():
     whole dotted molecule (not of its first part)."""
     from rdkit import Chem, DataStructs
 
-    from llasmol.metrics.molecules import molecule_keys, parse_gold_molecule, tanimoto
+    from llasmol.metrics.molecules import best_tanimoto, molecule_keys, parse_gold_molecule
 
     assert parse_molecule("C") is not None and parse_molecule("[Na+]") is not None
     assert parse_molecule("CCO;O") == parse_molecule("O.CCO") != parse_molecule("CCO")
@@ -997,17 +997,29 @@ def test_molecule_parsing_edges_and_whole_molecule_fingerprints():
     assert fps["maccs"] == parse_molecule("c1ccccc1.CCO", fingerprints=True).fingerprints["maccs"]
     assert DataStructs.TanimotoSimilarity(fps["morgan"], parse_gold_molecule("CCO").fingerprints["morgan"]) < 1
     one = parse_gold_molecule("CCO").fingerprints
-    assert tanimoto(one["morgan"], one["morgan"]) == 1.0
-    assert 0.0 < tanimoto(one["morgan"], fps["morgan"]) < 1.0
+    assert best_tanimoto(one["morgan"], [one["morgan"]]) == 1.0
+    assert 0.0 < best_tanimoto(one["morgan"], [fps["morgan"]]) < 1.0
+    assert best_tanimoto(one["morgan"], [fps["morgan"], one["morgan"]]) == 1.0  # the best of them
+    assert best_tanimoto(one["morgan"], []) == 0.0
 
 
 def test_tanimoto_is_clamped_and_zero_when_rdkit_cannot_say(monkeypatch):
+    """Each similarity is clamped to [0, 1] and NaN counts 0.0, in the bulk call and in the one-by-one fallback
+    it takes when RDKit refuses the bulk call; what RDKit cannot compare at all is 0.0."""
     from llasmol.metrics import molecules
 
-    assert molecules.tanimoto(None, "not a fingerprint") == 0.0
-    for rdkit_says, expected in ((float("nan"), 0.0), (1.5, 1.0), (-0.25, 0.0), (0.5, 0.5)):
-        monkeypatch.setattr(molecules.DataStructs, "TanimotoSimilarity", lambda a, b, v=rdkit_says: v)
-        assert molecules.tanimoto(1, 2) == expected
+    assert molecules.best_tanimoto(None, ["not a fingerprint"]) == 0.0
+    for rdkit_says, expected in (([float("nan")], 0.0), ([1.5, 0.2], 1.0), ([-0.25], 0.0), ([0.5, float("nan")], 0.5),
+                                 ([0.25, 0.75, 0.5], 0.75)):
+        monkeypatch.setattr(molecules.DataStructs, "BulkTanimotoSimilarity", lambda a, bs, v=rdkit_says: v)
+        assert molecules.best_tanimoto(1, [2] * len(rdkit_says)) == expected
+
+        def refused(a, bs):
+            raise TypeError("no bulk")
+        monkeypatch.setattr(molecules.DataStructs, "BulkTanimotoSimilarity", refused)
+        says = iter(rdkit_says)
+        monkeypatch.setattr(molecules.DataStructs, "TanimotoSimilarity", lambda a, b: next(says))
+        assert molecules.best_tanimoto(1, [2] * len(rdkit_says)) == expected
 
 
 def test_reading_a_bad_smiles_writes_nothing_to_stderr(capfd):

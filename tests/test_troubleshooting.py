@@ -210,6 +210,15 @@ def _huge_row(tmp_path):
     read_table(tmp_path / "own.csv", table=TaskTable({"own": {"family": "number"}}))
 
 
+def _pooled_past_the_bound(tmp_path):
+    from llasmol.core.tasks import TaskTable
+    from llasmol.data.custom import read_table
+
+    rows = "".join(f"a drug,{'C' * (1 + i % 40)}{'O' * (i // 40)}\n" for i in range(1_001))
+    (tmp_path / "gen.csv").write_text("input,output\n" + rows)
+    read_table(tmp_path / "gen.csv", table=TaskTable({"gen": {"family": "smiles"}}))
+
+
 def _nul_byte(tmp_path):
     from llasmol.core.tasks import TaskTable
     from llasmol.data.custom import read_table
@@ -366,6 +375,8 @@ ROWS = [
     ("<file> line …: the input of task … is a SMILES of … characters, past the 4,096 any molecule is read with here …",
      _huge_row),
     ("the query's SMILES is … characters, past the 4,096 …", _huge_question),
+    ("<file> line …: the input … of task … has more than 1,000 different golds, which every answer to it would be "
+     "scored against …", _pooled_past_the_bound),
     ("data.columns reads column … as both input and output …", lambda: _config("data=custom", "data.path=/x/t.csv",
                                                                               "data.columns.input=output")),
     ("… differ only by letter case or '-' and '_' …", lambda: _config("+data.new_tasks.LogP={family: number}",

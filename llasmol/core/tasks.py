@@ -114,6 +114,11 @@ _FAMILY_DEFAULTS = {family: next(t for t in TASKS if t.family == family) for fam
 # (tests/test_custom_data.py holds these the fields of `llasmol.core.schema.NewTaskSchema`, which types them)
 _BEAM_KEYS = ("num_beams", "num_return_sequences", "max_new_tokens", "early_stopping")
 DECLARATION_KEYS = ("family", "headline", "answer_tag", "input_kind", "pooled", "query", "response", *_BEAM_KEYS)
+# The different golds one input of a pooled task may gather. Each answer is compared with every gold of its input
+# (identity, then three fingerprints for SMILES) and every prediction record carries its input's golds, so time and
+# file size grow as samples x golds of one input: 4,000 samples of one input, each with its own gold, took 77 s
+# to score; 20,000 would take hours and write gigabytes. The bound keeps a sample's cost at milliseconds.
+MAX_POOLED_GOLDS = 1_000
 SMOLINSTRUCT_WEIGHT = "smolinstruct"  # data.weights' key for every SMolInstruct task not named on its own
 _TAG = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -214,6 +219,15 @@ class Scoring:
 
 
 OFFICIAL = Scoring()  # the official scorer's readings
+
+
+def too_many_golds(task: Task, raw_input: Any, where: str) -> UserError:
+    """The refusal of an input of pooled `task` whose different golds pass `MAX_POOLED_GOLDS` (at `where`)."""
+    shown = str(raw_input) if len(str(raw_input)) <= 60 else str(raw_input)[:57] + "..."
+    fix = ("leave out samples of that input" if task.in_smolinstruct else
+           f"score each sample against its own gold (+data.new_tasks.{task.name}.pooled=false) or leave samples out")
+    return UserError(f"{where}: the input {shown!r} of task {task.name} has more than {MAX_POOLED_GOLDS:,} different "
+                     f"golds, which every answer to it would be scored against: {fix}")
 
 
 def _look_alike(name: str, known: Iterable[str]) -> Optional[str]:

@@ -23,6 +23,7 @@ import csv
 import hashlib
 import json
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Optional
@@ -33,7 +34,7 @@ from llasmol.core.errors import UserError
 from llasmol.core.smiles import MAX_SMILES_CHARS
 from llasmol.core.files import unreadable
 from llasmol.core.schema import TABLE_COLUMNS
-from llasmol.core.tasks import SMOLINSTRUCT, Task, TaskTable, tag_pair
+from llasmol.core.tasks import MAX_POOLED_GOLDS, SMOLINSTRUCT, Task, TaskTable, tag_pair, too_many_golds
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl")
 SPLIT_NAMES = {"train": "train", "validation": "validation", "valid": "validation", "val": "validation",
@@ -226,6 +227,7 @@ def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
     stem = path.stem if path.suffix.lower() in TABLE_SUFFIXES else path.name
     named = stem if stem in own else own[0] if len(own) == 1 else None
     rows: list[Row] = []
+    pools: dict[tuple, set] = defaultdict(set)  # a pooled task's different golds per input and split, bounded
     for split_of_file, file in files.items():
         jsonl, seen = file.suffix.lower() == ".jsonl", set()  # the columns seen: a CSV's header, a JSONL's keys
         for number, record in _records(file):
@@ -263,6 +265,11 @@ def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
                                     "valid) or test")
             if split is None:
                 split = _hashed_split(_split_key(task, core_in), fractions) if any(fractions.values()) else "train"
+            if task.pooled:
+                pool = pools[task.name, split, core_in]
+                pool.add(core_out)
+                if len(pool) > MAX_POOLED_GOLDS:
+                    raise too_many_golds(task, core_in, f"{file} line {number}")
             rows.append(Row(task.name, split, core_in, core_out, number))
         if jsonl and seen:  # a JSONL names its keys line by line: checked once all are seen
             _check_columns(file, seen, names, given)

@@ -150,9 +150,9 @@ def read_predictions(path: str | Path, allow_empty: bool = False, tasks: Optiona
     (`predictions_tasks(path)` when not given). An empty file is an error unless `allow_empty`: a run's
     validation may have had nothing to generate."""
     tasks = predictions_tasks(path) if tasks is None else tasks
-    records = []
+    records, pool = [], GoldPool(tasks)  # the golds pooled as the scorer pools them: an input past its bound is named
     for file in _files(Path(path)):
-        records += _read_file(file, tasks)
+        records += _read_file(file, tasks, pool)
     if not records and not allow_empty:
         raise UserError(f"predictions file {path} is empty: it needs one JSON object per line")
     return records
@@ -177,7 +177,7 @@ def _encodable(value, where: str, key: str = "") -> None:
             _encodable(v, where, f"{key}[{i}]")
 
 
-def _read_file(path: Path, tasks: TaskTable) -> list[dict]:
+def _read_file(path: Path, tasks: TaskTable, pool: GoldPool) -> list[dict]:
     records = []
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, 1):
@@ -214,5 +214,6 @@ def _read_file(path: Path, tasks: TaskTable) -> list[dict]:
             if not record["gold"]:  # nothing to score against: not a wrong answer
                 raise UserError(f"{where}: gold is an empty list: each line needs the answer it is scored against")
             record["predictions"] = _texts(record["predictions"], "predictions", where, allow_none=True)
+            pool.add(record, record["gold"], where)
             records.append(record)
     return records

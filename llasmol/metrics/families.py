@@ -52,7 +52,7 @@ from typing import Optional, Sequence
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import OFFICIAL, Scoring, TaskTable
 from llasmol.metrics.formula import formula_key
-from llasmol.metrics.molecules import FINGERPRINTS, molecule_keys, parse_gold_molecule, tanimoto, too_complex
+from llasmol.metrics.molecules import FINGERPRINTS, best_tanimoto, molecule_keys, parse_gold_molecule, too_complex
 from llasmol.metrics.text import bleu_from_stats, caption_stats  # loads NLTK/WordNet itself, when captions are scored
 
 TOPK: tuple[int, ...] = (1, 3, 5, 10)
@@ -160,11 +160,10 @@ class SmilesFamily(Family):
             stats["num_too_complex"] = 1.0  # refused unscored (molecules.MAX_ATOMS, ..., MAX_SUBGRAPHS)
         if top1 is not None:
             stats["num_valid"] = 1.0
+            valid_golds = [g for g in gold_mols if g is not None]
             for name in FINGERPRINTS:
-                stats[f"fts_{name}_sum"] = max(
-                    (tanimoto(top1.fingerprints[name], g.fingerprints[name]) for g in gold_mols if g is not None),
-                    default=0.0,
-                )
+                stats[f"fts_{name}_sum"] = best_tanimoto(top1.fingerprints[name],
+                                                         [g.fingerprints[name] for g in valid_golds])
 
     def metrics(self, stats):
         valid = stats["num_valid"]

@@ -29,7 +29,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
+from llasmol.core.tasks import MAX_POOLED_GOLDS, SMOLINSTRUCT, TaskTable, too_many_golds
 from llasmol.metrics.answer_rules import RULES
 from llasmol.metrics.extract import extract_answer
 from llasmol.metrics.families import COMMON_STATS, Family, families
@@ -149,9 +149,14 @@ class GoldPool:
         # dicts as ordered sets: a pool of thousands of golds is built in linear time
         self._golds: dict[tuple, dict[str, None]] = defaultdict(dict)
 
-    def add(self, record: dict, golds) -> None:
-        if self.tasks.task(record["task"]).pooled:
-            self._golds[gold_key(record)].update(dict.fromkeys(as_list(golds)))
+    def add(self, record: dict, golds, where: str = "the golds") -> None:
+        """Pool `record`'s `golds`; an input past `MAX_POOLED_GOLDS` is refused, named by `where`."""
+        task = self.tasks.task(record["task"])
+        if task.pooled:
+            pool = self._golds[gold_key(record)]
+            pool.update(dict.fromkeys(as_list(golds)))
+            if len(pool) > MAX_POOLED_GOLDS:
+                raise too_many_golds(task, gold_key(record)[1], where)
 
     def golds(self, record: dict, own) -> list[str]:
         """`record`'s golds: for pooled tasks its own golds first, then the rest of its key's pool (the
