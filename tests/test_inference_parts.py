@@ -486,6 +486,22 @@ def test_predictions_and_golds_must_be_text_or_numbers(tmp_path, field, value, s
         read_predictions(path)
 
 
+def test_a_yes_no_gold_that_is_neither_is_refused_where_it_is(tmp_path):
+    """A yes/no task's gold must read Yes or No (any case, spaces around it): "maybe" would count against accuracy
+    and stay out of F1 and MCC (the official code reads it as No). One line names the line and the gold."""
+    from llasmol.inference.predictions import read_predictions
+
+    line = {"task": "property_prediction-bbbp", "input": "CCO", "predictions": ["<BOOLEAN> Yes </BOOLEAN>"]}
+    good = [{**line, "gold": gold} for gold in ("Yes", " no ", "YES", ["No"])]
+    assert len(read_predictions(_write_lines(tmp_path / "ok.jsonl", *good))) == 4
+    for gold in ("maybe", ["Yes", "Yes."], "1"):
+        path = _write_lines(tmp_path / "p.jsonl", *good, {**line, "gold": gold})
+        with refused(f"{path} line 5", "property_prediction-bbbp", "not Yes or No"):
+            read_predictions(path)
+    numbers = {"task": "property_prediction-esol", "input": "CCO", "gold": "maybe", "predictions": ["1.0"]}
+    assert len(read_predictions(_write_lines(tmp_path / "n.jsonl", numbers))) == 1  # its own count (num_invalid_gold)
+
+
 def test_an_empty_predictions_file_is_refused_unless_allowed(tmp_path):
     from llasmol.inference.predictions import read_predictions
 

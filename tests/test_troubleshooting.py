@@ -219,6 +219,14 @@ def _pooled_past_the_bound(tmp_path):
     read_table(tmp_path / "gen.csv", table=TaskTable({"gen": {"family": "smiles"}}))
 
 
+def _maybe_gold(tmp_path):
+    from llasmol.inference.predictions import read_predictions
+
+    (tmp_path / "p.jsonl").write_text('{"task": "property_prediction-bbbp", "input": "C", "gold": "maybe", '
+                                      '"predictions": ["Yes"]}\n')
+    read_predictions(tmp_path / "p.jsonl")
+
+
 def _nul_byte(tmp_path):
     from llasmol.core.tasks import TaskTable
     from llasmol.data.custom import read_table
@@ -382,6 +390,7 @@ ROWS = [
     ("… differ only by letter case or '-' and '_' …", lambda: _config("+data.new_tasks.LogP={family: number}",
                                                                       "+data.new_tasks.logp={family: number}")),
     ("<file> line …: input holds a NUL byte …", _nul_byte),
+    ("<file> line …: gold … of yes/no task … is not Yes or No …", _maybe_gold),
     ("trainer.devices=-1 means every GPU, and trainer.accelerator=cpu has none …", lambda: _config("trainer.devices=-1")),
     ("device=cuda but torch sees 0 CUDA GPU(s) …", _no_cuda),
     ("llasmol.generate runs once: --multirun sweeps train, evaluate and baseline …", _sweep_one_answer),

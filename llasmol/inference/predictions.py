@@ -31,6 +31,7 @@ from llasmol.core.files import unreadable
 from llasmol.core.run_dir import PREDICTIONS, read_tasks
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.metrics.extract import extract_answer
+from llasmol.metrics.families import parse_boolean
 from llasmol.metrics.scoring import GoldPool, is_skipped
 
 
@@ -207,12 +208,16 @@ def _read_file(path: Path, tasks: TaskTable, pool: GoldPool) -> list[dict]:
                 )
             if not isinstance(record["task"], str):
                 raise UserError(f"{where}: task must be a task name, not {json.dumps(record['task'])[:40]}")
-            tasks.task(record["task"], where)
+            task = tasks.task(record["task"], where)
             _field_types(record, where)
             record["skipped"] = is_skipped(record)
             record["gold"] = _texts(record["gold"], "gold", where)
             if not record["gold"]:  # nothing to score against: not a wrong answer
                 raise UserError(f"{where}: gold is an empty list: each line needs the answer it is scored against")
+            not_yes_no = [g for g in record["gold"] if task.family == "boolean" and parse_boolean(g) is None]
+            if not_yes_no:  # it would count against accuracy and stay out of F1 and MCC (the official code: a No)
+                raise UserError(f"{where}: gold {not_yes_no[0][:40]!r} of yes/no task {task.name} is not Yes or No: "
+                                "write each gold of a yes/no task as Yes or No")
             record["predictions"] = _texts(record["predictions"], "predictions", where, allow_none=True)
             pool.add(record, record["gold"], where)
             records.append(record)
