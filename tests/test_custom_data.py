@@ -12,6 +12,7 @@ from conftest import compose_config
 from refusals import refused
 
 from llasmol.core.errors import UserError
+from llasmol.core.run_dir import read_tasks
 from llasmol.core.schema import check_config
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable, get_task
 from llasmol.data.custom import read_table
@@ -287,7 +288,7 @@ def test_a_custom_regression_and_yes_no_task_train_validate_evaluate_and_report(
     assert "rmse" in val["logp"] and val["ring"]["num_samples"] == 3 and "mcc" in val["ring"]
     queries = [json.loads(line)["input"] for line in (out / "predictions" / "val-step2.jsonl").read_text().splitlines()]
     assert "What is the logP of <SMILES> " in " ".join(queries)
-    assert set(json.loads((out / "tasks.json").read_text())) == {"logp", "ring"}
+    assert set(read_tasks(out).declared) == {"logp", "ring"}
     assert "ring 12 x2 (" in caplog.text  # the training mix, said at start
 
     # Nothing process-wide knows them: the run's files say what they are.
@@ -304,7 +305,14 @@ def test_a_custom_regression_and_yes_no_task_train_validate_evaluate_and_report(
                                       "intervals.resamples=0"], "evaluate"))
     assert {t: v["num_samples"] for t, v in result["metrics"].items()} == {
         "property_prediction-bbbp": 2, "logp": min(2, held_out.count("test")), "ring": 2}
-    assert (tmp_path / "eval" / "tasks.json").is_file()
+    assert set(read_tasks(tmp_path / "eval").declared) == {"logp", "ring"}
+    # An edit of the run's declarations (ring scored as a number) is refused by every reader, not read silently.
+    found = json.loads((out / "tasks.json").read_text())
+    found["declared"]["ring"]["family"] = "number"
+    (out / "tasks.json").write_text(json.dumps(found))
+    for read in (lambda: load_run(out), lambda: evaluate(compose_config([f"ckpt={out}"], "evaluate"))):
+        with refused(str(out / "tasks.json"), "was changed after the command that wrote it"):
+            read()
 
 
 def test_the_documented_command_declares_the_task_it_says(tmp_path):

@@ -92,6 +92,36 @@ def test_a_runs_tasks_json_is_read_as_checked_data(tmp_path, content, said):
         read_tasks(tmp_path)
 
 
+@pytest.mark.parametrize("edit", [
+    lambda f: f["declared"]["alpha"].update(headline="f1"),  # scored by another metric
+    lambda f: f["declared"]["alpha"].update(pooled=True),
+    lambda f: f["declared"].update(delta={"family": "number"}),  # a task added
+    lambda f: f["declared"].pop("beta"),
+    lambda f: f.update(sha256=f["sha256"][:-1] + "0" if f["sha256"][-1] != "0" else f["sha256"][:-1] + "1"),
+    lambda f: f.update(declared=[]),
+])
+def test_a_tasks_json_edited_after_it_was_written_is_refused(tmp_path, edit):
+    """`write_tasks` keeps the declarations' fingerprint: a change to how a task is read or scored, a task added or
+    removed, or a changed fingerprint is one line naming the file and what to do; the file as written reads back
+    (key order and spacing do not matter), and a file from before fingerprints (the declarations alone) still reads."""
+    from llasmol.core.run_dir import write_tasks
+
+    declared = {"alpha": {"family": "boolean", "headline": "mcc"}, "beta": {"family": "number", "num_beams": 3}}
+    write_tasks(tmp_path, declared)
+    assert read_tasks(tmp_path).declared == declared
+    found = json.loads((tmp_path / "tasks.json").read_text())
+    (tmp_path / "tasks.json").write_text(json.dumps({"sha256": found["sha256"], "declared": {
+        "beta": {"num_beams": 3, "family": "number"}, "alpha": found["declared"]["alpha"]}}))
+    assert dict(read_tasks(tmp_path)["beta"].generation)["num_beams"] == 3  # another order, the same declarations
+    edit(found)
+    (tmp_path / "tasks.json").write_text(json.dumps(found))
+    with refused(str(tmp_path / "tasks.json"), "was changed after the command that wrote it", "restore it",
+                 "evaluate predictions=<copy>"):
+        read_tasks(tmp_path)
+    (tmp_path / "tasks.json").write_text(json.dumps(declared))  # an older run's file
+    assert read_tasks(tmp_path).declared == declared
+
+
 def test_a_tasks_json_that_is_no_file_is_named(tmp_path):
     (tmp_path / "tasks.json").mkdir()
     with pytest.raises(UserError, match="tasks.json is not a regular file"):

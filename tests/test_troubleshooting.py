@@ -227,6 +227,14 @@ def _maybe_gold(tmp_path):
     read_predictions(tmp_path / "p.jsonl")
 
 
+def _edited_tasks(tmp_path):
+    from llasmol.core.run_dir import read_tasks, write_tasks
+
+    write_tasks(tmp_path, {"own": {"family": "number"}})
+    (tmp_path / "tasks.json").write_text((tmp_path / "tasks.json").read_text().replace("number", "boolean"))
+    read_tasks(tmp_path)
+
+
 def _nul_byte(tmp_path):
     from llasmol.core.tasks import TaskTable
     from llasmol.data.custom import read_table
@@ -390,6 +398,7 @@ ROWS = [
     ("… differ only by letter case or '-' and '_' …", lambda: _config("+data.new_tasks.LogP={family: number}",
                                                                       "+data.new_tasks.logp={family: number}")),
     ("<file> line …: input holds a NUL byte …", _nul_byte),
+    ("<run>/tasks.json was changed after the command that wrote it …", _edited_tasks),
     ("<file> line …: gold … of yes/no task … is not Yes or No …", _maybe_gold),
     ("trainer.devices=-1 means every GPU, and trainer.accelerator=cpu has none …", lambda: _config("trainer.devices=-1")),
     ("device=cuda but torch sees 0 CUDA GPU(s) …", _no_cuda),

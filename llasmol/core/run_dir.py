@@ -4,12 +4,15 @@ analysis read them. (The checkpoint folder and the CSV logger's folder are also 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
 
 from llasmol.core.errors import UserError
+from llasmol.core.files import write_json
 from llasmol.core.schema import checked_tasks
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 
@@ -64,14 +67,35 @@ def validation_step(stem: str) -> Optional[int]:
 MAX_DECLARED_BYTES = 1_000_000  # a few hundred bytes a task
 
 
+def write_tasks(folder: Path, declared: Mapping[str, Mapping]) -> None:
+    """Write `declared` (task name -> declaration) as `folder`'s `tasks.json`, with their fingerprint: a later
+    edit, which would change how the folder's files are read and scored, is refused by `read_tasks`."""
+    declared = {name: dict(decl) for name, decl in declared.items()}
+    write_json(Path(folder) / DECLARED_TASKS, {"declared": declared, "sha256": _fingerprint(declared)})
+
+
+def _fingerprint(declared: Mapping) -> str:
+    return hashlib.sha256(json.dumps(declared, sort_keys=True, ensure_ascii=True).encode("ascii")).hexdigest()
+
+
 def read_tasks(folder: Path, beside: TaskTable = SMOLINSTRUCT) -> TaskTable:
     """`beside` and the tasks of the user's own that a folder written by a command declares (its `tasks.json`),
     checked as a command's own config is; `beside` itself when the folder has none. A run's predictions and
-    metrics then read as they were written."""
+    metrics then read as they were written: a file whose declarations no longer match their fingerprint is
+    refused. (Folders written before the fingerprint hold the declarations alone, read as they are.)"""
     path = Path(folder) / DECLARED_TASKS
-    found = _read_object(path, "task declarations by name", "it is written by llasmol's commands beside their "
-                         "files: restore it, or remove the folder's own tasks")
-    return beside if found is None else checked_tasks(found, beside, str(path))
+    fix = "it is written by llasmol's commands beside their files: restore it, or remove the folder's own tasks"
+    found = _read_object(path, "task declarations by name", fix)
+    if found is None:
+        return beside
+    if set(found) == {"declared", "sha256"} and isinstance(found["sha256"], str):
+        if not isinstance(found["declared"], dict) or _fingerprint(found["declared"]) != found["sha256"]:
+            raise UserError(f"{path} was changed after the command that wrote it (its declarations no longer match "
+                            "their fingerprint), and the folder's predictions were made and scored with the old "
+                            "ones: restore it; to score the predictions another way, copy them out of the folder "
+                            "and evaluate predictions=<copy> with your +data.new_tasks")
+        found = found["declared"]
+    return checked_tasks(found, beside, str(path))
 
 
 def read_card(folder: Path) -> Optional[dict]:

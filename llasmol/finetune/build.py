@@ -163,7 +163,7 @@ def record_run(cfg: DictConfig, trainer: Trainer, datamodule: SMolInstructDataMo
     write_json(Path(cfg.paths.output_dir) / run_dir.PARAMS, params)
     own = datamodule.source.table.declared
     if own:  # the run's own tasks, for every later command that reads it (before any file names them)
-        write_json(Path(cfg.paths.output_dir) / run_dir.DECLARED_TASKS, own)
+        run_dir.write_tasks(Path(cfg.paths.output_dir), own)
     facts = card_facts(cfg, params, datamodule, accumulation)
     write_json(Path(cfg.paths.output_dir) / run_dir.CARD, facts)
     for callback in trainer.checkpoint_callbacks:

@@ -18,7 +18,6 @@ DDP reducer (`llasmol.metrics.reducer`), whose metrics a validation under DDP pa
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +26,9 @@ from typing import Callable, Optional, Protocol
 import numpy as np
 import torch.distributed as dist
 
+from llasmol.core.errors import UserError
 from llasmol.core.files import check_writable_file, write_json, write_jsonl
-from llasmol.core.run_dir import DECLARED_TASKS, METRICS, PREDICTIONS, intervals_file
+from llasmol.core.run_dir import DECLARED_TASKS, METRICS, PREDICTIONS, intervals_file, read_tasks, write_tasks
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.data.split import Split
 from llasmol.inference.beam_search import BeamGenerator, most_of_any_rank, task_settings
@@ -232,14 +232,13 @@ class Evaluation:
         """The declarations of the user's own tasks among `records`, added to the run folder's `tasks.json`."""
         own = self.tasks.declared
         named = {r.get("task") for r in records} & set(own)
-        path = self.files.declared
-        if not named or path is None:
+        if not named or self.files.folder is None:
             return
-        try:
-            kept = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        except (OSError, ValueError):
+        try:  # the folder's earlier declarations (a run's, read at the command's start) are kept
+            kept = read_tasks(self.files.folder).declared
+        except UserError:
             kept = {}
-        write_json(path, {**(kept if isinstance(kept, dict) else {}), **{t: own[t] for t in sorted(named)}})
+        write_tasks(self.files.folder, {**kept, **{t: own[t] for t in sorted(named)}})
 
     def score(self, records: list[dict], metrics: Optional[dict] = None) -> Outcome:
         """The metrics of `records` (`metrics` when given: the DDP reducer's, equal on every rank) from their
