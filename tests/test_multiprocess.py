@@ -215,6 +215,26 @@ def test_a_sharded_run_stopped_by_sigterm_continues_exactly(runs, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_rank_killed_leaves_the_other_with_one_line_saying_how_to_go_on(tmp_path):
+    """SIGKILL of rank 1 (the OOM killer) during step 1: rank 0, left at a collective, ends with exit status 1 and
+    one `error:` line (no gloo traceback) that says another process ended, that no checkpoint was saved yet and
+    the command that starts again in the run's folder; train.log keeps the line."""
+    run = tmp_path / "run"
+    kill = ["+callbacks.signal._target_=resume_probe.SignalAt", "+callbacks.signal.signal=SIGKILL",
+            "+callbacks.signal.step=1", "+callbacks.signal.micro_batch=1", "+callbacks.signal.rank=1"]
+    args = [*[a for a in RUN if not a.startswith("+callbacks.recorder")], *kill]
+    done = _train(run, args, tmp_path)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr[-3000:]
+    assert "another of this run's 2 processes ended at step 1 (torch.distributed: Connection closed by peer)" in errors[0]
+    assert "rank 0 cannot go on" in errors[0] and "no checkpoint was saved yet, start again with: " in errors[0]
+    assert errors[0].endswith(f"hydra.run.dir={run} ckpt_path=last") and "llasmol.train" in errors[0]
+    assert errors[0] in (run / "train.log").read_text()
+
+
+@pytest.mark.slow
 def test_a_checkpoint_of_two_processes_is_refused_on_one_naming_both(runs, cfg_factory):
     from llasmol.train import train
 

@@ -204,6 +204,44 @@ def test_a_run_continued_in_place_from_another_checkpoint_drops_its_abandoned_in
     assert f"removed {interrupted}" in caplog.text
 
 
+def test_a_lost_process_is_one_line_on_several_processes_and_any_other_error_is_raised(tmp_path, capsys):
+    """`fit` on a survivor of a killed process: gloo's words or any torch.distributed error become one line with
+    the step, the rank and the continuing command (from last.ckpt when there is one); on one process, or for
+    another error, the error itself is raised."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from llasmol.finetune.fit import fit, peer_lost
+
+    gloo = RuntimeError("[/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:30099. This is "
+                        "typically caused by a remote worker crashing.")
+    assert peer_lost(gloo) == "torch.distributed: Connection closed by peer"
+    assert peer_lost(dist.DistBackendError("NCCL communicator was aborted on rank 1.\nmore")) == (
+        "torch.distributed: NCCL communicator was aborted on rank 1.")
+    assert peer_lost(RuntimeError("CUDA out of memory")) is None and peer_lost(ValueError("")) is None
+
+    def trainer(error, world_size=2):
+        def fails(*args, **kwargs):
+            raise error
+        return SimpleNamespace(fit=fails, world_size=world_size, global_step=4, global_rank=1,
+                               default_root_dir=str(tmp_path), interrupted=False)
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    with pytest.raises(SystemExit) as stop:
+        fit(trainer(gloo), None, None, None)
+    assert stop.value.code == 1
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and line.startswith("error: another of this run's 2 processes ended at step 4 (")
+    assert "rank 1 cannot go on" in line and "continue from last.ckpt with: python -m llasmol.train" in line
+    assert line.endswith(f"hydra.run.dir={tmp_path} ckpt_path=last")
+    for error, world_size in ((gloo, 1), (RuntimeError("CUDA out of memory"), 2)):
+        with pytest.raises(RuntimeError) as raised:
+            fit(trainer(error, world_size), None, None, None)
+        assert raised.value is error
+
+
 def test_a_checkpoint_resumes_only_on_the_number_of_processes_and_the_kind_of_trainer_it_was_saved_from(tmp_path):
     from llasmol.finetune.resume import check_same_launch, checkpoint_launch
 

@@ -235,6 +235,19 @@ def _edited_tasks(tmp_path):
     read_tasks(tmp_path)
 
 
+def _peer_lost(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from llasmol.finetune.fit import fit
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:30099.")
+    trainer = SimpleNamespace(fit=fails, world_size=2, global_step=4, global_rank=0, default_root_dir=str(tmp_path))
+    with pytest.raises(SystemExit):
+        fit(trainer, None, None, None)
+    raise UserError(capsys.readouterr().err.strip().removeprefix("error: "))  # the line, as a refusal's
+
+
 def _nul_byte(tmp_path):
     from llasmol.core.tasks import TaskTable
     from llasmol.data.custom import read_table
@@ -398,6 +411,8 @@ ROWS = [
     ("… differ only by letter case or '-' and '_' …", lambda: _config("+data.new_tasks.LogP={family: number}",
                                                                       "+data.new_tasks.logp={family: number}")),
     ("<file> line …: input holds a NUL byte …", _nul_byte),
+    ("another of this run's … processes ended at step … (torch.distributed: Connection closed by peer), and rank … "
+     "cannot go on without it …", _peer_lost),
     ("<run>/tasks.json was changed after the command that wrote it …", _edited_tasks),
     ("<file> line …: gold … of yes/no task … is not Yes or No …", _maybe_gold),
     ("trainer.devices=-1 means every GPU, and trainer.accelerator=cpu has none …", lambda: _config("trainer.devices=-1")),

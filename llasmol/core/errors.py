@@ -37,7 +37,7 @@ def report_user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             message = _cause_line(str(user_error))
             print(f"error: {message}", file=sys.stderr, flush=True)
-            _log_to_files(f"error: {message}")
+            log_to_files(f"error: {message}")
             _remove_empty_run_folder()
             sys.exit(2)
 
@@ -53,7 +53,7 @@ def _cause_line(message: str) -> str:
     return last.split("UserError: ", 1)[1] if "UserError: " in last else last
 
 
-def _log_to_files(line: str) -> None:
+def log_to_files(line: str) -> None:
     """The run's log file (Hydra's `<task>.log`) says why the run ended; the console has it already."""
     record = logging.LogRecord("llasmol", logging.ERROR, __file__, 0, line, None, None)
     raise_exceptions, logging.raiseExceptions = logging.raiseExceptions, False  # a full disk: no traceback

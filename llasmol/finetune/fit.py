@@ -6,15 +6,18 @@ runs closed."""
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 import lightning as L
+import torch.distributed as dist
 from lightning import LightningDataModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from llasmol.core import run_dir
+from llasmol.core.errors import log_to_files
 from llasmol.core.files import write_json
 from llasmol.core.quiet import lightning_logs_to_root
 from llasmol.core.threads import wait_description
@@ -22,7 +25,7 @@ from llasmol.finetune.build import build_datamodule, build_model, build_module, 
 from llasmol.finetune.checkpointing import AdapterModelCheckpoint
 from llasmol.finetune.module import LoRACausalLM
 from llasmol.finetune.preflight import check_run, claim_run_dir
-from llasmol.finetune.resume import Resume
+from llasmol.finetune.resume import Resume, resume_command
 from llasmol.model.base import load_tokenizer
 from llasmol.finetune.tracking import finish_wandb_runs
 
@@ -76,6 +79,34 @@ def fit(trainer: Trainer, module: LoRACausalLM, datamodule: LightningDataModule,
         if trainer.interrupted and isinstance(stop.__context__, KeyboardInterrupt):
             finish_wandb_runs(trainer, stopped=True)
         raise
+    except Exception as err:
+        reason = peer_lost(err) if trainer.world_size > 1 else None
+        if reason is None:
+            raise
+        # The survivors of a killed process (the OOM killer, a lost node) see only their transport's words.
+        last = Path(trainer.default_root_dir) / run_dir.CHECKPOINTS / run_dir.LAST_CKPT
+        line = (f"error: another of this run's {trainer.world_size} processes ended at step {trainer.global_step} "
+                f"({reason}), and rank {trainer.global_rank} cannot go on without it: that process's output says "
+                "why; " + (f"continue from {last.name} with: " if last.is_file() else "no checkpoint was saved yet, "
+                           "start again with: ") + resume_command(Path(trainer.default_root_dir)))
+        print(line, file=sys.stderr, flush=True)
+        log_to_files(line)  # train.log keeps it: a console piped through tee may be gone
+        raise SystemExit(1) from None
+
+
+# What a collective says when a process it waits on is gone: gloo's TCP pair, and any `torch.distributed` error.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def peer_lost(err: BaseException) -> Optional[str]:
+    """The words of a collective that lost a process of the run (`err`), None for any other error."""
+    text = str(err)
+    found = next((words for words in _PEER_GONE if words in text), None)
+    if found is not None:
+        return f"torch.distributed: {found}"
+    if isinstance(err, dist.DistError):
+        return f"torch.distributed: {text.strip().splitlines()[0][:160]}" if text.strip() else type(err).__name__
+    return None
 
 
 def validate_last_step(trainer: Trainer, module: LoRACausalLM, datamodule: LightningDataModule,
