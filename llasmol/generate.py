@@ -22,12 +22,16 @@ def generate(cfg: DictConfig, query: Optional[str] = None) -> list[str]:
     return _answer(cfg, query)[0]
 
 
+def _asking():
+    # lazy: asking brings torch and the model (1.5 s), which the checks before Hydra do not need
+    from llasmol.inference import asking
+
+    return asking
+
+
 def _answer(cfg: DictConfig, query: Optional[str]):
     tasks = start(cfg).tasks  # the beams fit: the schema's
-    # lazy: asking brings torch and the model (1.5 s), which the checks before Hydra do not need
-    from llasmol.inference.asking import ask
-
-    return ask(cfg, query if query is not None else cfg.query, tasks)
+    return _asking().ask(cfg, query if query is not None else cfg.query, tasks)
 
 
 _QUERY: Optional[str] = None  # the question from the command line, literally
@@ -35,10 +39,8 @@ _QUERY: Optional[str] = None  # the question from the command line, literally
 
 @command("generate", sweeps=False)
 def main(cfg: DictConfig) -> None:
-    from llasmol.inference.asking import answer_lines
-
     responses, model_cfg, tasks = _answer(cfg, _QUERY)
-    for line in answer_lines(responses, cfg.task, bool(model_cfg.get("random_init")), tasks):
+    for line in _asking().answer_lines(responses, cfg.task, bool(model_cfg.get("random_init")), tasks):
         print(line, flush=True)
 
 

@@ -60,6 +60,38 @@ def test_imports_point_down_the_layers(path):
         assert LAYERS[there] < LAYERS[here], f"{path.relative_to(ROOT)} imports {name} ({there} is not below {here or 'the commands'})"
 
 
+def late_internal_imports() -> list[tuple[str, int, bool]]:
+    """Each import of a llasmol module inside a function: (module, line, whether a comment says why: on its line or
+    on the comment lines just above it, or the import above it in an unbroken run of imports has one)."""
+    found = []
+    for path in modules():
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for inner in ast.walk(node):
+                name = inner.module if isinstance(inner, ast.ImportFrom) else (
+                    inner.names[0].name if isinstance(inner, ast.Import) else None)
+                if not name or not name.startswith("llasmol"):
+                    continue
+                at = inner.lineno - 1
+                said = "#" in lines[at]
+                while not said and at > 0 and (lines[at - 1].strip().startswith(("from ", "import ", "#"))
+                                               or not lines[at - 1].strip()):
+                    at -= 1  # a comment above a run of imports, or on one of them, serves the run
+                    said = "#" in lines[at]
+                found.append((f"{path.relative_to(PACKAGE)}:{inner.lineno}", inner.lineno, said))
+    return sorted(set(found))
+
+
+def test_imports_inside_functions_are_few_and_each_says_why():
+    """Issue #49: at most 30 imports of llasmol modules inside functions, each with the reason it is late (a
+    command's checks before torch, matplotlib for closing lines only, a cycle), in a comment beside or above it."""
+    late = late_internal_imports()
+    assert len(late) <= 30, [where for where, _, _ in late]
+    assert [where for where, _, said in late if not said] == []
+
+
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_only_finetune_and_the_datamodule_use_lightning(path):
     rel = str(path.relative_to(PACKAGE))

@@ -32,6 +32,7 @@ from llasmol.inference.beam_search import BeamGenerator
 from llasmol.inference.pipeline import Evaluation, ModelAnswers, RunFiles, Samples, gather_to_all
 from llasmol.inference.progress import generation_progress
 from llasmol.metrics.reducer import reduced_metrics
+from llasmol.metrics.rewards import Rewards
 from llasmol.metrics.support import note_of, support, support_note
 from llasmol.finetune.lightning_private import live_progress
 from llasmol.finetune.tracking import log_predictions_table, update_best_summary, wandb_loggers
@@ -102,7 +103,6 @@ class GenerationEvaluator(Callback):
         the one the metrics score first) against its golds; nothing without reward weights."""
         if not self.rewards or not records:
             return {}
-        from llasmol.metrics.rewards import Rewards
 
         reward = Rewards(self.rewards, tasks, datamodule.tasks)
         by_task: dict[str, list[float]] = {}

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional
 
 from llasmol.core.errors import UserError
+from llasmol.core.schema import check_config
 from llasmol.core.tasks import TaskTable
 from llasmol.metrics.scoring import family, sample_stats
 
@@ -88,6 +89,5 @@ def check_rewards(cfg, tasks: Optional[TaskTable] = None) -> None:
     """objective=grpo: every reward weight of every task a training config trains, checked before anything is built
     (`tasks`: the config's task table, read here when not given)."""
     if cfg.objective.name == "grpo":
-        from llasmol.core.schema import check_config
 
         Rewards(cfg.reward, tasks if tasks is not None else check_config(cfg).tasks, cfg.data.get("tasks"))

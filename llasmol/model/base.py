@@ -18,6 +18,7 @@ import torch
 from llasmol.core import offline  # its functions are looked up at each call, so a test can stand in for the Hub
 from llasmol.core.config import PACKAGE_DIR
 from llasmol.core.errors import UserError
+from llasmol.model.deferred import INDEX_FILE, DeferredWeights, parameters_on_meta, weight_entries, weight_files
 from llasmol.model.memory import DTYPE_BYTES, check_dtype
 
 ARCH_DIR = PACKAGE_DIR / "model" / "arch"
@@ -346,8 +347,6 @@ def weights_folder(model_cfg) -> Path:
     local_only = _local_only(model_cfg, "base weights")
     from huggingface_hub import snapshot_download
 
-    from llasmol.model.deferred import INDEX_FILE, weight_files
-
     code = ["*.py"] if model_cfg.trust_remote_code else []  # a base's own modelling code, when it is trusted
     try:
         # The files transformers reads, not every *.safetensors: some repositories also hold a consolidated copy
@@ -365,8 +364,6 @@ def load_base_on_meta(model_cfg, tokenizer):
     until `trainer=fsdp` has sharded it and each process reads its own rows (`llasmol.model.deferred`). The
     files to read them from are named on the model as `deferred_weights`."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
-    from llasmol.model.deferred import DeferredWeights, parameters_on_meta, weight_entries
 
     folder = weights_folder(model_cfg)
     weight_entries(folder)  # an incomplete or damaged folder is one line now, not after the sharding

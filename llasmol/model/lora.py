@@ -59,7 +59,7 @@ def apply_lora(model, model_cfg, lora_cfg):
 
     from peft import get_peft_model
 
-    from llasmol.model.deferred import adapt_meta_base
+    from llasmol.model.deferred import adapt_meta_base  # torch at import: counting a bundled base needs none
 
     with warnings.catch_warnings():
         # PEFT asks for a property this transformers release deprecates; nothing for our users to do.
