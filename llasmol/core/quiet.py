@@ -20,8 +20,9 @@ _WARNINGS = (
 
 # Known lines of libraries' loggers: by logger, the parts of a message that mark it (each with why it is noise).
 _LOG_LINES = {
-    # Lightning's advertisement of a cloud service.
-    "lightning.pytorch.utilities.rank_zero": ("Tip:",),
+    # Lightning's advertisement of a cloud service, and its note on building the training loader to count the
+    # steps: the line before training's own, which made a slow first step on a busy machine read as a hang there.
+    "lightning.pytorch.utilities.rank_zero": ("Tip:", "to estimate number of stepping batches"),
     # peft imports bitsandbytes, whose CPU backend looks for an optional 4-bit kernel on the Hub at import, in every
     # model command, quantised or not: offline (or untrusted) it says so twice and keeps its own 4-bit path.
     "kernels._internals.hf_hub": ("Skipping publisher trust check",),

@@ -95,9 +95,11 @@ class ProgressBar(RichProgressBar):
 
 class ProgressLines(Callback):
     """The progress bar's stand-in off a terminal (nohup, tee, SLURM), where a run would otherwise say nothing
-    between validations: every `every_s` seconds of training (0: every step) a line in the run's log, 'training:
-    120/826 steps (15%), 9.80 steps/s, about 1m12s left; loss 3.2104'. The rate counts the steps of this process
-    (a resumed run's earlier steps took their own time). Rank 0 alone speaks."""
+    between validations: a line in the run's log when training starts, after this process's first step (the rate
+    is known from then on, and a slow first step on a busy machine would read as a hang), then every `every_s`
+    seconds of training (0: every step): 'training: 120/826 steps (15%), 9.80 steps/s, about 1m12s left; loss
+    3.2104'. The rate counts the steps of this process (a resumed run's earlier steps took their own time). Rank 0
+    alone speaks."""
 
     def __init__(self, every_s: float) -> None:
         self.every_s = float(every_s)
@@ -108,12 +110,16 @@ class ProgressLines(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self._start = self._last = time.monotonic()
         self._first_step = trainer.global_step
+        if trainer.is_global_zero:
+            total = trainer.estimated_stepping_batches
+            log.info("training: from step %d%s; a line after the first step, then every %gs (progress_every_s)",
+                     trainer.global_step, f" to {int(total)}" if math.isfinite(total) else ", no end set", self.every_s)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         now, step = time.monotonic(), trainer.global_step
         if not trainer.is_global_zero or step == self._said_step or step == self._first_step:
             return  # another rank, an accumulating micro-batch, or no step done yet
-        if now - self._last < self.every_s:
+        if now - self._last < self.every_s and step > self._first_step + 1:
             return
         self._last, self._said_step = now, step
         loss = trainer.callback_metrics.get("train/loss")
