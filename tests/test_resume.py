@@ -578,7 +578,7 @@ def _stopping_trainer(raised: BaseException, interrupted: bool):
         calls.append({"ckpt_path": ckpt_path, "weights_only": weights_only})
         raise raised
 
-    return SimpleNamespace(fit=fit, interrupted=interrupted, loggers=[]), calls
+    return SimpleNamespace(fit=fit, interrupted=interrupted, loggers=[], world_size=1), calls
 
 
 def _keyboard_exit() -> SystemExit:
