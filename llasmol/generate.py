@@ -13,7 +13,8 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
-from llasmol.core.config import split_free_text
+from llasmol.core.config import NO_QUERY, overrides_of, split_free_text
+from llasmol.core.errors import UserError
 from llasmol.frame import command, start
 
 
@@ -37,7 +38,17 @@ def _answer(cfg: DictConfig, query: Optional[str]):
 _QUERY: Optional[str] = None  # the question from the command line, literally
 
 
-@command("generate", sweeps=False)
+def _has_question(argv: list[str]) -> None:
+    """A command line without a question is one line before Hydra starts (a `hydra.run.dir=` read as a setting
+    would make its folder first), naming what was read as settings; Hydra's own options (--help, --cfg) go on."""
+    if _QUERY or any(arg.startswith("-") for arg in argv):
+        return
+    read = overrides_of(argv)
+    raise UserError(NO_QUERY + (f"; read as setting(s): {', '.join(read)}; to ask one of them, give query='<it>'"
+                                if read else ""))
+
+
+@command("generate", sweeps=False, before=_has_question)
 def main(cfg: DictConfig) -> None:
     responses, model_cfg, tasks = _answer(cfg, _QUERY)
     for line in _asking().answer_lines(responses, cfg.task, bool(model_cfg.get("random_init")), tasks):

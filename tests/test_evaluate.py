@@ -1020,6 +1020,22 @@ def test_options_and_their_values_are_never_the_question():
         assert split_free_text(["generate", *args], "query", "generate", settings) == (["generate", *rest], question), args
 
 
+@pytest.mark.slow
+def test_a_command_line_without_a_question_or_with_an_option_quoted_whole_is_one_line_before_hydra(tmp_path):
+    """Every argument read as a setting (`hydra.run.dir=`, `+a=b`): one line naming them and query='…', and the
+    folder a `hydra.run.dir=` names is never made; an option quoted with its value ('--cfg job') is one line for
+    any command, not Hydra's lexer error with exit status 1."""
+    from refusals import refused_cli
+
+    folder = tmp_path / "made"
+    for question in (f"hydra.run.dir={folder}", "+a=b"):
+        refused_cli(["llasmol.generate", "model=tiny", "ckpt=none", question], tmp_path, "no query", question,
+                    "query='<it>'", untouched=tmp_path)
+        assert not folder.exists()
+    refused_cli(["llasmol.generate", "model=tiny", "--cfg job"], tmp_path, "'--cfg job' is one argument", "as two")
+    refused_cli(["llasmol.train", "--info config"], tmp_path, "'--info config' is one argument")
+
+
 def _fake_adapter(folder: Path, config, weights: str | None = "adapter_model.safetensors") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "adapter_config.json").write_text(json.dumps(config))

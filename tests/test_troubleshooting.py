@@ -248,6 +248,18 @@ def _peer_lost(tmp_path, capsys):
     raise UserError(capsys.readouterr().err.strip().removeprefix("error: "))  # the line, as a refusal's
 
 
+def _no_question():
+    from llasmol import generate
+
+    generate._has_question(["model=tiny", "hydra.run.dir=/x"])
+
+
+def _option_quoted_whole():
+    from llasmol.core.config import check_options
+
+    check_options(["--cfg job"])
+
+
 def _nul_byte(tmp_path):
     from llasmol.core.tasks import TaskTable
     from llasmol.data.custom import read_table
@@ -411,6 +423,8 @@ ROWS = [
     ("… differ only by letter case or '-' and '_' …", lambda: _config("+data.new_tasks.LogP={family: number}",
                                                                       "+data.new_tasks.logp={family: number}")),
     ("<file> line …: input holds a NUL byte …", _nul_byte),
+    ('no query: run python -m llasmol.generate "<your question>" … read as setting(s): …', _no_question),
+    ("'--cfg job' is one argument …", _option_quoted_whole),
     ("another of this run's … processes ended at step … (torch.distributed: Connection closed by peer), and rank … "
      "cannot go on without it …", _peer_lost),
     ("<run>/tasks.json was changed after the command that wrote it …", _edited_tasks),

@@ -264,6 +264,9 @@ def _settings_of(config_name: str) -> frozenset[str]:
     return frozenset(keys | {p.name for p in CONFIG_DIR.iterdir() if p.is_dir()} | {"hydra"})
 
 
+NO_QUERY = 'no query: run python -m llasmol.generate "<your question>" [ckpt=<run dir>]'
+
+
 def split_free_text(argv: list[str], key: str, config_name: str,
                     settings: Optional[frozenset[str]] = None) -> tuple[list[str], Optional[str]]:
     """`argv` without its free text, and that text (generate's question): Hydra takes only key=value overrides, and
@@ -405,10 +408,21 @@ def check_writable(folder: Path) -> None:
                         "writable folder with hydra.run.dir=<folder> (or run from a writable directory)")
 
 
+def check_options(argv: list[str]) -> None:
+    """An option quoted together with its value ('--cfg job') is one argument Hydra's parser cannot read (five
+    lines, exit status 1): one line here, naming it."""
+    for arg in argv:
+        if arg.startswith("-") and len(arg.split()) > 1 and arg.split()[0] in {*VALUED_OPTIONS, *OPTIONAL_VALUE_OPTIONS}:
+            option, value = arg.split(maxsplit=1)
+            raise UserError(f"{arg!r} is one argument: give the option and its value as two ({option} {value}, "
+                            "without quotes around both)")
+
+
 def check_command_line(config_name: str, run_folder: bool = False, check: Optional[Callable] = None) -> None:
     """`check_overrides` for this process's command line; one `error:` line and exit status 2 on a mistake.
     `run_folder`: the command writes a run folder, which must be writable (checked before Hydra writes);
     `check`: the command's own check of each composed config (see `check_overrides`)."""
+    report_user_errors(check_options)(sys.argv[1:])
     report_user_errors(check_overrides)(config_name, overrides_of(sys.argv[1:]), check)
     if run_folder:
         report_user_errors(check_writable)(named_run_dir(sys.argv[1:]) or Path("outputs"))

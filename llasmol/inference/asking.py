@@ -12,6 +12,7 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
+from llasmol.core.config import NO_QUERY
 from llasmol.core.errors import UserError
 from llasmol.core.run_dir import read_tasks
 from llasmol.core.smiles import MAX_SMILES_CHARS, canonicalize_query, tagged_smiles
@@ -38,7 +39,7 @@ def ask(cfg: DictConfig, query: Optional[str], tasks: TaskTable) -> tuple[list[s
     if cfg.task is not None:
         tasks.task(cfg.task, "task= (or leave task out for one greedy answer)")
     if not query:
-        raise UserError('no query: run python -m llasmol.generate "<your question>" [ckpt=<run dir>]')
+        raise UserError(NO_QUERY)
     try:
         query.encode("utf-8")
     except UnicodeEncodeError as err:
