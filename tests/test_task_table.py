@@ -123,8 +123,26 @@ def test_a_tasks_json_edited_after_it_was_written_is_refused(tmp_path, edit):
 
 
 def test_a_tasks_json_that_is_no_file_is_named(tmp_path):
-    (tmp_path / "tasks.json").mkdir()
-    with pytest.raises(UserError, match="tasks.json is not a regular file"):
+    """What stands where tasks.json should be is named as what it is (a folder, a pipe, a dangling link, a link
+    loop), never taken for no file (the run's own tasks would then be "unknown")."""
+    import os
+
+    path = tmp_path / "tasks.json"
+    path.mkdir()
+    with refused(str(path), "is a folder, not a regular file"):
+        read_tasks(tmp_path)
+    path.rmdir()
+    os.mkfifo(path)
+    with refused(str(path), "is a named pipe (FIFO), not a regular file"):
+        read_tasks(tmp_path)
+    path.unlink()
+    path.symlink_to(tmp_path / "gone.json")
+    with refused(str(path), "is a symbolic link to", "which does not exist"):
+        read_tasks(tmp_path)
+    path.unlink()
+    path.symlink_to(tmp_path / "loop")
+    (tmp_path / "loop").symlink_to(path)
+    with refused(str(path), "is a symbolic link loop"):
         read_tasks(tmp_path)
     assert TaskTable() == SMOLINSTRUCT and len(SMOLINSTRUCT) == 14
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
 
 from llasmol.core.errors import UserError
-from llasmol.core.files import write_json
+from llasmol.core.files import unreadable, write_json
 from llasmol.core.schema import checked_tasks
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 
@@ -113,10 +114,11 @@ def read_card(folder: Path) -> Optional[dict]:
 
 def _read_object(path: Path, what: str, fix: str) -> Optional[dict]:
     """The JSON object in `path` (None when there is none), read as data, whatever the file holds."""
-    if not path.exists():
+    if not os.path.lexists(path):  # a dangling link or a link loop is a file someone meant: named below
         return None
-    if not path.is_file():
-        raise UserError(f"{path} is not a regular file (a folder, pipe or device): {fix}")
+    problem = unreadable(path)
+    if problem:
+        raise UserError(f"{path} {problem}: {fix}")
     try:
         if path.stat().st_size > MAX_DECLARED_BYTES:
             raise UserError(f"{path} is larger than any {what}: {fix}")
