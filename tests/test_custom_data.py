@@ -172,6 +172,30 @@ def test_a_bad_row_is_one_line_naming_its_file_and_line(tmp_path, text, named):
     assert read_table(tmp_path / "logp.csv", table=TABLE)[0].task == "logp"  # named for its task
 
 
+@pytest.mark.parametrize("name, data, named", [
+    # a quote never closed: the row it opens in is named, not the file's last line (a caption task took the rest of
+    # the file as one cell and trained on 3 rows of 9)
+    ("own.csv", 'input,output\nC,a\nCC,b\nCCO,"c\nCCCO,d\nCCCCO,e\n', ["line 4", "never closed", '""']),
+    ("own.csv", 'input,output\nC,a\nCC,"b"x\n', ["line 3", "not a readable CSV row"]),
+    ("own.csv", "\ufeffinput,output\nC,a\n", ["second byte-order mark", "'\\ufeffinput'"]),
+    ("own.tsv", "input,output\nC,a\n", ["read at tabs", "name it .csv"]),
+    ("own.csv", "smiles,output\nC,a\n", ["no column 'input'", "set data.columns.input=<your column>",
+                                           "its columns are output, smiles"]),
+    ("own.jsonl", '{"input": "C", "output": "a"}\n{"input": "C", "output": ' + "9" * 5000 + "}\n",
+     ["line 2", "holds an integer of more than 4,300 digits"]),
+])
+def test_a_broken_table_is_named_for_what_is_wrong(tmp_path, name, data, named):
+    """What is wrong with a table is said, where it is: not "has no input" for a header Python read otherwise,
+    not "not valid JSON" for a number Python will not read. A quoted cell over several lines still reads."""
+    path = tmp_path / name
+    path.write_bytes(("\ufeff" + data).encode() if data.startswith("\ufeff") else data.encode())
+    with refused(str(path), *named):
+        read_table(path, table=TaskTable({"own": {"family": "caption"}}))
+    (tmp_path / "fine.csv").write_text('input,output\nC,"two\nlines, and a ""quote"""\n')
+    assert read_table(tmp_path / "fine.csv", table=TaskTable({"own": {"family": "caption"}}))[0].output == (
+        'two\nlines, and a "quote"')
+
+
 def test_samples_are_the_declared_query_and_the_answer_between_its_tags(tmp_path):
     source = SMolInstructSource(path=str(write_ring_jsonl(tmp_path / "ring.jsonl")), tasks=["ring"], table=TABLE)
     train = source.split("train")
@@ -469,7 +493,8 @@ def test_each_table_of_data_also_can_bring_its_own_columns_and_split_fractions(t
     assert list(source.split("train").core_samples("logp"))[0][0] in MOLECULES
     assert source.reading(str(ring)) == (None, {"validation": 0.1, "test": 0.1}, "data.columns")  # data.path's
     # The CSV without its mapping: data.columns (none given) applied, and the line says how to give it its own.
-    with refused(f"{logp} line 2 has no input", "data.columns maps", "data.also=[{path: <file>, columns:"):
+    with refused(f"{logp} has no column 'input'", "data.columns.input=<your column>", "its columns are logp, smiles",
+                 "data.also=[{path: <file>, columns:"):
         SMolInstructSource(path=str(BUNDLED_DATA), also=[str(logp)], table=TABLE).split("train")
     wrong = {"path": str(logp), "columns": {"input": "smile", "output": "logp"}}
     with refused(f"{logp}", "'smile'", "data.also[0].columns.input applied", "smiles"):

@@ -171,7 +171,7 @@ GOOD = {"task": "forward_synthesis", "input": "a", "gold": "C", "predictions": [
     (b'{"task": "forward_synthesis", "input": "a", "gold": ' + b"[" * 50_000 + b"]" * 50_000 + b', "predictions": []}',
      ("line 1", "nested too deeply")),
     (b'{"task": "forward_synthesis", "input": "a", "gold": ' + b"9" * 5000 + b', "predictions": []}',
-     ("line 1", "Exceeds the limit")),
+     ("line 1", "holds an integer of more than 4,300 digits", "fix the line")),
     (b"[1, 2]\n", ("line 1", "task, input, gold, predictions")),
     # Escaped lone surrogates parse as JSON but are no text: every later write of them would fail.
     (b'{"task": "forward_synthesis", "input": "x\\ud800", "gold": "C", "predictions": ["C"]}',

@@ -260,6 +260,16 @@ def _option_quoted_whole():
     check_options(["--cfg job"])
 
 
+def _table(name, text):
+    def produce(tmp_path):
+        from llasmol.core.tasks import TaskTable
+        from llasmol.data.custom import read_table
+
+        (tmp_path / name).write_text(text)
+        read_table(tmp_path / name, table=TaskTable({"own": {"family": "caption"}}))
+    return produce
+
+
 def _nul_byte(tmp_path):
     from llasmol.core.tasks import TaskTable
     from llasmol.data.custom import read_table
@@ -423,6 +433,12 @@ ROWS = [
     ("… differ only by letter case or '-' and '_' …", lambda: _config("+data.new_tasks.LogP={family: number}",
                                                                       "+data.new_tasks.logp={family: number}")),
     ("<file> line …: input holds a NUL byte …", _nul_byte),
+    ("<file> line …: a quote opened in this row is never closed …", _table("q.csv", 'input,output\nC,"a\nCC,b\n')),
+    ("<file>'s header starts with a second byte-order mark …", _table("b.csv", "\ufeff\ufeffinput,output\nC,a\n")),
+    ("<file> is read at tabs (.tsv) and its header has none, only commas …", _table("c.tsv", "input,output\nC,a\n")),
+    ("<file> has no column 'input' …", _table("n.csv", "smiles,output\nC,a\n")),
+    ("<file> line … holds an integer of more than 4,300 digits …",
+     _table("d.jsonl", '{"input": "C", "output": ' + "9" * 5000 + "}\n")),
     ('no query: run python -m llasmol.generate "<your question>" … read as setting(s): …', _no_question),
     ("'--cfg job' is one argument …", _option_quoted_whole),
     ("another of this run's … processes ended at step … (torch.distributed: Connection closed by peer), and rank … "

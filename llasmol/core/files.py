@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterable
@@ -80,6 +81,21 @@ def not_a_regular_file(path: str | os.PathLike) -> str | None:
         return None
     kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
     return f"{kind} (through a symbolic link)" if os.path.islink(path) else kind
+
+
+def json_problem(err: BaseException) -> str:
+    """Why `json.loads` refused a line, said after where it is ("line 3 is not valid JSON (Expecting value)"):
+    one wording for every JSON-lines reader. Python reads no integer past 4,300 digits and no nesting past its
+    stack; neither is bad JSON."""
+    if isinstance(err, RecursionError):
+        return "is nested too deeply to read (thousands of brackets)"
+    if isinstance(err, UnicodeDecodeError):
+        return "is not UTF-8 text"
+    if isinstance(err, json.JSONDecodeError):
+        return f"is not valid JSON ({err.msg})"
+    if "digits" in str(err):
+        return f"holds an integer of more than {sys.get_int_max_str_digits():,} digits, more than Python reads"
+    return f"cannot be read ({type(err).__name__})"
 
 
 def unreadable(path: str | os.PathLike) -> str | None:

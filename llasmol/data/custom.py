@@ -32,7 +32,7 @@ import numpy as np
 
 from llasmol.core.errors import UserError
 from llasmol.core.smiles import MAX_SMILES_CHARS
-from llasmol.core.files import unreadable
+from llasmol.core.files import json_problem, unreadable
 from llasmol.core.schema import TABLE_COLUMNS
 from llasmol.core.tasks import MAX_POOLED_GOLDS, SMOLINSTRUCT, Task, TaskTable, tag_pair, too_many_golds
 
@@ -90,21 +90,34 @@ def _records(path: Path) -> Iterator[tuple[int, dict]]:
                         record = json.loads(line, object_pairs_hook=_no_twice)
                     except _TwiceError as twice:
                         raise UserError(f"{path} line {number} names {twice.key!r} twice: keep one") from None
-                    except (ValueError, RecursionError):
-                        raise UserError(f"{path} line {number} is not valid JSON: fix the line") from None
+                    except (ValueError, RecursionError) as err:
+                        raise UserError(f"{path} line {number} {json_problem(err)}: fix the line") from None
                     if not isinstance(record, dict):
                         raise UserError(f"{path} line {number} is a JSON {type(record).__name__}, not an object of "
                                         "columns: write one object per line, {\"input\": ..., \"output\": ...}")
                     yield number, record
                 return
             csv.field_size_limit(MAX_FIELD_CHARS)
-            reader = csv.DictReader(fh, delimiter="\t" if suffix == ".tsv" else ",")
+            # strict: a quote never closed is an error, not the rest of the file read as one cell
+            reader = csv.DictReader(fh, delimiter="\t" if suffix == ".tsv" else ",", strict=True)
             if not reader.fieldnames:
                 raise UserError(f"{path} is empty: a header line (input,output,...) and rows are needed")
             twice = [name for name in reader.fieldnames if reader.fieldnames.count(name) > 1]
             if twice:
                 raise UserError(f"{path}'s header names the column {twice[0]!r} twice: rename one")
-            for record in reader:
+            while True:
+                start = reader.line_num + 1  # where the next row begins (a quoted cell may span lines)
+                try:
+                    record = next(reader)
+                except StopIteration:
+                    return
+                except csv.Error as err:
+                    if "unexpected end of data" in str(err):
+                        raise UserError(f"{path} line {start}: a quote opened in this row is never closed, so the "
+                                        "rest of the file would be one cell: close it (a quote inside a quoted cell "
+                                        'is written twice, "")') from None
+                    raise UserError(f"{path} line {start} is not a readable CSV row ({err}): quote a cell that holds "
+                                    'the delimiter or a quote, and write a quote inside it twice ("")') from None
                 if None in record:  # more cells than the header names
                     raise UserError(f"{path} line {reader.line_num} has more cells than its header "
                                     f"({', '.join(reader.fieldnames)}): quote cells that hold the delimiter")
@@ -137,19 +150,26 @@ _OWN_MAPPING = "a file of data.also can have its own: data.also=[{path: <file>, 
 
 
 def _check_columns(file: Path, seen: set[str], names: Mapping[str, str], given: Mapping[str, str],
-                   where: str = "data.columns") -> None:
+                   where: str = "data.columns", header: bool = False) -> None:
     """Every column the config names is in `file` (`seen`: its columns): a split or task column spelt otherwise
-    would be passed over without a word, and test rows would train."""
+    would be passed over without a word, and test rows would train. `header`: `seen` is a CSV's header, which
+    every row shares, so an input or output column it lacks is said here, with what the header is instead."""
     for role in TABLE_COLUMNS:
         name = names[role]
         if name in seen:
             continue
+        if any("\ufeff" in column for column in seen):
+            raise UserError(f"{file}'s header starts with a second byte-order mark (U+FEFF), read as part of the "
+                            f"column {next(c for c in seen if chr(0xFEFF) in c)!r}: save the file as UTF-8 once")
+        if file.suffix.lower() == ".tsv" and len(seen) == 1 and "," in next(iter(seen)):
+            raise UserError(f"{file} is read at tabs (.tsv) and its header has none, only commas: name it .csv")
         alike = next((c for c in seen if c.strip().casefold() == name.casefold()), None)
         if alike is not None:
             raise UserError(f"{file} has a column {alike!r}, not {name!r}: set {where}.{role}={alike}")
-        if role in given:
-            raise UserError(f"{file} has no column {name!r} ({where}.{role} applied); its columns are "
-                            f"{', '.join(sorted(seen))}; {_OWN_MAPPING}")
+        if role in given or (header and role in ("input", "output")):
+            applied = f" ({where}.{role} applied)" if role in given else f" (set {where}.{role}=<your column>)"
+            raise UserError(f"{file} has no column {name!r}{applied}; its columns are {', '.join(sorted(seen))}; "
+                            f"{_OWN_MAPPING}")
 
 
 def _cell(record: dict, column: str, path: Path, number: int, required: bool = True,
@@ -235,7 +255,7 @@ def read_table(path: str | Path, columns: Optional[Mapping[str, str]] = None,
                 seen.update(record)
             elif not seen:
                 seen = set(record)
-                _check_columns(file, seen, names, given, where)
+                _check_columns(file, seen, names, given, where, header=True)
             task_name = _cell(record, names["task"], file, number, required=False) or named
             if task_name is None:
                 raise UserError(f"{file} line {number} names no task: give the file a {names['task']} column, name "

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from llasmol.core.errors import UserError
-from llasmol.core.files import unreadable
+from llasmol.core.files import json_problem, unreadable
 from llasmol.core.tasks import SMOLINSTRUCT, Task, TaskTable
 
 log = logging.getLogger(__name__)
@@ -74,10 +74,8 @@ def _parse_raw_line(line: bytes) -> tuple[Optional[dict], Optional[str]]:
     indexed at start-up (`_line_offsets`) or streamed (`read_raw_records`)."""
     try:
         record = json.loads(line)
-    except ValueError as err:  # UnicodeDecodeError too
-        return None, f"is not valid JSON ({getattr(err, 'msg', type(err).__name__)})"
-    except RecursionError:
-        return None, "is not valid JSON (nested too deeply)"
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError too
+        return None, json_problem(err)
     if not isinstance(record, dict) or "input" not in record or "output" not in record:
         return None, f"is not a JSON object with input and output (it is {type(record).__name__})"
     return record, None

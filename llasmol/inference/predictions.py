@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from llasmol.core.errors import UserError
-from llasmol.core.files import unreadable
+from llasmol.core.files import json_problem, unreadable
 from llasmol.core.run_dir import PREDICTIONS, read_tasks
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.metrics.extract import extract_answer
@@ -191,11 +191,8 @@ def _read_file(path: Path, tasks: TaskTable, pool: GoldPool) -> list[dict]:
                 continue
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{where} is not valid JSON ({err.msg})") from None
             except (ValueError, RecursionError) as err:  # 5,000-digit integers; nesting deeper than Python's stack
-                reason = "nested too deeply" if isinstance(err, RecursionError) else str(err).split(";")[0][:80]
-                raise UserError(f"{where} cannot be read ({reason})") from None
+                raise UserError(f"{where} {json_problem(err)}: fix the line") from None
             _encodable(record, where)
             official = isinstance(record, dict) and "output" in record and "predictions" not in record
             if official:
