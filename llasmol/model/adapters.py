@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -163,8 +164,14 @@ def load_adapter(model, folder: Path):
                 save_file(weights, str(Path(tmp) / WEIGHTS_SAFETENSORS))
                 peft_model = PeftModel.from_pretrained(model, tmp)
     except (OSError, ValueError, KeyError, RuntimeError, TypeError) as err:
-        raise UserError(f"cannot load the adapter {folder} ({type(err).__name__}: {str(err)[:160]}): check ckpt= "
-                        "and model=") from None
+        mismatch = _SIZE_MISMATCH.search(str(err))
+        if mismatch:  # torch lists every tensor over many lines: the first says it
+            name, theirs, ours = mismatch.groups()
+            raise UserError(f"adapter {folder} does not fit model: {name} is {theirs} in the adapter and {ours} in "
+                            "the model: pass the model= and lora variant it was trained with") from None
+        said = " ".join(str(err).split())  # one line
+        raise UserError(f"cannot load the adapter {folder} ({type(err).__name__}: "
+                        f"{said if len(said) <= 160 else said[:157] + '...'}): check ckpt= and model=") from None
     expected = set(get_peft_model_state_dict(peft_model, save_embedding_layers=False))
     missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if missing or extra:
@@ -173,6 +180,12 @@ def load_adapter(model, folder: Path):
             f"{len(extra)} not in the model, e.g. {extra[0]}" if extra else "") if part)
         raise UserError(f"adapter {folder} does not fit model: {detail}: pass the model= and lora variant it was trained with")
     return peft_model
+
+
+# torch's load_state_dict: "size mismatch for <name>: copying a param with shape torch.Size([8, 64]) from
+# checkpoint, the shape in current model is torch.Size([8, 32])."
+_SIZE_MISMATCH = re.compile(r"size mismatch for (\S+): copying a param with shape torch\.Size\((\[[^\]]*\])\) from "
+                            r"checkpoint, the shape in current model is torch\.Size\((\[[^\]]*\])\)")
 
 
 def load_adapter_weights(model, folder: Path) -> None:
