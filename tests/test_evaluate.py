@@ -870,7 +870,10 @@ def test_a_command_stopped_by_a_mistake_leaves_no_timestamped_run_folder(tmp_pat
     missing = tmp_path / "missing.jsonl"
     proc = run_cli(["llasmol.evaluate", f"predictions={missing}"], tmp_path)
     error_line(proc, "predictions", missing)
-    assert list((tmp_path / "outputs" / "evaluate").iterdir()) == []
+    assert not (tmp_path / "outputs").exists()  # nor the empty folders above it
+    (tmp_path / "outputs" / "train" / "a run").mkdir(parents=True)
+    proc = run_cli(["llasmol.evaluate", f"predictions={missing}"], tmp_path)
+    assert [p.name for p in (tmp_path / "outputs").iterdir()] == ["train"]  # another command's runs stay
     proc = run_cli(["llasmol.evaluate", f"predictions={missing}", f"hydra.run.dir={tmp_path / 'named'}"], tmp_path)
     line = error_line(proc, "predictions", missing)
     assert line.removeprefix("error: ") in (tmp_path / "named" / "evaluate.log").read_text()

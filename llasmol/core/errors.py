@@ -91,6 +91,13 @@ def _remove_empty_run_folder() -> None:
             if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == folder:
                 handler.close()
         shutil.rmtree(folder, ignore_errors=True)
+        cwd, parent = Path.cwd().resolve(), folder.resolve().parent
+        while parent != cwd and cwd in parent.parents:  # outputs/evaluate/ and outputs/, when nothing else is there
+            try:
+                parent.rmdir()  # only an empty folder: another command's runs beside it stay
+            except OSError:
+                break
+            parent = parent.parent
 
 
 def _find_user_error(err: BaseException) -> UserError | None:
