@@ -557,16 +557,25 @@ def test_a_lone_surrogate_is_named_by_where_it_is(tmp_path, line, where, half):
 
 
 @pytest.mark.skipif(not hasattr(sys, "get_int_max_str_digits"), reason="Python before 3.10.7 reads any number")
-def test_an_unreadable_number_is_named_with_the_first_80_characters_of_the_reason(tmp_path):
+def test_an_unreadable_number_or_nesting_is_named_for_what_it_is_whole(tmp_path):
+    """Python reads no integer past 4,300 digits and no nesting past its stack: said as such (one wording for every
+    JSON-lines reader, `core.files.json_problem`), not cut mid-word and not called bad JSON."""
+    from llasmol.core.files import json_problem
     from llasmol.inference.predictions import read_predictions
 
     path = tmp_path / "p.jsonl"
     path.write_text('{"task": "forward_synthesis", "input": "a", "gold": ' + "9" * 5000 + ', "predictions": []}\n')
-    with refused(f"{path} line 1", "(Exceeds the limit") as seen:
+    with refused(f"{path} line 1", "holds an integer of more than 4,300 digits, more than Python reads: fix the line"):
         read_predictions(path)
-    assert seen.message.endswith(")")  # the reason closes the message
-    reason = seen.message.split(" (", 1)[1][:-1]
-    assert len(reason) == 80 and ";" not in reason  # Python's reason is longer: cut at its first clause, then at 80
+    for text, said in (("[" * 100_000 + "]" * 100_000, "is nested too deeply to read"),
+                       ("{", "is not valid JSON (Expecting property name enclosed in double quotes)"),
+                       ("9" * 4300, None), (b"\xff", "is not UTF-8 text")):
+        try:
+            json.loads(text)
+        except (ValueError, RecursionError) as err:
+            assert json_problem(err).startswith(said), text[:10]
+        else:
+            assert said is None
 
 
 def test_a_second_evaluation_into_the_same_files_is_refused_while_the_first_answers(tmp_path):
