@@ -242,6 +242,36 @@ def test_a_lost_process_is_one_line_on_several_processes_and_any_other_error_is_
         assert raised.value is error
 
 
+@pytest.mark.parametrize("signum, code, said", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 1, "Ctrl-C")])
+def test_a_signal_during_the_last_steps_validation_stops_it_at_once(tmp_path, caplog, monkeypatch, signum, code,
+                                                                     said):
+    """After the fit no step is left to finish: SIGTERM or Ctrl-C while the last step is validated stops at once
+    (a validation generating for minutes went on after a SIGTERM), with its exit status, a line saying training is
+    complete and saved, W&B closed as stopped, and the signal handlers as they were."""
+    from types import SimpleNamespace
+
+    from llasmol.finetune import fit as fit_module
+
+    closed = []
+    monkeypatch.setattr(fit_module, "finish_wandb_runs", lambda trainer, stopped=False: closed.append(stopped))
+    generated = []
+
+    def validate(module, datamodule=None, verbose=None):
+        os.kill(os.getpid(), signum)
+        for _ in range(300):  # a long generation: 30 s unless stopped
+            generated.append(1)
+            time.sleep(0.1)
+
+    trainer = SimpleNamespace(validate=validate, global_step=5, default_root_dir=str(tmp_path), loggers=[])
+    module = SimpleNamespace(last_validated_step=4)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with caplog.at_level("WARNING", logger="llasmol.train"), pytest.raises(SystemExit) as stop:
+        fit_module.validate_last_step(trainer, module, None, 4)
+    assert stop.value.code == code and len(generated) <= 2 and closed == [True]
+    assert f"stopped ({said}) while validating the last step (5): training is complete and saved in" in caplog.text
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
 def test_a_checkpoint_resumes_only_on_the_number_of_processes_and_the_kind_of_trainer_it_was_saved_from(tmp_path):
     from llasmol.finetune.resume import check_same_launch, checkpoint_launch
 

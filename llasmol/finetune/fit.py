@@ -6,10 +6,13 @@ runs closed."""
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import lightning as L
 import torch.distributed as dist
@@ -117,10 +120,40 @@ def validate_last_step(trainer: Trainer, module: LoRACausalLM, datamodule: Light
         return
     log.info("validating the last step (%d): val_every_n_steps=%d does not divide it",
              trainer.global_step, val_every_n_steps)
-    trainer.validate(module, datamodule=datamodule, verbose=False)
+    try:
+        with _signals_stop_at_once():
+            trainer.validate(module, datamodule=datamodule, verbose=False)
+    except (SIGTERMException, KeyboardInterrupt, SystemExit) as stop:
+        ctrl_c = isinstance(stop, KeyboardInterrupt) or isinstance(stop.__context__, KeyboardInterrupt)
+        if not ctrl_c and not isinstance(stop, SIGTERMException):  # (a SystemExit itself) another exit: as it is
+            raise
+        log.warning("stopped (%s) while validating the last step (%d): training is complete and saved in %s; "
+                    "nothing of this validation was kept", "Ctrl-C" if ctrl_c else "SIGTERM", trainer.global_step,
+                    Path(trainer.default_root_dir) / run_dir.CHECKPOINTS / run_dir.LAST_CKPT)
+        finish_wandb_runs(trainer, stopped=True)
+        raise SystemExit(1 if ctrl_c else 143) from None
     for callback in trainer.checkpoint_callbacks:  # every rank: gathering sharded adapters is collective
         if isinstance(callback, AdapterModelCheckpoint) and callback.monitor:
             callback.save_best_now(trainer)
+
+
+@contextmanager
+def _signals_stop_at_once() -> Iterator[None]:
+    """After the fit, no step is left to finish: Ctrl-C or SIGTERM stops the validation of the last step at once.
+    (Lightning alone only notes a SIGTERM there, and a validation that generates for minutes went on.)"""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        yield
+        return
+
+    def stop(signum, frame) -> None:
+        raise KeyboardInterrupt if signum == signal.SIGINT else SIGTERMException()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_result(trainer: Trainer, params: dict, output_dir: Path, resumed_from: Optional[str],
