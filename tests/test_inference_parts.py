@@ -578,6 +578,27 @@ def test_an_unreadable_number_or_nesting_is_named_for_what_it_is_whole(tmp_path)
             assert said is None
 
 
+def test_a_sigterm_inside_a_guarded_parse_still_stops_the_evaluation():
+    """The scorer and parsers never raise on model output (`except Exception`); a SIGTERM landing inside one must
+    still stop the evaluation, not be swallowed there (the run then finished with exit status 0)."""
+    import os
+    import signal
+    import time
+
+    from llasmol.inference.jobs import _Terminated, stoppable
+
+    def guarded_parse():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        except Exception:
+            return None
+        return "parsed"
+
+    with pytest.raises(_Terminated), stoppable():
+        guarded_parse()
+
+
 def test_a_second_evaluation_into_the_same_files_is_refused_while_the_first_answers(tmp_path):
     """Two evaluations appending to one partial file would interleave their lines and each count the other's
     as done: the second is refused, in one line, until the first has closed the file."""

@@ -81,8 +81,9 @@ def _system_row(cfg: DictConfig, records: list[dict], src: Path, tasks: TaskTabl
     return outcome.metrics, outcome.intervals, outcome.files.metrics
 
 
-class _Terminated(Exception):
-    pass
+class _Terminated(BaseException):
+    """SIGTERM, raised wherever the handler finds the main thread: a BaseException, as KeyboardInterrupt is, since
+    the scorer's and parsers' `except Exception` (model output never raises) would otherwise swallow it there."""
 
 
 @contextmanager
