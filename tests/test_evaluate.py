@@ -1039,6 +1039,16 @@ def test_a_command_line_without_a_question_or_with_an_option_quoted_whole_is_one
     refused_cli(["llasmol.train", "--info config"], tmp_path, "'--info config' is one argument")
 
 
+@pytest.mark.slow
+def test_a_run_directory_with_another_model_chosen_is_one_line(run_dir, tmp_path):
+    """`ckpt=<run dir>` answers on the run's own base: a `model=` of another base on the same line was passed
+    over without a word; now it is one line naming both and the way to load the adapter on another base."""
+    from refusals import refused_cli
+
+    refused_cli(["llasmol.evaluate", f"ckpt={run_dir}", "model=mistral", "data.split=test"], tmp_path,
+                f"ckpt={run_dir} is a run of model=tiny", "model=mistral was given", "drop model=")
+
+
 def _fake_adapter(folder: Path, config, weights: str | None = "adapter_model.safetensors") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "adapter_config.json").write_text(json.dumps(config))

@@ -270,6 +270,15 @@ def _table(name, text):
     return produce
 
 
+def _other_model(trained_run, monkeypatch):
+    from conftest import compose_config
+
+    from llasmol.inference import loading
+
+    monkeypatch.setattr(loading, "_model_chosen", lambda: True)  # as when the command line says model=
+    loading.resolve_checkpoint(str(trained_run), compose_config(["model=mistral"], "evaluate"))
+
+
 def _nul_byte(tmp_path):
     from llasmol.core.tasks import TaskTable
     from llasmol.data.custom import read_table
@@ -433,6 +442,7 @@ ROWS = [
     ("… differ only by letter case or '-' and '_' …", lambda: _config("+data.new_tasks.LogP={family: number}",
                                                                       "+data.new_tasks.logp={family: number}")),
     ("<file> line …: input holds a NUL byte …", _nul_byte),
+    ("ckpt=… is a run of model=…, and model=… was given …", _other_model),
     ("<file> line …: a quote opened in this row is never closed …", _table("q.csv", 'input,output\nC,"a\nCC,b\n')),
     ("<file>'s header starts with a second byte-order mark …", _table("b.csv", "\ufeff\ufeffinput,output\nC,a\n")),
     ("<file> is read at tabs (.tsv) and its header has none, only commas …", _table("c.tsv", "input,output\nC,a\n")),

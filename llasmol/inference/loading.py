@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from llasmol.core import offline
@@ -118,6 +119,11 @@ def read_run_config(path: Path) -> DictConfig:
     return cfg
 
 
+def _model_chosen() -> bool:
+    """Whether this command's line chose a base (`model=...`): a run directory's own base is used otherwise."""
+    return HydraConfig.initialized() and any(o.startswith("model=") for o in HydraConfig.get().overrides.task)
+
+
 def _run_model(run_dir: Path, run_cfg: DictConfig, cfg: DictConfig) -> DictConfig:
     """A run directory's model section, read as data: the fields of the model schema only, each of its type
     (`llasmol.core.schema.ModelSchema`), and remote code only when this command's own configuration asks for it
@@ -145,6 +151,10 @@ def _run_model(run_dir: Path, run_cfg: DictConfig, cfg: DictConfig) -> DictConfi
     # (conf/model_family/base.yaml), as a run started now would.
     shared = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "model_family" / "base.yaml"))
     model = {**{k: v for k, v in shared.items() if k in fields}, **model}
+    if _model_chosen() and cfg.model.get("name") != model.get("name"):  # it would be passed over without a word
+        raise UserError(f"ckpt={run_dir} is a run of model={model.get('name')}, and model={cfg.model.get('name')} was "
+                        "given: a run's adapter answers on its own base; drop model= (or give ckpt=<an adapter folder "
+                        "of the run's checkpoints> to load its adapter on another base)")
     if model.get("trust_remote_code") and not cfg.model.get("trust_remote_code"):
         raise UserError(f"{where} sets model.trust_remote_code=true: remote code runs only when asked for on the "
                         "command line (add model.trust_remote_code=true if you trust this run's model folder)")
