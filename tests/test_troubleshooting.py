@@ -271,8 +271,6 @@ def _table(name, text):
 
 
 def _other_model(trained_run, monkeypatch):
-    from conftest import compose_config
-
     from llasmol.inference import loading
 
     monkeypatch.setattr(loading, "_model_chosen", lambda: True)  # as when the command line says model=
