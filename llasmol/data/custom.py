@@ -154,15 +154,14 @@ def _check_columns(file: Path, seen: set[str], names: Mapping[str, str], given: 
     """Every column the config names is in `file` (`seen`: its columns): a split or task column spelt otherwise
     would be passed over without a word, and test rows would train. `header`: `seen` is a CSV's header, which
     every row shares, so an input or output column it lacks is said here, with what the header is instead."""
-    for role in TABLE_COLUMNS:
+    missing = [role for role in TABLE_COLUMNS if names[role] not in seen]
+    if missing and any("\ufeff" in column for column in seen):
+        raise UserError(f"{file}'s header starts with a second byte-order mark (U+FEFF), read as part of the "
+                        f"column {next(c for c in seen if chr(0xFEFF) in c)!r}: save the file as UTF-8 once")
+    if missing and file.suffix.lower() == ".tsv" and len(seen) == 1 and "," in next(iter(seen)):
+        raise UserError(f"{file} is read at tabs (.tsv) and its header has none, only commas: name it .csv")
+    for role in missing:
         name = names[role]
-        if name in seen:
-            continue
-        if any("\ufeff" in column for column in seen):
-            raise UserError(f"{file}'s header starts with a second byte-order mark (U+FEFF), read as part of the "
-                            f"column {next(c for c in seen if chr(0xFEFF) in c)!r}: save the file as UTF-8 once")
-        if file.suffix.lower() == ".tsv" and len(seen) == 1 and "," in next(iter(seen)):
-            raise UserError(f"{file} is read at tabs (.tsv) and its header has none, only commas: name it .csv")
         alike = next((c for c in seen if c.strip().casefold() == name.casefold()), None)
         if alike is not None:
             raise UserError(f"{file} has a column {alike!r}, not {name!r}: set {where}.{role}={alike}")
