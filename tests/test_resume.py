@@ -689,6 +689,47 @@ def test_a_signal_between_micro_batches_waits_for_the_optimizer_step_and_a_secon
             signal.signal(sig, handler)
 
 
+def test_only_a_single_process_fits_validation_stops_at_a_signal_and_only_while_it_runs():
+    """The stop at once holds from the start to the end of a validation of the fit: after it, during the sanity
+    check, in `trainer.validate`, or under DDP (a rank stopping alone would strand the others in the gathers), a
+    signal waits for the step's end."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from llasmol.finetune import resume
+
+    def trainer(fn="fit", sanity=False, world=1):
+        return SimpleNamespace(global_step=4, world_size=world, sanity_checking=sanity, state=SimpleNamespace(fn=fn))
+
+    before = {sig: signal.getsignal(sig) for sig in resume.StopAtStepBoundary.SIGNALS}
+    try:
+        for waits in (trainer(sanity=True), trainer(fn="validate"), trainer(world=2)):
+            stopper = resume.StopAtStepBoundary()
+            stopper.on_train_start(waits, None)
+            stopper.on_validation_start(waits, None)
+            signal.raise_signal(signal.SIGTERM)  # noted, not raised
+            assert stopper._requested == signal.SIGTERM and stopper._validation_due is False
+            stopper._restore()
+        stopper = resume.StopAtStepBoundary()
+        stopper.on_train_start(trainer(), None)
+        stopper.on_validation_start(trainer(), None)
+        stopper.on_validation_end(trainer(), None)
+        signal.raise_signal(signal.SIGTERM)  # after the validation: the next step's end
+        assert stopper._requested == signal.SIGTERM
+        stopper._restore()
+        stopper = resume.StopAtStepBoundary()
+        stopper.on_train_start(trainer(), None)
+        stopper.on_validation_start(trainer(), None)
+        with pytest.raises(SIGTERMException) as stop:
+            signal.raise_signal(signal.SIGTERM)
+        assert stop.value.at_step_boundary is True and stopper.state_dict() == {"validation_due": True}
+        assert {sig: signal.getsignal(sig) for sig in before} == before
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def test_the_resume_command_repeats_the_runs_settings_but_its_folder_and_checkpoint(tmp_path):
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
@@ -1230,6 +1271,50 @@ def test_a_stop_at_a_step_due_for_validation_validates_that_step_on_resume(cfg_f
 
     assert [step for step, _ in rows(run, "val/loss")] == [2, 4]
     # As if it had never stopped: the same validations and the same training steps, to the loss.
+    assert rows(run, "val/loss") == rows(straight, "val/loss")
+    assert rows(run, "train/loss") == rows(straight, "train/loss")
+
+
+class SignalDuringValidation:
+    """A callback that sends this process `signum` while the validation of optimizer step `step` runs."""
+
+    def __new__(cls, step: int, signum: int = 15):
+        from lightning.pytorch.callbacks import Callback
+
+        class _Send(Callback):
+            def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+                if trainer.global_step == step and not trainer.sanity_checking and batch_idx == 0:
+                    os.kill(os.getpid(), signum)
+
+        return _Send()
+
+
+@pytest.mark.slow
+def test_a_stop_during_a_validation_stops_it_at_once_and_the_resumed_run_validates_that_step(cfg_factory, tmp_path):
+    """SIGTERM while step 2 is validated (a preemption's grace period can be shorter than a validation that
+    generates for minutes): the validation stops at once, no step 3 is trained, interrupted.ckpt holds step 2,
+    and the resumed run validates step 2 first and trains on as an unstopped run does."""
+    from llasmol.train import train
+
+    run = tmp_path / "run"
+    args = [f"paths.output_dir={run}", "val_every_n_steps=2", "callbacks.generation_evaluator.samples_per_task=1",
+            "generation.max_new_tokens_limit=2", "data.max_samples_per_task={validation:2}",
+            "trainer.enable_progress_bar=false", "logger=csv"]
+    with pytest.raises(SystemExit) as stopped:
+        train(cfg_factory(*args, "trainer.max_steps=4",
+                          "+callbacks.signal={_target_:test_resume.SignalDuringValidation,step:2}"))
+    assert stopped.value.code == 143
+    # Stopped in the validation, not at the end of a step more.
+    assert torch.load(run / "checkpoints" / "interrupted.ckpt", weights_only=False)["global_step"] == 2
+
+    def rows(folder, key):
+        with (folder / "csv" / "metrics.csv").open(newline="") as fh:
+            return [(int(r["step"]), round(float(r[key]), 5)) for r in csv.DictReader(fh) if r.get(key)]
+
+    train(cfg_factory(*args, "trainer.max_steps=4", "ckpt_path=last"))
+    straight = tmp_path / "straight"
+    train(cfg_factory(*[a.replace(str(run), str(straight)) for a in args], "trainer.max_steps=4"))
+    assert [step for step, _ in rows(run, "val/loss")] == [2, 4]
     assert rows(run, "val/loss") == rows(straight, "val/loss")
     assert rows(run, "train/loss") == rows(straight, "train/loss")
 

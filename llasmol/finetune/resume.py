@@ -265,6 +265,11 @@ class StopAtStepBoundary(Callback):
     gradient while the data position and loop counters had moved past it.) A second signal stops at once;
     resuming then takes last.ckpt. Under DDP the ranks agree at each step whether any of them was asked
     to stop, so they stop together.
+
+    A signal during a validation of the fit (which generates for minutes: a preemption's grace period can be
+    shorter) stops it at once: the step it validates has ended, so `interrupted.ckpt` is that step's, and the
+    resumed run validates it first. Under DDP a rank stopping alone would leave the others waiting in the
+    validation's gathers, so there the stop waits for the next step's end as before.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -277,6 +282,7 @@ class StopAtStepBoundary(Callback):
         # callback's state), so that the resumed run validates that step first.
         self._validation_due = False
         self._validate_first = False
+        self._validating_step = -1  # the step whose validation runs now and stops at a signal, -1 for none
 
     def state_dict(self) -> dict:
         return {"validation_due": self._validation_due}
@@ -285,6 +291,9 @@ class StopAtStepBoundary(Callback):
         self._validate_first = bool(state.get("validation_due"))
 
     def _handle(self, signum, frame) -> None:
+        if self._validating_step >= 0:
+            self._requested = signum
+            self._stop_validation()
         if self._requested:
             self._restore()
             raise KeyboardInterrupt if signum == signal.SIGINT else SIGTERMException()
@@ -323,6 +332,25 @@ class StopAtStepBoundary(Callback):
             stop.at_step_boundary = True  # the checkpoint callback saves interrupted.ckpt for these only
             self._validation_due = validation_due_now(trainer)
             raise stop
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and trainer.world_size == 1:
+            self._validating_step = trainer.global_step
+            if self._requested:  # asked during the step's last micro-batch's hooks, after the boundary check
+                self._stop_validation()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self._validating_step = -1
+
+    def _stop_validation(self) -> None:
+        step, self._validating_step = self._validating_step, -1
+        self._restore()
+        log.warning("%s: stopping the validation of step %d and saving checkpoints/interrupted.ckpt (the resumed "
+                    "run validates step %d first)", signal.Signals(self._requested).name, step, step)
+        stop = KeyboardInterrupt() if self._requested == signal.SIGINT else SIGTERMException()
+        stop.at_step_boundary = True  # the step validated has ended: its state is exactly what is saved
+        self._validation_due = True
+        raise stop
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._restore()
