@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -228,7 +229,9 @@ def test_a_rank_killed_leaves_the_other_with_one_line_saying_how_to_go_on(tmp_pa
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, done.stderr[-3000:]
-    assert "another of this run's 2 processes ended at step 1 (torch.distributed: Connection closed by peer)" in errors[0]
+    # gloo says "closed" or, when the dead peer's socket is reset first (seen under load), "reset".
+    assert re.search(r"another of this run's 2 processes ended at step 1 \(torch\.distributed: Connection "
+                     r"(closed|reset) by peer\)", errors[0]), errors[0]
     assert "rank 0 cannot go on" in errors[0] and "no checkpoint was saved yet, start again with: " in errors[0]
     assert errors[0].endswith(f"hydra.run.dir={run} ckpt_path=last") and "llasmol.train" in errors[0]
     assert errors[0] in (run / "train.log").read_text()
