@@ -403,10 +403,9 @@ def test_saved_adapters_name_their_base_and_carry_a_real_model_card(run_dir):
     import json as _json
 
     from llasmol.inference.loading import resolve_checkpoint
-    from llasmol.model.lora import TINY_BASE
 
     adapter = run_dir / "checkpoints" / "last.adapter"
-    assert _json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == TINY_BASE
+    assert _json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == TINY_SEEDED
     card = (adapter / "README.md").read_text()
     for needle in ("random weights", "LoRA `lite`: r=16, alpha=16, dropout=0.05, on q_proj, v_proj",
                    "trainable parameters: 14,336", "tasks: forward_synthesis", "AdamW lr 0.003", "python -m llasmol.evaluate ckpt=", "arXiv:2402.09391"):
@@ -1057,14 +1056,19 @@ def _fake_adapter(folder: Path, config, weights: str | None = "adapter_model.saf
     return folder
 
 
+# What an adapter of the default tiny model records as its base; the seedless form is that of adapters saved before
+# the architecture and seed were named (it loads on any tiny base, as then).
+TINY_SEEDED = "llasmol/tiny-mistral (random weights, rebuilt from model.init_seed=0)"
+TINY_BASE = "llasmol/tiny-mistral (random weights, rebuilt from model.init_seed)"
+
+
 def test_an_adapters_base_is_checked_against_the_model_before_anything_loads(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
 
     from llasmol.inference.loading import _check_adapter_base
-    from llasmol.model.lora import TINY_BASE
 
     llama = OmegaConf.create({"name": "llama2", "hf_id": "meta-llama/Llama-2-7b-hf"})
-    tiny = OmegaConf.create({"name": "tiny", "hf_id": None, "random_init": True})
+    tiny = OmegaConf.create({"name": "tiny", "hf_id": None, "random_init": True, "arch": "tiny-mistral", "init_seed": 0})
     lora = {"peft_type": "LORA", "r": 8}
 
     def check(base, model=llama, weights="adapter_model.safetensors"):
@@ -1080,6 +1084,12 @@ def test_an_adapters_base_is_checked_against_the_model_before_anything_loads(tmp
         check("someone/unknown-7b")
     with refused(a, "embedded tiny model", "model=llama2", "model=tiny"):
         check(TINY_BASE)
+    # Random weights of equal shapes: another tiny architecture, or the same one from another seed, is refused.
+    with refused(a, "llasmol/tiny-llama3", "tiny-mistral from model.init_seed=0",
+                 "pass model.arch=tiny-llama3 model.init_seed=0"):
+        check("llasmol/tiny-llama3 (random weights, rebuilt from model.init_seed=0)", tiny)
+    with refused(a, "pass model.arch=tiny-mistral model.init_seed=3"):
+        check("llasmol/tiny-mistral (random weights, rebuilt from model.init_seed=3)", tiny)
     with refused(a, "adapter_model.safetensors"):
         (a / "adapter_model.safetensors").unlink()
         check("meta-llama/Llama-2-7b-hf", weights=None)
@@ -1088,7 +1098,7 @@ def test_an_adapters_base_is_checked_against_the_model_before_anything_loads(tmp
     # Nothing to compare against, or the same base: accepted (an old adapter's .bin weights too).
     monkeypatch.chdir(tmp_path)
     (tmp_path / "weights" / "m").mkdir(parents=True)
-    for base, model in [("meta-llama/Llama-2-7b-hf", llama), (TINY_BASE, tiny), (None, llama), ("", llama), (..., llama),
+    for base, model in [("meta-llama/Llama-2-7b-hf", llama), (TINY_BASE, tiny), (TINY_SEEDED, tiny), (None, llama), ("", llama), (..., llama),
                         ("/abs/mistral", llama), ("./mistral", llama), ("weights/m", llama),
                         ("mistralai/Mistral-7B-v0.1", OmegaConf.create({**llama, "path": "/models/x"}))]:
         assert check(base, model, weights="adapter_model.bin") is None, base
@@ -1118,7 +1128,6 @@ def test_a_run_directory_gives_its_best_adapter_else_its_last(tmp_path, caplog):
 
 def test_the_checkpoint_setting_names_the_base_an_adapter_folder_or_a_hub_id(tmp_path, caplog):
     from llasmol.inference.loading import resolve_checkpoint
-    from llasmol.model.lora import TINY_BASE
 
     cfg = compose_config(["paths.output_dir=/tmp/unused", "model=tiny"], "evaluate")
     for none in (None, "none", "None"):

@@ -251,7 +251,10 @@ def test_an_adapter_names_its_base_the_folder_then_the_hub_id():
 
     from llasmol.model.lora import TINY_BASE, base_name
 
-    assert base_name(OmegaConf.create({"random_init": True, "path": "/x", "hf_id": "a/b"})) == TINY_BASE
+    tiny = base_name(OmegaConf.create({"random_init": True, "path": "/x", "hf_id": "a/b", "arch": "tiny-qwen3",
+                                       "init_seed": 7}))
+    assert tiny == "llasmol/tiny-qwen3 (random weights, rebuilt from model.init_seed=7)"
+    assert TINY_BASE.fullmatch(tiny).group("arch", "seed") == ("tiny-qwen3", "7")
     assert base_name(OmegaConf.create({"random_init": False, "path": "/models/b", "hf_id": "a/b"})) == "/models/b"
     assert base_name(OmegaConf.create({"path": None, "hf_id": "a/b"})) == "a/b"
 

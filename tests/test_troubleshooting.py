@@ -147,6 +147,16 @@ def _trained_on(tmp_path):
     _check_adapter_base(tmp_path, OmegaConf.create({"name": "llama2", "hf_id": "meta-llama/Llama-2-7b-hf"}))
 
 
+def _other_tiny(tmp_path):
+    from llasmol.inference.loading import _check_adapter_base
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "base_model_name_or_path": "llasmol/tiny-qwen3 (random weights, rebuilt from model.init_seed=0)"}))
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    _check_adapter_base(tmp_path, OmegaConf.create({"name": "tiny", "random_init": True, "arch": "tiny-mistral",
+                                                    "init_seed": 0}))
+
+
 def _not_plain(tmp_path):
     from llasmol.model.adapters import read_pickled_weights
 
@@ -421,6 +431,7 @@ ROWS = [
     ("<file> line … lacks …", _lacks),
     ("ckpt=… holds no adapter", _no_adapter),
     ("adapter … was trained on …", _trained_on),
+    ("… but this model is … from model.init_seed=…", _other_tiny),
     ("… adapter_model.bin is not a plain tensor file", _not_plain),
     ("adapter … does not fit model", _does_not_fit),
     ("cannot write <file>: no space left on device (… GB free there)", _unwritable(errno.ENOSPC)),

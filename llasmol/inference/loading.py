@@ -203,11 +203,17 @@ def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
     if not any((adapter / name).is_file() for name in (WEIGHTS_SAFETENSORS, WEIGHTS_PICKLE)):
         raise UserError(f"{adapter} has {ADAPTER_CONFIG} but no {WEIGHTS_SAFETENSORS}: copy the weights too")
     base = config.get("base_model_name_or_path")
-    if base == TINY_BASE:
-        if model_cfg.get("random_init"):
-            return
-        raise UserError(f"adapter {adapter} was trained on the embedded tiny model, but model={model_cfg.get('name')} "
-                        f"is {model_cfg.get('hf_id')}: pass model=tiny")
+    tiny = TINY_BASE.fullmatch(base) if isinstance(base, str) else None
+    if tiny:
+        if not model_cfg.get("random_init"):
+            raise UserError(f"adapter {adapter} was trained on the embedded tiny model, but model={model_cfg.get('name')} "
+                            f"is {model_cfg.get('hf_id')}: pass model=tiny")
+        # Random weights of equal shapes load any adapter of them without a word, and answer noise.
+        arch, seed = tiny["arch"], tiny["seed"]
+        if seed is not None and (arch, int(seed)) != (model_cfg.get("arch"), model_cfg.get("init_seed")):
+            raise UserError(f"adapter {adapter} was trained on {base}, but this model is {model_cfg.get('arch')} from "
+                            f"model.init_seed={model_cfg.get('init_seed')}: pass model.arch={arch} model.init_seed={seed}")
+        return
     if not base or model_cfg.get("path") or Path(base).is_absolute() or base.startswith(".") or Path(base).exists():
         return  # trained from a local folder: nothing to compare against
     if base == model_cfg.get("hf_id"):

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import re
+
 from llasmol.core.errors import UserError
 from llasmol.model.roles import ROLES, linear_layer_names, names_target, role_map
 from llasmol.model.shapes import MODULE, Shapes
 # What an adapter of the embedded tiny model names as its base (it has no Hub id: its random weights are
-# rebuilt from model.init_seed, never saved).
-TINY_BASE = "llasmol/tiny-mistral (random weights, rebuilt from model.init_seed)"
+# rebuilt from model.init_seed, never saved): its architecture and seed, which must match where it loads.
+# Adapters saved before both were named carry the seedless form (`llasmol.inference.loading` reads both).
+TINY_BASE = re.compile(r"llasmol/(?P<arch>[\w.-]+) \(random weights, rebuilt from model\.init_seed(=(?P<seed>\d+))?\)")
 
 
 def base_name(model_cfg) -> str:
     """The base an adapter records (`base_model_name_or_path`): the Hub id, the local folder, or the tiny model."""
     if model_cfg.get("random_init"):
-        return TINY_BASE
+        return f"llasmol/{model_cfg.arch} (random weights, rebuilt from model.init_seed={model_cfg.init_seed})"
     return model_cfg.get("path") or model_cfg.hf_id
 
 
