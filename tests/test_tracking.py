@@ -393,6 +393,7 @@ def _wandb_logger(tmp_path):
 def test_the_predictions_table_has_a_row_per_sample_with_whether_its_answer_is_right(tmp_path):
     from types import SimpleNamespace
 
+    from llasmol.core.tasks import SMOLINSTRUCT
     from llasmol.finetune.tracking import log_predictions_table, wandb_loggers
 
     logger = _wandb_logger(tmp_path)
@@ -408,7 +409,11 @@ def test_the_predictions_table_has_a_row_per_sample_with_whether_its_answer_is_r
          "answers": ["-1.0"]},  # a regression's answer is scored, neither right nor wrong
         {"task": s2f, "input": "CCO", "gold": ["C2H6O"], "predictions": [""], "answers": [], "skipped": True},
     ]
-    log_predictions_table(trainer, records)
+    # A run's own task is judged by the run's table (by SMolInstruct's alone it was "unknown task" and the
+    # run died at its first validation under the default loggers).
+    records.append({"task": "logs", "input": "CCO", "gold": ["-0.5"], "predictions": ["<NUMBER> -0.7 </NUMBER>"],
+                    "answers": ["-0.7"]})
+    log_predictions_table(trainer, records, SMOLINSTRUCT.with_declared({"logs": {"family": "number"}}))
     [table] = logger.tables
     assert table["key"] == "val/predictions" and table["step"] == 12
     assert table["columns"] == ["task", "input", "gold", "predictions", "answer", "correct"]
@@ -417,8 +422,9 @@ def test_the_predictions_table_has_a_row_per_sample_with_whether_its_answer_is_r
         [s2f, "CCO", '["C2H6O"]', '["<MOLFORMULA> CH4 </MOLFORMULA>"]', "CH4", False],
         ["property_prediction-esol", "é", '["-1.5"]', '["<NUMBER> -1.0 </NUMBER>"]', "-1.0", None],
         [s2f, "CCO", '["C2H6O"]', '[""]', None, False],  # skipped: no answer, not right
+        ["logs", "CCO", '["-0.5"]', '["<NUMBER> -0.7 </NUMBER>"]', "-0.7", None],
     ]
-    log_predictions_table(SimpleNamespace(loggers=[], global_step=1), records)  # no W&B: nothing to do
+    log_predictions_table(SimpleNamespace(loggers=[], global_step=1), records, SMOLINSTRUCT)  # no W&B: nothing
     assert len(logger.tables) == 1
 
 

@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import Callback, RichProgressBar
 from llasmol.core.config import wandb_mode
 from llasmol.core.errors import UserError
 from llasmol.core.files import NO_SPACE, folder_problem, nearest_existing, write_text
+from llasmol.core.tasks import TaskTable
 from llasmol.inference.progress import progress_line
 from llasmol.metrics.families import COUNTS, LOWER_IS_BETTER
 from llasmol.metrics.scoring import given_answers, judge
@@ -175,22 +176,26 @@ def finish_wandb_runs(trainer, stopped: bool = False) -> None:
         log.info("W&B run %s%s: %s", run.id, " (stopped: marked preempting, not failed)" if stopped else "", where)
 
 
-def _correct(record: dict):
+def _correct(record: dict, tasks: TaskTable):
     """Whether the top-1 answer is right, by the metric's own rule; None where a metric is not a yes/no."""
     category, _ = judge(record["task"], record["predictions"], record["gold"], record.get("skipped", False),
-                        given_answers(record))
+                        given_answers(record), tasks)
     return None if category == "scored" else category == "correct"
 
 
-def log_predictions_table(trainer, records: list[dict]) -> None:
-    """One row per validation sample: task, input, gold, top predictions, extracted answer, correct."""
+def log_predictions_table(trainer, records: list[dict], tasks: TaskTable) -> None:
+    """One row per validation sample: task, input, gold, top predictions, extracted answer, correct (judged by
+    `tasks`, the run's table: its own tasks are in no other)."""
+    loggers = wandb_loggers(trainer)
+    if not loggers:
+        return
     columns = ["task", "input", "gold", "predictions", "answer", "correct"]
     rows = [
         [r["task"], r["input"], json.dumps(r["gold"], ensure_ascii=False),
-         json.dumps(r["predictions"], ensure_ascii=False), (r["answers"] or [None])[0], _correct(r)]
+         json.dumps(r["predictions"], ensure_ascii=False), (r["answers"] or [None])[0], _correct(r, tasks)]
         for r in records
     ]
-    for logger in wandb_loggers(trainer):
+    for logger in loggers:
         logger.log_table(key="val/predictions", columns=columns, data=rows, step=trainer.global_step)
 
 

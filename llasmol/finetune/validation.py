@@ -91,7 +91,7 @@ class GenerationEvaluator(Callback):
             pl_module.log(key, value, sync_dist=True)
         if trainer.is_global_zero:
             if wandb_loggers(trainer):
-                log_predictions_table(trainer, everything)
+                log_predictions_table(trainer, everything, tasks)
                 notes = {f"val/{task}/{name}": (counted[0], note_of(counted))
                          for task, values in results.items() for name in values
                          if (counted := support(task, name, values, tasks)) is not None}
