@@ -28,7 +28,7 @@ from llasmol.core.quiet import quiet_known_noise, quiet_other_ranks
 from llasmol.core.run_lock import process_rank
 from llasmol.core.schema import check_config
 from llasmol.core.tasks import TaskTable
-from llasmol.core.threads import use_cpu_threads
+from llasmol.core.threads import thread_count, use_cpu_threads
 from llasmol.metrics.families import check_headlines
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ def command(name: str, run_folder: bool = False, check: Optional[Callable[[DictC
         def from_command_line() -> None:
             if not sweeps and {"--multirun", "-m"} & set(sys.argv[1:]):
                 report_user_errors(_no_sweeps)(name)
+            report_user_errors(thread_count)(None)  # a malformed OMP_NUM_THREADS: before Hydra writes a run folder
             check_command_line(name, run_folder=run_folder, check=check)
             if before is not None:
                 report_user_errors(before)(sys.argv[1:])

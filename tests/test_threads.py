@@ -176,8 +176,8 @@ def test_a_set_count_and_a_launchers_count():
     out, _ = run_child("cpu.threads=1")
     assert out.split()[1:] == ["1", "1"]
     assert thread_count(None, {"OMP_NUM_THREADS": "3"}) == 3  # Lightning's DDP on CPUs sets each process's share
-    assert thread_count(None, {"OMP_NUM_THREADS": "x"}) == usable_cores()
     assert thread_count(2, {"OMP_NUM_THREADS": "3"}) == 2
+    assert thread_count(2, {"OMP_NUM_THREADS": "x"}) == 2  # cpu.threads set: the environment's count is not read
 
 
 @pytest.mark.parametrize("override,named", [("cpu.threads=0", ("cpu.threads=0",)),
@@ -243,9 +243,9 @@ def test_a_wait_policy_asked_after_torch_loaded_is_said_not_applied(monkeypatch,
 
 
 def test_a_launchers_count_must_be_a_positive_integer():
-    # "0" is no count (the cores decide); "1" is one thread, as a launcher giving each process one core means
-    assert thread_count(None, {"OMP_NUM_THREADS": "0"}) == usable_cores()
+    # "1" is one thread, as a launcher giving each process one core means; empty is unset
     assert thread_count(None, {"OMP_NUM_THREADS": "1"}) == 1
+    assert thread_count(None, {"OMP_NUM_THREADS": " "}) == usable_cores()
     assert thread_count(None, {}) == usable_cores()
     assert thread_count("3", {}) == 3
 
@@ -279,9 +279,26 @@ def test_with_torch_loaded_a_policy_already_in_place_or_inherited_says_nothing(m
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("given, threads", [(" 3", 3), ("3 ", 3), ("3,1", 3), (" 2 , 1", 2), ("", None), (",3", None),
-                                            ("-3", None), ("3.0", None)])
+@pytest.mark.parametrize("given, threads", [(" 3", 3), ("3 ", 3), ("3,1", 3), (" 2 , 1", 2), ("", None), ("1024", 1024)])
 def test_a_launchers_count_is_read_as_openmp_reads_it(given, threads):
-    """Spaces around the number and a nested list's first level count, as OpenMP takes them; anything else is
-    no count."""
+    """Spaces around the number and a nested list's first level count, as OpenMP takes them; empty is unset."""
     assert thread_count(None, {"OMP_NUM_THREADS": given}) == (threads or usable_cores())
+
+
+@pytest.mark.slow
+def test_a_malformed_count_stops_a_command_before_it_writes_anything(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "100000000"}
+    proc = subprocess.run([sys.executable, "-m", "llasmol.train", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=HANG_TIMEOUT)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: OMP_NUM_THREADS='100000000' is no thread count from 1 to 1024: unset it (one thread per usable "
+        "core), or give a whole number, e.g. OMP_NUM_THREADS=4"], proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("given", ["0", ",3", "-3", "3.0", "x", "1025", "100000000"])
+def test_a_count_that_openmp_would_ignore_or_that_no_machine_has_is_one_line(given):
+    """OpenMP ignores a malformed count with a warning (the cores then decide, unsaid); 100,000,000 threads
+    ended the first step with a segmentation fault."""
+    with refused(f"OMP_NUM_THREADS={given!r}", "from 1 to 1024", "unset it"):
+        thread_count(None, {"OMP_NUM_THREADS": given})

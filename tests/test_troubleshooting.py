@@ -157,6 +157,12 @@ def _other_tiny(tmp_path):
                                                     "init_seed": 0}))
 
 
+def _thread_count():
+    from llasmol.core.threads import thread_count
+
+    thread_count(None, {"OMP_NUM_THREADS": "100000000"})
+
+
 def _not_plain(tmp_path):
     from llasmol.model.adapters import read_pickled_weights
 
@@ -431,6 +437,7 @@ ROWS = [
     ("<file> line … lacks …", _lacks),
     ("ckpt=… holds no adapter", _no_adapter),
     ("adapter … was trained on …", _trained_on),
+    ("OMP_NUM_THREADS=… is no thread count from 1 to 1024", _thread_count),
     ("… but this model is … from model.init_seed=…", _other_tiny),
     ("… adapter_model.bin is not a plain tensor file", _not_plain),
     ("adapter … does not fit model", _does_not_fit),

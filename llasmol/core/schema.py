@@ -29,6 +29,7 @@ from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryV
 
 from llasmol.core.errors import UserError
 from llasmol.core.tasks import SMOLINSTRUCT, SMOLINSTRUCT_WEIGHT, Scoring, TaskTable, declaration_problem
+from llasmol.core.threads import MAX_THREADS
 
 
 @dataclass(frozen=True)
@@ -636,7 +637,7 @@ def _optimizer_runs_here(cfg: dict) -> Optional[str]:
 
 @dataclass
 class CpuSchema:
-    threads: Optional[int] = setting(1, 1024, hint="null: one per core this process may use")
+    threads: Optional[int] = setting(1, MAX_THREADS, hint="null: one per core this process may use")
     wait_policy: str = setting(choices=("auto", "passive", "active", "inherit"),
                                hint="auto: spin briefly, on the cores other work leaves free; passive: a waiting "
                                     "thread sleeps; inherit: OMP_WAIT_POLICY as it is")

@@ -22,8 +22,11 @@ import sys
 import time
 from typing import Any, Mapping, Optional
 
+from llasmol.core.errors import UserError
+
 log = logging.getLogger(__name__)
 
+MAX_THREADS = 1024  # the most intra-op threads a process takes, from cpu.threads or OMP_NUM_THREADS
 WAIT_POLICIES = {"passive": "PASSIVE", "active": "ACTIVE"}  # conf/cpu wait_policy -> OMP_WAIT_POLICY
 RETUNE_EVERY_S = 5.0  # how often training recounts the free cores under wait_policy: auto
 
@@ -39,12 +42,20 @@ def usable_cores() -> int:
 
 def thread_count(threads: Optional[int], environ: Mapping[str, str] = os.environ) -> int:
     """`threads`, or for null: OMP_NUM_THREADS where a launcher set it (Lightning's DDP on CPUs gives each
-    process its share that way), else one per usable core."""
+    process its share that way), else one per usable core. An OMP_NUM_THREADS that is no count from 1 to
+    MAX_THREADS is one line: OpenMP ignores a malformed one with a warning, and 100,000,000 threads ended the
+    first step with a segmentation fault."""
     if threads is not None:
         return int(threads)
+    raw = environ.get("OMP_NUM_THREADS", "")
+    if not raw.strip():
+        return usable_cores()  # set empty (`export OMP_NUM_THREADS=$N` with N unset): as if unset, as OpenMP takes it
     # As OpenMP reads it: spaces around the number, and of a nested list ("4,2") the outermost level's.
-    given = environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    return int(given) if given.isdigit() and int(given) > 0 else usable_cores()
+    given = raw.split(",")[0].strip()
+    if not (given.isdigit() and 1 <= int(given) <= MAX_THREADS):
+        raise UserError(f"OMP_NUM_THREADS={raw!r} is no thread count from 1 to {MAX_THREADS}: unset it (one "
+                        "thread per usable core), or give a whole number, e.g. OMP_NUM_THREADS=4")
+    return int(given)
 
 
 def wait_policy_env(wait_policy: str) -> dict[str, str]:
