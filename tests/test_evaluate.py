@@ -1156,6 +1156,27 @@ def test_the_device_setting(monkeypatch):
     assert pick_device("auto") == torch.device("cuda")
 
 
+@pytest.mark.parametrize("command", ["generate", "evaluate"])
+def test_a_device_this_machine_lacks_is_refused_before_the_base_loads(command, monkeypatch):
+    import torch
+
+    from llasmol.core.tasks import SMOLINSTRUCT
+    from llasmol.inference import asking, jobs
+
+    def never(*args, **kwargs):
+        raise AssertionError("the base was loaded")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(asking, "load_model", never)
+    monkeypatch.setattr(jobs, "load_model", never)
+    cfg = compose_config(["device=cuda", *(["paths.output_dir=/tmp/unused"] if command == "evaluate" else [])], command)
+    with refused("device=cuda", "0 CUDA GPU(s)", "device=cpu"):
+        if command == "generate":
+            asking.ask(cfg, "Is <SMILES> CCO </SMILES> toxic?", SMOLINSTRUCT)
+        else:
+            jobs.generate_and_score(cfg, SMOLINSTRUCT)
+
+
 def test_a_hub_adapter_is_fetched_config_and_weights_only_then_checked(tmp_path, monkeypatch):
     import huggingface_hub
     from omegaconf import OmegaConf

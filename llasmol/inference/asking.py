@@ -49,6 +49,7 @@ def ask(cfg: DictConfig, query: Optional[str], tasks: TaskTable) -> tuple[list[s
     if molecule is not None and len(molecule) > MAX_SMILES_CHARS:  # RDKit would stall or crash on it
         raise UserError(f"the query's SMILES is {len(molecule):,} characters, past the {MAX_SMILES_CHARS:,} any "
                         "molecule is read with here: ask about a smaller molecule")
+    device = pick_device(cfg.device)  # before the base loads: a device this machine lacks is one line at once
     model_cfg, adapter, _ = resolve_checkpoint(cfg.ckpt, cfg)
     model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"), merge=cfg.merge_adapter)
     # The tokenizer reads a special token's text as the token itself: an end of sequence or a turn marker in
@@ -57,7 +58,7 @@ def ask(cfg: DictConfig, query: Optional[str], tasks: TaskTable) -> tuple[list[s
     if special:
         raise UserError(f"the query holds {special[0]!r}, a special token of {model_cfg.name}'s tokenizer, which would "
                         "end or restart the prompt: leave it out of the question")
-    model.to(pick_device(cfg.device))
+    model.to(device)
     formatter = PromptFormatter(tokenizer, model_cfg.prompt_template)
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, 1)
     # the answering of evaluate, for one question; no task: the default beam settings

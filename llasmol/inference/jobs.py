@@ -134,6 +134,7 @@ def generate_and_score(cfg: DictConfig, tasks: TaskTable,
     """Generate with `cfg.ckpt` on `cfg.data.split` (continuing a stopped run's partial file) and score;
     `tasks`: the command's task table (a run directory's adds its own tasks.json); `log_into(folder)` is called
     with the run directory when the answers go there (the command logs there too)."""
+    device = pick_device(cfg.device)  # before the data and the base: a device this machine lacks is one line at once
     model_cfg, adapter, run_data = resolve_checkpoint(cfg.ckpt, cfg)
     if run_data is not None:
         tasks = run_dir.read_tasks(Path(cfg.ckpt), tasks)
@@ -181,7 +182,6 @@ def generate_and_score(cfg: DictConfig, tasks: TaskTable,
         log.info("continuing the stopped evaluation in %s: %d of %d samples answered", partial.path, len(done),
                  len(indices))
     model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"), merge=cfg.merge_adapter)
-    device = pick_device(cfg.device)
     model.to(device)
     # A base model's protocol writes the whole query itself: no chat markup around it.
     formatter = PromptFormatter(tokenizer, "plain" if protocol else model_cfg.prompt_template)
