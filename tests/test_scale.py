@@ -324,7 +324,7 @@ def test_a_paged_optimizer_needs_a_gpu_trainer(optimizer, trainer, refuses):
 
 
 @pytest.mark.parametrize("accelerator, devices, seen, named", [
-    ("gpu", "auto", 0, ["trainer.accelerator=gpu", "no CUDA GPU", "trainer=cpu"]),
+    ("gpu", "auto", 0, ["trainer.accelerator=gpu", "no CUDA GPU", "trainer=cpu", "trainer.accelerator=cpu trainer.devices=2"]),
     ("cuda", 1, 0, ["trainer.accelerator=cuda", "trainer=cpu"]),
     ("gpu", 3, 2, ["trainer.devices=3", "sees 2", "trainer.devices=2"]),
     ("gpu", 2, 2, None),  # as many as there are
@@ -349,6 +349,12 @@ def test_the_gpus_a_run_asks_for_are_checked_before_anything_loads(accelerator, 
     (2, {"MASTER_ADDR": "10.0.0.1"}, ["NODE_RANK is not set"]),  # every node would take rank 0
     (4, {"NODE_RANK": "1"}, ["trainer.num_nodes=4", "MASTER_ADDR is not set"]),
     (2, {"MASTER_ADDR": "10.0.0.1", "NODE_RANK": "1"}, None),  # started by hand, told everything
+    (2, {"MASTER_ADDR": "10.0.0.1", "NODE_RANK": " 0 "}, None),
+    # A rank past the last node waited forever after "MEMBER: 6/2"; one that is no number is no rank.
+    (2, {"MASTER_ADDR": "10.0.0.1", "NODE_RANK": "2"}, ["NODE_RANK='2'", "trainer.num_nodes=2", "from 0 to 1"]),
+    (2, {"MASTER_ADDR": "10.0.0.1", "NODE_RANK": "5"}, ["NODE_RANK='5'", "from 0 to 1"]),
+    (3, {"MASTER_ADDR": "10.0.0.1", "NODE_RANK": "-1"}, ["NODE_RANK='-1'", "from 0 to 2"]),
+    (2, {"MASTER_ADDR": "10.0.0.1", "NODE_RANK": "one"}, ["NODE_RANK='one'"]),
     (2, {"SLURM_NTASKS": "2"}, None), (2, {"TORCHELASTIC_RUN_ID": "x"}, None),  # a launcher ranks the nodes
     (1, {}, None)])
 def test_nodes_started_by_hand_must_be_told_their_rank_and_the_first_nodes_address(nodes, environ, named):

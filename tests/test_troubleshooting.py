@@ -413,16 +413,17 @@ def _weights(how: str, folder: Path):
     fill_from_files(model, weights, torch.device("cpu"))
 
 
-def _nodes():
+def _nodes(environ=None):
     from llasmol.finetune.preflight import check_nodes
 
-    check_nodes({"num_nodes": 2}, {})
+    check_nodes({"num_nodes": 2}, environ or {})
 
 
 ROWS = [
     ("… are not available offline …", _offline),
     ("the base's safetensors files in … have no tensor …", lambda tmp_path: _weights("renamed", tmp_path)),
     ("trainer.num_nodes=… but no launcher started this process …", lambda: _nodes()),
+    ("NODE_RANK=… but trainer.num_nodes=…", lambda: _nodes({"MASTER_ADDR": "h", "NODE_RANK": "5"})),
     ("… has a damaged safetensors header …", lambda tmp_path: _weights("header", tmp_path)),
     ("… has no model.safetensors: trainer=fsdp reads the base from safetensors files …", lambda tmp_path: _weights("gone", tmp_path)),
     ("data.effective_batch_size=… is not a multiple of …", _batch),

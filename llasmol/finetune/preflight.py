@@ -57,6 +57,10 @@ def check_nodes(trainer_cfg, environ=os.environ) -> None:
                         f"MPI variables) and {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: "
                         "start each node with srun or torchrun, or set MASTER_ADDR (the first node's address), "
                         "MASTER_PORT and NODE_RANK (0 to num_nodes-1) on each node (docs/scale-out.md)")
+    rank = environ["NODE_RANK"].strip()
+    if not (rank.isdigit() and int(rank) < nodes):  # past the last node: it waited for peers that never come
+        raise UserError(f"NODE_RANK={environ['NODE_RANK']!r} but trainer.num_nodes={nodes}: give each node its "
+                        f"rank from 0 to {nodes - 1}")
 
 
 def check_devices(trainer_cfg) -> None:
@@ -68,7 +72,8 @@ def check_devices(trainer_cfg) -> None:
     seen = torch.cuda.device_count()
     if seen == 0:
         raise UserError(f"trainer.accelerator={trainer_cfg.get('accelerator')} but torch sees no CUDA GPU on this "
-                        "machine: add trainer=cpu to train on the CPU (slow for a 7B base), or run where a GPU is")
+                        "machine: add trainer=cpu to train on the CPU (slow for a 7B base; a sharded trainer runs "
+                        "on CPU processes with trainer.accelerator=cpu trainer.devices=2), or run where a GPU is")
     devices = trainer_cfg.get("devices")
     if isinstance(devices, int) and not isinstance(devices, bool) and devices > seen:
         raise UserError(f"trainer.devices={devices} but torch sees {seen} CUDA GPU(s) on this machine: give "
