@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -298,3 +299,17 @@ def test_a_second_evaluation_into_a_busy_folder_is_one_line_naming_the_first(tra
         holder.wait()
     evaluate(cfg)  # free again once the first has ended
     assert (folder / "predictions" / "test.jsonl").is_file()
+    # A run's whole split is answered into the run's folder, whatever hydra.run.dir says: the way round is a part.
+    run = tmp_path / "run"  # a copy: this process holds the lock of the run it trained
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns(".lock"))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run), "evaluate"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        whole = compose_config([f"paths.output_dir={tmp_path / 'other'}", f"ckpt={run}", "data.split=test"],
+                               "evaluate")
+        with refused(f"{run} is in use by another llasmol.evaluate", "data.tasks=[...]",
+                     "data.max_samples_per_task", "answered into the run's folder"):
+            evaluate(whole)
+    finally:
+        holder.kill()
+        holder.wait()

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from llasmol.core import run_dir
 from llasmol.core.errors import Stopped, UserError
 from llasmol.core.files import write_json
-from llasmol.core.run_lock import hold_run_lock
+from llasmol.core.run_lock import OWN_FOLDER, hold_run_lock
 from llasmol.core.tasks import TaskTable
 from llasmol.data.formatting import PromptFormatter
 from llasmol.data.source import SMolInstructSource
@@ -160,7 +160,11 @@ def generate_and_score(cfg: DictConfig, tasks: TaskTable,
     # this command's folder.
     capped = bool(source.max_samples_per_task.get(split_name)) or bool(chosen)
     out_dir = Path(cfg.ckpt) if run_data is not None and not capped else Path(cfg.paths.output_dir)
-    hold_run_lock(out_dir, "evaluate")  # a second evaluation (or a training) into this folder: one line
+    # A second evaluation (or a training) into this folder: one line. Into a run's folder another hydra.run.dir
+    # would not help: the run's whole split is answered there whichever folder the command logs in.
+    hold_run_lock(out_dir, "evaluate", OWN_FOLDER if out_dir == Path(cfg.paths.output_dir) else
+                  "answer a part of it meanwhile (data.tasks=[...] or data.max_samples_per_task), which goes into "
+                  "this command's own folder: a run's whole split is answered into the run's folder")
     files = RunFiles.named(out_dir, split_name, cfg.output).check_writable()
     if log_into is not None and out_dir.resolve() != Path(cfg.paths.output_dir).resolve():
         log_into(out_dir)
