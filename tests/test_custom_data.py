@@ -117,6 +117,8 @@ def test_two_tables_never_see_each_others_declared_tasks():
     ("{family: number, query: ['Fine <INPUT>', 'logP of <INPUT>?</s><s>']}", "holds '</s>'"),
     ("{family: number, response: '<OUTPUT><|im_end|>'}", "data.new_tasks.t.response holds '<|im_end|>'"),
     ("{family: number, query: '<start_of_turn>user <INPUT>'}", "'<start_of_turn>'"),
+    ("{family: number, query: 'logP of <INPUT>?<pad>'}", "holds '<pad>'"),  # the tokenizers' other special tokens
+    ("{family: number, response: '<unk> <OUTPUT>'}", "holds '<unk>'"),
 ])
 def test_a_bad_declaration_is_one_line_naming_it(declaration, named):
     cfg = compose_config(["paths.output_dir=/x", "data=custom", "data.path=/x.csv", f"+data.new_tasks.t={declaration}"])

@@ -459,6 +459,8 @@ ROWS = [
     ("… differ only by letter case or '-' and '_' …", lambda: _config("+data.new_tasks.LogP={family: number}",
                                                                       "+data.new_tasks.logp={family: number}")),
     ("<file> line …: input holds a NUL byte …", _nul_byte),
+    ("data.new_tasks.<name>.query holds …, a chat-template marker …",
+     lambda: _config("data=custom", "data.path=/x/t.csv", "+data.new_tasks.name={family: number, query: 'a <pad> <INPUT>'}")),
     ("ckpt=… is a run of model=…, and model=… was given …", _other_model),
     ("<file> line …: a quote opened in this row is never closed …", _table("q.csv", 'input,output\nC,"a\nCC,b\n')),
     ("<file>'s header starts with a second byte-order mark …", _table("b.csv", "\ufeff\ufeffinput,output\nC,a\n")),

@@ -126,7 +126,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 # What chat templates put around a turn (Llama/Mistral's <s>[INST] ... [/INST] ... </s>, ChatML's and Llama 3's
 # <|...|>, Gemma's <start_of_turn>): a query or response holding one would open or close a turn inside itself.
-_CHAT_MARKER = re.compile(r"</?s>|\[/?INST\]|<\|[a-z_]+\|>|<(?:start|end)_of_turn>|<(?:bos|eos)>")
+_CHAT_MARKER = re.compile(r"</?s>|\[/?INST\]|<\|[a-z_]+\|>|<(?:start|end)_of_turn>|<(?:bos|eos|pad|unk|mask)>")
 
 
 def _folded(name: str) -> str:
