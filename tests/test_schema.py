@@ -405,7 +405,7 @@ def test_groups_inside_groups_are_checked_with_their_full_key():
 @pytest.mark.parametrize("value,said", [
     (1, None), (2, None), (-1, None), ("2", None), ("-1", None), (" 3 ", None), ("auto", None), ("0,1", None),
     ("0,1,", None), ([0], None), ([0, 2], None),
-    (0, "devices=0 must be a count of devices >= 1 (or -1: all of them)"),
+    (0, "devices=0 must be a count of devices >= 1 (or -1: every GPU)"),
     (-2, "devices=-2 must be a count of devices >= 1 (or -1: all of them)"),
     ("0", "devices='0' must be a count of devices >= 1 (or -1: all of them)"),
     ("gpu", "devices='gpu' must be auto, a count or ids"),

@@ -440,7 +440,7 @@ def _devices(value) -> Optional[str]:
     if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
         value = int(value)  # Lightning reads "2" as the count 2, "-1" as all of them
     if isinstance(value, int):
-        return None if value >= 1 or value == -1 else "must be a count of devices >= 1 (or -1: all of them)"
+        return None if value >= 1 or value == -1 else "must be a count of devices >= 1 (or -1: every GPU)"
     if isinstance(value, str):
         return None if value == "auto" or re.fullmatch(r"\d+(,\d+)*,?", value) else "must be auto, a count or ids"
     if not value:
