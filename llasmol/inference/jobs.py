@@ -159,10 +159,11 @@ def generate_and_score(cfg: DictConfig, tasks: TaskTable,
     # a capped split (data.max_samples_per_task), some of its tasks (data.tasks) or another checkpoint writes to
     # this command's folder.
     capped = bool(source.max_samples_per_task.get(split_name)) or bool(chosen)
-    out_dir = Path(cfg.ckpt) if run_data is not None and not capped else Path(cfg.paths.output_dir)
+    into_run = run_data is not None and not capped
+    out_dir = Path(cfg.ckpt) if into_run else Path(cfg.paths.output_dir)
     # A second evaluation (or a training) into this folder: one line. Into a run's folder another hydra.run.dir
     # would not help: the run's whole split is answered there whichever folder the command logs in.
-    hold_run_lock(out_dir, "evaluate", OWN_FOLDER if out_dir == Path(cfg.paths.output_dir) else
+    hold_run_lock(out_dir, "evaluate", OWN_FOLDER if not into_run else
                   "answer a part of it meanwhile (data.tasks=[...] or data.max_samples_per_task), which goes into "
                   "this command's own folder: a run's whole split is answered into the run's folder")
     files = RunFiles.named(out_dir, split_name, cfg.output).check_writable()
