@@ -1044,7 +1044,9 @@ def test_a_run_directory_with_another_model_chosen_is_one_line(run_dir, tmp_path
     over without a word; now it is one line naming both and the way to load the adapter on another base."""
     from refusals import refused_cli
 
-    refused_cli(["llasmol.evaluate", f"ckpt={run_dir}", "model=mistral", "data.split=test"], tmp_path,
+    # Capped, so that a missed refusal fails in seconds (it answers the split on the run's base) rather than minutes.
+    refused_cli(["llasmol.evaluate", f"ckpt={run_dir}", "model=mistral", "data.split=test",
+                 "data.max_samples_per_task={test: 1}", "generation.max_new_tokens_limit=2"], tmp_path,
                 f"ckpt={run_dir} is a run of model=tiny", "model=mistral was given", "drop model=")
 
 
