@@ -1,7 +1,8 @@
-"""The GRPO objective's arithmetic equals TRL's GRPOTrainer (trl, a test dependency): on one fixed batch (prompts,
-completions, their masks, advantages, old and reference log-probabilities) the loss and every adapter gradient
-equal those of TRL's own `_compute_loss` and log-probability pass, for each loss type, with and without the KL
-term."""
+"""The GRPO objective's arithmetic equals TRL's GRPOTrainer (trl, a test dependency), run with TRL's own defaults
+(a `GRPOConfig` with only the setting under test changed): on a fixed batch (prompts, completions of unequal
+lengths narrower than the configured maximum, their masks, advantages, old and reference log-probabilities) the
+loss and every adapter gradient equal those of TRL's own `_compute_loss`, for each loss type and importance
+sampling level, with and without the KL term, and over two micro-batches of one optimizer step."""
 
 from __future__ import annotations
 
@@ -53,18 +54,29 @@ def _batch(vocab: int):
     return prompt_ids, prompt_mask, completion_ids, completion_mask
 
 
-def _trl_self(loss_type: str, beta: float, epsilon_high: float):
-    """What TRL's `_compute_loss` reads of its trainer, set as a GRPOConfig would set it (one process, no
-    accumulation, no vLLM, no entropy bonus or masks)."""
-    from accelerate import Accelerator
+MAX_COMPLETION = COMPLETION + 3  # the configured maximum, wider than the batch: dr_grpo divides by it, not the width
 
+
+def _trl_self(loss_type: str, beta: float, epsilon_high: float, level: str = "token", accumulation: int = 1,
+              tmp_path="/tmp/llasmol-trl-config"):
+    """What TRL's `_compute_loss` reads of its trainer, set from a `GRPOConfig` of TRL's defaults as its
+    `GRPOTrainer.__init__` sets them, with only the settings under test given (one process)."""
+    from accelerate import Accelerator
+    from trl import GRPOConfig
+
+    args = GRPOConfig(output_dir=str(tmp_path), loss_type=loss_type, beta=beta, epsilon_high=epsilon_high,
+                      importance_sampling_level=level, max_completion_length=MAX_COMPLETION, num_generations=GROUP,
+                      per_device_train_batch_size=2 * GROUP, gradient_accumulation_steps=accumulation, use_cpu=True,
+                      report_to=[])
     stub = SimpleNamespace(
-        top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level="token", beta=beta,
-        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1), loss_type=loss_type,
-        epsilon_low=0.2, epsilon_high=epsilon_high, use_vllm=False, vllm_importance_sampling_correction=False,
-        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1, max_completion_length=COMPLETION,
-        accelerator=Accelerator(cpu=True), _entropy_bonus_enabled=False, aux_loss_enabled=False,
-        _metrics={"train": defaultdict(list)})
+        args=args, beta=args.beta, loss_type=args.loss_type, importance_sampling_level=args.importance_sampling_level,
+        epsilon_low=args.epsilon, epsilon_high=args.epsilon_high if args.epsilon_high is not None else args.epsilon,
+        top_entropy_quantile=args.top_entropy_quantile, off_policy_mask_threshold=args.off_policy_mask_threshold,
+        use_vllm=args.use_vllm, vllm_importance_sampling_correction=args.vllm_importance_sampling_correction,
+        max_completion_length=args.max_completion_length, model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=accumulation, accelerator=Accelerator(cpu=True),
+        _entropy_bonus_enabled=False, aux_loss_enabled=False, _metrics={"train": defaultdict(list)})
+    assert args.use_bias_correction_kl and args.delta is None and args.entropy_coef == 0  # TRL's defaults, kept
     stub._get_per_token_logps_and_entropies = MethodType(GRPOTrainer._get_per_token_logps_and_entropies, stub)
     return stub
 
@@ -75,9 +87,7 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return grads
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
-@pytest.mark.parametrize("beta", [0.0, 0.04])
-def test_the_loss_and_adapter_gradients_equal_trls(policy, loss_type, beta):
+def _rollout(policy):
     prompt_ids, prompt_mask, completion_ids, completion_mask = _batch(policy.config.vocab_size)
     input_ids, attention_mask = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
     advantages = torch.tensor([1.2, -0.4, -0.8, 0.9, 0.0, -0.9])
@@ -87,17 +97,28 @@ def test_the_loss_and_adapter_gradients_equal_trls(policy, loss_type, beta):
     g = torch.Generator().manual_seed(2)
     old = now + 0.3 * torch.randn(now.shape, generator=g)
     ref = now + 0.2 * torch.randn(now.shape, generator=g)
-
     trl_inputs = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
                   "completion_mask": completion_mask, "advantages": advantages, "old_per_token_logps": old,
                   "ref_per_token_logps": ref, "num_items_in_batch": completion_mask.sum()}
-    theirs = GRPOTrainer._compute_loss(_trl_self(loss_type, beta, 0.28), policy, trl_inputs)
+    return input_ids, attention_mask, completion_mask, advantages, old, ref, trl_inputs
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo"])
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_the_loss_and_adapter_gradients_equal_trls(policy, loss_type, beta, level, tmp_path):
+    input_ids, attention_mask, completion_mask, advantages, old, ref, trl_inputs = _rollout(policy)
+    trl_self = _trl_self(loss_type, beta, 0.28, level, tmp_path=tmp_path)
+    theirs = GRPOTrainer._compute_loss(trl_self, policy, trl_inputs)
     theirs.backward()
     their_grads = _grads(policy)
 
     logps = completion_logps(policy, input_ids, attention_mask, COMPLETION, TEMPERATURE)
-    loss = PolicyLoss(loss_type, epsilon=0.2, epsilon_high=0.28, beta=beta, max_completion_length=COMPLETION)
+    loss = PolicyLoss(loss_type, epsilon=0.2, epsilon_high=0.28, beta=beta, max_completion_length=MAX_COMPLETION,
+                      importance_sampling_level=level)  # use_bias_correction_kl: TRL's default, ours
     ours, stats = loss(logps, advantages, completion_mask, old, ref if beta else None)
+    if loss_type == "dapo":  # the micro-batch's sum, divided by the step's tokens once they are known
+        ours = ours / completion_mask.sum()
     ours.backward()
     our_grads = _grads(policy)
 
@@ -106,8 +127,59 @@ def test_the_loss_and_adapter_gradients_equal_trls(policy, loss_type, beta):
     for name, grad in our_grads.items():
         assert grad.abs().max() > 0, name  # a gradient that could differ
         torch.testing.assert_close(grad, their_grads[name], atol=1e-5, rtol=1e-4, msg=name)
-    assert 0 < stats["clip_ratio/region"] < 1  # the batch exercises the clip, both kept and cut tokens
-    assert ("kl" in stats) == (beta > 0)
+    logged = {name: values[-1] for name, values in trl_self._metrics["train"].items()}
+    for ours_name, trl_name in (("clip_ratio/low", "clip_ratio/low_mean"), ("clip_ratio/high", "clip_ratio/high_mean"),
+                                ("clip_ratio/region", "clip_ratio/region_mean"), ("kl", "kl")):
+        if trl_name in logged:
+            assert stats[ours_name] == pytest.approx(logged[trl_name], abs=1e-6), ours_name
+    assert ("kl" in stats) == (beta > 0) == ("kl" in logged)
+    if level == "token":
+        assert 0 < stats["clip_ratio/region"] < 1  # the batch exercises the clip, both kept and cut tokens
+
+
+def test_the_kl_bias_correction_changes_the_gradient_as_trls_does(policy, tmp_path):
+    """TRL's default multiplies the KL by the ratio; without it the gradients differ (the flag is no switched-off
+    difference: both settings equal TRL's same setting)."""
+    input_ids, attention_mask, completion_mask, advantages, old, ref, trl_inputs = _rollout(policy)
+    grads = {}
+    for corrected in (True, False):
+        trl_self = _trl_self("grpo", 0.04, 0.28, tmp_path=tmp_path)
+        trl_self.args.use_bias_correction_kl = corrected
+        GRPOTrainer._compute_loss(trl_self, policy, trl_inputs).backward()
+        theirs = _grads(policy)
+        logps = completion_logps(policy, input_ids, attention_mask, COMPLETION, TEMPERATURE)
+        PolicyLoss("grpo", epsilon_high=0.28, beta=0.04, use_bias_correction_kl=corrected)(
+            logps, advantages, completion_mask, old, ref)[0].backward()
+        grads[corrected] = _grads(policy)
+        for name, grad in grads[corrected].items():
+            torch.testing.assert_close(grad, theirs[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert any(not torch.allclose(grads[True][n], grads[False][n], rtol=1e-3) for n in grads[True])
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo"])
+def test_two_micro_batches_of_one_step_equal_trls_gradient_accumulation(policy, loss_type, tmp_path):
+    """One optimizer step over two micro-batches of unequal token counts (accumulation 2): Lightning divides each
+    micro-batch's loss by 2, and `dapo`'s sums are then divided by the step's tokens (`on_before_optimizer_step`);
+    TRL's `_compute_loss` is called on each half with the whole generation batch's token count."""
+    input_ids, attention_mask, completion_mask, advantages, old, ref, trl_inputs = _rollout(policy)
+    halves = [slice(0, GROUP), slice(GROUP, 2 * GROUP)]
+    assert completion_mask[halves[0]].sum() != completion_mask[halves[1]].sum()  # uneven: a per-half mean differs
+    trl_self = _trl_self(loss_type, 0.0, 0.28, accumulation=2, tmp_path=tmp_path)
+    for half in halves:
+        part = {k: (v[half] if k != "num_items_in_batch" else v) for k, v in trl_inputs.items()}
+        GRPOTrainer._compute_loss(trl_self, policy, part).backward()
+    theirs = _grads(policy)
+    loss = PolicyLoss(loss_type, epsilon_high=0.28, max_completion_length=MAX_COMPLETION)
+    for half in halves:
+        logps = completion_logps(policy, input_ids[half], attention_mask[half], COMPLETION, TEMPERATURE)
+        (loss(logps, advantages[half], completion_mask[half], old[half])[0] / 2).backward()  # Lightning's division
+    if loss_type == "dapo":
+        for p in policy.parameters():
+            if p.grad is not None:
+                p.grad.mul_(2 / completion_mask.sum())  # GRPOLoRA.on_before_optimizer_step, one process
+    ours = _grads(policy)
+    for name, grad in ours.items():
+        torch.testing.assert_close(grad, theirs[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_group_advantages_equal_trls_for_each_scaling():
@@ -172,3 +244,26 @@ def test_only_the_positions_that_predict_a_completion_token_reach_the_output_lay
         whole = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -COMPLETION - 1:-1] / TEMPERATURE
     expected = torch.log_softmax(whole.float(), -1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
     torch.testing.assert_close(logps.detach(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_sampling_settings_reach_generate_as_given():
+    """transformers' global default top_k=50 would cut sampling while the loss is taken over the whole vocabulary:
+    every setting of the objective is what `generate` receives."""
+    seen = {}
+
+    class Spy(torch.nn.Module):
+        def generate(self, **kwargs):
+            seen.update(kwargs)
+            ids = kwargs["input_ids"]
+            return torch.cat([ids, torch.full((ids.size(0), 3), 2)], 1)
+
+    from llasmol.finetune.grpo import sample_group
+
+    ids, mask = torch.ones(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long)
+    completion, completion_mask_ = sample_group(Spy(), ids, mask, 3, 7, 0.7, 0.9, seed=5, eos_id=2, pad_id=0)
+    assert {k: seen[k] for k in ("do_sample", "temperature", "top_p", "top_k", "max_new_tokens", "num_beams",
+                                 "eos_token_id", "pad_token_id", "synced_gpus")} == {
+        "do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "max_new_tokens": 7, "num_beams": 1,
+        "eos_token_id": 2, "pad_token_id": 0, "synced_gpus": False}
+    assert seen["input_ids"].shape == (6, 4) and completion.shape == (6, 3)  # each prompt repeated for its group
+    assert completion_mask_.tolist() == [[1, 0, 0]] * 6  # through the first end only

@@ -15,6 +15,7 @@ from refusals import refused
 
 from llasmol.core.config import check_overrides
 from llasmol.core.schema import check_config
+from llasmol.metrics.extract import extract_answer
 from llasmol.metrics.scoring import sample_stats
 from llasmol.train import train
 
@@ -36,6 +37,13 @@ def crafted(monkeypatch):
     sample = crafted_sampler(load_tokenizer(compose_config(["paths.output_dir=/unused"]).model))
     monkeypatch.setattr(rollouts, "sample_group", sample)
     return sample
+
+
+def _size(smiles: str) -> int:
+    from rdkit import Chem
+
+    mol = Chem.MolFromSmiles(smiles)
+    return mol.GetNumHeavyAtoms() if mol is not None else 0
 
 
 def _rollouts(run: Path, step: int) -> list[dict]:
@@ -78,15 +86,21 @@ def test_each_completion_is_rewarded_by_the_scorers_own_statistics_and_logged(cf
             assert record["task"] == sample["task"]
             stats = sample_stats(sample["task"], [record["completion"]], golds.golds(sample, sample["raw_output"]),
                                  tasks=tasks)
-            answered = 1 - stats["num_no_answer"]
+            # Paid only when it ended with its answer in the task's tags once (the crafted ones, not the noise)
+            tag = "SMILES" if sample["task"] == "forward_synthesis" else "NUMBER"
+            text = record["completion"]
+            formed = float(not record["clipped"] and text.count(f"<{tag}>") == 1 and text.count(f"</{tag}>") == 1
+                           and 1 - stats["num_no_answer"])
             if sample["task"] == "forward_synthesis":
-                terms = {"format": answered, "validity": stats["num_valid"], "similarity": stats["fts_morgan_sum"],
-                         "exact": stats["hit_top1"]}
+                size = _size(text.split()[1]) if formed and stats["num_valid"] else 0
+                gold_size = max(_size(g) for g in golds.golds(sample, sample["raw_output"]))
+                terms = {"format": formed, "validity": min(size, gold_size) / max(size, gold_size) if size else 0.0,
+                         "similarity": formed * stats["fts_morgan_sum"], "exact": formed * stats["hit_top1"]}
                 family = weights.smiles
             else:
                 value = float(sample["raw_output"])
-                number = float(record["completion"].split()[1]) if answered and stats["num_valid"] else None
-                terms = {"format": answered, "validity": stats["num_valid"],
+                number = float(text.split()[1]) if formed and stats["num_valid"] else None
+                terms = {"format": formed, "validity": formed * stats["num_valid"],
                          "error": 1 / (1 + abs(number - value)) if number is not None else 0.0}
                 family = weights.number
             assert record["terms"] == pytest.approx(terms)
@@ -99,6 +113,17 @@ def test_each_completion_is_rewarded_by_the_scorers_own_statistics_and_logged(cf
         row = logged[step]
         assert row["train/reward"] == pytest.approx(rewards.mean(), rel=1e-5)
         assert row["train/no_signal"] == pytest.approx(np.mean([math.isclose(g.std(), 0) for g in groups for _ in g]))
+        # What reveals an exploit, counted here from the rollouts as a user would count them
+        ended = [not r["clipped"] for r in records]
+        assert row["train/completion_ended"] == pytest.approx(np.mean(ended), abs=1e-7)
+        assert row["train/completion_clipped"] == pytest.approx(1 - np.mean(ended), abs=1e-7)
+        answers = [[extract_answer(r["task"], r["completion"]) for r in records[g * 3:(g + 1) * 3]] for g in range(2)]
+        shares = [max([a.count(x) for x in a if x is not None], default=0) / 3 for a in answers]
+        distinct = [len({x for x in a if x is not None}) for a in answers]
+        assert row["train/collapse/top_answer_share"] == pytest.approx(np.mean(shares), abs=1e-7)
+        assert row["train/collapse/distinct_answers"] == pytest.approx(np.mean(distinct), abs=1e-7)
+        assert 0 < row["train/entropy"] <= math.log(2062)  # at most the uniform distribution's (the tokenizer's size)
+        assert row["train/resampled_groups"] == 0 and row["train/left_out"] == 0  # dynamic_sampling=none
         for task in {r["task"] for r in records}:
             mine = [r for r in records if r["task"] == task]
             assert row[f"train/reward/{task}"] == pytest.approx(np.mean([r["reward"] for r in mine]), rel=1e-5)
@@ -316,6 +341,7 @@ def crafted_validation(monkeypatch):
                 tag = tags[record["task"]]
                 record["predictions"] = [f"<{tag}> {record['gold'][0]} </{tag}>" if right else "",
                                          *record["predictions"][1:]]
+                record["ended"] = [True, *record["ended"][1:]]  # the crafted answer ended within its bound
             return records
 
     monkeypatch.setattr(validation, "ModelAnswers", Crafted)
@@ -372,14 +398,44 @@ def test_grpo_keeps_its_best_checkpoint_by_val_reward_unless_the_command_line_sa
     def chosen(*overrides):
         cfg = compose_config([*overrides, "paths.output_dir=/x"])
         checkpoint, evaluator = cfg.callbacks.model_checkpoint, cfg.callbacks.generation_evaluator
-        return checkpoint.monitor, checkpoint.mode, evaluator.get("rewards")
+        return checkpoint.monitor, checkpoint.mode, evaluator.samples_per_task, "rewards" in evaluator
 
-    assert chosen() == ("val/loss", "min", None)  # SFT as before: no reward at validation
-    monitor, mode, rewards = chosen("objective=grpo", "reward.families.smiles.exact=2")
-    assert (monitor, mode) == ("val/reward", "max")
-    assert rewards.families.smiles.exact == 2 and rewards.families.number.error == 1.0  # the run's own weights
+    assert chosen() == ("val/loss", "min", 4, False)  # SFT as before: no reward at validation, the demo's 4 samples
+    # GRPO: by val/reward, on 32 samples a task; its rewards are handed over as one object, not copied into config
+    assert chosen("objective=grpo", "reward.families.smiles.exact=2") == ("val/reward", "max", 32, False)
     assert chosen("objective=grpo", "callbacks.model_checkpoint.monitor=val/loss",
                   "callbacks.model_checkpoint.mode=min")[:2] == ("val/loss", "min")
+
+
+def test_one_rewards_object_is_built_per_run_and_serves_its_rollouts_and_its_validation(cfg_factory, monkeypatch):
+    from llasmol.finetune import build
+    from llasmol.finetune.validation import GenerationEvaluator
+    from llasmol.metrics import rewards as rewards_module
+
+    built, handed = [], {}
+    real_init = rewards_module.Rewards.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(rewards_module.Rewards, "__init__", counted)
+    real_trainer = build.build_trainer
+
+    def spy(cfg, datamodule, resume, rewards=None):
+        trainer = real_trainer(cfg, datamodule, resume, rewards)
+        handed["evaluator"] = next(c.rewards for c in trainer.callbacks if isinstance(c, GenerationEvaluator))
+        return trainer
+
+    monkeypatch.setattr("llasmol.finetune.fit.build_trainer", spy)
+    module_rewards = []
+    real_module = build.build_module
+    monkeypatch.setattr("llasmol.finetune.fit.build_module",
+                        lambda *a, **k: module_rewards.append(m := real_module(*a, **k)) or m)
+    cfg = cfg_factory(*GRPO, "trainer.max_steps=1", "reward.families.smiles.exact=2")
+    train(cfg)
+    assert len(built) == 1 and handed["evaluator"] is built[0] is module_rewards[0].rewards
+    assert built[0].weights["forward_synthesis"]["exact"] == 2.0  # the command line's weight reached both
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ COMPOSITIONS = [("train", []), ("train", ["objective=grpo"]), ("train", ["model=
 # Settings the schema bounds that no shipped config sets: Lightning arguments a user adds (+trainer.limit_...), a
 # task's own reward weight (+reward.tasks.<task>.<term>).
 ADDED_BY_USERS = {"trainer.limit_train_batches", "trainer.limit_val_batches", "trainer.accumulate_grad_batches",
-                  "reward.tasks.*.*"}
+                  "reward.tasks.*.*", "reward.custom.*.*"}
 
 
 def schema_keys(cls: type, prefix: str = "") -> set[str]:
@@ -597,3 +597,63 @@ def test_a_4bit_base_needs_every_4bit_setting_and_the_library_restates_none():
             f"quantization.bits=4 needs quantization.{key}: use quantization=4bit (nf4, double quantisation, "
             "bfloat16 compute, as QLoRA) and override from there")
 
+
+
+@pytest.mark.parametrize("override, named", [
+    ("+reward.bonus=1", ("reward.bonus is not a setting of reward", "custom, families, tasks")),
+    ("+reward.family.smiles.exact=2", ("reward.family", "did you mean reward.families?")),
+    ("+reward.task.forward_synthesis.exact=2", ("reward.task", "did you mean reward.tasks?")),
+    ("+objective.epsilon_hi=0.3", ("objective.epsilon_hi", "did you mean objective.epsilon_high?")),
+    ("+model.dtpye=float16", ("model.dtpye", "model.dtype")),
+    ("+lora.rank=8", ("lora.rank",)),
+    ("+data.max_len=64", ("data.max_len", "data.max_length")),
+    ("+generation.tasks.forward_synthesis.beams=3", ("generation.tasks.forward_synthesis.beams",)),
+    ("+callbacks.generation_evaluator.samples=3", ("callbacks.generation_evaluator.samples",)),
+    ("+cpu.thread=1", ("cpu.thread", "cpu.threads")),
+    ("+intervals.resample=10", ("intervals.resample", "intervals.resamples")),
+    ("+scoring.strict=true", ("scoring.strict",)),
+    ("+quantization.bit=4", ("quantization.bit", "quantization.bits")),
+    ("+compile.enable=true", ("compile.enable", "compile.enabled")),
+    ("+val_every=3", ("val_every is not a setting", "val_every_n_steps")),
+])
+def test_a_key_the_product_never_reads_is_one_line_in_every_group_it_owns(override, named):
+    from refusals import refused
+
+    with refused(*named, "never be applied"):
+        check_config(compose_config(["paths.output_dir=/x", "objective=grpo", override]))
+
+
+@pytest.mark.parametrize("override", ["+trainer.profiler=simple", "+optimizer.eps=1e-6", "+scheduler.num_cycles=0.5",
+                                      "+callbacks.model_checkpoint.verbose=true"])
+def test_a_group_handed_to_a_library_keeps_what_the_library_takes(override):
+    check_config(compose_config(["paths.output_dir=/x", override]))
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["objective=grpo", "callbacks.model_checkpoint.monitor=val/bogus"], ("monitor=val/bogus", "no metric this run logs",
+                                                                          "val/reward")),
+    (["callbacks.model_checkpoint.monitor=val/reward"], ("monitor=val/reward", "give val/loss or")),  # SFT logs none
+    (["data.tasks=[forward_synthesis]", "callbacks.model_checkpoint.monitor=val/retrosynthesis/exact_match"],
+     ("val/retrosynthesis/exact_match", "val/forward_synthesis/exact_match")),  # a task this run does not train
+    (["callbacks.model_checkpoint.monitor=val/forward_synthesis/rmse"], ("val/forward_synthesis/rmse",)),
+    (["callbacks.model_checkpoint.monitor=val/forward_synthesis/exact_match",
+      "callbacks.generation_evaluator.samples_per_task=0"], ("samples_per_task=0", "only val/loss")),
+])
+def test_a_best_checkpoint_monitor_that_no_metric_matches_is_one_line(overrides, named):
+    from refusals import refused
+
+    from llasmol.train import check_monitor
+
+    with refused(*named):
+        check_monitor(compose_config(["paths.output_dir=/x", *overrides]))
+
+
+@pytest.mark.parametrize("overrides", [[], ["objective=grpo"], ["callbacks.model_checkpoint.monitor=null"],
+                                       ["callbacks.model_checkpoint.monitor=val/forward_synthesis/exact_match_lo"],
+                                       ["callbacks.model_checkpoint.monitor=val/property_prediction-esol/rmse"],
+                                       ["objective=grpo", "callbacks.model_checkpoint.monitor=val/reward/retrosynthesis"],
+                                       ["callbacks.model_checkpoint.monitor=train/loss"]])
+def test_a_metric_the_run_logs_is_a_monitor(overrides):
+    from llasmol.train import check_monitor
+
+    check_monitor(compose_config(["paths.output_dir=/x", *overrides]))

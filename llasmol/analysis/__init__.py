@@ -32,6 +32,7 @@ from llasmol.analysis.plots import (
     draw_examples,
     plot_ablation,
     plot_failures,
+    plot_grpo_stage,
     plot_topk,
     plot_trends,
     png,

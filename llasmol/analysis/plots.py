@@ -296,3 +296,56 @@ def draw_examples(examples: Sequence[dict], path: Optional[PathLike] = None, pan
     if path is not None:
         image.save(path)
     return image
+
+
+def _stage_series(rows: list[dict], name: str) -> list[tuple[int, float]]:
+    return [(int(r["step"]), r[name]) for r in rows if r.get(name) is not None and r.get("step") is not None]
+
+
+def plot_grpo_stage(run, path: Optional[PathLike] = None, title: str = "GRPO") -> Figure:
+    """A GRPO run's stage (`grpo_stage`) in four panels by optimizer step, from its CSV log: the rewards (validation
+    with its interval), the shares of completions that ended and were cut, collapse (the top answer's share, and
+    distinct answers per group on an axis of their own), and token entropy."""
+    rows = run.csv_log()
+    fig = _figure(12, 7.5)
+    axes = fig.subplots(2, 2).ravel()
+    ax = axes[0]
+    train, val = _stage_series(rows, "train/reward"), _stage_series(rows, "val/reward")
+    if train:
+        ax.plot(*zip(*train), lw=0.8, alpha=0.6, label="train/reward")
+    if val:
+        ax.plot(*zip(*val), marker="o", label="val/reward")
+        bounds = [(int(r["step"]), r["val/reward_lo"], r["val/reward_hi"]) for r in rows
+                  if r.get("val/reward_lo") is not None and r.get("val/reward_hi") is not None]
+        if bounds:
+            steps, lows, highs = zip(*bounds)
+            ax.fill_between(steps, lows, highs, alpha=0.2, label="95% interval")
+    _stage_panel(ax, "reward", bool(train or val))
+    for ax, names, label in ((axes[1], ("train/completion_ended", "train/completion_clipped", "train/no_signal"),
+                              "share of completions / groups"),
+                             (axes[2], ("train/collapse/top_answer_share",), "collapse"),
+                             (axes[3], ("train/entropy",), "token entropy (nats)")):
+        drawn = False
+        for name in names:
+            points = _stage_series(rows, name)
+            if points:
+                ax.plot(*zip(*points), lw=0.9, label=name.removeprefix("train/"))
+                drawn = True
+        _stage_panel(ax, label, drawn)
+    distinct = _stage_series(rows, "train/collapse/distinct_answers")
+    if distinct:  # a count (at most the group size) beside a share: its own axis
+        twin = axes[2].twinx()
+        twin.plot(*zip(*distinct), lw=0.9, color="tab:red", label="distinct answers per group")
+        twin.set_ylabel("distinct answers per group")
+        twin.legend(fontsize=8, loc="lower right")
+    if not any(ax.has_data() for ax in axes):
+        _empty(axes[0], "no GRPO series in the CSV log")
+    fig.suptitle(title)
+    return _finish(fig, path)
+
+
+def _stage_stage_panel(ax, label: str, drawn: bool) -> None:
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(label)
+    if drawn:
+        ax.legend(fontsize=8)

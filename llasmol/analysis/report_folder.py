@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from llasmol import analysis
-from llasmol.analysis import pairs, trivial
+from llasmol.analysis import grpo_stage, pairs, trivial
 from llasmol.core.errors import UserError
 from llasmol.core.files import check_room, nearest_existing, raise_if_unwritable, write_text
 from llasmol.core.tasks import TASK_NAMES
@@ -96,6 +96,12 @@ def report_run(run_dir, out_dir=None, validation=None, worst: int = 5, all_metri
         analysis.plot_trends(trends, out / "trends.png", title=f"{run.label}: loss and headline metrics across "
                              "validations", losses=run.loss_curves(), floors=floors, rewards=run.reward_curves())
         written.append(out / "trends.png")
+    if grpo_stage.is_grpo(run):  # the RL stage: its rewards, terms and the signs of an exploit
+        stage = grpo_stage.stage_table(run)
+        _write(out / "grpo.md", GRPO_NOTE + stage.to_markdown(), written)
+        _write(out / "grpo.csv", stage.to_csv(), written)
+        analysis.plot_grpo_stage(run, out / "grpo.png", title=f"{run.label}: the GRPO stage")
+        written.append(out / "grpo.png")
 
     if val.predictions_path is None:
         print(f"note: {run.path} has no predictions/{val.name}.jsonl: no failure breakdown or worst examples")
@@ -163,6 +169,12 @@ def _write_pairs(table, out: Path) -> list[Path]:
     return written
 
 
+GRPO_NOTE = (
+    "What reveals an exploit before the reward does (docs/rl.md, \"What to watch\"): completions that stop ending "
+    "(`completion_ended` falls, `completion_clipped` rises), one answer taking over its groups (`top_answer_share` "
+    "towards 1, `distinct_answers` towards 1), and the policy's entropy collapsing, while `val/reward` rises. "
+    "`val/reward`'s interval is a 95% bootstrap over the validation samples: two checkpoints whose intervals overlap "
+    "widely are not told apart by it.\n\n")
 INTERVALS_NOTE = (
     "Percentile intervals of 1,000 bootstrap resamples of the scored samples (for tasks whose golds are "
     "pooled over one input, of the inputs). They say how much the number could move on another draw of "

@@ -16,6 +16,7 @@ To add a bound: give the field a `setting(...)` in its group's dataclass below, 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import typing
@@ -381,6 +382,7 @@ class PromptingSchema:
 
 @dataclass
 class OptimizerSchema:
+    OPEN = True  # its keys go to a library's constructor, which takes more than the schema names
     # AdamW moves each weight by about lr a step, so any lr past 1 wrecks a base in a step or two and the
     # non-finite loss check says so; past float32's range (3.4e38) the update itself overflows first, a
     # traceback. A million is far past any use and far below that.
@@ -390,13 +392,16 @@ class OptimizerSchema:
 
 @dataclass
 class SchedulerSchema:
+    OPEN = True  # its keys go to a library's constructor, which takes more than the schema names
     num_warmup_steps: int = setting(0, COUNT)
 
 
 # The GRPO objective's choices (llasmol/finetune/grpo.py says what each computes).
 OBJECTIVES = ("sft", "grpo")
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
+LOSS_TYPES = ("grpo", "dr_grpo", "bnpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
+IMPORTANCE_LEVELS = ("token", "sequence")
+DYNAMIC_SAMPLING = ("none", "skip", "refill")
 
 
 def _reward_weights(where: str) -> Callable[[dict], Optional[str]]:
@@ -419,6 +424,7 @@ class RewardSchema:
 
     families: Dict[str, Optional[Dict[str, Any]]] = setting(rule=_reward_weights("families"))
     tasks: Dict[str, Optional[Dict[str, Any]]] = setting(rule=_reward_weights("tasks"))
+    custom: Dict[str, Optional[Dict[str, Any]]] = setting()  # name -> {_target_, weight}: `Rewards` checks them
 
 
 @dataclass
@@ -434,6 +440,12 @@ class ObjectiveSchema:
     epsilon_high: Optional[float] = setting(above=0, high=100, hint="null: epsilon; DAPO's 0.28")
     beta: float = setting(0, 1e6, hint="0: no KL term and no reference pass")
     num_iterations: int = setting(1, 1 << 10)
+    importance_sampling_level: str = setting(choices=IMPORTANCE_LEVELS)
+    use_bias_correction_kl: bool = setting()
+    mask_truncated_completions: bool = setting()
+    soft_punish_cache: int = setting(0, TOKENS, hint="0: no soft overlong punishment")
+    dynamic_sampling: str = setting(choices=DYNAMIC_SAMPLING)
+    max_resamples: int = setting(0, 1 << 10, hint="rounds of further prompts a micro-batch may sample")
 
 
 def _devices(value) -> Optional[str]:
@@ -504,6 +516,7 @@ def _cpu_devices(trainer: dict) -> Optional[str]:
 
 @dataclass
 class TrainerSchema:
+    OPEN = True  # its keys go to a library's constructor, which takes more than the schema names
     accelerator: str = setting(choices=("auto", "cpu", "gpu", "cuda", "mps", "tpu"))
     strategy: Union[str, Dict[str, Any]] = setting(rule=_strategy)
     devices: Union[int, str, List[int]] = setting(rule=_devices)
@@ -532,15 +545,18 @@ class GenerationEvaluatorSchema:
     generation: GenerationSchema = setting()
     intervals: IntervalsSchema = setting()
     seed: int = setting(0, SEED_MAX, hint="Lightning's seed_everything takes 0 to 2^32-1")
+    output_dir: Optional[str] = setting()  # a copy of ${paths.output_dir}
 
 
 @dataclass
 class BestCheckpointSchema:
+    OPEN = True  # its keys go to a library's constructor, which takes more than the schema names
     save_top_k: int = setting(-1, COUNT, hint="-1 keeps every validated adapter")
 
 
 @dataclass
 class ResumeCheckpointSchema:
+    OPEN = True  # its keys go to a library's constructor, which takes more than the schema names
     save_top_k: int = setting(-1, COUNT)
     every_n_train_steps: int = setting(1, COUNT)
 
@@ -552,6 +568,7 @@ class ProgressLinesSchema:
 
 @dataclass
 class CallbacksSchema:
+    OPEN = True  # its keys go to a library's constructor, which takes more than the schema names
     model_checkpoint: BestCheckpointSchema
     resume_checkpoint: ResumeCheckpointSchema
     generation_evaluator: GenerationEvaluatorSchema
@@ -646,6 +663,8 @@ class CpuSchema:
 @dataclass
 class CommandSchema:
     """What every command has (conf/shared.yaml): the one seed, and a multirun's first job number."""
+
+    EXTRA = ("logger", "paths", "task_name")  # read by Hydra and the frame, not settings of the command
 
     seed: int = setting(0, SEED_MAX, hint="Lightning's seed_everything takes 0 to 2^32-1")
     first_job: int = setting(0, COUNT)
@@ -810,6 +829,7 @@ class AuditSchema(CommandSchema):
     fail_on_duplicates: bool = setting()
     examples: int = setting(0, COUNT)
     workers: Optional[int] = setting(1, 1024, hint="null: one per CPU, at most 8")
+    corpus: Optional[str] = setting()
     data: DataSchema = setting()
 
     RULES = ()
@@ -938,6 +958,7 @@ def check_group(values: dict, schema: type, prefix: str = "", tasks: TaskTable =
     """A `UserError` naming the first setting of `values` (plain, resolved) that its `schema` does not allow
     (`tasks`: the task table the settings may name)."""
     hints = typing.get_type_hints(schema)
+    _check_known(values, schema, prefix)
     for f in dataclasses.fields(schema):
         if f.name not in values or values[f.name] is _UNRESOLVED:
             continue
@@ -973,6 +994,22 @@ def check_group(values: dict, schema: type, prefix: str = "", tasks: TaskTable =
         why = check(values, tasks)
         if why:
             raise UserError(why)
+
+
+def _check_known(values: dict, schema: type, prefix: str) -> None:
+    """A key that a group the product reads does not have was never applied (`+reward.bonus=1` trained to the end
+    with no effect): one line naming it and the nearest setting. Groups handed to a library's constructor (the
+    trainer, the optimizer, a callback's; `OPEN`) keep whatever that library takes."""
+    if getattr(schema, "OPEN", False) or not isinstance(values, dict):
+        return
+    known = [f.name for f in dataclasses.fields(schema)] + list(getattr(schema, "EXTRA", ()))
+    for key in values:
+        if key not in known and not str(key).startswith("_"):  # _target_, _partial_: Hydra's
+            near = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {prefix}{near[0]}?" if near else f"its settings are {', '.join(sorted(known))}"
+            group = prefix.rstrip(".") or "the command line"
+            raise UserError(f"{prefix}{key} is not a setting of {group}, so it would never be applied: {hint} "
+                            "(remove it)")
 
 
 def _nested(value, hint, key: str, tasks: TaskTable) -> None:

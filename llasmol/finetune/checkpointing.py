@@ -20,6 +20,7 @@ import logging
 import shutil
 from pathlib import Path
 
+import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -57,6 +58,15 @@ class AdapterModelCheckpoint(CheckpointWithHooks):
         self.resume = resume
         self.card_facts: dict | None = None  # set by `train`: what the adapter's README.md says about it
         self._staged: dict[str, Path] = {}  # checkpoint path -> its adapter, saved, waiting for the .ckpt
+
+    def check_monitor_top_k(self, trainer, current=None) -> bool:
+        """Lightning's rule, except that a tie with the kept checkpoint replaces it: of two adapters that score the
+        same (a GRPO run's val/reward on a few dozen samples ties often) the later one, trained longer, is kept."""
+        if current is None or self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
+            return super().check_monitor_top_k(trainer, current)
+        at_least = {"min": torch.le, "max": torch.ge}[self.mode]
+        kept = self.best_k_models[self.kth_best_model_path]
+        return trainer.strategy.reduce_boolean_decision(bool(at_least(current, kept)))
 
     def before_save(self, trainer, filepath: str) -> None:
         module = trainer.lightning_module

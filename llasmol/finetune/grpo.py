@@ -10,10 +10,17 @@ What each piece is (G completions of one prompt form a group; T completion posit
 - ratio r = exp(logp - logp_old) per token; the policy term -min(r·A, clip(r, 1 - epsilon, 1 + epsilon_high)·A)
   (DAPO's "clip higher" when epsilon_high > epsilon); with beta > 0 the k3 estimate of KL to the reference,
   exp(ref - logp) - (ref - logp) - 1, added times beta;
+- `importance_sampling_level`: the ratio per token (TRL's default), or per sequence, exp of the mean of a
+  completion's token log-ratios, the same for all its tokens (GSPO, arXiv 2507.18071);
+- with beta > 0 the KL term is multiplied by the ratio (`use_bias_correction_kl`, TRL's default: the unbiased
+  reverse-KL gradient of DeepSeek-V3.2), which changes its gradient even where the ratio is 1;
 - the loss types differ only in how per-token terms become one number: `grpo` averages each completion's tokens,
   then the completions (DeepSeekMath); `dr_grpo` sums every token and divides by completions × the longest
-  completion allowed, so no length is favoured (Dr. GRPO, arXiv 2503.20783); `dapo` divides the sum by the
-  tokens of the whole generation batch (DAPO, arXiv 2503.14476: every token weighs the same).
+  completion allowed, so no length is favoured (Dr. GRPO, arXiv 2503.20783); `bnpo` divides the micro-batch's sum
+  by its own tokens; `dapo` divides by the tokens of the whole generation batch, every micro-batch of the optimizer
+  step on every process (DAPO, arXiv 2503.14476: every token of the step weighs the same). A micro-batch cannot
+  know the tokens of those still to come, so `dapo`'s loss here is the micro-batch's plain sum and its gradients
+  are divided once the step's count is known (`GRPOLoRA.on_before_optimizer_step`): TRL's `dapo` exactly.
 
 Gradient accumulation is Lightning's (it divides each micro-batch's loss by the accumulation), so nothing here
 divides by it.
@@ -28,7 +35,7 @@ from typing import Optional
 
 import torch
 
-from llasmol.core.schema import LOSS_TYPES, SCALE_REWARDS
+from llasmol.core.schema import IMPORTANCE_LEVELS, LOSS_TYPES, SCALE_REWARDS
 
 STD_EPSILON = 1e-4  # added to the standard deviation before dividing, as TRL does
 
@@ -42,27 +49,34 @@ class PolicyLoss:
     epsilon_high: Optional[float] = None  # upper clip; None: epsilon (DAPO recommends 0.28)
     beta: float = 0.0  # weight of the KL to the reference; 0: no reference pass at all
     max_completion_length: int = 256  # dr_grpo's constant divisor
+    importance_sampling_level: str = "token"  # or "sequence" (GSPO)
+    use_bias_correction_kl: bool = True  # TRL's default
 
     def __post_init__(self) -> None:
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type {self.loss_type!r} is none of {', '.join(LOSS_TYPES)}")
+        if self.importance_sampling_level not in IMPORTANCE_LEVELS:
+            raise ValueError(f"importance_sampling_level {self.importance_sampling_level!r} is none of "
+                             f"{', '.join(IMPORTANCE_LEVELS)}")
 
     @property
     def upper(self) -> float:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
     def __call__(self, logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                 old_logps: Optional[torch.Tensor] = None, ref_logps: Optional[torch.Tensor] = None,
-                 batch_tokens: Optional[float] = None) -> tuple[torch.Tensor, dict[str, float]]:
+                 old_logps: Optional[torch.Tensor] = None, ref_logps: Optional[torch.Tensor] = None
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
         """The loss of completions whose per-token log-probabilities under the policy are `logps` (B, T), and
         what RL users watch (clip fractions, KL). `old_logps`: the policy's when the rollout was sampled (None:
-        this very policy, the first pass over a rollout); `ref_logps`: the reference's (needed when beta > 0);
-        `batch_tokens`: dapo's divisor, the completion tokens of the whole generation batch on this process
-        (default: this micro-batch's)."""
+        this very policy, the first pass over a rollout); `ref_logps`: the reference's (needed when beta > 0).
+        For `dapo` the loss is the micro-batch's sum, to be divided by the step's tokens (the module docstring)."""
         mask = mask.to(logps.dtype)
         advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
         old = logps.detach() if old_logps is None else old_logps
-        ratio = torch.exp(logps - old)
+        log_ratio = logps - old
+        if self.importance_sampling_level == "sequence":
+            log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # (B, 1)
+        ratio = torch.exp(log_ratio)
         clipped = torch.clamp(ratio, 1 - self.epsilon, 1 + self.upper)
         per_token = -torch.min(ratio * advantages, clipped * advantages)
         stats: dict[str, float] = {}
@@ -71,15 +85,20 @@ class PolicyLoss:
                 raise ValueError("beta > 0 needs the reference's log-probabilities")
             gap = ref_logps - logps
             kl = torch.exp(gap) - gap - 1
+            if self.use_bias_correction_kl:
+                kl = kl * ratio
+            stats["kl"] = _masked_mean(kl.detach(), mask)  # as it enters the loss (TRL logs it so too)
             per_token = per_token + self.beta * kl
-            stats["kl"] = _masked_mean(kl.detach(), mask)
+        per_token = per_token.expand_as(mask)  # a sequence-level ratio is one value for all of a completion's tokens
         if self.loss_type == "grpo":
             loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
         elif self.loss_type == "dr_grpo":
             loss = (per_token * mask).sum() / (per_token.size(0) * self.max_completion_length)
-        else:  # dapo
-            tokens = mask.sum() if batch_tokens is None else torch.as_tensor(batch_tokens, dtype=logps.dtype)
-            loss = (per_token * mask).sum() / tokens.clamp(min=1.0)
+        elif self.loss_type == "bnpo":
+            loss = (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+        else:  # dapo: divided by the step's tokens once they are known
+            loss = (per_token * mask).sum()
+        # Shares of the tokens whose ratio is clipped (of the completions, for a sequence-level ratio, as TRL counts)
         low = ((ratio < 1 - self.epsilon) & (advantages < 0)).to(logps.dtype)
         high = ((ratio > 1 + self.upper) & (advantages > 0)).to(logps.dtype)
         stats.update({"clip_ratio/low": _masked_mean(low, mask), "clip_ratio/high": _masked_mean(high, mask),
@@ -88,6 +107,9 @@ class PolicyLoss:
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    """The mean of `values` over the real tokens of `mask`; of a (B, 1) per-completion value, over the completions."""
+    if values.size(-1) == 1 and mask.size(-1) != 1:
+        return float(values.mean())
     return float((values * mask).sum() / mask.sum().clamp(min=1.0))
 
 
@@ -110,16 +132,24 @@ def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards:
 
 
 def completion_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int,
-                     temperature: float = 1.0) -> torch.Tensor:
+                     temperature: float = 1.0, entropy: bool = False):
     """The log-probability (B, T) of each of the last `completion_length` tokens of `input_ids` (prompt then
     completion, left-padded prompts) under `model`, its logits divided by `temperature` as they were when the
-    completions were sampled. Only the positions that predict a completion token go through the output layer
-    where the base takes `logits_to_keep` (a 150k-word vocabulary over a long prompt is the largest tensor)."""
+    completions were sampled; with `entropy`, also the entropy (B, T) of each of those positions' distributions (no
+    gradient: what `train/entropy` reports). Only the positions that predict a completion token go through the
+    output layer where the base takes `logits_to_keep` (a 150k-word vocabulary over a long prompt is the largest
+    tensor)."""
     keep = {"logits_to_keep": completion_length + 1} if _keeps_logits(type(_base_of(model))) else {}
     logits = model(input_ids=input_ids, attention_mask=attention_mask, **keep).logits
     logits = logits[:, -completion_length - 1:-1].float() / temperature  # position t predicts token t + 1
     targets = input_ids[:, -completion_length:]
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    logps = torch.log_softmax(logits, dim=-1)
+    chosen = logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not entropy:
+        return chosen
+    with torch.no_grad():
+        entropies = -(logps.exp() * logps).sum(-1)
+    return chosen, entropies
 
 
 def _base_of(model):

@@ -9,6 +9,7 @@ import lightning as L
 import torch
 
 from llasmol.data.formatting import IGNORE_INDEX
+from llasmol.core.run_lock import OBJECTIVE_KEY
 from llasmol.finetune.distributed import SHARDED_KEY, uses_fsdp2
 from llasmol.model.blocks import clean_name
 from llasmol.core.errors import UserError
@@ -18,8 +19,10 @@ class LoRACausalLM(L.LightningModule):
     """Trains the adapters of `model` (a PEFT model); the optimizer and scheduler come from config.
 
     Checkpoints keep only the trainable tensors: the frozen base is reloaded from its source, so a 7B
-    run's checkpoint is tens of MB, not 14 GB.
+    run's checkpoint is tens of MB, not 14 GB. Each records the objective it trains by (`objective`).
     """
+
+    objective = "sft"  # conf/objective/'s name: what a checkpoint says it was trained by
 
     def __init__(
         self,
@@ -116,6 +119,7 @@ class LoRACausalLM(L.LightningModule):
         # trainer=fsdp keys its optimizer state by the place among all parameters, the others among the trained
         # ones: a resume checks it continues under the same kind (`llasmol.finetune.resume`).
         checkpoint[SHARDED_KEY] = uses_fsdp2(self.trainer)
+        checkpoint[OBJECTIVE_KEY] = self.objective  # a resume under another objective is refused (`resume`)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "state_dict" in checkpoint:  # trainer=fsdp checks the weights as it loads them, before this hook

@@ -7,7 +7,9 @@ It is `LoRACausalLM` with another training step: the same checkpoints (adapters 
 strategies. What differs from TRL's `GRPOTrainer`, said once here:
 
 - a micro-batch's prompts are sampled, rewarded and trained on at once (TRL generates for several micro-batches
-  ahead); `scale_rewards=batch` and `dapo`'s token count therefore cover one micro-batch of one process;
+  ahead); `scale_rewards=batch` therefore covers one micro-batch of one process, while `dapo` divides the
+  gradients by the whole step's tokens once the step's last micro-batch is done (`on_before_optimizer_step`),
+  which equals TRL's division by the generation batch's tokens;
 - sampling runs with dropout off (the model in eval mode), the log-probabilities with the training step's
   dropout (TRL samples in whatever mode the model is in);
 - with `num_iterations` above 1 a micro-batch's rollout is kept and trained on again in the next steps (in the
@@ -16,10 +18,16 @@ strategies. What differs from TRL's `GRPOTrainer`, said once here:
 The reference of the KL term (`beta > 0`) is the adapters the stage started from (`init_from`, or fresh ones: the
 base itself), kept as a copy of the adapter tensors and swapped in for the reference pass: never a second base.
 Every completion, its reward and each term are written to `rollouts/step{S}.jsonl` (S: the optimizer steps done).
+
+Beyond TRL, by setting (conf/objective/grpo.yaml): DAPO's dynamic sampling (`dynamic_sampling`): the groups of a
+micro-batch whose completions all earned the same reward teach nothing; `skip` leaves them out of the loss,
+`refill` samples groups of further training prompts in their place, `max_resamples` rounds at most, and leaves out
+what is still uninformative after them.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import time
 from dataclasses import dataclass, fields
@@ -36,11 +44,13 @@ from llasmol.core.tasks import TaskTable
 from llasmol.finetune.grpo import PolicyLoss, completion_logps, group_advantages, sample_group
 from llasmol.finetune.lightning_private import forget_step_values
 from llasmol.finetune.module import LoRACausalLM
-from llasmol.inference.beam_search import forward_is_collective, task_settings
+from llasmol.inference.beam_search import forward_is_collective, most_of_any_rank, task_settings
 from llasmol.inference.pipeline import gather_to_all, split_golds
-from llasmol.metrics.rewards import Rewards
+from llasmol.metrics.extract import extract_answer
+from llasmol.metrics.rewards import Rewards, overlong_penalty
 
 ROLLOUT_SEED = 1  # told apart from StepSeeding's dropout draws of the same (seed, epoch, batch, rank)
+REFILL_SEED = 2  # the further prompts of dynamic sampling, drawn per (seed, epoch, batch, rank, round)
 
 
 @dataclass
@@ -60,8 +70,29 @@ class Rollout:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def _merged(parts: list[dict], chosen: list[tuple[int, int]], kept: list[bool], groups: int, pad_id: int) -> dict:
+    """The micro-batch's rollout from the groups `chosen` ((part, group) per slot) of the rounds' `parts`: prompts
+    left-padded to the widest, completions right-padded to the longest; a slot not `kept` is in the batch with its
+    completion mask zeroed (left out of the loss; every process still runs its forward and backward)."""
+    width = max(p["prompts"].size(1) for p in parts)
+    length = max(p["completion"].size(1) for p in parts)
+    out = {"prompts": [], "prompt_mask": [], "completion": [], "mask": [], "rewards": []}
+    for slot, (part_at, g) in enumerate(chosen):
+        part, rows = parts[part_at], slice(g * groups, (g + 1) * groups)
+        left, right = width - part["prompts"].size(1), length - part["completion"].size(1)
+        pad = torch.nn.functional.pad
+        out["prompts"].append(pad(part["prompts"][rows], (left, 0), value=pad_id))
+        out["prompt_mask"].append(pad(part["prompt_mask"][rows], (left, 0), value=0))
+        out["completion"].append(pad(part["completion"][rows], (0, right), value=pad_id))
+        out["mask"].append(pad(part["mask"][rows], (0, right), value=0) * int(kept[slot]))
+        out["rewards"].append(part["rewards"][g])
+    return {key: torch.cat(values) if key != "rewards" else torch.stack(values) for key, values in out.items()}
+
+
 class GRPOLoRA(LoRACausalLM):
     """Trains `model`'s adapters by GRPO on the prompts of the training split (`data`'s prompts_only batches)."""
+
+    objective = "grpo"
 
     def __init__(self, model: torch.nn.Module, optimizer: Callable[..., torch.optim.Optimizer],
                  scheduler: Optional[Callable[..., Any]] = None, *, objective, rewards: Rewards, tokenizer,
@@ -72,7 +103,8 @@ class GRPOLoRA(LoRACausalLM):
         super().__init__(model, optimizer, scheduler)
         self.settings = objective
         self.policy_loss = PolicyLoss(objective.loss_type, objective.epsilon, objective.epsilon_high, objective.beta,
-                                      objective.max_new_tokens)
+                                      objective.max_new_tokens, objective.importance_sampling_level,
+                                      objective.use_bias_correction_kl)
         self.rewards = rewards
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
@@ -88,6 +120,8 @@ class GRPOLoRA(LoRACausalLM):
         self._records: list[dict] = []  # this step's completions on this process, its micro-batches in order
         self._records_step = -1
         self._sampling_seconds = 0.0
+        self._step_tokens = 0  # completion tokens in this step's loss on this process (dapo's divisor)
+        self._entropy = [0.0, 0]  # this step's token entropy sum and count on this process
 
     # ------------------------------------------------------------------ what one completion is worth
 
@@ -129,12 +163,16 @@ class GRPOLoRA(LoRACausalLM):
 
     # ------------------------------------------------------------------ rollouts
 
-    def _roll_out(self, batch: dict, batch_idx: int) -> Rollout:
+    def _sample(self, batch: dict, batch_idx: int, round_: int) -> dict:
+        """One round of rollouts of `batch`'s prompts: their completions, rewards and records (round 0: the
+        loader's batch; later rounds: dynamic sampling's further prompts)."""
         groups = self.settings.num_generations
         indices = batch["index"].tolist()
         targets = [self._targets(i) for i in indices]
         limits = torch.tensor([self._limit(task) for task, _ in targets], device=batch["input_ids"].device)
         entropy = [self.seed, self.trainer.current_epoch, batch_idx, self.trainer.global_rank, ROLLOUT_SEED]
+        if round_:
+            entropy.append(round_)
         started = time.perf_counter()
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling
@@ -146,66 +184,134 @@ class GRPOLoRA(LoRACausalLM):
                 synced_gpus=forward_is_collective(self.model))
         finally:
             self.model.train(was_training)
-        seconds = time.perf_counter() - started
+        self._sampling_seconds += time.perf_counter() - started
         # Each completion within its own task's bound (one generate call serves the batch's longest bound).
         positions = torch.arange(completion.size(1), device=completion.device)
-        mask = mask * (positions[None, :] < limits.repeat_interleave(groups)[:, None]).int()
+        row_limits = limits.repeat_interleave(groups)
+        mask = mask * (positions[None, :] < row_limits[:, None]).int()
+        cache = int(self.settings.soft_punish_cache)
         rewards, records = [], []
         for row in range(completion.size(0)):
             index, (task, golds) = indices[row // groups], targets[row // groups]
             length = int(mask[row].sum())
             text = self.tokenizer.decode(completion[row, :length], skip_special_tokens=True).strip()
-            reward, terms = self.rewards(task, text, golds)
+            # Ended: its end of sequence came within its bound; else it was cut there (clipped).
+            ended = length > 0 and int(completion[row, length - 1]) == self.eos_id
+            reward, terms = self.rewards(task, text, golds, ended)
+            if cache:  # DAPO's soft overlong punishment, added to the reward as TRL's reward function adds it
+                terms["overlong"] = overlong_penalty(length, int(row_limits[row]), cache)
+                reward += terms["overlong"]
             rewards.append(reward)
-            # Clipped: cut at its bound before its end of sequence (one that ends exactly there is whole).
-            clipped = length >= int(limits[row // groups]) and int(completion[row, length - 1]) != self.eos_id
             records.append({"index": index, "task": task, "completion": text, "tokens": length, "reward": reward,
-                            "terms": terms, "clipped": clipped})
-        rewards_t = torch.tensor(rewards, dtype=torch.float32, device=completion.device)
-        advantages = group_advantages(rewards_t, groups, self.settings.scale_rewards)
-        for record, advantage in zip(records, advantages.tolist()):
-            record["advantage"] = advantage
+                            "terms": terms, "clipped": not ended, "answer": extract_answer(task, text, self.tasks),
+                            "round": round_})
+        if self.settings.mask_truncated_completions:  # TRL's: a completion cut at its bound is left out of the loss
+            mask = mask * torch.tensor([not r["clipped"] for r in records], device=mask.device).int()[:, None]
         prompts = batch["input_ids"].repeat_interleave(groups, dim=0)
         prompt_mask = batch["attention_mask"].repeat_interleave(groups, dim=0)
-        input_ids, attention_mask = torch.cat([prompts, completion], 1), torch.cat([prompt_mask, mask.long()], 1)
+        return {"prompts": prompts, "prompt_mask": prompt_mask, "completion": completion, "mask": mask,
+                "rewards": torch.tensor(rewards, dtype=torch.float32).view(-1, groups), "records": records}
+
+    def _further_prompts(self, count: int, batch_idx: int, round_: int) -> dict:
+        """`count` training prompts drawn at random (seeded by the step's place and the round) for dynamic
+        sampling's refills, batched as the loader batches them."""
+        dataset = self.trainer.datamodule.dataset("train")
+        entropy = [self.seed, self.trainer.current_epoch, batch_idx, self.trainer.global_rank, REFILL_SEED, round_]
+        picks = np.random.default_rng(entropy).choice(len(dataset), size=count, replace=count > len(dataset))
+        batch = self.trainer.datamodule.train_collate([dataset[int(i)] for i in picks])
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    def _roll_out(self, batch: dict, batch_idx: int) -> Rollout:
+        groups, mode = self.settings.num_generations, self.settings.dynamic_sampling
+        first = self._sample(batch, batch_idx, 0)
+        parts, chosen = [first], [(0, g) for g in range(first["rewards"].size(0))]
+        teaches = [bool(first["rewards"][g].max() > first["rewards"][g].min()) for g in range(len(chosen))]
+        if mode == "refill":
+            lockstep = forward_is_collective(self.model)  # a sharded model's ranks sample round for round together
+            for round_ in range(1, int(self.settings.max_resamples) + 1):
+                empty = [slot for slot, ok in enumerate(teaches) if not ok]
+                wanted = most_of_any_rank(len(empty), self.device) if lockstep else len(empty)
+                if not wanted:
+                    break
+                # A rank with nothing to refill still samples (one prompt, kept nowhere) while the others do
+                more = self._sample(self._further_prompts(max(1, len(empty)), batch_idx, round_), batch_idx, round_)
+                parts.append(more)
+                useful = [g for g in range(more["rewards"].size(0)) if more["rewards"][g].max() > more["rewards"][g].min()]
+                for slot, g in zip(empty, useful):
+                    chosen[slot], teaches[slot] = (len(parts) - 1, g), True
+        kept = teaches if mode != "none" else [True] * len(chosen)
+        rollout = _merged(parts, chosen, kept, groups, self.pad_id)
+        for part_at, part in enumerate(parts):
+            for g in range(part["rewards"].size(0)):
+                slot = chosen.index((part_at, g)) if (part_at, g) in chosen else None
+                for record in part["records"][g * groups:(g + 1) * groups]:
+                    record["kept"], record["advantage"] = slot is not None and kept[slot], 0.0
+        advantages = group_advantages(rollout["rewards"].flatten().to(rollout["mask"].device), groups,
+                                      self.settings.scale_rewards)
+        for slot, (part_at, g) in enumerate(chosen):
+            for record, advantage in zip(parts[part_at]["records"][g * groups:(g + 1) * groups],
+                                         advantages[slot * groups:(slot + 1) * groups].tolist()):
+                record["advantage"] = advantage if kept[slot] else 0.0
+        records = [r for part in parts for r in part["records"]]
+        input_ids = torch.cat([rollout["prompts"], rollout["completion"]], 1)
+        attention_mask = torch.cat([rollout["prompt_mask"], rollout["mask"].long()], 1)
         old = ref = None
         with torch.no_grad():
             if self.settings.num_iterations > 1:
-                old = self._logps(input_ids, attention_mask, completion.size(1))
+                old = self._logps(input_ids, attention_mask, rollout["completion"].size(1))
             if self.settings.beta:
                 with self._as_reference():
-                    ref = self._logps(input_ids, attention_mask, completion.size(1))
-        self._sampling_seconds += seconds
-        return Rollout(input_ids, attention_mask, mask, advantages, old, ref, records)
+                    ref = self._logps(input_ids, attention_mask, rollout["completion"].size(1))
+        return Rollout(input_ids, attention_mask, rollout["mask"], advantages, old, ref, records)
 
     def _logps(self, input_ids, attention_mask, length: int) -> torch.Tensor:
         return completion_logps(self.model, input_ids, attention_mask, length, float(self.settings.temperature))
 
-    def _watch_step(self, records: list[dict], seconds: float) -> None:
-        """What RL users watch of a step, from all its completions (every micro-batch of every process): rewards
-        overall, per task and per term, with their spread within groups; how many completions teach nothing
-        (their group all earned the same); completion lengths and how many hit their bound; sampling speed.
+    def _watch_step(self, records: list[dict], seconds: float, entropy: tuple[float, int]) -> None:
+        """What RL users watch of a step, from all its completions (every micro-batch of every process). Of the
+        completions of the step's own prompts (round 0; dynamic sampling's further prompts are counted apart):
+        rewards overall, per task and per term, with their spread within groups; the share of groups that teach
+        nothing (all earned the same); completion lengths, the shares that ended and that were cut at their bound;
+        collapse, per group: the most frequent answer's share of the group and the number of distinct answers (a
+        completion without an answer counts in neither: 0 and 0 for a group that answered nothing). Of the step:
+        further groups sampled (`resampled_groups`), the share of its groups left out of the loss, the policy's
+        mean token entropy over the completions trained on (`entropy`: its sum and count), sampling speed.
         A task the step drew no prompt of logs nothing this step."""
         forget_step_values(self.trainer, "train/reward/")  # else Lightning writes a task's last value again
-        n = len(records)
-        rewards = np.array([r["reward"] for r in records])
-        groups = rewards.reshape(-1, self.settings.num_generations)
-        lengths = np.array([r["tokens"] for r in records], dtype=float)
+        size = self.settings.num_generations
+        own = [r for r in records if r.get("round", 0) == 0]
+        n = len(own)
+        rewards = np.array([r["reward"] for r in own])
+        groups = rewards.reshape(-1, size)
+        lengths = np.array([r["tokens"] for r in own], dtype=float)
+        clipped = np.array([r.get("clipped", False) for r in own], dtype=float)
+        # An answer is the scorer's reading of a completion; a completion without one is no answer (not counted)
+        counts = [collections.Counter(a for i in range(size) if (a := own[g * size + i].get("answer")) is not None)
+                  for g in range(len(groups))]
         self.log("train/reward", float(rewards.mean()), prog_bar=True, batch_size=n)
         self.log("train/reward_std", float(groups.std(axis=1, ddof=1).mean()), batch_size=n)
         self.log("train/no_signal", float(np.isclose(groups.max(axis=1), groups.min(axis=1)).mean()), batch_size=n)
         self.log("train/completion_length", float(lengths.mean()), batch_size=n)
-        self.log("train/completion_clipped", float(np.mean([r.get("clipped", False) for r in records])), batch_size=n)
+        self.log("train/completion_clipped", float(clipped.mean()), batch_size=n)
+        self.log("train/completion_ended", float(1.0 - clipped.mean()), batch_size=n)
+        self.log("train/collapse/top_answer_share",
+                 float(np.mean([max(c.values(), default=0) / size for c in counts])), batch_size=n)
+        self.log("train/collapse/distinct_answers", float(np.mean([len(c) for c in counts])), batch_size=n)
+        kept_groups = sum(1 for r in records if r.get("kept", True)) / size
+        self.log("train/resampled_groups", float(sum(1 for r in records if r.get("round", 0)) / size), batch_size=n)
+        self.log("train/left_out", float(1.0 - kept_groups / len(groups)), batch_size=n)
+        if entropy[1]:
+            self.log("train/entropy", entropy[0] / entropy[1], batch_size=n)
         if seconds > 0:
-            self.log("train/rollout_tokens_per_sec", float(lengths[[not r["reused"] for r in records]].sum()) / seconds,
-                     batch_size=n)
+            fresh = [r["tokens"] for r in records if not r["reused"]]
+            self.log("train/rollout_tokens_per_sec", float(sum(fresh)) / seconds, batch_size=n)
         by_task: dict[str, list[int]] = {}
-        for i, record in enumerate(records):
+        for i, record in enumerate(own):
             by_task.setdefault(record["task"], []).append(i)
         for task, rows in by_task.items():
-            mine = [records[i] for i in rows]
+            mine = [own[i] for i in rows]
             self.log(f"train/reward/{task}", float(np.mean([r["reward"] for r in mine])), batch_size=len(mine))
-            task_groups = sorted({i // self.settings.num_generations for i in rows})
+            task_groups = sorted({i // size for i in rows})
             self.log(f"train/reward/{task}/std", float(groups[task_groups].std(axis=1, ddof=1).mean()),
                      batch_size=len(mine))
             for term in mine[0]["terms"]:
@@ -217,6 +323,7 @@ class GRPOLoRA(LoRACausalLM):
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         if self._records_step != self.global_step:  # the step's first micro-batch
             self._records, self._records_step, self._sampling_seconds = [], self.global_step, 0.0
+            self._step_tokens, self._entropy = 0, [0.0, 0]
         place = batch_idx % self.trainer.accumulate_grad_batches
         reuse = self.global_step % self.settings.num_iterations != 0 and place in self._kept
         rollout = self._kept[place] if reuse else self._roll_out(batch, batch_idx)
@@ -224,20 +331,41 @@ class GRPOLoRA(LoRACausalLM):
             self._kept[place] = rollout
         self._keep_records(rollout.records, reused=reuse)
         length = rollout.completion_mask.size(1)
-        logps = self._logps(rollout.input_ids, rollout.attention_mask, length)
+        logps, entropies = completion_logps(self.model, rollout.input_ids, rollout.attention_mask, length,
+                                            float(self.settings.temperature), entropy=True)
         loss, stats = self.policy_loss(logps, rollout.advantages, rollout.completion_mask, rollout.old_logps,
                                        rollout.ref_logps)
         if not torch.isfinite(loss):
             raise UserError(f"the GRPO loss became {loss.item()} in step {self.global_step + 1}: lower optimizer.lr "
                             f"(now {self.optimizers().param_groups[0]['lr']:g}) or objective.beta, then resume from "
                             "the last good checkpoint (ckpt_path=last)")
+        mask = rollout.completion_mask.to(entropies.dtype)
+        tokens = int(rollout.completion_mask.sum())
+        self._step_tokens += tokens
+        self._entropy = [self._entropy[0] + float((entropies * mask).sum()), self._entropy[1] + tokens]
         n = rollout.input_ids.size(0)
-        self.log("train/loss", loss, prog_bar=True, batch_size=n)
+        # dapo's loss is the micro-batch's sum (divided by the step's tokens later): its mean per token is logged
+        shown = loss / max(1, tokens) if self.policy_loss.loss_type == "dapo" else loss
+        self.log("train/loss", shown, prog_bar=True, batch_size=n)
         for name, value in stats.items():
             self.log(f"train/{name}", value, batch_size=n)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=n)
         self._batch_tokens = int(rollout.attention_mask.sum())
         return loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """`dapo`: the gradients, summed over the step's micro-batches (each divided by the accumulation, by
+        Lightning) and averaged over the processes, become the sum over the step's every completion token divided
+        by their count: TRL's division by the generation batch's tokens."""
+        if self.policy_loss.loss_type != "dapo":
+            return
+        tokens = torch.tensor([float(self._step_tokens)], device=self.device)
+        if self.trainer.world_size > 1:
+            torch.distributed.all_reduce(tokens)
+        scale = self.trainer.accumulate_grad_batches * self.trainer.world_size / max(1.0, float(tokens))
+        for p in self._trained():
+            if p.grad is not None:
+                p.grad.mul_(scale)
 
     # ------------------------------------------------------------------ rollouts/step{S}.jsonl
 
@@ -249,9 +377,10 @@ class GRPOLoRA(LoRACausalLM):
         if self.global_step > self._records_step >= 0:  # the step's optimizer update is done: its records are whole
             everything = gather_to_all(self._records)  # every rank, together (collective)
             slowest = max(gather_to_all([self._sampling_seconds]))  # the ranks sample side by side
+            entropy = [sum(x) for x in zip(*gather_to_all([self._entropy]))]
             if self.trainer.is_global_zero:
                 write_jsonl(self.output_dir / ROLLOUTS / f"step{self.global_step}.jsonl", everything)
-            self._watch_step(everything, slowest)  # the same numbers on every rank
+            self._watch_step(everything, slowest, entropy)  # the same numbers on every rank
             self._records, self._records_step = [], -1
 
     # ------------------------------------------------------------------ checkpoints

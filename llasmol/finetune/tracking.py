@@ -13,17 +13,17 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from lightning.pytorch.callbacks import Callback, RichProgressBar
+from lightning.pytorch.callbacks import Callback
 
 from llasmol.core.config import wandb_mode
-from llasmol.core.errors import UserError
+from llasmol.core.errors import UserError, log_to_files
 from llasmol.core.files import NO_SPACE, folder_problem, nearest_existing, write_text
 from llasmol.core.tasks import TaskTable
 from llasmol.inference.progress import progress_line
 from llasmol.metrics.families import COUNTS, LOWER_IS_BETTER
 from llasmol.metrics.scoring import given_answers, judge
 from llasmol.finetune.lightning_private import (
-    CSVLoggerWithWriter, WandbLoggerWithoutAnonymous, WriterKeepingFile, wandb_run_started,
+    CSVLoggerWithWriter, StepBoundBar, WandbLoggerWithoutAnonymous, WriterKeepingFile, wandb_run_started,
 )
 
 log = logging.getLogger("llasmol.train")  # the closing lines belong in the run's train.log
@@ -85,8 +85,9 @@ class WandbLogger(WandbLoggerWithoutAnonymous):
         super().__init__(*args, **kwargs)
 
 
-class ProgressBar(RichProgressBar):
-    """Lightning's rich progress bar without `v_num` (the logger version, which says nothing here)."""
+class ProgressBar(StepBoundBar):
+    """Lightning's rich progress bar without `v_num` (the logger version, which says nothing here), and with no
+    epoch bound where the run has none."""
 
     def get_metrics(self, trainer, pl_module) -> dict:
         metrics = super().get_metrics(trainer, pl_module)
@@ -96,25 +97,40 @@ class ProgressBar(RichProgressBar):
 
 class ProgressLines(Callback):
     """The progress bar's stand-in off a terminal (nohup, tee, SLURM), where a run would otherwise say nothing
-    between validations: a line in the run's log when training starts, after this process's first step (the rate
+    between validations, and on a terminal train.log's (the bar holds the console): a line when training starts, after this process's first step (the rate
     is known from then on, and a slow first step on a busy machine would read as a hang), then every `every_s`
     seconds of training (0: every step): 'training: 120/826 steps (15%), 9.80 steps/s, about 1m12s left; loss
     3.2104'. The rate counts the steps of this process (a resumed run's earlier steps took their own time). Rank 0
     alone speaks."""
 
-    def __init__(self, every_s: float) -> None:
+    def __init__(self, every_s: float, files_only: bool = False) -> None:
+        """`files_only`: a progress bar holds the console (a terminal), so the lines go to train.log alone."""
         self.every_s = float(every_s)
+        self.files_only = files_only
         self._start = self._last = 0.0
         self._first_step = 0
         self._said_step = -1
+
+    def _say(self, line: str) -> None:
+        if self.files_only:
+            log_to_files(line, logging.INFO, log.name)
+        else:
+            log.info("%s", line)
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._start = self._last = time.monotonic()
         self._first_step = trainer.global_step
         if trainer.is_global_zero:
             total = trainer.estimated_stepping_batches
-            log.info("training: from step %d%s; a line after the first step, then every %gs (progress_every_s)",
-                     trainer.global_step, f" to {int(total)}" if math.isfinite(total) else ", no end set", self.every_s)
+            self._say(f"training: from step {trainer.global_step}"
+                      f"{f' to {int(total)}' if math.isfinite(total) else ', no end set'}; a line after the first "
+                      f"step, then every {self.every_s:g}s (progress_every_s)")
+            interval = getattr(trainer, "val_check_interval", None)  # set by build_trainer (val_every_n_steps)
+            every = interval // trainer.accumulate_grad_batches if isinstance(interval, int) else None
+            if every and math.isfinite(total) and trainer.global_step == 0 and total < every:
+                log.warning("training takes %d optimizer step(s), fewer than one validation interval "
+                            "(val_every_n_steps=%d): it is validated at its last step only; trainer.max_epochs or "
+                            "trainer.max_steps make it longer, val_every_n_steps validates it sooner", int(total), every)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         now, step = time.monotonic(), trainer.global_step
@@ -127,7 +143,7 @@ class ProgressLines(Callback):
         total = trainer.estimated_stepping_batches  # infinite with max_steps=-1 and max_epochs=-1
         line = progress_line("training", step, int(total) if math.isfinite(total) else None,
                              step - self._first_step, now - self._start, unit="steps")
-        log.info("%s%s", line, f"; loss {float(loss):.4f}" if loss is not None else "")
+        self._say(line + (f"; loss {float(loss):.4f}" if loss is not None else ""))
 
 
 def epoch_of_latest_step(trainer) -> int:

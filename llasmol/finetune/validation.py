@@ -5,10 +5,11 @@ the paper's chemistry metrics, logged as `val/<task>/<metric>` and written to th
     metrics/val-step{S}.json        {task: {metric: value}}
     metrics/val-step{S}.intervals.json   their bootstrap intervals, also logged as val/<task>/<metric>_lo and _hi
 
-Given `rewards` (a GRPO run's reward weights: conf/setup/objective/grpo.yaml passes them), the top answer of
-each sample is also rewarded as the training rollouts are, logged as `val/reward` (the mean over the subset)
-and `val/reward/<task>`: what the RL stage optimises, measured on held-out prompts, and what it keeps its best
-checkpoint by.
+Given `rewards` (a GRPO run's `Rewards`, the one object its rollouts are rewarded by: `train` hands it over), the
+top answer of each sample is also rewarded as the training rollouts are (a beam that never ended earns nothing),
+logged as `val/reward` (the mean over the subset) with its bootstrap interval (`val/reward_lo`, `_hi`),
+`val/reward/<task>` and `val/reward/<task>/<term>`: what the RL stage optimises, measured on held-out prompts, and
+what it keeps its best checkpoint by.
 
 S is the optimizer steps completed, the number train.log, the checkpoint's name and the CSV/W&B step give the
 same validation (`llasmol.core.run_dir.validation_name`).
@@ -31,6 +32,7 @@ from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.inference.beam_search import BeamGenerator
 from llasmol.inference.pipeline import Evaluation, ModelAnswers, RunFiles, Samples, gather_to_all
 from llasmol.inference.progress import generation_progress
+from llasmol.metrics.intervals import mean_interval
 from llasmol.metrics.reducer import reduced_metrics
 from llasmol.metrics.rewards import Rewards
 from llasmol.metrics.support import note_of, support, support_note
@@ -44,9 +46,9 @@ log = logging.getLogger("llasmol.train")
 class GenerationEvaluator(Callback):
     def __init__(self, generation: dict, *, samples_per_task: Optional[int], seed: int,
                  output_dir: Optional[str] = None, intervals: Optional[dict] = None,
-                 rewards: Optional[dict] = None, progress_every_s: Optional[float] = None) -> None:
+                 rewards: Optional[Rewards] = None, progress_every_s: Optional[float] = None) -> None:
         """The settings of `callbacks.generation_evaluator` (conf/callbacks/default.yaml states their values;
-        `rewards`: the reward group's weights, for a GRPO run)."""
+        `rewards`: a GRPO run's rewards, handed over by `train` once they are built)."""
         self.generation = generation
         self.rewards = rewards
         self.progress_every_s = progress_every_s  # off a terminal: a line this often while generating (None: none)
@@ -57,7 +59,7 @@ class GenerationEvaluator(Callback):
         self._samples: Optional[Samples] = None  # the subset of the validation split and its golds, drawn once
         self._last_results: Optional[dict] = None
         self._tasks: TaskTable = SMOLINSTRUCT  # the table the last results were scored by
-        self._best: Optional[tuple[float, int]] = None  # (val/loss, step)
+        self._best: Optional[tuple[float, int]] = None  # (the checkpoint's metric, its step)
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
@@ -99,19 +101,26 @@ class GenerationEvaluator(Callback):
         self._last_results, self._tasks = results, tasks
 
     def _rewarded(self, records: list[dict], tasks: TaskTable, datamodule) -> dict[str, float]:
-        """`val/reward` and `val/reward/<task>`: the mean reward of each sample's top answer (its first prediction,
-        the one the metrics score first) against its golds; nothing without reward weights."""
-        if not self.rewards or not records:
+        """`val/reward` (with its bootstrap interval), `val/reward/<task>` and `val/reward/<task>/<term>`: the mean
+        reward of each sample's top answer (its first prediction, the one the metrics score first) against its golds;
+        nothing without rewards."""
+        if self.rewards is None or not records:
             return {}
-
-        reward = Rewards(self.rewards, tasks, datamodule.tasks)
-        by_task: dict[str, list[float]] = {}
+        by_task: dict[str, list[tuple[float, dict]]] = {}
         for record in records:
             top = record["predictions"][0] if record["predictions"] else ""
-            by_task.setdefault(record["task"], []).append(reward(record["task"], top, record["gold"])[0])
-        every = [value for values in by_task.values() for value in values]
-        return {"val/reward": sum(every) / len(every),
-                **{f"val/reward/{task}": sum(values) / len(values) for task, values in by_task.items()}}
+            ended = bool((record.get("ended") or [True])[0]) and bool(record["predictions"])
+            by_task.setdefault(record["task"], []).append(self.rewards(record["task"], top, record["gold"], ended))
+        every = [value for pairs in by_task.values() for value, _ in pairs]
+        settings = self.intervals or {}
+        low, high = mean_interval(every, int(settings.get("resamples") or 1000), int(settings.get("seed") or 0),
+                                  float(settings.get("level") or 0.95))
+        out = {"val/reward": sum(every) / len(every), "val/reward_lo": low, "val/reward_hi": high}
+        for task, pairs in by_task.items():
+            out[f"val/reward/{task}"] = sum(value for value, _ in pairs) / len(pairs)
+            for term in pairs[0][1]:
+                out[f"val/reward/{task}/{term}"] = sum(terms[term] for _, terms in pairs) / len(pairs)
+        return out
 
     def on_validation_end(self, trainer, pl_module) -> None:
         # val/loss is aggregated only after the epoch-end hooks, so its best value and the log line are here.
@@ -121,8 +130,14 @@ class GenerationEvaluator(Callback):
         loss = float(loss)
         if wandb_loggers(trainer):
             update_best_summary(trainer, {"val/loss": loss})
-        if self._best is None or loss < self._best[0]:
-            self._best = (loss, trainer.global_step)
+        # "best" is said of the metric the best checkpoint is chosen by (val/loss, or a GRPO run's val/reward), with
+        # its rule: the better value, and on a tie the later step (`AdapterModelCheckpoint.check_monitor_top_k`).
+        monitor, mode = _chosen_by(trainer)
+        value = trainer.callback_metrics.get(monitor)
+        if value is not None:
+            value = float(value)
+            if self._best is None or (value <= self._best[0] if mode == "min" else value >= self._best[0]):
+                self._best = (value, trainer.global_step)
         # One line per validation in the run's log (train.log): a run without a terminal tells its story.
         shown = []
         tasks = self._tasks
@@ -135,7 +150,20 @@ class GenerationEvaluator(Callback):
             headline = ", ".join(text for text, _ in shown) + (f" (each {notes.pop()})" if notes != {""} else "")
         else:
             headline = ", ".join(text + (f" ({note})" if note else "") for text, note in shown)
-        reward = trainer.callback_metrics.get("val/reward")  # a GRPO run's: what its best checkpoint is chosen by
-        log.info("validation at step %d: val/loss %.4f (best %.4f at step %d)%s%s", trainer.global_step, loss,
-                 *self._best, f", val/reward {float(reward):.4f}" if reward is not None else "",
+        metrics = [f"val/loss {loss:.4f}"]
+        reward = trainer.callback_metrics.get("val/reward")  # a GRPO run's, with its interval
+        if reward is not None:
+            low, high = (trainer.callback_metrics.get(f"val/reward_{side}") for side in ("lo", "hi"))
+            metrics.append(f"val/reward {float(reward):.4f}" + (f" [{float(low):.4f}, {float(high):.4f}]"
+                                                                 if low is not None and high is not None else ""))
+        best = f" (best {monitor} {self._best[0]:.4f} at step {self._best[1]})" if self._best else ""
+        log.info("validation at step %d: %s%s%s", trainer.global_step, ", ".join(metrics), best,
                  f"; {headline}" if headline else "")
+
+
+def _chosen_by(trainer) -> tuple[str, str]:
+    """The metric the best checkpoint is chosen by and its mode (val/loss, min, without a best checkpoint)."""
+    for callback in getattr(trainer, "checkpoint_callbacks", None) or ():
+        if getattr(callback, "monitor", None):
+            return callback.monitor, callback.mode
+    return "val/loss", "min"

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
+from llasmol.inference.predictions import Responses
 from llasmol.model.blocks import is_sharded
 
 
@@ -156,7 +157,8 @@ class BeamGenerator:
             synced_gpus=self.lockstep,
         )
         texts = self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+        ended = (out[:, width:] == self.tokenizer.eos_token_id).any(dim=1).tolist()
         k = settings.num_return_sequences
         if self.strip:
             texts = [t.strip() for t in texts]
-        return [texts[row * k : (row + 1) * k] for row in range(len(prompts))]
+        return [Responses(texts[row * k : (row + 1) * k], ended[row * k : (row + 1) * k]) for row in range(len(prompts))]

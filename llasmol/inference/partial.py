@@ -3,8 +3,8 @@
 `<split>.jsonl.partial`, beside the final `<split>.jsonl`, is append-only: a first line naming the settings
 the answers depend on, then one complete line per record, pushed to the disk as each batch finishes. A
 stopped or killed evaluation keeps every batch it finished; the same command reads them back, answers only
-the rest, writes the final file and removes the partial one. Of each kept line only the sample's index and
-the responses are taken back; the rest of its record is made again from the split (the line is read as the
+the rest, writes the final file and removes the partial one. Of each kept line only the sample's index, the
+responses and whether each ended are taken back; the rest of its record is made again from the split (the line is read as the
 same command's own output, and a line edited since is refused by its number, not half-used).
 """
 
@@ -16,6 +16,7 @@ from typing import Optional
 
 from llasmol.core.errors import UserError
 from llasmol.core.files import append_jsonl, complete_jsonl, complete_lines
+from llasmol.inference.predictions import Responses
 
 SUFFIX = ".partial"
 
@@ -68,7 +69,8 @@ class PartialPredictions:
             if why:
                 raise UserError(f"{self.path} line {number} {why}: the file was changed since the evaluation "
                                 "stopped; delete it to start over (its samples are answered again)")
-            done[record["index"]] = record["predictions"]
+            responses, ended = record["predictions"], record.get("ended")
+            done[record["index"]] = responses if responses is None or ended is None else Responses(responses, ended)
         return done
 
     @staticmethod
@@ -84,6 +86,10 @@ class PartialPredictions:
             return "lacks predictions"
         if responses is not None and not (isinstance(responses, list) and all(isinstance(r, str) for r in responses)):
             return f"has predictions {json.dumps(responses)[:60]}, not a list of responses (or null)"
+        ended = record.get("ended")
+        if ended is not None and not (isinstance(ended, list) and isinstance(responses, list)
+                                      and len(ended) == len(responses) and all(isinstance(e, bool) for e in ended)):
+            return f"has ended {json.dumps(ended)[:60]}, not one true or false a response"
         return None
 
     def _lock(self) -> None:

@@ -35,6 +35,15 @@ from llasmol.metrics.families import parse_boolean
 from llasmol.metrics.scoring import GoldPool, is_skipped
 
 
+class Responses(list):
+    """One query's responses, best first, and whether each ended (its end of sequence came within its token bound):
+    what a generator hands `make_record`, which writes the flags as the record's `ended`."""
+
+    def __init__(self, texts: list[str], ended: list[bool]) -> None:
+        super().__init__(texts)
+        self.ended = ended
+
+
 @dataclass
 class Prediction:
     """One line of a predictions file, its fields in the order they are written. ``target`` (SIDER's side
@@ -75,13 +84,15 @@ TEXT_OR_NULL = ("raw_input", "target")
 def make_record(index: int, sample: dict, golds: GoldPool, predictions: Optional[list[str]]) -> dict:
     """The predictions-file record of sample `index` of a split answered with `predictions` (raw responses,
     best first; None: not generated). Every writer of predictions files (validation, evaluate, the
-    baselines) builds its records here, so they carry the same fields."""
+    baselines) builds its records here, so they carry the same fields; generated responses also say whether
+    each ended (`ended`: its end of sequence came within its token bound), which a GRPO validation's reward reads."""
     task = sample["task"]
+    ended = getattr(predictions, "ended", None)
     return Prediction(
         task=task, index=index, input=sample["input"], raw_input=sample["raw_input"], target=sample.get("target"),
-        gold=golds.golds(sample, sample["raw_output"]), predictions=predictions,
+        gold=golds.golds(sample, sample["raw_output"]), predictions=None if predictions is None else list(predictions),
         answers=None if predictions is None else [extract_answer(task, p, golds.tasks) for p in predictions],
-        skipped=predictions is None,
+        skipped=predictions is None, extra={} if ended is None else {"ended": list(ended)},
     ).to_dict()
 
 

@@ -23,8 +23,8 @@ from llasmol.metrics.families import COUNTS
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.metrics.scoring import TaskSample, finalize, gold_key, per_sample_statistics, stat_names
 
-__all__ = ["TaskSample", "bootstrap_intervals", "interval_report", "paired_difference", "per_sample_statistics",
-           "wants_intervals"]
+__all__ = ["TaskSample", "bootstrap_intervals", "interval_report", "mean_interval", "paired_difference",
+           "per_sample_statistics", "wants_intervals"]
 
 CHUNK = 128  # resamples summed at once: bounds memory at CHUNK x samples floats per task
 
@@ -69,6 +69,18 @@ def bootstrap_intervals(samples: dict[str, TaskSample], resamples: int = 1000, s
                         collected[name].append(value)
         out[task] = {name: _percentiles(values, level) for name, values in collected.items()}
     return out
+
+
+def mean_interval(values: list[float], resamples: int = 1000, seed: int = 0,
+                  level: float = 0.95) -> tuple[Optional[float], Optional[float]]:
+    """The percentile bootstrap interval of the mean of `values` (one value a sample: a GRPO validation's rewards),
+    seeded; (None, None) without values or resamples."""
+    if not values or resamples <= 0:
+        return None, None
+    data = np.asarray(values, dtype=np.float64)
+    draws = np.random.default_rng([seed, len(data)]).integers(0, len(data), size=(resamples, len(data)))
+    bounds = _percentiles(list(data[draws].mean(axis=1)), level)
+    return (bounds[0], bounds[1]) if bounds else (None, None)
 
 
 def wants_intervals(settings) -> bool:

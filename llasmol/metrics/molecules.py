@@ -226,6 +226,22 @@ def parse_gold_molecule(text: str, strict: bool = False) -> Molecule | None:
 
 
 @functools.lru_cache(maxsize=65536)
+def heavy_atom_count(text: str | None) -> int | None:
+    """The heavy atoms of a SMILES answer read strictly (whitespace inside is no SMILES), every '.'-part together;
+    None when it is no molecule or past the scorer's bounds (its size is what the RL stage's validity term
+    compares with a gold's)."""
+    if not isinstance(text, str) or not text.strip() or len(text) > MAX_SMILES_CHARS:
+        return None
+    count = 0
+    for part in text.replace(";", ".").split("."):
+        mol = _read_part(part, strict=True)
+        if mol is None:
+            return None
+        count += mol.GetNumHeavyAtoms()
+    return count if 0 < count <= MAX_ATOMS else None
+
+
+@functools.lru_cache(maxsize=65536)
 def molecule_keys(text: str | None, strict: bool = False) -> frozenset[str] | None:
     """The identity keys of `parse_molecule(text)` (None when invalid), cached (each reading apart): for
     lower-ranked answers."""
