@@ -304,6 +304,18 @@ def test_a_stopped_multirun_says_how_to_run_the_jobs_that_had_not_started(tmp_pa
             "runtime": {"output_dir": str(sweep / f"{num}_tiny_{lora}")},
             "overrides": {"task": given if num is None else [f"lora={lora}", given[1]]}}})
 
+    # A training job stopped before its first checkpoint kept nothing: it runs again with the rest, no ckpt_path
+    summary = SweepSummary()
+    summary.on_multirun_start(config())
+    summary.on_job_start(config(0))
+    summary._said_if_stopped()
+    said = capsys.readouterr().err
+    assert "ckpt_path=last" not in said and said.splitlines()[1] == (
+        "  the jobs that had not finished run into the same folder with: python -m llasmol.train --multirun "
+        f"lora=lite,attn,ffn,full 'data.max_samples_per_task={{train:8}}' hydra.sweep.dir={sweep} first_job=0")
+    for job in ("0_tiny_lite", "1_tiny_attn"):  # jobs that trained far enough to keep a checkpoint
+        (sweep / job / "checkpoints").mkdir(parents=True)
+        (sweep / job / "checkpoints" / "last.ckpt").write_bytes(b"")
     summary = SweepSummary()
     summary.on_multirun_start(config())
     summary.on_job_start(config(0))
@@ -598,6 +610,8 @@ def test_continuing_a_stopped_job_repeats_its_settings_as_typed(tmp_path, capsys
     monkeypatch.setattr(config_module.atexit, "register", lambda said: None)  # not at this test process's exit
 
     sweep = (tmp_path / "sweep").resolve()
+    (sweep / "job1" / "checkpoints").mkdir(parents=True)  # the stopped job kept a checkpoint to continue from
+    (sweep / "job1" / "checkpoints" / "interrupted.ckpt").write_bytes(b"")
     given = ["lora=lite,attn", "optimizer.lr=1e-4", "first_job=3"]
     summary = SweepSummary()
     summary.on_multirun_start(_multirun(sweep, given, first_job=3))

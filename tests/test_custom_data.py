@@ -332,6 +332,12 @@ def test_a_custom_regression_and_yes_no_task_train_validate_evaluate_and_report(
     assert {t: v["num_samples"] for t, v in result["metrics"].items()} == {
         "property_prediction-bbbp": 2, "logp": min(2, held_out.count("test")), "ring": 2}
     assert set(read_tasks(tmp_path / "eval").declared) == {"logp", "ring"}
+    # What the command prints: an own task's headline metric as a built-in one's, from the run's table
+    from llasmol.analysis.tables import metric_lines
+
+    printed = metric_lines(result["metrics"], result["intervals"], False, result["tasks"]).splitlines()
+    assert any(line.startswith("logp") and "rmse=" in line for line in printed), printed
+    assert any(line.startswith("ring") and "mcc=" in line for line in printed), printed
     # An edit of the run's declarations (ring scored as a number) is refused by every reader, not read silently.
     found = json.loads((out / "tasks.json").read_text())
     found["declared"]["ring"]["family"] = "number"

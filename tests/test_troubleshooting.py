@@ -358,6 +358,55 @@ def _no_last(tmp_path):
     Resume.plan("last", tmp_path / "run", "tiny", "attn")
 
 
+def _other_objective(tmp_path):
+    from llasmol.core.run_lock import check_objective
+
+    torch.save({"objective": "grpo", "global_step": 3}, tmp_path / "last.ckpt")
+    check_objective(tmp_path / "last.ckpt", "sft")
+
+
+def _adapter_of(tmp_path, base: str, *overrides: str):
+    from llasmol.inference.loading import _check_adapter_base
+
+    folder = tmp_path / "x.adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "base_model_name_or_path": base}))
+    (folder / "adapter_model.safetensors").write_bytes(b"")
+    _check_adapter_base(folder, compose_config(["paths.output_dir=/unused", *overrides]).model)
+
+
+def _reward_function(target: str):
+    def produce():
+        from llasmol.core.tasks import SMOLINSTRUCT
+        from llasmol.metrics.rewards import Rewards
+
+        rewards = Rewards({"families": {"smiles": {"exact": 1}}, "custom": {"mine": {"_target_": target, "weight": 1}}},
+                          SMOLINSTRUCT, ["forward_synthesis"])
+        rewards.probe({"forward_synthesis": ("<SMILES> CCO </SMILES>", ["CCO"])})
+
+    return produce
+
+
+def _rollouts_link(tmp_path):
+    from llasmol.finetune.preflight import check_rollouts_folder
+
+    (tmp_path / "rollouts").symlink_to(tmp_path)
+    check_rollouts_folder(tmp_path)
+
+
+def _cut_adapter_config(tmp_path):
+    from llasmol.inference.loading import adapter_config
+
+    (tmp_path / "adapter_config.json").write_text('{"peft_type": "LO')
+    adapter_config(tmp_path)
+
+
+def _no_corpus(tmp_path):
+    from llasmol.audit import run_audit
+
+    run_audit(compose_config([f"paths.output_dir={tmp_path}", f"corpus={tmp_path / 'corpus.jsonl'}"], "audit"))
+
+
 def _data_position():
     from llasmol.data.resumable_loader import ResumableDataLoader
 
@@ -488,6 +537,20 @@ ROWS = [
     ("optimizer._target_=bitsandbytes.optim.AdamW8bit cannot update trainer=fsdp's sharded parameters …",
      lambda: _config("trainer=fsdp", "optimizer=adamw8bit")),
     ("ckpt_path=last: no checkpoints/last.ckpt …", _no_last),
+    ("ckpt_path=… is a checkpoint of objective=grpo, and this run is objective=sft …", _other_objective),
+    ("adapter … was trained on the tiny model's random weights (…), but model=tiny is the pretrained demo base: pass "
+     "model=tiny model.random_init=true", lambda tmp_path: _adapter_of(
+         tmp_path, "llasmol/tiny-mistral (random weights, rebuilt from model.init_seed=0)")),
+    ("adapter … was trained on the pretrained demo base, but model=tiny is the tiny model's random weights …",
+     lambda tmp_path: _adapter_of(tmp_path, "llasmol/demo-base (pretrained, weights sha256 0123456789ab)",
+                                  "model.random_init=true")),
+    ("adapter … was trained on the demo base whose weights' sha256 begins …",
+     lambda tmp_path: _adapter_of(tmp_path, "llasmol/demo-base (pretrained, weights sha256 0123456789ab)")),
+    ("reward.custom.… cannot be imported …", _reward_function("no_such_module.fn")),
+    ("reward.custom.… returned … a reward function returns a finite number", _reward_function("builtins.max")),  # max of three strings: a string
+    ("corpus=… does not exist: give the file a corpus was written to (--corpus-out)", _no_corpus),
+    ("<run>/rollouts is a symbolic link …", _rollouts_link),
+    ("<adapter>/adapter_config.json is not valid JSON (…): the file is cut or overwritten …", _cut_adapter_config),
     ("cannot resume at the checkpoint's data position …", _data_position),
     ("ckpt_path=… was saved by a run of 2 process(es) and this one has 1 …", _launch(1, False)),
     ("… was saved under another trainer and this run is under trainer=fsdp …", _launch(2, True)),
@@ -501,6 +564,11 @@ ROWS = [
     ("WANDB_MODE='onilne' is not a W&B mode …", _wandb_mode),
     ("model=mistrall is not a choice of model: pick one of …", _command_line("model=mistrall")),
     ("trainer.max_stepz is not a setting of llasmol.train: check the spelling …", _command_line("trainer.max_stepz=3")),
+    ("reward.bonus is not a setting of reward, so it would never be applied: …",
+     lambda: _config("objective=grpo", "+reward.bonus=1", "paths.output_dir=/x")),
+    ("callbacks.model_checkpoint.monitor=… is no metric this run logs, so no best checkpoint would be kept …",
+     lambda: __import__("llasmol.train").train.check_monitor(compose_config(
+         ["paths.output_dir=/x", "objective=grpo", "callbacks.model_checkpoint.monitor=val/bogus"]))),
 ]
 
 

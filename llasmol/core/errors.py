@@ -53,9 +53,10 @@ def _cause_line(message: str) -> str:
     return last.split("UserError: ", 1)[1] if "UserError: " in last else last
 
 
-def log_to_files(line: str) -> None:
-    """The run's log file (Hydra's `<task>.log`) says why the run ended; the console has it already."""
-    record = logging.LogRecord("llasmol", logging.ERROR, __file__, 0, line, None, None)
+def log_to_files(line: str, level: int = logging.ERROR, name: str = "llasmol") -> None:
+    """`line` in the run's log file (Hydra's `<task>.log`) alone: why the run ended (the console has it already),
+    or a progress line while a progress bar holds the console."""
+    record = logging.LogRecord(name, level, __file__, 0, line, None, None)
     raise_exceptions, logging.raiseExceptions = logging.raiseExceptions, False  # a full disk: no traceback
     try:
         for handler in logging.getLogger().handlers:
@@ -86,18 +87,33 @@ def _remove_empty_run_folder() -> None:
         return  # a folder the user chose keeps its log, error included
     if folder.resolve() == Path.cwd().resolve() or not folder.is_dir():
         return  # e.g. generate and params run in place
-    if all(p.name in (".hydra", ".lock", task_log) for p in folder.iterdir()):
+    # Hydra's own files, the lock, the log, and files the command opened but wrote nothing into (an evaluation's
+    # predictions file, stopped before its first answer)
+    kept = [p for p in folder.rglob("*") if p.is_file() and p.parts[len(folder.parts)] not in (".hydra", ".lock", task_log)
+            and (p.is_symlink() or p.stat().st_size > 0)]
+    if not kept:
         for handler in logging.getLogger().handlers:
             if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == folder:
                 handler.close()
         shutil.rmtree(folder, ignore_errors=True)
-        cwd, parent = Path.cwd().resolve(), folder.resolve().parent
-        while parent != cwd and cwd in parent.parents:  # outputs/evaluate/ and outputs/, when nothing else is there
-            try:
-                parent.rmdir()  # only an empty folder: another command's runs beside it stay
-            except OSError:
-                break
-            parent = parent.parent
+        # Its first line named the folder: say that it is gone, and why, so nobody looks for it
+        print(f"({folder} held only this command's config and log, and was removed: nothing was run)",
+              file=sys.stderr, flush=True)
+        remove_empty_parents(folder)
+
+
+def remove_empty_parents(folder) -> None:
+    """The folders above a removed `folder` up to the working directory, each only while it is empty
+    (outputs/evaluate/ and outputs/, when nothing else is there: another command's runs beside it stay)."""
+    from pathlib import Path
+
+    cwd, parent = Path.cwd().resolve(), Path(folder).resolve().parent
+    while parent != cwd and cwd in parent.parents:
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+        parent = parent.parent
 
 
 def _find_user_error(err: BaseException) -> UserError | None:

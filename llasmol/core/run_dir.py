@@ -88,6 +88,13 @@ def read_tasks(folder: Path, beside: TaskTable = SMOLINSTRUCT) -> TaskTable:
     fix = "it is written by llasmol's commands beside their files: restore it, or remove the folder's own tasks"
     found = _read_object(path, "task declarations by name", fix)
     if found is None:
+        try:  # a run that trained tasks of its own says so in its card: their declarations went missing
+            own = list((read_card(Path(folder)) or {}).get("own_tasks") or {})
+        except UserError:
+            own = []
+        if own:
+            raise UserError(f"{path} is missing, and the run trained tasks of its own ({', '.join(own)}) that only it "
+                            f"declares: {fix}")
         return beside
     if set(found) == {"declared", "sha256"} and isinstance(found["sha256"], str):
         if not isinstance(found["declared"], dict) or _fingerprint(found["declared"]) != found["sha256"]:

@@ -121,3 +121,42 @@ def check_fresh_start(folder: Optional[Path], ckpt_path, overwrite, first_job=0)
     raise UserError(f"{held} already holds a run, and starting fresh there would replace its checkpoints, result "
                     f"and config: {resume}give this run a new folder (another hydra.run.dir=...), or start over "
                     "in it with overwrite=true")
+
+
+OBJECTIVE_KEY = "objective"  # in a checkpoint: the objective it was trained by (sft, grpo); absent before it was kept
+
+
+def checkpoint_objective(path) -> str:
+    """The objective a resume checkpoint was trained by (sft or grpo); one saved before checkpoints said so is a
+    GRPO stage's when it holds that stage's start, else SFT's."""
+    import torch  # only where a checkpoint is read: the checks before Hydra load no torch otherwise
+
+    state = torch.load(str(path), map_location="cpu", mmap=True, weights_only=True)
+    return state.get(OBJECTIVE_KEY) or ("grpo" if "grpo_start" in state else "sft")
+
+
+def check_objective(path, objective: str) -> None:
+    """A run resumes only by the objective it was trained by: the optimizer, the schedule and (for GRPO) the kept
+    rollouts belong to it, and its best checkpoint is chosen by that objective's metric."""
+    saved = checkpoint_objective(path)
+    if saved != objective:
+        raise UserError(f"ckpt_path={path} is a checkpoint of objective={saved}, and this run is objective={objective}: "
+                        f"resume it with objective={saved}, as it was trained, or train its adapter by "
+                        f"objective={objective} in a new run with init_from=<its run directory>")
+
+
+def check_resume_objective(folder: Optional[Path], ckpt_path, objective) -> None:
+    """Before Hydra writes its config into a run's folder: continuing that run's own checkpoint (`ckpt_path=last`
+    or `auto` where it has one) by another objective is a `UserError` (the folder's config would say the new
+    objective, and its checkpoints mix two)."""
+    if folder is None or ckpt_path not in ("last", "auto") or not isinstance(objective, str):
+        return
+    for name in layout.RESUME_CKPTS:
+        path = Path(folder) / layout.CHECKPOINTS / name
+        if path.is_file():
+            try:
+                check_objective(path, objective)
+            except UserError:
+                raise
+            except Exception:  # a damaged checkpoint is said where it is read to resume
+                return

@@ -11,11 +11,13 @@ task from the one source that holds it).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from llasmol.core.errors import UserError
+from llasmol.core.files import unreadable
 from llasmol.core.schema import checked_tasks
 from llasmol.core.tasks import TASK_NAMES, TaskTable
 from llasmol.data.hub import check_fetchable, fetch_smolinstruct
@@ -92,7 +94,9 @@ class SMolInstructSource:
         for i, place in enumerate(self.also or []):
             path = place.get("path") if isinstance(place, Mapping) else place
             if not isinstance(path, str) or not path or not Path(path).exists():
-                raise UserError(f"data.also[{i}]={path!r} does not exist: give folders (SMolInstruct's layout, or "
+                # a link that leads nowhere (a loop, a removed target) is said as such, not as a missing path
+                why = unreadable(path) if isinstance(path, str) and path and os.path.islink(path) else "does not exist"
+                raise UserError(f"data.also[{i}]={path!r} {why}: give folders (SMolInstruct's layout, or "
                                 "train/validation/test tables) or CSV/JSONL files")
             also.append(path)
         return [self.root(), *also]

@@ -12,6 +12,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from llasmol.core.errors import UserError
+from llasmol.core.files import unreadable
+from llasmol.core.run_dir import ROLLOUTS
 from llasmol.core.run_lock import hold_run_lock
 from llasmol.finetune.checkpointing import tidy_run_dir
 from llasmol.finetune.tracking import check_loggers
@@ -38,6 +40,21 @@ def check_run(cfg: DictConfig) -> None:
     check_devices(cfg.trainer)
     check_nodes(cfg.trainer)
     check_loggers(cfg.get("logger"))
+    if cfg.objective.name == "grpo":
+        check_rollouts_folder(Path(cfg.paths.output_dir))
+
+
+def check_rollouts_folder(run_dir: Path) -> None:
+    """A GRPO run writes each step's completions into `<run>/rollouts/`: a pipe or file there ended the run after
+    its first step (pathlib's FileExistsError), and a link wrote them into another folder."""
+    path = run_dir / ROLLOUTS
+    if path.is_symlink():
+        raise UserError(f"{path} is a symbolic link (to {os.readlink(path)}): a GRPO run writes its rollouts into its "
+                        "own folder only; remove the link, or give the run another hydra.run.dir")
+    if path.exists() and not path.is_dir():
+        what = unreadable(path) or "is a file"
+        raise UserError(f"{path} {what}, where a GRPO run writes its rollouts folder: move it away, or give the run "
+                        "another hydra.run.dir")
 
 
 # What a launcher of several nodes sets in each process (SLURM's srun, torchrun, LSF, MPI), for Lightning to read
@@ -49,7 +66,14 @@ def check_nodes(trainer_cfg, environ=os.environ) -> None:
     """trainer.num_nodes > 1 started by hand: without a launcher each node must be told its rank and the first
     node's address, or every node takes rank 0 and waits for the others forever after "MEMBER: 1/N"."""
     nodes = trainer_cfg.get("num_nodes") or 1
-    if not isinstance(nodes, int) or nodes <= 1 or any(environ.get(v) for v in _LAUNCHED):
+    if not isinstance(nodes, int) or any(environ.get(v) for v in _LAUNCHED):
+        return
+    if nodes <= 1:  # Lightning still reads NODE_RANK: one left from another job made this node wait for node 0
+        left = environ.get("NODE_RANK")
+        if left is not None and left.strip() not in ("", "0"):
+            raise UserError(f"NODE_RANK={left!r} but trainer.num_nodes={nodes}: a run of one node is node 0 (a NODE_RANK "
+                            "left in the environment by another job waits forever for nodes that never come): unset "
+                            "NODE_RANK, or give trainer.num_nodes the job's node count")
         return
     missing = [v for v in ("MASTER_ADDR", "NODE_RANK") if not environ.get(v)]
     if missing:

@@ -27,6 +27,7 @@ from omegaconf import open_dict
 from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
 from llasmol.core.files import unreadable, write_text
+from llasmol.core.run_lock import check_objective, checkpoint_objective
 from llasmol.finetune.distributed import SHARDED_KEY, uses_fsdp2
 from llasmol.finetune.lightning_private import log_step_row_now, validate_first_on_resume, validation_due_now
 from llasmol.finetune.tracking import KeepingCSVLogger, wandb_loggers
@@ -65,15 +66,25 @@ def _same_variant(run_dir: Path, model: str, lora: str) -> bool:
     return params.get("model") == model and params.get("lora") == lora
 
 
-def resolve_resume(ckpt_path: Optional[str], output_dir: Path, model: str, lora: str) -> Optional[str]:
-    """The `.ckpt` file to resume from, or None to start fresh.
+def resolve_resume(ckpt_path: Optional[str], output_dir: Path, model: str, lora: str,
+                   objective: str = "sft") -> Optional[str]:
+    """The `.ckpt` file to resume from, or None to start fresh; one of another `objective` is a `UserError`.
 
     `last` looks in this run's own directory first (a run restarted in place with `hydra.run.dir=`), then
     in the sibling run directories (other runs of the same task), taking the newest checkpoint of a run of
-    the same model and LoRA variant, so an ablation's variants never resume from each other.
+    the same model, LoRA variant and objective, so an ablation's variants, or an SFT run and the GRPO stage that
+    continues it, never resume from each other.
     `auto` resumes this run directory's own checkpoint when there is one and starts fresh otherwise: the
     setting for jobs that a cluster may stop and requeue into the same directory.
     """
+    found = _resume_checkpoint(ckpt_path, output_dir, model, lora, objective)
+    if found is not None:
+        check_objective(found, objective)
+    return found
+
+
+def _resume_checkpoint(ckpt_path: Optional[str], output_dir: Path, model: str, lora: str,
+                       objective: str) -> Optional[str]:
     if ckpt_path is None:
         return None
     if str(ckpt_path) == "auto":
@@ -85,11 +96,12 @@ def resolve_resume(ckpt_path: Optional[str], output_dir: Path, model: str, lora:
             return str(own)
         siblings = [newest_resume_checkpoint(d, strict=False) for d in output_dir.parent.iterdir()
                     if d.is_dir() and d != output_dir and _same_variant(d, model, lora)]
-        siblings = [c for c in siblings if c is not None]
+        siblings = [c for c in siblings if c is not None and checkpoint_objective(c) == objective]
         if not siblings:
             raise UserError(
-                f"ckpt_path=last: no checkpoints/last.ckpt in {output_dir} nor in another {model}+{lora} run "
-                f"under {output_dir.parent}: give ckpt_path=<run directory or .ckpt file>, or leave it unset"
+                f"ckpt_path=last: no checkpoints/last.ckpt in {output_dir} nor in another {model}+{lora} run of "
+                f"objective={objective} under {output_dir.parent}: give ckpt_path=<run directory or .ckpt file>, or "
+                "leave it unset"
             )
         return str(max(siblings, key=lambda p: p.stat().st_mtime_ns))
     path = Path(ckpt_path)
@@ -176,8 +188,8 @@ class Resume(Callback):
         self.output_dir = output_dir
 
     @classmethod
-    def plan(cls, ckpt_path: Optional[str], output_dir: Path, model: str, lora: str) -> "Resume":
-        return cls(resolve_resume(ckpt_path, output_dir, model, lora), output_dir)
+    def plan(cls, ckpt_path: Optional[str], output_dir: Path, model: str, lora: str, objective: str = "sft") -> "Resume":
+        return cls(resolve_resume(ckpt_path, output_dir, model, lora, objective), output_dir)
 
     @property
     def in_place(self) -> bool:

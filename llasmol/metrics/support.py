@@ -78,3 +78,29 @@ def shown(text: str, value) -> str:
     """`text` (a value as printed) followed by its count where it is a `Counted`: ``0.630 (n=1 of 30, too few)``."""
     note = getattr(value, "note", "")
     return f"{text} ({note})" if note else text
+
+
+def monitor_problem(monitor: Optional[str], objective: str, tasks: TaskTable, trained: list[str],
+                    generates: bool = True) -> Optional[str]:
+    """Why `callbacks.model_checkpoint.monitor` is no metric a run of `objective` training the tasks `trained` logs
+    (`generates`: its validation generates answers, so it logs metrics beside val/loss); None when it is one, or
+    null (no best checkpoint). Lightning keeps no best checkpoint for a metric it never sees, and `evaluate` and
+    `init_from` would then take the last adapter without a word."""
+    if monitor is None or monitor in ("val/loss", "train/loss"):
+        return None
+    grpo, parts = objective == "grpo", str(monitor).split("/")
+    if generates and grpo and (parts[:2] == ["val", "reward"] and (len(parts) == 2 or parts[2] in trained)
+                               or monitor in ("val/reward_lo", "val/reward_hi")):
+        return None
+    if generates and len(parts) == 3 and parts[0] == "val" and parts[1] in trained:
+        name = parts[2].removesuffix("_lo").removesuffix("_hi")
+        if name in FAMILIES[tasks.task(parts[1]).family].metric_names or name in ("num_samples", "num_no_answer"):
+            return None
+    if not generates:
+        return (f"callbacks.model_checkpoint.monitor={monitor}: callbacks.generation_evaluator.samples_per_task=0 "
+                "generates no answer at validation, so only val/loss is logged there: give it samples, or "
+                "callbacks.model_checkpoint.monitor=val/loss callbacks.model_checkpoint.mode=min")
+    example = f"val/{trained[0]}/{tasks.task(trained[0]).headline}" if trained else "val/<task>/<metric>"
+    return (f"callbacks.model_checkpoint.monitor={monitor} is no metric this run logs, so no best checkpoint would be "
+            f"kept (evaluate and init_from would take the last adapter): give val/loss"
+            + (", val/reward" if grpo else "") + f" or a trained task's metric such as {example}")

@@ -27,6 +27,7 @@ from typing import Callable, Iterator
 import torch
 
 from llasmol.core.errors import UserError
+from llasmol.core.files import unreadable
 from llasmol.model.blocks import clean_name
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -130,7 +131,7 @@ def read_header(path: Path) -> dict[str, Entry]:
             header = None
     if not isinstance(header, dict):
         raise UserError(f"{path} has a damaged safetensors header: download the weights again")
-    entries = {}
+    entries, spans = {}, []
     base = 8 + length
     for key, info in header.items():
         if key == "__metadata__":
@@ -146,6 +147,19 @@ def read_header(path: Path) -> dict[str, Entry]:
             raise UserError(f"{path}: tensor {key!r} lies outside the file or has the wrong size: download the "
                             "weights again")
         entries[key] = Entry(path, dtype, tuple(shape), base + begin)
+        spans.append((begin, end, key))
+    # As safetensors itself requires: the tensors' bytes follow one another from the start of the data to its
+    # end, none sharing a byte with another (overlapping ranges read one tensor's values into another)
+    reached, previous = 0, None
+    for begin, end, key in sorted(spans):
+        if begin != reached:
+            what = f"overlaps {previous!r}" if begin < reached else "leaves a gap before it"
+            raise UserError(f"{path} has a damaged safetensors header: tensor {key!r} {what}: download the weights "
+                            "again")
+        reached, previous = end, key
+    if reached != size - base:
+        raise UserError(f"{path} has a damaged safetensors header: its tensors cover {reached:,} of the {size - base:,} "
+                        "bytes of data: download the weights again")
     return entries
 
 
@@ -171,11 +185,14 @@ def weight_files(index: Path) -> list[str]:
 def weight_entries(folder: Path) -> dict[str, Entry]:
     """Every tensor of the base's safetensors files in `folder` (an index naming several files, or one file)."""
     paths = [folder / name for name in weight_files(folder / INDEX_FILE)]
-    missing = [p.name for p in paths if not p.is_file()]
-    if missing:
-        raise UserError(f"{folder} has no {missing[0]}: trainer=fsdp reads the base from safetensors files; point "
-                        "model.path at a folder with the base's *.safetensors (`hf download <id> --local-dir "
-                        "<folder>`)")
+    for path in paths:
+        problem = unreadable(path)
+        if problem == "does not exist":
+            raise UserError(f"{folder} has no {path.name}: trainer=fsdp reads the base from safetensors files; point "
+                            "model.path at a folder with the base's *.safetensors (`hf download <id> --local-dir "
+                            "<folder>`)")
+        if problem:  # a link loop, a pipe, a device: named as what it is
+            raise UserError(f"{path} {problem}: the base's weights are read from regular files; download them again")
     entries: dict[str, Entry] = {}
     for path in paths:
         entries.update(read_header(path))
@@ -262,6 +279,15 @@ def read_rows(entry: Entry, first: int, into: torch.Tensor) -> None:
         into.copy_(target)
 
 
+def check_finite(name: str, values: torch.Tensor, where) -> None:
+    """A base's floating tensor holds numbers: a NaN or infinity there (a damaged or badly converted file) would
+    end training at its first step with advice that cannot help (lower the learning rate)."""
+    if values.is_floating_point() and values.numel() and not bool(torch.isfinite(values).all()):
+        bad = int((~torch.isfinite(values)).sum())
+        raise UserError(f"the base's tensor {name} in {where} holds {bad:,} NaN or infinite value(s) of "
+                        f"{values.numel():,}: the weights are damaged; download them again")
+
+
 def fill_from_files(model: torch.nn.Module, weights: DeferredWeights, device: torch.device) -> int:
     """Give every parameter still on the meta device its memory on `device` and its values: its own rows of
     the base's tensor (a process's shard under FSDP2, the whole tensor otherwise). Parameters and buffers that
@@ -293,10 +319,16 @@ def fill_from_files(model: torch.nn.Module, weights: DeferredWeights, device: to
             if name in kept:
                 local.copy_(kept.pop(name))
                 continue
-            entry = entries[weights.key(name, entries)]
+            key = weights.key(name, entries)  # the tensor's name in the files: what a damaged one is named by
+            entry = entries[key]
             if entry.shape != tuple(tensor.shape):
                 raise UserError(f"{entry.file.name}: tensor {name} has shape {list(entry.shape)}, the model built "
                                 f"from config.json needs {list(tensor.shape)}: the config.json is not the weights'")
+            if entry.dtype.is_floating_point != local.dtype.is_floating_point:  # I32 bytes read as F32: noise
+                raise UserError(f"{entry.file} has a damaged safetensors header: tensor {key} is stored as "
+                                f"{str(entry.dtype).removeprefix('torch.')}, and the model's is "
+                                f"{str(local.dtype).removeprefix('torch.')}: download the weights again")
             read_rows(entry, _my_rows(tensor, local), local)
+            check_finite(key, local, entry.file)
             read += local.nbytes
     return read
