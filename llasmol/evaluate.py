@@ -48,12 +48,12 @@ def evaluate(cfg: DictConfig, log_into: Optional[Callable[[Path], None]] = None)
     from llasmol.inference import jobs
 
     if cfg.predictions:
-        results, intervals, out = jobs.score_file(cfg, tasks)
+        results, intervals, out, tasks = jobs.score_file(cfg, tasks)
     else:
         run = jobs.generate_and_score(cfg, tasks, log_into)
         if run.protocol is not None:
             _protocol_row(cfg, run.model_cfg, run.protocol, run.folder, cfg.data.split, run.samples)
-        results, intervals, out = run.metrics, run.intervals, run.metrics_file
+        results, intervals, out, tasks = run.metrics, run.intervals, run.metrics_file, run.tasks
     return {"metrics": results, "intervals": intervals, "output": str(out), "tasks": tasks}
 
 

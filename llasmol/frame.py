@@ -22,7 +22,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import hydra
 from omegaconf import DictConfig
 
-from llasmol.core.config import CONFIG_DIR, check_command_line
+from llasmol.core.config import CONFIG_DIR, check_command_line, preview_sweep
 from llasmol.core.errors import UserError, report_user_errors
 from llasmol.core.quiet import quiet_known_noise, quiet_other_ranks
 from llasmol.core.run_lock import process_rank
@@ -54,21 +54,30 @@ def start(cfg: DictConfig, announce: Optional[Callable[[DictConfig], str]] = Non
 
 
 def command(name: str, run_folder: bool = False, check: Optional[Callable[[DictConfig], None]] = None,
-            before: Optional[Callable[[list[str]], None]] = None, sweeps: bool = True) -> Callable[[Callable], Callable]:
+            before: Optional[Callable[[list[str]], None]] = None, sweeps: bool = True,
+            first: Optional[Callable[[list[str]], None]] = None) -> Callable[[Callable], Callable]:
     """Decorate a command's `main(cfg)` (conf/<name>.yaml composed) into Hydra's entry, which runs the body on a
     config it is given (as Hydra's own does) and gains `main.from_command_line()`, what `python -m
     llasmol.<name>` runs. `run_folder`: the command writes a run folder, checked writable before Hydra starts;
     `check`: the command's own check of each composed config of the command line; `before`: a check of the
-    arguments run after those and before Hydra (train's run lock); `sweeps=False`: a command of one answer, whose
-    --multirun would sweep nothing into folders it does not write."""
+    arguments run after those and before Hydra (train's run lock); `first`: a check of the arguments before any other
+    (generate's question, which a setting-like question would otherwise meet as an unknown setting); `sweeps=False`:
+    a command of one answer, whose --multirun would sweep nothing into folders it does not write."""
 
     def make(body: Callable[[DictConfig], Any]) -> Callable:
         # Hydra names the job (its log file, `<name>.log`) after the module of the unwrapped body
         main = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=name)(report_user_errors(body))
 
         def from_command_line() -> None:
-            if not sweeps and {"--multirun", "-m"} & set(sys.argv[1:]):
+            argv = sys.argv[1:]
+            if first is not None:
+                report_user_errors(first)(argv)
+            if not sweeps and {"--multirun", "-m"} & set(argv):
                 report_user_errors(_no_sweeps)(name)
+            if {"--multirun", "-m"} & set(argv) and {"--cfg", "-c"} & set(argv):  # Hydra takes one of the two
+                check_command_line(name, run_folder=False, check=check)
+                report_user_errors(preview_sweep)(name, argv)
+                return
             report_user_errors(thread_count)(None)  # a malformed OMP_NUM_THREADS: before Hydra writes a run folder
             check_command_line(name, run_folder=run_folder, check=check)
             if before is not None:

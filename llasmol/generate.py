@@ -48,10 +48,11 @@ def _has_question(argv: list[str]) -> None:
                                 if read else ""))
 
 
-@command("generate", sweeps=False, before=_has_question)
+@command("generate", sweeps=False, first=_has_question)
 def main(cfg: DictConfig) -> None:
     responses, model_cfg, tasks = _answer(cfg, _QUERY)
-    for line in _asking().answer_lines(responses, cfg.task, bool(model_cfg.get("random_init")), tasks):
+    demo = "random" if model_cfg.get("random_init") else "pretrained" if model_cfg.get("tokenizer") == "tiny" else None
+    for line in _asking().answer_lines(responses, cfg.task, demo, tasks):
         print(line, flush=True)
 
 

@@ -231,7 +231,7 @@ def test_generate_command_answers_on_cpu(run_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("[1] as generated: ") and lines[1].startswith("answer (as the scorer reads ")
-    assert lines[-1].startswith("note: model=tiny is the demo's small random-weight base")  # its adapter's base
+    assert lines[-1].startswith("note: model=tiny is the demo base (0.8M parameters, pretrained")  # its adapter's base
     assert "adapter: " in proc.stderr and "adapter: " not in proc.stdout  # stdout holds the answers only
     assert not (tmp_path / "outputs").exists()  # one question leaves no run folder behind
 
@@ -404,10 +404,12 @@ def test_saved_adapters_name_their_base_and_carry_a_real_model_card(run_dir):
 
     from llasmol.inference.loading import resolve_checkpoint
 
+    from llasmol.model.lora import DEMO_BASE
+
     adapter = run_dir / "checkpoints" / "last.adapter"
-    assert _json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == TINY_SEEDED
+    assert DEMO_BASE.fullmatch(_json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"])
     card = (adapter / "README.md").read_text()
-    for needle in ("random weights", "LoRA `lite`: r=16, alpha=16, dropout=0.05, on q_proj, v_proj",
+    for needle in ("**demo base**", "pretrained by llasmol on RDKit facts", "LoRA `lite`: r=16, alpha=16, dropout=0.05, on q_proj, v_proj",
                    "trainable parameters: 14,336", "tasks: forward_synthesis", "AdamW lr 0.003", "python -m llasmol.evaluate ckpt=", "arXiv:2402.09391"):
         assert needle in card, needle
     assert "More Information Needed" not in card
@@ -415,7 +417,7 @@ def test_saved_adapters_name_their_base_and_carry_a_real_model_card(run_dir):
     assert "| val/loss |" not in card and "optimizer step 4" in card
     best = [p for p in (run_dir / "checkpoints").glob("step*.adapter")]
     assert best and "| val/loss |" in (best[0] / "README.md").read_text()  # saved at a validation: its metrics
-    with refused(adapter, "embedded tiny model", "model=mistral", "model=tiny"):
+    with refused(adapter, "pretrained demo base", "model=mistral", "pass model=tiny"):
         resolve_checkpoint(str(adapter), compose_config(["model=mistral"], "evaluate"))
 
 
@@ -1080,11 +1082,11 @@ def test_an_adapters_base_is_checked_against_the_model_before_anything_loads(tmp
     a = tmp_path / "a"
     with refused(a, "mistralai/Mistral-7B-v0.1", "model=llama2", "model=mistral"):
         check("mistralai/Mistral-7B-v0.1")
-    with refused(a, "model=tiny", "embedded tiny model", "model=mistral"):
+    with refused(a, "model=tiny", "the demo base", "model=mistral"):
         check("mistralai/Mistral-7B-v0.1", OmegaConf.create({"name": "tiny", "hf_id": None}))
     with refused(a, "someone/unknown-7b", "model.hf_id=someone/unknown-7b"):
         check("someone/unknown-7b")
-    with refused(a, "embedded tiny model", "model=llama2", "model=tiny"):
+    with refused(a, "the tiny model's random weights", "model=llama2", "model=tiny model.random_init=true"):
         check(TINY_BASE)
     # Random weights of equal shapes: another tiny architecture, or the same one from another seed, is refused.
     with refused(a, "llasmol/tiny-llama3", "tiny-mistral from model.init_seed=0",
@@ -1138,7 +1140,8 @@ def test_the_checkpoint_setting_names_the_base_an_adapter_folder_or_a_hub_id(tmp
         assert (model, adapter, data) == (cfg.model, None, None)
         assert caplog.messages[-1] == "no adapter: the bare base tiny (ckpt=none)"
     folder = _fake_adapter(tmp_path / "adapter", {"peft_type": "LORA", "base_model_name_or_path": TINY_BASE})
-    assert resolve_checkpoint(str(folder), cfg) == (cfg.model, str(folder), None)
+    random = compose_config(["paths.output_dir=/tmp/unused", "model=tiny", "model.random_init=true"], "evaluate")
+    assert resolve_checkpoint(str(folder), random) == (random.model, str(folder), None)  # an adapter of random weights
     assert resolve_checkpoint("someone/lora", cfg) == (cfg.model, "someone/lora", None)
 
 

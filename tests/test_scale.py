@@ -356,7 +356,11 @@ def test_the_gpus_a_run_asks_for_are_checked_before_anything_loads(accelerator, 
     (3, {"MASTER_ADDR": "10.0.0.1", "NODE_RANK": "-1"}, ["NODE_RANK='-1'", "from 0 to 2"]),
     (2, {"MASTER_ADDR": "10.0.0.1", "NODE_RANK": "one"}, ["NODE_RANK='one'"]),
     (2, {"SLURM_NTASKS": "2"}, None), (2, {"TORCHELASTIC_RUN_ID": "x"}, None),  # a launcher ranks the nodes
-    (1, {}, None)])
+    (1, {}, None), (1, {"NODE_RANK": "0"}, None), (1, {"NODE_RANK": ""}, None),
+    # One node with a NODE_RANK left from another job waited forever after "MEMBER: 3/2"
+    (1, {"NODE_RANK": "1"}, ["NODE_RANK='1'", "trainer.num_nodes=1", "unset NODE_RANK"]),
+    (1, {"NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1"}, ["NODE_RANK='1'"]),
+    (1, {"NODE_RANK": "1", "SLURM_NTASKS": "2"}, None)])  # a launcher's own rank: its business
 def test_nodes_started_by_hand_must_be_told_their_rank_and_the_first_nodes_address(nodes, environ, named):
     """Without it each node took rank 0 and waited for the others forever after "MEMBER: 1/2"."""
     from llasmol.finetune.preflight import check_nodes

@@ -275,9 +275,9 @@ def test_a_short_run_validates_its_last_step_and_tells_its_story_in_train_log(tm
     assert not (run / "checkpoints" / "interrupted.ckpt").exists()
 
 
-def test_train_log_names_the_first_validation_of_the_best_loss_as_best(caplog):
-    """As the best-checkpoint callback does (ModelCheckpoint keeps the first of equal scores), a later
-    validation that only equals the best loss does not take its place in train.log's '(best … at step …)'."""
+def test_train_log_names_the_validation_the_best_checkpoint_keeps_as_best(caplog):
+    """As the best-checkpoint callback does (`AdapterModelCheckpoint`: a tie keeps the later checkpoint), a later
+    validation that equals the best loss takes its place in train.log's '(best val/loss … at step …)'."""
     from types import SimpleNamespace
 
     from llasmol.finetune.validation import GenerationEvaluator
@@ -289,10 +289,10 @@ def test_train_log_names_the_first_validation_of_the_best_loss_as_best(caplog):
                                       is_global_zero=True, loggers=[], global_step=step)
             evaluator.on_validation_end(trainer, None)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("validation at step")]
-    assert said == ["validation at step 2: val/loss 3.5000 (best 3.5000 at step 2)",
-                    "validation at step 4: val/loss 3.2500 (best 3.2500 at step 4)",
-                    "validation at step 6: val/loss 3.2500 (best 3.2500 at step 4)",
-                    "validation at step 8: val/loss 3.7500 (best 3.2500 at step 4)"]
+    assert said == ["validation at step 2: val/loss 3.5000 (best val/loss 3.5000 at step 2)",
+                    "validation at step 4: val/loss 3.2500 (best val/loss 3.2500 at step 4)",
+                    "validation at step 6: val/loss 3.2500 (best val/loss 3.2500 at step 6)",
+                    "validation at step 8: val/loss 3.7500 (best val/loss 3.2500 at step 6)"]
 
 
 def test_a_base_out_of_reach_names_why_the_hub_could_not_be_asked(monkeypatch):
@@ -448,7 +448,7 @@ def test_checkpoints_keep_the_adapters_only_and_refuse_another_variants():
     module.on_save_checkpoint(checkpoint)
     # The adapters only, and whether trainer=fsdp saved them (its optimizer state is keyed otherwise).
     assert checkpoint == {"state_dict": {"model.lora.weight": 1, "model.lora.bias": 2}, "global_step": 3,
-                          "llasmol_fsdp2": False}
+                          "llasmol_fsdp2": False, "objective": "sft"}  # a resume by another objective is refused
     from llasmol.finetune.distributed import FSDP2Strategy
 
     sharded = _module(strategy=FSDP2Strategy())
@@ -554,13 +554,16 @@ def test_the_callbacks_a_resumable_run_needs_come_last_and_no_bar_when_it_is_off
     from llasmol.finetune.resume import StepSeeding, StopAtStepBoundary
     from llasmol.finetune.tracking import ProgressBar, ProgressLines
 
-    kinds = [type(c) for c in build_callbacks(cfg_factory("seed=21", "trainer.enable_progress_bar=true"))]
-    assert ProgressBar in kinds and ProgressLines not in kinds and kinds.count(AdapterModelCheckpoint) == 2
+    on_terminal = build_callbacks(cfg_factory("seed=21", "trainer.enable_progress_bar=true"))
+    kinds = [type(c) for c in on_terminal]
+    assert ProgressBar in kinds and kinds.count(AdapterModelCheckpoint) == 2
+    # beside the bar, the progress lines go to train.log alone (it said nothing between validations there)
+    assert [c.files_only for c in on_terminal if isinstance(c, ProgressLines)] == [True]
     assert kinds[-3:] == [FreeCoreThreads, StepSeeding, StopAtStepBoundary]
     cfg = cfg_factory("seed=21", "trainer.enable_progress_bar=false", "progress_every_s=7")
     callbacks = build_callbacks(cfg)
     assert ProgressBar not in [type(c) for c in callbacks] and callbacks[-2].seed == 21
-    assert [c.every_s for c in callbacks if isinstance(c, ProgressLines)] == [7.0]  # the bar's stand-in, one
+    assert [(c.every_s, c.files_only) for c in callbacks if isinstance(c, ProgressLines)] == [(7.0, False)]  # the bar's stand-in
     del cfg.trainer.enable_progress_bar  # unset: Lightning's default shows the bar
     assert ProgressBar in [type(c) for c in build_callbacks(cfg)]
 
@@ -598,10 +601,12 @@ def test_an_adapters_card_says_how_it_was_trained(cfg_factory):
                                "(micro-batch 4 x accumulation 3), 512 tokens, no gradient clipping, seed 13")
     assert facts["lora"] == {"name": "full", "r": 16, "alpha": 16, "dropout": 0.05, "train_head": False,
                              "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
-    assert {k: facts[k] for k in ("model", "tiny", "params", "data", "tasks")} == {
-        "model": "tiny", "tiny": True, "params": {"trainable": 5}, "data": "SMolInstruct, /data/smol",
-        "tasks": ["name_conversion-i2f"]}
-    assert facts["base"].startswith("llasmol/tiny-mistral")
+    assert {k: facts[k] for k in ("model", "tiny", "demo", "params", "data", "tasks")} == {
+        "model": "tiny", "tiny": False, "demo": True, "params": {"trainable": 5}, "data": "SMolInstruct, /data/smol",
+        "tasks": ["name_conversion-i2f"]}  # the demo base, pretrained (tiny: its random weights)
+    assert facts["base"].startswith("llasmol/demo-base (pretrained, weights sha256 ")
+    random = card_facts(cfg_factory("model.random_init=true"), {"trainable": 5}, _datamodule(), 3)
+    assert (random["tiny"], random["demo"]) == (True, True) and random["base"].startswith("llasmol/tiny-mistral")
     paper = card_facts(cfg_factory("trainer.max_steps=30", "trainer.gradient_clip_val=1.0", "lora=plus", "data.path=null"),
                        {}, _datamodule(), 1)
     assert ", at most 30 steps, " in paper["recipe"] and ", gradient norm clipped at 1, seed 13" in paper["recipe"]
@@ -687,10 +692,10 @@ def test_a_validations_log_line_names_each_tasks_headline_and_only_rank_0_says_i
                                    "forward_synthesis": {"exact_match": 0.25, "num_samples": 8.0}}
         end(2.25, 8)
     assert caplog.messages == [
-        "validation at step 4: val/loss 2.0000 (best 2.0000 at step 4); name_conversion-s2f exact_match 0.500 "
+        "validation at step 4: val/loss 2.0000 (best val/loss 2.0000 at step 4); name_conversion-s2f exact_match 0.500 "
         "(n=4, too few), forward_synthesis exact_match 0.250",
-        "validation at step 6: val/loss 2.5000 (best 2.0000 at step 4)",
-        "validation at step 8: val/loss 2.2500 (best 2.0000 at step 4); name_conversion-s2f exact_match 0.500, "
+        "validation at step 6: val/loss 2.5000 (best val/loss 2.0000 at step 4)",
+        "validation at step 8: val/loss 2.2500 (best val/loss 2.0000 at step 4); name_conversion-s2f exact_match 0.500, "
         "forward_synthesis exact_match 0.250 (each n=8, too few)"]
     assert wandb.experiment.summary == {"val/loss_best": 2.0}
 

@@ -7,6 +7,7 @@ import itertools
 import os
 import re
 import shlex
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -20,7 +21,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from llasmol.core.errors import UserError, report_user_errors
+from llasmol.core.errors import UserError, remove_empty_parents, report_user_errors
+from llasmol.core.run_dir import CHECKPOINTS, RESUME_CKPTS
 from llasmol.core.files import NO_SPACE, folder_problem, nearest_existing
 from llasmol.core.schema import check_config
 
@@ -174,14 +176,23 @@ class SweepSummary(Callback):
         lines, done = [], sweep["started"]
         job = sweep["job"]
         if job and not sweep["job_ended"]:
-            if sweep["task"] == "train":  # a training job resumes from its checkpoint, in its own folder
+            resumable = any((Path(job["dir"]) / CHECKPOINTS / name).is_file() for name in RESUME_CKPTS)
+            if sweep["task"] == "train" and resumable:  # a training job resumes from its checkpoint, in its folder
                 given = _as_given(sweep["overrides"])
                 args = "".join(shlex.quote(given.get(o.split("=", 1)[0], o)) + " " for o in job["overrides"]
                                if not o.startswith("first_job="))
                 lines.append(f"continue it with: python -m llasmol.train {args}"
                              f"hydra.run.dir={shlex.quote(job['dir'])} ckpt_path=last")
-            else:  # a baseline keeps nothing of a stopped job: it runs again with the others
+            else:  # it kept nothing (a baseline's, or one that stopped before its first checkpoint): it runs again
                 done -= 1
+        folder = Path(sweep["dir"])
+        if done < 0 and folder.is_dir() and all(p.name == "multirun.yaml" for p in folder.iterdir()):
+            shutil.rmtree(folder, ignore_errors=True)  # no job kept anything: no folder of Hydra's notes alone
+            remove_empty_parents(folder)
+            again = " ".join(shlex.quote(o) for o in sweep["overrides"] if not o.startswith("first_job="))
+            print(f"({folder} held only multirun.yaml, and was removed: nothing was kept)\n  run the sweep again "
+                  f"with: python -m llasmol.{sweep['task']} --multirun {again}", file=sys.stderr, flush=True)
+            return
         rest = remaining_jobs_command(sweep["task"], sweep["overrides"], done, sweep["dir"], sweep["first_job"])
         if rest:
             lines.append(f"the jobs that had not {'started' if done == sweep['started'] else 'finished'} run into "
@@ -192,22 +203,41 @@ class SweepSummary(Callback):
                   *(f"  {line}" for line in lines), sep="\n", file=sys.stderr, flush=True)
 
 
+def sweep_jobs(overrides: list[str], leave_out: tuple[str, ...] = ()) -> list[list[str]]:
+    """Each job of a multirun as its `key=value` overrides, in Hydra's basic sweeper's order (the product of each
+    key's values, keys in the order given, a key given twice in its first place with its last values); the keys in
+    `leave_out` are not in them."""
+    values: dict[str, list[str]] = {}
+    for o in OverridesParser.create().parse_overrides(overrides):
+        key = o.get_key_element()
+        if key.lstrip("+") not in leave_out:
+            options = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+            values[key] = [f"{key}={v}" for v in options]
+    return [list(job) for job in itertools.product(*values.values())]
+
+
+def preview_sweep(name: str, argv: list[str]) -> None:
+    """`--multirun --cfg job`, which Hydra refuses (it takes one of the two): each job's composed config, as
+    `--cfg job` prints one run's, headed by its number and overrides, so a sweep (a SLURM one too) can be read before
+    it is launched."""
+    flag = "--cfg" if "--cfg" in argv else "-c"
+    which = argv[argv.index(flag) + 1] if argv.index(flag) + 1 < len(argv) else ""
+    if which != "job":
+        raise UserError(f"--multirun with {flag} {which or '(nothing)'}: a sweep is previewed job by job with --cfg job "
+                        "(Hydra's own settings are one run's: --cfg hydra without --multirun)")
+    for number, job in enumerate(sweep_jobs(overrides_of(argv), leave_out=("hydra.sweep.dir",))):
+        print(f"# job {number}: {' '.join(job) or '(the defaults)'}")
+        print(OmegaConf.to_yaml(compose_config(job, name)), flush=True)
+
+
 def remaining_jobs_command(task: str, overrides: list[str], done: int, sweep_dir: str, first_job: int = 0) -> str:
     """The command line (one, or a few joined by `&&` when the remaining jobs are not one product of values)
     that runs the jobs of a multirun after the `done`-th (0-based; -1: none), numbered on from it in
     `sweep_dir`; "" when none remain. Jobs are the product of the sweep's values in Hydra's basic sweeper's
     order (the product of each key's values, keys in the order given, a key given twice in its first place with its
     last values); a setting that is not swept is written as it was given."""
-    mine = ("hydra.sweep.dir", "first_job")  # said anew below
-    values: dict[str, list[str]] = {}
-    for o in OverridesParser.create().parse_overrides(overrides):
-        key = o.get_key_element()
-        if key.lstrip("+") not in mine:
-            options = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
-            values[key] = [f"{key}={v}" for v in options]
     given = _as_given(overrides)
-    jobs = [list(job) for job in itertools.product(*values.values())]
-    todo = jobs[done + 1:]
+    todo = sweep_jobs(overrides, leave_out=("hydra.sweep.dir", "first_job"))[done + 1:]  # those two: said anew below
     commands, number = [], first_job + done + 1
     for group in _products(todo):
         said = [given.get(o.split("=", 1)[0], o) for o in group["overrides"]]
@@ -347,6 +377,11 @@ def _one_line(message: str, config_name: str) -> str:
             return f"{key} is a setting of {owner}, which this command line does not choose: add {owner}"
         return (f"{key} is not a setting of llasmol.{config_name}: check the spelling (python -m "
                 f"llasmol.{config_name} --cfg job lists them), or add a new key with +{key}=...")
+    merging = re.search(r"Error merging override (\S+?)=(.*)$", message.strip().splitlines()[0] if message.strip() else "")
+    if merging:  # a list or value given where the config holds a group of settings (or the reverse)
+        key, value = merging.groups()
+        return (f"{key}={value} cannot replace {key}, which is a group of settings, not one value: set its settings "
+                f"one by one ({key}.<name>=<value>; python -m llasmol.{config_name} --cfg job shows them)")
     lines = message.strip().splitlines()
     return lines[0] if lines else f"the configuration of llasmol.{config_name} cannot be composed"
 

@@ -27,9 +27,11 @@ from llasmol.finetune.distributed import uses_fsdp2
 from llasmol.finetune.module import LoRACausalLM
 from llasmol.finetune.rollouts import GRPOLoRA
 from llasmol.metrics.rewards import Rewards
+from llasmol.metrics.support import FEWEST_TO_COMPARE
 from llasmol.model.adapters import load_adapter_weights
 from llasmol.finetune.resume import Resume, StepSeeding, StopAtStepBoundary
 from llasmol.finetune.tracking import ProgressLines, number_rows_by_optimizer_step
+from llasmol.finetune.validation import GenerationEvaluator
 
 log = logging.getLogger("llasmol.train")  # the run's log lines keep the command's name in train.log
 
@@ -90,17 +92,23 @@ def build_model(cfg: DictConfig, tokenizer, start: Optional[Path] = None):
 
 
 def build_module(cfg: DictConfig, model, datamodule: Optional[SMolInstructDataModule] = None,
-                 start: Optional[Path] = None) -> LoRACausalLM:
+                 start: Optional[Path] = None, rewards: Optional[Rewards] = None) -> LoRACausalLM:
     """The LightningModule training `model`'s adapters by the config's objective, optimizer and scheduler
-    (`datamodule`: the run's, whose tokenizer and task table GRPO samples and rewards with; `start`: the adapter
-    folder the adapters started from, GRPO's KL reference)."""
+    (`datamodule`: the run's, whose tokenizer and task table GRPO samples with; `start`: the adapter folder the
+    adapters started from, GRPO's KL reference; `rewards`: GRPO's, built once by the config check)."""
     optimizer = hydra.utils.instantiate(cfg.optimizer)
     scheduler = hydra.utils.instantiate(cfg.scheduler) if cfg.get("scheduler") else None
     if cfg.objective.name == "sft":
         return LoRACausalLM(model, optimizer=optimizer, scheduler=scheduler)
-    tasks = datamodule.source.table
-    return GRPOLoRA(model, optimizer, scheduler, objective=cfg.objective, tokenizer=datamodule.tokenizer, tasks=tasks,
-                    rewards=Rewards(cfg.reward, tasks, datamodule.tasks), generation=cfg.generation, seed=cfg.seed,
+    split = datamodule.split("train")
+    # Each task's first training answer, through every reward function: a user's that fails is one line now.
+    firsts = {}
+    for i in range(len(split)):
+        sample = split[i]
+        firsts.setdefault(sample["task"], (sample["output"], [sample["raw_output"]]))
+    rewards.probe(firsts)
+    return GRPOLoRA(model, optimizer, scheduler, objective=cfg.objective, tokenizer=datamodule.tokenizer,
+                    tasks=datamodule.source.table, rewards=rewards, generation=cfg.generation, seed=cfg.seed,
                     output_dir=cfg.paths.output_dir, start=start)
 
 
@@ -112,20 +120,29 @@ class FreeCoreThreads(Callback):
         retune_threads()
 
 
-def build_callbacks(cfg: DictConfig) -> list:
+def build_callbacks(cfg: DictConfig, rewards: Optional[Rewards] = None) -> list:
     """The config's callbacks (without a progress bar when it is switched off) and the free-core thread count,
-    then the two a resumable run needs: step-seeded random draws and stopping at an optimizer step's end."""
+    then the two a resumable run needs: step-seeded random draws and stopping at an optimizer step's end. The
+    validation rewards with `rewards` (a GRPO run's, the very object its rollouts use)."""
     callbacks = [*instantiate_all(cfg.get("callbacks")), FreeCoreThreads(), StepSeeding(cfg.seed),
                  StopAtStepBoundary()]
-    # The bar on a terminal, its lines in the log elsewhere: one of the two.
-    unwanted = ProgressLines if cfg.trainer.get("enable_progress_bar", True) else ProgressBar
-    return [c for c in callbacks if not isinstance(c, unwanted)]
+    for callback in callbacks:
+        if isinstance(callback, GenerationEvaluator):
+            callback.rewards = rewards
+    # The bar on a terminal, its lines on the console elsewhere; on a terminal the lines go to train.log alone, which
+    # would otherwise say nothing between validations.
+    bar = cfg.trainer.get("enable_progress_bar", True)
+    for callback in callbacks:
+        if isinstance(callback, ProgressLines):
+            callback.files_only = bar
+    return [c for c in callbacks if bar or not isinstance(c, ProgressBar)]
 
 
-def build_trainer(cfg: DictConfig, datamodule: SMolInstructDataModule, resume: Resume) -> Trainer:
+def build_trainer(cfg: DictConfig, datamodule: SMolInstructDataModule, resume: Resume,
+                  rewards: Optional[Rewards] = None) -> Trainer:
     """The trainer of `cfg.trainer`, built through the resume plan (the one place a plan meets the trainer),
-    with gradient accumulation set for the number of processes it runs."""
-    callbacks = build_callbacks(cfg)
+    with gradient accumulation set for the number of processes it runs (`rewards`: a GRPO run's, for validation)."""
+    callbacks = build_callbacks(cfg, rewards)
     plugins = [AtomicCheckpointIO()]  # every preset writes its .ckpt on rank 0, through a rename
 
     def make(plan_callbacks: list) -> Trainer:  # called by the plan, once the loggers' settings are ready
@@ -143,7 +160,23 @@ def build_trainer(cfg: DictConfig, datamodule: SMolInstructDataModule, resume: R
         datamodule.effective_batch_size, datamodule.micro_batch_size, accumulation, trainer.world_size,
         _sharding(trainer),
     )
+    warn_small_data(cfg, datamodule)
     return trainer
+
+
+def warn_small_data(cfg: DictConfig, datamodule: SMolInstructDataModule) -> None:
+    """A small table of one's own trains on little without a word but Lightning's logging-interval warning: one line
+    when a task's validation split holds fewer rows than a metric needs to be compared (`FEWEST_TO_COMPARE`), naming
+    the setting that changes it (a run shorter than one validation interval is said as training starts,
+    `ProgressLines`)."""
+    splits = getattr(datamodule.source, "splits", None) or {}
+    counts = datamodule.split("validation").counts() if "validation" in splits else {}
+    few = {task: n for task, n in counts.items() if n < FEWEST_TO_COMPARE}
+    if few:
+        fractions = OmegaConf.to_container(cfg.data.get("split_fractions") or {})
+        log.warning("validation holds only %s: its metrics are too few to compare (fewer than %d); a larger share goes "
+                    "to validation with data.split_fractions (now %s), or give the task more rows",
+                    ", ".join(f"{n} row(s) of {task}" for task, n in few.items()), FEWEST_TO_COMPARE, fractions)
 
 
 def _sharding(trainer: Trainer) -> str:
@@ -195,6 +228,7 @@ def card_facts(cfg: DictConfig, params: dict, datamodule: SMolInstructDataModule
                      f"{o.temperature:g}, beta {o.beta:g}) rewarded by the paper's metrics (conf/reward/), from "
                      f"{Path(cfg.init_from).name if cfg.get('init_from') else 'fresh adapters'}")
     return {"base": base_name(cfg.model), "model": cfg.model.name, "tiny": bool(cfg.model.get("random_init")),
+            "demo": cfg.model.get("tokenizer") == "tiny",
             "objective": objective,
             "lora": lora, "params": params, "data": data, "tasks": list(datamodule.tasks), "recipe": recipe,
             "own_tasks": {t: datamodule.source.table[t].family for t in datamodule.tasks

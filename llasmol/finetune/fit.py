@@ -35,9 +35,10 @@ from llasmol.finetune.tracking import finish_wandb_runs
 log = logging.getLogger("llasmol.train")  # the run's log lines keep the command's name in train.log
 
 
-def run(cfg, tasks, threads: int, start_from, started: float) -> dict[str, Any]:
+def run(cfg, tasks, threads: int, start_from, started: float, rewards=None) -> dict[str, Any]:
     """Fit one run whose settings, data declarations and starting adapter are checked (`llasmol.train.train`);
-    returns its final metrics, parameter counts and best checkpoint. `started`: `time.monotonic()` at launch."""
+    returns its final metrics, parameter counts and best checkpoint. `started`: `time.monotonic()` at launch;
+    `rewards`: a GRPO run's, built by the check (one object for its rollouts and its validation)."""
     # Preflight: what this machine runs, the run directory (ours alone), what ckpt_path= means.
     lightning_logs_to_root()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -45,14 +46,14 @@ def run(cfg, tasks, threads: int, start_from, started: float) -> dict[str, Any]:
              wait_description(cfg.get("cpu")))
     check_run(cfg)  # before the folder is claimed: a refused run leaves nothing behind
     out = claim_run_dir(cfg.paths.output_dir)
-    resume = Resume.plan(cfg.get("ckpt_path"), out, cfg.model.name, cfg.lora.name)
+    resume = Resume.plan(cfg.get("ckpt_path"), out, cfg.model.name, cfg.lora.name, cfg.objective.name)
 
     # Build: the data first, so bad data stops the run before the model loads and the loggers start.
     tokenizer = load_tokenizer(cfg.model)
     datamodule = build_datamodule(cfg, tokenizer, tasks)
     model, params = build_model(cfg, tokenizer, start_from)
-    module = build_module(cfg, model, datamodule, start_from)
-    trainer = build_trainer(cfg, datamodule, resume)  # the one place the resume plan meets the trainer
+    module = build_module(cfg, model, datamodule, start_from, rewards)
+    trainer = build_trainer(cfg, datamodule, resume, rewards)  # the one place the resume plan meets the trainer
     record_run(cfg, trainer, datamodule, params)
 
     # Fit: from the planned checkpoint, if any; a SIGTERM ends the process with exit status 143.

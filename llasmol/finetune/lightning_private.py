@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
@@ -46,6 +46,8 @@ TOUCH_POINTS: tuple[tuple[str, str, str, str, str], ...] = (
     ("lightning.pytorch.strategies", "ModelParallelStrategy", "_tensor_parallel_size", "instance", "the same"),
     ("lightning.pytorch.callbacks", "RichProgressBar", "progress", "instance",
      "the live rich display that the validation generation adds its row to"),
+    ("lightning.pytorch.callbacks", "RichProgressBar", "_get_train_description", "class",
+     "a run bounded by steps alone (max_epochs=-1) is not 'Epoch 0/-2'"),
     ("lightning.pytorch", "Trainer", "_logger_connector", "instance",
      "a stop raised at a step's end would skip the step's logged row, which Lightning writes after the hook"),
     ("lightning.pytorch.trainer.connectors.logger_connector.logger_connector", "_LoggerConnector", "on_batch_end",
@@ -258,3 +260,16 @@ class ModelParallelOverEveryProcess(ModelParallelStrategy):
 def live_progress(trainer):
     """The rich display of the run's progress bar, or None (no bar, or not a rich one)."""
     return getattr(getattr(trainer, "progress_bar_callback", None), "progress", None)
+
+
+class StepBoundBar(RichProgressBar):
+    """Lightning's rich bar, whose training row reads 'Epoch 0/-2' when the run has no epoch bound (max_epochs=-1,
+    the GRPO command's): there it reads 'Epoch 0'."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        text = super()._get_train_description(current_epoch)
+        epochs = self.trainer.max_epochs
+        if epochs is not None and epochs < 0:
+            text = text.replace(f"Epoch {current_epoch}/{epochs - 1}", f"Epoch {current_epoch}", 1)
+            text = f"{text.rstrip():{len(self.validation_description)}}"  # as wide as before: no flicker
+        return text

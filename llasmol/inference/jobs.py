@@ -36,21 +36,21 @@ from llasmol.inference.progress import generation_progress
 log = logging.getLogger(__name__)
 
 
-def score_file(cfg: DictConfig, tasks: TaskTable) -> tuple[dict, Optional[dict], Path]:
+def score_file(cfg: DictConfig, tasks: TaskTable) -> tuple[dict, Optional[dict], Path, TaskTable]:
     """Score the predictions file `cfg.predictions` (`tasks`: the command's table; a run's predictions add the
-    run's own tasks): (metrics, intervals or None, metrics file)."""
+    run's own tasks): (metrics, intervals or None, metrics file, the table they were scored by)."""
     tasks = predictions_tasks(cfg.predictions, tasks)
     records = read_predictions(cfg.predictions, tasks=tasks)
     if cfg.pool_golds == "split":
         records = with_split_golds(records, cfg, tasks)
     src = Path(cfg.predictions)
     if cfg.get("name"):  # another system's answers, kept as a row that report and the notebooks read
-        return _system_row(cfg, records, src, tasks)
+        return (*_system_row(cfg, records, src, tasks), tasks)
     named = src.resolve() if src.name in ("", "..") else src  # predictions=. names the folder it is
     out = Path(cfg.output) if cfg.output else named.with_name(named.stem + ".metrics.json")
     files = RunFiles(None, out).check_writable()  # the predictions file itself stays as it is
     outcome = Evaluation(files, cfg.intervals, tasks=tasks).finish(records)
-    return outcome.metrics, outcome.intervals, out
+    return outcome.metrics, outcome.intervals, out, tasks
 
 
 def with_split_golds(records: list[dict], cfg: DictConfig, tasks: TaskTable) -> list[dict]:
@@ -124,6 +124,7 @@ class ModelEvaluation:
     intervals: Optional[dict]
     metrics_file: Path
     samples: int
+    tasks: TaskTable  # the table the answers were scored by: a run's own tasks beside SMolInstruct's
     protocol: Optional[Protocol] = None
     model_cfg: Optional[DictConfig] = None
     folder: Optional[Path] = None
@@ -172,6 +173,9 @@ def generate_and_score(cfg: DictConfig, tasks: TaskTable,
         log.info("answers of %s on the %s split go into %s (this command's own folder: %s)",
                  "the bare base" if adapter is None else adapter, split_name, out_dir, cfg.paths.output_dir)
     indices = samples.indices
+    # The model before the partial file: an adapter or base that cannot load leaves no file behind (nor a folder)
+    model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"), merge=cfg.merge_adapter)
+    model.to(device)
     # What the answers depend on: a stopped run is continued only under the same.
     partial = PartialPredictions(files.predictions, {
         "ckpt": str(cfg.ckpt), "adapter": None if adapter is None else str(adapter), "model": model_cfg.name,
@@ -186,8 +190,6 @@ def generate_and_score(cfg: DictConfig, tasks: TaskTable,
     if done:
         log.info("continuing the stopped evaluation in %s: %d of %d samples answered", partial.path, len(done),
                  len(indices))
-    model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"), merge=cfg.merge_adapter)
-    model.to(device)
     # A base model's protocol writes the whole query itself: no chat markup around it.
     formatter = PromptFormatter(tokenizer, "plain" if protocol else model_cfg.prompt_template)
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, cfg.generation.batch_size)
@@ -211,5 +213,5 @@ def generate_and_score(cfg: DictConfig, tasks: TaskTable,
     outcome = Evaluation(files, cfg.intervals, tasks=tasks).finish(records)
     partial.remove()
     labelled = protocol is not None and out_dir == Path(cfg.paths.output_dir)
-    return ModelEvaluation(outcome.metrics, outcome.intervals, files.metrics, len(records),
+    return ModelEvaluation(outcome.metrics, outcome.intervals, files.metrics, len(records), tasks,
                            protocol if labelled else None, model_cfg, out_dir)
