@@ -25,7 +25,7 @@ def run_audit(cfg: DictConfig) -> dict:
     """Audit `cfg.data`, write the report into `cfg.paths.output_dir`; the result (`audit.json`'s content)."""
     # lazy: the audit pulls in RDKit, NumPy and the scorer (0.8 s), which `audit --help` and the command-line
     # check before Hydra do not need
-    from llasmol.leakage import audit, to_markdown
+    from llasmol.leakage import audit, corpus_overlap, to_markdown
 
     tasks = start(cfg, torch=False).tasks  # workers=0, examples=-1: one line before any file is read
     source = SMolInstructSource.from_config(cfg.data, table=tasks)
@@ -35,6 +35,9 @@ def run_audit(cfg: DictConfig) -> dict:
                         "with data.also=[] (a table without a split column is split by input, so an input is never in two splits)")
     result = audit(source, held_out=list(cfg.held_out), examples=int(cfg.examples),
                    fail_on_duplicates=bool(cfg.fail_on_duplicates), workers=cfg.workers)
+    if cfg.get("corpus"):
+        result["corpus"] = corpus_overlap(source, Path(cfg.corpus), list(cfg.held_out), int(cfg.examples))
+        result["summary"]["passed"] = result["summary"]["passed"] and result["corpus"]["passed"]
     out = Path(cfg.paths.output_dir)
     write_json(out / "audit.json", result)
     write_text(out / "audit.md", to_markdown(result))

@@ -416,3 +416,27 @@ def test_a_runs_card_facts_that_are_not_what_train_wrote_are_one_line(tmp_path, 
     path.mkdir() if written is None else path.write_text(written)
     with refused(path, said):
         read_card(tmp_path)
+
+
+@pytest.mark.parametrize("kind, said", [("fifo", "is a named pipe"), ("loop", "is a symbolic link loop"),
+                                        ("device", "character device"), ("absent", "no adapter_model.safetensors")])
+def test_an_adapter_whose_weights_are_no_regular_file_is_named_as_what_it_is(tmp_path, kind, said):
+    import json
+    import os
+
+    from refusals import refused
+
+    from conftest import compose_config
+    from llasmol.inference.loading import _check_adapter_base
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+    path = tmp_path / "adapter_model.safetensors"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "loop":
+        path.symlink_to(tmp_path / "x")
+        (tmp_path / "x").symlink_to(path)
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    with refused(said):
+        _check_adapter_base(tmp_path, compose_config(["paths.output_dir=/x"]).model)

@@ -422,7 +422,7 @@ def test_report_on_real_run(real_sweep, capsys):
             assert counts[task]["correct"] == round(m["exact_match"] * m["num_samples"])
     trends = list(csv.DictReader((report / "trends.csv").open()))
     assert [int(r["step"]) for r in trends] == [v.step for v in run.validations] == [2, 4]
-    assert (report / "metrics.md").read_text().startswith("Why zeros: the tiny demo model starts from random")
+    assert (report / "metrics.md").read_text().startswith("How low to expect: the tiny demo model has 2 layers")
     floor = {r["task"]: r for r in csv.DictReader((report / "trivial.csv").open())}
     for task, row in floor.items():  # the constant answer scored as the model's answers are
         golds = [r["gold"][0] for r in run.latest.predictions() if r["task"] == task]
@@ -953,7 +953,7 @@ def test_a_validation_without_predictions_gets_the_tables_its_metrics_allow(run_
     assert out[1:] == [f"wrote {p}" for p in written]
     assert all(p.is_file() for p in written) and not (report / "failures.md").exists()
     md = (report / "metrics.md").read_text()
-    assert md.startswith("Why zeros: the tiny demo model") and "run: headline metrics at val-step2" in md
+    assert md.startswith("How low to expect: the tiny demo model") and "run: headline metrics at val-step2" in md
     assert (report / "intervals.md").read_text().startswith(
         "Percentile intervals of 1,000 bootstrap resamples of the scored samples")
     assert "| forward_synthesis | exact_match | 0.000 (n=5, too few) | 5 |" in md  # the early validation's numbers

@@ -134,7 +134,7 @@ def test_the_random_base_is_rebuilt_from_its_init_seed():
 
     from llasmol.model.base import load_base_model, load_tokenizer
 
-    cfg = compose_config(["paths.output_dir=/tmp/unused"]).model
+    cfg = compose_config(["paths.output_dir=/tmp/unused", "model.random_init=true"]).model
     assert cfg.init_seed == 0 and compose_config(["model=mistral", "paths.output_dir=/x"]).model.init_seed == 0
     tok = load_tokenizer(cfg)
     seeded = load_base_model(cfg, tok).model.layers[0].mlp.up_proj.weight

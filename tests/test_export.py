@@ -52,7 +52,7 @@ def test_an_exported_run_loads_with_plain_transformers_and_computes_what_the_ada
     # one question, greedy, as the official LlaSMolGeneration.generate decodes it without settings
     assert (gen["num_beams"], gen["max_new_tokens"], gen["early_stopping"]) == (1, 1024, False)
     card = (folder / "README.md").read_text()
-    assert "- LoRA `lite`: r=" in card and "random initial weights" in card
+    assert "- LoRA `lite`: r=" in card and "the demo base pretrained by llasmol on RDKit facts" in card
     assert "- data: SMolInstruct, the excerpt bundled with llasmol" in card
     # the facts the run saved at train time, said as its adapters' cards say them (one renderer)
     adapter_card = (trained_run / "checkpoints" / "last.adapter" / "README.md").read_text()
@@ -196,7 +196,7 @@ def test_a_runs_card_facts_and_tasks_read_back_in_another_process_as_train_wrote
     params = json.loads((trained_run / "params.json").read_text())
     card = read["card"]
     assert read["declared"] == {} and card["own_tasks"] == {}
-    assert card["params"] == params and card["model"] == "tiny" and card["tiny"] is True
+    assert card["params"] == params and card["model"] == "tiny" and card["tiny"] is False and card["demo"] is True
     assert card["lora"]["name"] == "lite" and card["lora"]["r"] == 16 and card["lora"]["train_head"] is False
     assert card["data"].startswith("SMolInstruct, the excerpt bundled") and str(trained_run) not in json.dumps(card)
     assert ", at most 4 steps, " in card["recipe"] and card["recipe"].endswith("seed 13")

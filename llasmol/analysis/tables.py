@@ -346,8 +346,8 @@ def evaluation_note(run: Run, table: Table) -> str:
     ('' when every cell is there): a reader should not take '-' for a zero or a bug."""
     paper_model = _paper_model(run)
     if not paper_model:
-        what = ("the tiny demo model (random initial weights, minutes of training: a learning demo, not a "
-                "chemistry model)" if run.model == "tiny" else f"{run.label} (model={run.model})")
+        what = ("the tiny demo model (2 layers, minutes of training: a demo, not a chemistry model)"
+                if run.model == "tiny" else f"{run.label} (model={run.model})")
         return (f"Paper column empty: the paper reports no results for {what}. Its LlaSMol rows stand beside "
                 f"runs on model={', '.join(PAPER_MODEL_OF_BASE)}.\n\n")
     empty = sorted({row[0] for row in table.rows if row[-1] is None})

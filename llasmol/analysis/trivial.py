@@ -15,12 +15,14 @@ from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.metrics.intervals import per_sample_statistics
 
 NOTE = (
-    "Why zeros: the tiny demo model starts from random weights and sees a few thousand samples for minutes. "
-    "Its loss falls (trends.png) as it learns the shape of the answers, long before it can write a correct "
-    "molecule, formula or name, so exact match stays 0; a yes/no or numeric answer scores only once it sits "
-    "between the right tags. For scale, the best constant answer on the same samples is in `trivial.md`; "
-    "`python -m llasmol.baseline method=nearest_neighbor data.split=validation` answers every task from the "
-    "most similar training inputs (compare with `python -m llasmol.report <run> <that folder>`).\n\n"
+    "How low to expect: the tiny demo model has 2 layers (0.8M parameters) and sees a few thousand samples for "
+    "minutes. Pretrained on RDKit facts about the training split's molecules (llasmol/model/demo_base/README.md), "
+    "it writes molecular formulas (NC-S2F) and little else right; from random weights (model.random_init=true) "
+    "it learns the shape of the answers long before a correct molecule, formula or name, so exact match stays 0. "
+    "A yes/no or numeric answer scores only once it sits between the right tags. For scale, the best constant "
+    "answer on the same samples is in `trivial.md`; `python -m llasmol.baseline method=nearest_neighbor "
+    "data.split=validation` answers every task from the most similar training inputs (compare with "
+    "`python -m llasmol.report <run> <that folder>`).\n\n"
 )
 
 

@@ -71,9 +71,11 @@ def ask(cfg: DictConfig, query: Optional[str], tasks: TaskTable) -> tuple[list[s
     return responses, model_cfg, tasks
 
 
-def answer_lines(responses: list[str], task: Optional[str], demo: bool, tasks: TaskTable = SMOLINSTRUCT) -> list[str]:
+def answer_lines(responses: list[str], task: Optional[str], demo: Optional[str],
+                 tasks: TaskTable = SMOLINSTRUCT) -> list[str]:
     """What `generate` prints: each response as generated, the answer read from the first as the scorer reads
-    it, and what the numbers stand on when they cannot be chemistry (the demo's random-weight base)."""
+    it, and what the answers stand on when the base is the demo's (`demo`: "random" for its random weights,
+    "pretrained" for the demo base, None for any other base)."""
     lines = [f"[{rank}] as generated: {response}" for rank, response in enumerate(responses, 1)]
     answer = answer_of(responses[0], task, tasks) if responses else None
     how = f"as the scorer reads {task}" if task else "the first tagged answer"
@@ -81,7 +83,11 @@ def answer_lines(responses: list[str], task: Optional[str], demo: bool, tasks: T
     if not task:
         lines.append("(no task=: one greedy answer, as the official generation decodes a question; task=<name> gives "
                      "that task's beams, top-k answers and the scorer's answer extraction)")
-    if demo:
+    if demo == "pretrained":
+        lines.append("note: model=tiny is the demo base (0.8M parameters, pretrained on RDKit facts), not a chemistry "
+                     "model for real use: it writes formulas well and little else; LlaSMol's own: model=mistral "
+                     "ckpt=osunlp/LlaSMol-Mistral-7B")
+    elif demo:
         lines.append("note: model=tiny is the demo's small random-weight base, not a chemistry model: its answers "
                      "show the pipeline works; LlaSMol's own: model=mistral ckpt=osunlp/LlaSMol-Mistral-7B")
     return lines

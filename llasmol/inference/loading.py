@@ -16,11 +16,11 @@ from llasmol.core import offline
 from llasmol.core import run_dir as layout
 from llasmol.core.config import CONFIG_DIR
 from llasmol.core.errors import UserError
-from llasmol.core.files import unreadable
+from llasmol.core.files import json_problem, unreadable
 from llasmol.core.schema import ModelSchema, check_group
 from llasmol.model.adapters import (ADAPTER_CONFIG, WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS, adapter_dir, load_adapter,
                                     readable_adapter)
-from llasmol.model.lora import TINY_BASE, target_modules
+from llasmol.model.lora import DEMO_BASE, TINY_BASE, demo_weights_digest, is_demo_base, target_modules
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def starting_adapter(cfg: DictConfig) -> Optional[Path]:
     if model_cfg.get("name") != cfg.model.get("name"):
         raise UserError(f"init_from={given} was trained with model={model_cfg.get('name')}, this run is "
                         f"model={cfg.model.get('name')}: pass model={model_cfg.get('name')}, or another init_from")
-    config = json.loads((Path(adapter) / ADAPTER_CONFIG).read_text())
+    config = adapter_config(Path(adapter), "init_from")
     saved = config.get("target_modules")
     saved = sorted(saved) if isinstance(saved, list) else saved
     wanted = sorted(target_modules(cfg.model, cfg.lora))
@@ -186,35 +186,71 @@ _CONFIG_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
+def adapter_config(adapter: Path, given: str = "") -> dict:
+    """An adapter folder's adapter_config.json as a JSON object; a file that is cut, not JSON or not an object is one
+    line naming it (`given`: the setting that named the adapter, e.g. init_from)."""
+    path = adapter / ADAPTER_CONFIG
+    problem = unreadable(path)
+    if problem:
+        raise UserError(f"{path} {problem}: {given + ' names ' if given else ''}an adapter folder without its config; "
+                        "copy the adapter folder whole")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise UserError(f"{path} {json_problem(err)}: the file is cut or overwritten; save the adapter again (or give "
+                        "another checkpoint)") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path} holds a JSON {type(config).__name__}, not the object PEFT writes: save the adapter again")
+    return config
+
+
 def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
     """A readable adapter folder, trained on this base: an adapter of one Hub base model must not be
     loaded onto another (PEFT would load matching shapes silently or fail deep inside)."""
-    try:
-        config = json.loads((adapter / ADAPTER_CONFIG).read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise UserError(f"{adapter}/adapter_config.json is not valid JSON ({err}): save the adapter again") from None
-    if not isinstance(config, dict) or "peft_type" not in config:
+    config = adapter_config(adapter)
+    if "peft_type" not in config:
         raise UserError(f"{adapter}/adapter_config.json is not a PEFT adapter config (no peft_type): save the adapter again")
     for field, (kinds, expected) in _CONFIG_FIELDS.items():
         value = config.get(field)
         if field in config and not (isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)):
             raise UserError(f"{adapter}/adapter_config.json: {field} is {json.dumps(value)[:80]}, not {expected}: "
                             "save the adapter again")
-    if not any((adapter / name).is_file() for name in (WEIGHTS_SAFETENSORS, WEIGHTS_PICKLE)):
-        raise UserError(f"{adapter} has {ADAPTER_CONFIG} but no {WEIGHTS_SAFETENSORS}: copy the weights too")
+    problems = {name: unreadable(adapter / name) for name in (WEIGHTS_SAFETENSORS, WEIGHTS_PICKLE)}
+    if all(problems.values()):
+        problem = problems[WEIGHTS_SAFETENSORS]
+        if problem == "does not exist":
+            raise UserError(f"{adapter} has {ADAPTER_CONFIG} but no {WEIGHTS_SAFETENSORS}: copy the weights too")
+        raise UserError(f"{adapter / WEIGHTS_SAFETENSORS} {problem}: an adapter's weights are read from a regular file; "
+                        "copy the weights again")
     base = config.get("base_model_name_or_path")
     tiny = TINY_BASE.fullmatch(base) if isinstance(base, str) else None
     if tiny:
         if not model_cfg.get("random_init"):
-            raise UserError(f"adapter {adapter} was trained on the embedded tiny model, but model={model_cfg.get('name')} "
-                            f"is {model_cfg.get('hf_id')}: pass model=tiny")
+            now = "the pretrained demo base" if is_demo_base(model_cfg) else model_cfg.get("hf_id")
+            raise UserError(f"adapter {adapter} was trained on the tiny model's random weights ({base}), but "
+                            f"model={model_cfg.get('name')} is {now}: pass model=tiny model.random_init=true")
         # Random weights of equal shapes load any adapter of them without a word, and answer noise.
         arch, seed = tiny["arch"], tiny["seed"]
         if seed is not None and (arch, int(seed)) != (model_cfg.get("arch"), model_cfg.get("init_seed")):
             raise UserError(f"adapter {adapter} was trained on {base}, but this model is {model_cfg.get('arch')} from "
                             f"model.init_seed={model_cfg.get('init_seed')}: pass model.arch={arch} model.init_seed={seed}")
         return
-    if not base or model_cfg.get("path") or Path(base).is_absolute() or base.startswith(".") or Path(base).exists():
+    demo = DEMO_BASE.fullmatch(base) if isinstance(base, str) else None
+    if demo:
+        if not is_demo_base(model_cfg):
+            now = ("the tiny model's random weights (model.random_init=true)" if model_cfg.get("random_init")
+                   else model_cfg.get("hf_id"))
+            raise UserError(f"adapter {adapter} was trained on the pretrained demo base, but model="
+                            f"{model_cfg.get('name')} is {now}: pass model=tiny"
+                            + (" without model.random_init=true" if model_cfg.get("random_init") else ""))
+        here = demo_weights_digest(model_cfg.path)
+        if here != demo["digest"]:  # equal shapes load without a word, on other weights
+            raise UserError(f"adapter {adapter} was trained on the demo base whose weights' sha256 begins "
+                            f"{demo['digest']}, but model.path={model_cfg.path} holds weights beginning {here}: point "
+                            "model.path at the base it was trained on (another llasmol release ships other weights)")
+        return
+    local_base = model_cfg.get("path") and not is_demo_base(model_cfg)  # the demo base's folder is no user's base
+    if not base or local_base or Path(base).is_absolute() or base.startswith(".") or Path(base).exists():
         return  # trained from a local folder: nothing to compare against
     if base == model_cfg.get("hf_id"):
         return
@@ -223,7 +259,7 @@ def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
     fix = f"model={names[0]}" if names else f"model.hf_id={base} with a model config of its architecture"
     raise UserError(
         f"adapter {adapter} was trained on {base}, but model={model_cfg.get('name')} is "
-        f"{model_cfg.get('hf_id') or 'the embedded tiny model'}: pass {fix}"
+        f"{model_cfg.get('hf_id') or 'the demo base'}: pass {fix}"
     )
 
 

@@ -69,6 +69,10 @@ def to_markdown(result: dict) -> str:
         lines.append("")
     else:
         lines += ["None.", ""]
+    if result.get("corpus"):
+        lines += ["## Pretraining corpus", "", "Molecules (by structure) and IUPAC names between the corpus' tags, "
+                  "against every molecule and name of the held-out splits.", "",
+                  *(line.strip() for line in corpus_lines(result["corpus"])), ""]
     lines += ["## Invalid SMILES", ""]
     if result["invalid_smiles"]:
         table = Table(["task", "split", "field", "problem", "count", "first"], [
@@ -115,5 +119,21 @@ def summary_lines(result: dict) -> list[str]:
     for f in result["findings"]:
         if f["fails"]:
             lines.append(f"LEAK {f['check']}: {_between(f)}: {f['count']}")
-    lines.append("passed: no leakage" if s["passed"] else f"failed: {s['failing_findings']} finding(s)")
+    corpus = result.get("corpus")
+    if corpus:
+        lines += corpus_lines(corpus)
+    failing = s["failing_findings"] + (0 if not corpus or corpus["passed"] else 1)
+    lines.append("passed: no leakage" if s["passed"] else f"failed: {failing} finding(s)")
+    return lines
+
+
+def corpus_lines(corpus: dict) -> list[str]:
+    """The corpus check in words: what it holds, what it shares with the held-out splits, examples of that."""
+    lines = [f"  corpus {corpus['file']}: {corpus['documents']:,} documents, {corpus['molecules']:,} molecules, "
+             f"{corpus['names']:,} names; shared with {'/'.join(corpus['held_out'])}: {corpus['shared_molecules']} "
+             f"molecules, {corpus['shared_names']} names"]
+    if not corpus["passed"]:
+        lines.append(f"LEAK corpus: {corpus['shared_molecules'] + corpus['shared_names']} molecule(s) or name(s) of "
+                     "the held-out splits are in the corpus")
+        lines += [f"    corpus line {e['line']}: {e['corpus']} = {e['held_out']}" for e in corpus["examples"]]
     return lines

@@ -18,7 +18,9 @@ import torch
 from llasmol.core import offline  # its functions are looked up at each call, so a test can stand in for the Hub
 from llasmol.core.config import PACKAGE_DIR
 from llasmol.core.errors import UserError
-from llasmol.model.deferred import INDEX_FILE, DeferredWeights, parameters_on_meta, weight_entries, weight_files
+from llasmol.model.deferred import (INDEX_FILE, DeferredWeights, check_finite, parameters_on_meta, weight_entries,
+                                    weight_files)
+from llasmol.model.lora import is_demo_base
 from llasmol.model.memory import DTYPE_BYTES, check_dtype
 
 ARCH_DIR = PACKAGE_DIR / "model" / "arch"
@@ -316,7 +318,7 @@ def load_base_model(model_cfg, tokenizer, quant_cfg=None):
     else:
         local_only = _local_only(model_cfg, "base weights")
         try:
-            model = AutoModelForCausalLM.from_pretrained(
+            model = _quietly(is_demo_base(model_cfg), AutoModelForCausalLM.from_pretrained,
                 _weights_source(model_cfg),
                 local_files_only=local_only,
                 dtype=dtype,
@@ -328,6 +330,8 @@ def load_base_model(model_cfg, tokenizer, quant_cfg=None):
             raise _load_error(model_cfg, "base weights", err) from err
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id
+        for name, param in model.named_parameters():  # one pass over the loaded weights: a damaged file is named
+            check_finite(name, param.detach(), _weights_source(model_cfg))
     if quantization is not None:
         from peft import prepare_model_for_kbit_training
 
@@ -336,6 +340,21 @@ def load_base_model(model_cfg, tokenizer, quant_cfg=None):
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
         _one_cpu_layout(model)
     return model
+
+
+def _quietly(quiet: bool, load, *args, **kwargs):
+    """`load(...)` without transformers' progress bar when `quiet` (the demo base: 3 MB read in a blink, whose
+    'Loading weights' bar would be the only line of a command's output that says nothing)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    if quiet and shown:
+        hf_logging.disable_progress_bar()
+    try:
+        return load(*args, **kwargs)
+    finally:
+        if quiet and shown:
+            hf_logging.enable_progress_bar()
 
 
 def weights_folder(model_cfg) -> Path:

@@ -1,7 +1,8 @@
 """The model cards (README.md) of an adapter folder and of an exported, merged model: one renderer of the facts a
 run saves once at train time (`card.json` in its run directory, gathered by `llasmol.finetune.build.card_facts`).
 
-The facts: base (Hub id), model (`model=` name), tiny (random-weight demo base), lora (name, r, alpha, dropout,
+The facts: base (Hub id), model (`model=` name), tiny (random-weight demo base), demo (the demo base, pretrained or
+random; absent from runs before it was pretrained, where it is `tiny`), lora (name, r, alpha, dropout,
 targets, train_head), params (trainable, total, percent), data (each place in words), tasks (trained), own_tasks
 (declared task -> family) and recipe (one line). A card carries no path of the machine that wrote it.
 """
@@ -60,14 +61,21 @@ def adapter_card(facts: dict, metrics: dict, step: int) -> str:
     """The README.md of an adapter folder: what it is, how it was trained, how it scored at `step` (`metrics`:
     the latest validation's `val/...` values there), how to load it."""
     front = ["---", "library_name: peft", "tags: [lora, chemistry, llasmol, smolinstruct]"]
-    if not facts["tiny"]:
+    demo = facts.get("demo", facts["tiny"])
+    if not demo:
         front += [f"base_model: {_code(facts['base'])}", "datasets: [osunlp/SMolInstruct]"]
     lines = front + ["---", "", f"# {_text(facts['model'])} + LoRA `{_code(facts['lora']['name'])}` on "
                      f"{trained_on(facts)}", ""]
     if facts["tiny"]:
         lines += ["The base is llasmol's embedded **tiny model**: 2 layers with **random weights**, rebuilt by llasmol",
                   "from `model.init_seed` (never saved), trained on the bundled excerpt of the data. It is a demo",
-                  "of the pipeline, not a chemistry model; load it with llasmol (`model=tiny`).", ""]
+                  "of the pipeline, not a chemistry model; load it with llasmol (`model=tiny model.random_init=true`).",
+                  ""]
+    elif demo:
+        lines += ["The base is llasmol's **demo base**: 2 layers (0.8M parameters) pretrained by llasmol on RDKit facts",
+                  "about the bundled training split's molecules (`llasmol/model/demo_base/README.md`), trained here on",
+                  "the bundled excerpt of the data. It is a demo that learns some chemistry (formulas), not a chemistry",
+                  "model for real use; load it with llasmol (`model=tiny`).", ""]
     else:
         lines += [f"LoRA adapter for `{_code(facts['base'])}`, trained with llasmol as in the LlaSMol paper.", ""]
     lines += ["## Adapter and training", "", *training_lines(facts), f"- this checkpoint: optimizer step {step}", ""]
@@ -81,7 +89,7 @@ def adapter_card(facts: dict, metrics: dict, step: int) -> str:
         f"python -m llasmol.evaluate ckpt=<this folder> model={_code(facts['model'])} data.split=test",
         f'python -m llasmol.generate "<your question>" ckpt=<this folder> model={_code(facts["model"])}', "```", "",
     ]
-    if not facts["tiny"]:
+    if not demo:
         lines += ["With PEFT:", "", "```python", "from peft import PeftModel",
                   "from transformers import AutoModelForCausalLM, AutoTokenizer",
                   f'base = AutoModelForCausalLM.from_pretrained("{_code(facts["base"])}", torch_dtype="bfloat16")',
@@ -96,7 +104,9 @@ def merged_card(model_cfg, facts: Optional[dict], adapter: str, decoding: str, e
     `decoding` the beams per task, `evaluation` the test metrics' lines or how to get them."""
     base = _code(model_cfg.get("hf_id") or model_cfg.name)
     about = facts if facts is not None else {"tasks": []}
-    demo = ", random initial weights: a demo, not a chemistry model" if model_cfg.get("random_init") else ""
+    demo = (", random initial weights: a demo, not a chemistry model" if model_cfg.get("random_init") else
+            ", the demo base pretrained by llasmol on RDKit facts: a demo, not a chemistry model"
+            if model_cfg.get("tokenizer") == "tiny" else "")
     lines = [
         "---", "library_name: transformers", "tags: [chemistry, llasmol, smolinstruct, lora-merged]",
         *([f"base_model: {base}"] if model_cfg.get("hf_id") else []), "---", "",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import re
+from pathlib import Path
 
 from llasmol.core.errors import UserError
 from llasmol.model.roles import ROLES, linear_layer_names, names_target, role_map
@@ -11,12 +14,44 @@ from llasmol.model.shapes import MODULE, Shapes
 # rebuilt from model.init_seed, never saved): its architecture and seed, which must match where it loads.
 # Adapters saved before both were named carry the seedless form (`llasmol.inference.loading` reads both).
 TINY_BASE = re.compile(r"llasmol/(?P<arch>[\w.-]+) \(random weights, rebuilt from model\.init_seed(=(?P<seed>\d+))?\)")
+# What an adapter of the pretrained demo base names (model=tiny; its folder's place differs between installs):
+# the first 12 hex digits of its weights' SHA-256, which must match where it loads.
+DEMO_BASE = re.compile(r"llasmol/demo-base \(pretrained, weights sha256 (?P<digest>[0-9a-f]{12})\)")
+DEMO_WEIGHTS = "model.safetensors"
+
+
+def is_demo_base(model_cfg) -> bool:
+    """Whether `model_cfg` is the demo base pretrained by llasmol (the tiny tokenizer, weights from model.path)."""
+    return model_cfg.get("tokenizer") == "tiny" and not model_cfg.get("random_init")
+
+
+@functools.lru_cache(maxsize=8)
+def _digest(path: str, stamp: tuple) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()[:12]
+
+
+def demo_weights_digest(folder) -> str:
+    """The first 12 hex digits of the SHA-256 of a demo base folder's weights (a missing file is one line)."""
+    path = Path(folder) / DEMO_WEIGHTS
+    try:
+        stat = path.stat()
+    except OSError:
+        raise UserError(f"{folder} has no {DEMO_WEIGHTS}: the demo base ships with llasmol (reinstall it), or "
+                        "rebuild it with python scripts/pretrain_demo_base.py --out <folder>") from None
+    return _digest(str(path), (stat.st_size, stat.st_mtime_ns))
 
 
 def base_name(model_cfg) -> str:
-    """The base an adapter records (`base_model_name_or_path`): the Hub id, the local folder, or the tiny model."""
+    """The base an adapter records (`base_model_name_or_path`): the Hub id, the local folder, or the demo base
+    (pretrained, by its weights' digest; or its random weights, by architecture and seed)."""
     if model_cfg.get("random_init"):
         return f"llasmol/{model_cfg.arch} (random weights, rebuilt from model.init_seed={model_cfg.init_seed})"
+    if is_demo_base(model_cfg):
+        return f"llasmol/demo-base (pretrained, weights sha256 {demo_weights_digest(model_cfg.path)})"
     return model_cfg.get("path") or model_cfg.hf_id
 
 
