@@ -76,6 +76,8 @@ def command(name: str, run_folder: bool = False, check: Optional[Callable[[DictC
                 report_user_errors(_no_sweeps)(name)
             if {"--multirun", "-m"} & set(argv) and {"--cfg", "-c"} & set(argv):  # Hydra takes one of the two
                 check_command_line(name, run_folder=False, check=check)
+                if before is not None:  # a sweep that would be refused is said so at its preview too
+                    report_user_errors(before)(argv)
                 report_user_errors(preview_sweep)(name, argv)
                 return
             report_user_errors(thread_count)(None)  # a malformed OMP_NUM_THREADS: before Hydra writes a run folder

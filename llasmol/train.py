@@ -12,6 +12,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from llasmol.core.config import command_line_values, named_run_dir
+from llasmol.core.errors import UserError
+from llasmol.core.schema import check_config
 from llasmol.core.run_lock import check_fresh_start, check_resume_objective, check_run_lock, process_rank
 from llasmol.frame import command, start
 
@@ -63,8 +65,6 @@ def _check_rewards(cfg: DictConfig) -> None:
 
 def check_monitor(cfg: DictConfig, tasks=None) -> None:
     """The metric the best checkpoint is chosen by is one the run logs (`metrics.support.monitor_problem`)."""
-    from llasmol.core.errors import UserError
-    from llasmol.core.schema import check_config
     from llasmol.metrics.support import monitor_problem  # with the scorer's families: only when a line is checked
 
     tasks = tasks if tasks is not None else check_config(cfg).tasks

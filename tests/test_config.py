@@ -654,7 +654,10 @@ def test_good_command_lines_pass_the_check():
     from llasmol.core.config import check_overrides, overrides_of
 
     check_overrides("train", overrides_of(["--multirun", "lora=lite,attn,ffn,full", "model=tiny", "--cfg", "job",
-                                           "hydra/launcher=submitit_local", "+extra.key='a b'", "--info", "config"]))
+                                           "hydra/launcher=submitit_local", "model.prompt_template='a b {input}'", "--info",
+                                           "config"]))
+    with refused("extra", "is not a setting of the command line"):  # a new top-level key would never be applied
+        check_overrides("train", ["+extra.key='a b'"])
     check_overrides("evaluate", ["ckpt=/some/run", "data.split=test", "data.tasks=[forward_synthesis]"])
     check_overrides("generate", ["task=forward_synthesis", "ckpt=none"])
     check_overrides("audit", ["data=smolinstruct", "data.path=/data/SMolInstruct", "held_out=[test]", "workers=2"])

@@ -146,7 +146,9 @@ def test_a_mistake_removes_the_run_folder_only_when_it_holds_nothing_but_hydras_
         (folder / ".hydra").mkdir(parents=True)
         (folder / "train.log").write_text("")
         (folder / ".lock").write_text("")
-    (kept / "predictions").mkdir()
+    for folder, answer in ((empty, ""), (kept, '{"output": "CCO"}\n')):  # a file opened, or one with an answer
+        (folder / "predictions").mkdir()
+        (folder / "predictions" / "dev.jsonl").write_text(answer)
     monkeypatch.chdir(tmp_path)
     # Hydra's log handler of the run folder, and another's: only the folder's is closed with it
     own, other = logging.FileHandler(empty / "train.log", delay=False), logging.FileHandler(tmp_path / "other.log")

@@ -386,7 +386,8 @@ def test_a_value_left_for_hydras_run_or_a_setting_left_out_is_not_checked():
     assert refusal({"r": schema._UNRESOLVED}, S.LoraSchema) is None
     assert refusal({"r": schema._UNRESOLVED, "alpha": 0}, S.LoraSchema) == "alpha=0 must be a number > 0 and <= 1000000"
     assert refusal({}, S.TrainSchema) is None  # a key its schema has and the config lacks is not checked
-    assert refusal({"not_a_field": -5}, S.LoraSchema) is None  # nor a key only the config has
+    # a key only the config has would never be applied: refused (issue 69), with the group's settings named
+    assert refusal({"not_a_field": -5}, S.LoraSchema).startswith("not_a_field is not a setting")
 
 
 def test_groups_inside_groups_are_checked_with_their_full_key():
@@ -524,10 +525,10 @@ def test_fits_is_strict_and_any_takes_anything():
 
 
 def test_check_config_resolves_drops_hydras_node_and_returns_the_values():
-    cfg = OmegaConf.create({"task_name": "audit", "examples": "${n}", "n": 3, "held_out": ["test"],
+    cfg = OmegaConf.create({"task_name": "audit", "examples": "${workers}", "workers": 3, "held_out": ["test"],
                             "hydra": {"run": {"dir": "/x"}}})
     values, tasks = check_config(cfg)
-    assert values == {"task_name": "audit", "examples": 3, "n": 3, "held_out": ["test"]} and tasks is SMOLINSTRUCT
+    assert values == {"task_name": "audit", "examples": 3, "workers": 3, "held_out": ["test"]} and tasks is SMOLINSTRUCT
     with refused("examples=-1"):
         check_config(OmegaConf.create({"task_name": "audit", "examples": -1}))
     with refused("task_name='nope'", "train, params, evaluate, generate, baseline, audit"):

@@ -774,6 +774,7 @@ class GenerateSchema(ModelCommandSchema):
     task: Optional[str] = setting()
     device: str = setting(rule=_device)
     merge_adapter: bool = setting()
+    data: Optional[DeclaredTasksSchema] = setting()  # +data.new_tasks: a task of the user's own to ask (task=)
 
     TASK_RULES = (_generate_task,)
 
