@@ -113,7 +113,7 @@ def test_the_audit_reads_a_corpus_and_fails_on_a_held_out_molecule_in_it(tmp_pat
     clean.write_text(json.dumps({"text": "<SMILES> CC(C)(C)OC(=O)N1CCCCC1 </SMILES> : formula C10H19NO2"}) + "\n")
     leaky = tmp_path / "leaky.txt"  # plain text, one document a line; a Kekule spelling is the same molecule
     aromatic = Chem_aromatic(test_molecule)
-    leaky.write_text(f"<SMILES> CCO </SMILES>\n<SMILES> {aromatic} </SMILES> is written <SMILES> x </SMILES>\n")
+    leaky.write_text(f"<SMILES> CC(C)(C)OC(=O)N1CCCCC1 </SMILES>\n<SMILES> {aromatic} </SMILES> is written <SMILES> x </SMILES>\n")
     results = {}
     for name, path in (("clean", clean), ("leaky", leaky)):
         cfg = compose_config([f"paths.output_dir={tmp_path / name}", f"corpus={path}"], "audit")
@@ -123,7 +123,7 @@ def test_the_audit_reads_a_corpus_and_fails_on_a_held_out_molecule_in_it(tmp_pat
     leak = results["leaky"]["corpus"]
     assert not leak["passed"] and exit_status(results["leaky"]) == 1
     assert leak["shared_molecules"] == 1 and leak["examples"][0]["line"] == 2
-    assert "name_conversion-s2f (test)" in leak["examples"][0]["held_out"]
+    assert "(test): C1=C(CC2=NCCN2)CCC2=CC=CC=C12" in leak["examples"][0]["held_out"]  # the split and its spelling
     assert "LEAK corpus" in (tmp_path / "leaky" / "audit.md").read_text()  # the report names it too
     with refused("corpus=", "does not exist"):
         run_audit(compose_config([f"paths.output_dir={tmp_path / 'none'}", f"corpus={tmp_path / 'nope.jsonl'}"],
