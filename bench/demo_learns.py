@@ -8,7 +8,8 @@ For every task of the test split: its headline metric (the task table's), the 95
 that metric over the test samples (10,000 resamples; the unit is the input for tasks whose golds are pooled, as
 `llasmol.metrics.intervals` resamples), the best constant answer's value on the same samples (`analysis.trivial`:
 the majority class, the golds' mean, the most frequent gold, chosen with the golds in view), and whether the
-interval lies wholly on the better side of it. Also the paired interval of (model - constant) over the same
+interval lies wholly on the better side of it (for RMSE, over every sample: the model must answer each with a
+number, as the constant does). Also the paired interval of (model - constant) over the same
 resampled samples. Written to bench/results/demo_learns.json (and printed as a Markdown table).
 """
 
@@ -68,9 +69,14 @@ def compare(predictions: Path) -> list[dict]:
         low, high = intervals[task].get(metric) or (None, None)
         lower_better = metric == "rmse"
         beats = None
+        stats = sample.metrics()
+        # RMSE counts only the answers that are numbers, the constant answers every sample: a model that answered
+        # 1 of 30 would "beat" it on that one. Beating it means answering all the samples it answers.
+        answered = int(stats["num_valid"]) if "num_valid" in stats and metric == "rmse" else None
         if low is not None and floor and floor["value"] is not None:
             beats = high < floor["value"] if lower_better else low > floor["value"]
-        rows.append({"task": task, "metric": metric, "samples": int(sample.metrics()["num_samples"]),
+            beats = beats and (answered is None or answered == int(stats["num_samples"]))
+        rows.append({"task": task, "metric": metric, "samples": int(stats["num_samples"]), "answered": answered,
                      "value": value, "lo": low, "hi": high, "constant_answer": constant,
                      "constant_value": floor["value"] if floor else None, "interval_excludes_constant": beats,
                      "paired_gap": gap.get("difference"), "paired_lo": (gap.get("interval") or [None, None])[0],
@@ -90,7 +96,8 @@ def markdown(rows: list[dict]) -> str:
     lines = ["| task | metric | n | model [95% interval] | best constant answer | model − constant [paired 95%] | beats it |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['task']} | {r['metric']} | {r['samples']} | {_cell(r['value'])} [{_cell(r['lo'])}, "
+        n = r["samples"] if r.get("answered") is None else f"{r['answered']} of {r['samples']} answered"
+        lines.append(f"| {r['task']} | {r['metric']} | {n} | {_cell(r['value'])} [{_cell(r['lo'])}, "
                      f"{_cell(r['hi'])}] | {_cell(r['constant_value'])} (`{r['constant_answer']}`) | "
                      f"{_cell(r['paired_gap'])} [{_cell(r['paired_lo'])}, {_cell(r['paired_hi'])}] | "
                      f"{'yes' if r['interval_excludes_constant'] else 'no'} |")

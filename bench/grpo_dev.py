@@ -28,7 +28,7 @@ RESAMPLES = 10_000
 
 
 def _evaluated(run: Path, tasks: list[str]) -> Path:
-    out = run / "bench_dev"
+    out = run / f"bench_dev_{'+'.join(sorted(tasks))}"  # one evaluation per task set: a cached one may hold others
     predictions = out / "predictions" / "validation.jsonl"
     if not predictions.is_file():
         subprocess.run([sys.executable, "-m", "llasmol.evaluate", f"ckpt={run}", "data.split=validation",
@@ -42,11 +42,12 @@ def per_sample(predictions: Path) -> dict[tuple, dict]:
     from llasmol.metrics.scoring import record_golds, sample_stats
 
     records = read_predictions(predictions)
-    out = {}
+    out, seen = {}, {}
     for record, golds in zip(records, record_golds(records)):
+        number = seen[record["task"]] = seen.get(record["task"], -1) + 1  # its place in its task: `index` counts all
         stats = sample_stats(record["task"], record["predictions"] or [], golds, skipped=record["skipped"])
         smiles = SMOLINSTRUCT.task(record["task"]).family == "smiles"
-        out[(record["task"], record["index"])] = {
+        out[(record["task"], number)] = {
             "exact": stats["hit_top1"], "similarity": stats["fts_morgan_sum"] if smiles else None,
             "valid": stats.get("num_valid") if smiles else None,
             "ended": bool((record.get("ended") or [True])[0])}
