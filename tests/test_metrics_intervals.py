@@ -287,3 +287,18 @@ def test_files_without_indices_pair_samples_by_input_and_order():
     result = paired_difference(a, b, {BBBP: "accuracy"}, 50)[BBBP]
     assert result["samples"] == 2  # (q, 1st) and r
     assert result["a"] == 1.0 and result["b"] == 0.5 and result["difference"] == 0.5
+
+
+@pytest.mark.parametrize("answered, apart", [(1, False), (9, False), (10, True), (12, True)])
+def test_a_difference_of_rmses_on_fewer_than_ten_answers_is_never_called_apart(answered, apart):
+    """A is off by 1 on every number it gives, B by 3: clear wherever both answer enough. On one answer each the
+    bootstrap interval has no width at all (+2 and +2), which must not read as a difference the samples show."""
+    esol = "property_prediction-esol"
+
+    def records(error: float) -> list[dict]:
+        return [{"task": esol, "index": i, "input": f"q{i}", "gold": "0.0",
+                 "predictions": [f"<NUMBER> {error} </NUMBER>" if i < answered else "no idea"]} for i in range(12)]
+
+    result = paired_difference(records(1.0), records(3.0), {esol: "rmse"}, 500)[esol]
+    assert result["difference"] == pytest.approx(-2.0) and result["interval"] == pytest.approx([-2.0, -2.0])
+    assert result["excludes_zero"] is apart and result["samples"] == 12

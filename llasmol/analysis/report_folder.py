@@ -181,8 +181,8 @@ INTERVALS_NOTE = (
     "samples of this size.\n\n")
 PAIRS_NOTE = (
     "A - B of each task's headline metric on the samples both answered, with a 95% paired bootstrap "
-    "interval (both resampled together). `excludes_zero: yes`: the samples tell A and B apart; `no`: the "
-    "difference may be noise. RMSE is lower-is-better: there a negative difference favours A.\n\n")
+    "interval (both resampled together). `excludes_zero: yes`: the samples tell A and B apart (the interval "
+    "excludes 0 and each value stands on at least 10 answers); `no`: the difference may be noise. RMSE is lower-is-better: there a negative difference favours A.\n\n")
 
 
 def report_paths(paths: Sequence[str], out=None, validation=None, worst: int = 5, all_metrics: bool = False) -> list[Path]:

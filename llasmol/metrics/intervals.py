@@ -21,6 +21,7 @@ import numpy as np
 
 from llasmol.metrics.families import COUNTS
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
+from llasmol.metrics.support import FEWEST_TO_COMPARE, support
 from llasmol.metrics.scoring import TaskSample, finalize, gold_key, per_sample_statistics, stat_names
 
 __all__ = ["TaskSample", "bootstrap_intervals", "interval_report", "mean_interval", "paired_difference",
@@ -146,9 +147,12 @@ def paired_difference(records_a: list[dict], records_b: list[dict], metrics: dic
         if not math.isfinite(difference):  # e.g. RMSE with no valid answer on one side: no difference to bound
             difference, differences = None, []
         interval = _percentiles(differences, level)
+        # an RMSE of 1 answer each has a zero-width interval: "apart" only where both stand on enough answers
+        counted = [support(task, metric, s.metrics(), tasks) for s in (sa, sb)]
+        enough = all(c is None or c[0] >= FEWEST_TO_COMPARE for c in counted)
         out[task] = {
             "metric": metric, "a": value_a, "b": value_b, "difference": difference, "interval": interval,
-            "excludes_zero": interval is not None and (interval[0] > 0 or interval[1] < 0),
+            "excludes_zero": enough and interval is not None and (interval[0] > 0 or interval[1] < 0),
             "samples": int(len(sa.units)),
         }
     return out
