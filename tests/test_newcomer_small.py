@@ -140,3 +140,22 @@ def test_a_value_of_the_wrong_shape_or_a_looping_link_is_said_as_such(tmp_path, 
         from llasmol.data.source import SMolInstructSource
 
         SMolInstructSource(also=[str(loop)]).places()
+
+
+@pytest.mark.parametrize("caps, warned", [(None, True), ({"validation": 8}, False), ({"validation": 20}, True),
+                                           ({"train": 8}, True)])
+def test_a_validation_split_capped_on_purpose_is_not_warned_about(caps, warned, caplog):
+    """The demo ablation caps validation at 8 a task: chosen, not a small table. A cap the rows do not reach, or a
+    cap of another split, leaves the warning."""
+    from omegaconf import OmegaConf
+
+    from llasmol.finetune.build import warn_small_data
+
+    split = SimpleNamespace(counts=lambda: {"forward_synthesis": 8, "retrosynthesis": 30})
+    datamodule = SimpleNamespace(source=SimpleNamespace(splits={"validation": True}), split=lambda name: split)
+    cfg = OmegaConf.create({"data": {"max_samples_per_task": caps, "split_fractions": None}})
+    with caplog.at_level("WARNING", logger="llasmol.train"):
+        warn_small_data(cfg, datamodule)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("validation holds only")]
+    assert len(said) == int(warned)
+    assert not said or "8 row(s) of forward_synthesis:" in said[0] and "retrosynthesis" not in said[0]

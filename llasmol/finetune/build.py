@@ -5,6 +5,7 @@ read (params.json, each adapter's model card, every logger's hyperparameters).""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
 
@@ -171,9 +172,13 @@ def warn_small_data(cfg: DictConfig, datamodule: SMolInstructDataModule) -> None
     `ProgressLines`)."""
     splits = getattr(datamodule.source, "splits", None) or {}
     counts = datamodule.split("validation").counts() if "validation" in splits else {}
-    few = {task: n for task, n in counts.items() if n < FEWEST_TO_COMPARE}
+    caps = cfg.data.get("max_samples_per_task") or {}
+    cap = caps.get("validation") if isinstance(caps, Mapping) else None
+    # a split capped on purpose (data.max_samples_per_task, the demo ablation's 8) was chosen small: no warning
+    few = {task: n for task, n in counts.items() if n < FEWEST_TO_COMPARE and n != cap}
     if few:
-        fractions = OmegaConf.to_container(cfg.data.get("split_fractions") or {})
+        fractions = cfg.data.get("split_fractions")
+        fractions = OmegaConf.to_container(fractions) if OmegaConf.is_config(fractions) else fractions
         log.warning("validation holds only %s: its metrics are too few to compare (fewer than %d); a larger share goes "
                     "to validation with data.split_fractions (now %s), or give the task more rows",
                     ", ".join(f"{n} row(s) of {task}" for task, n in few.items()), FEWEST_TO_COMPARE, fractions)
