@@ -229,7 +229,8 @@ def test_a_merged_adapter_generates_as_the_separate_one(cfg, twins):
     assert any("lora_" in name for name, _ in separate.named_parameters())  # unless asked, the adapter stays apart
     ids = tok(PROMPT, return_tensors="pt")["input_ids"]
     with torch.no_grad():
-        assert torch.allclose(merged(input_ids=ids).logits, separate(input_ids=ids).logits, atol=1e-5)
+        # float32 rounding of W + BA against W x + B(A x), on logits of size ~10 (the demo base's)
+        torch.testing.assert_close(merged(input_ids=ids).logits, separate(input_ids=ids).logits, rtol=1e-5, atol=1e-4)
     assert greedy_tokens(cfg, new, merge=True) == greedy_tokens(cfg, new)
     assert compose_config([], "evaluate").merge_adapter is True and compose_config([], "generate").merge_adapter is True
 

@@ -669,3 +669,16 @@ def test_good_command_lines_pass_the_check():
     with refused("'forward_synthesiss'", "data.tasks"):
         check_overrides("train", ["data.tasks=[forward_synthesis],[forward_synthesiss]"])
     assert overrides_of(["-cn", "train", "--info", "a=1", "-m", "b=2"]) == ["a=1", "b=2"]
+
+
+@pytest.mark.parametrize("argument, said", [
+    ("init_from=~/runs/a", "a path starting with ~ is not expanded there; give it whole, e.g. init_from=$HOME/runs/a"),
+    ("data.path=~", "give it whole, e.g. data.path=$HOME"),
+    ("model.prompt_template=a,b}", "settings are key=value (quote values with spaces or commas"),
+])
+def test_an_argument_hydra_cannot_read_is_named_with_the_fix_for_its_kind(argument, said):
+    """A ~ after '=' is left as it is by the shell: quoting cannot help it, the whole path can."""
+    from llasmol.core.config import check_overrides
+
+    with refused(f"cannot read the argument '{argument}'", said):
+        check_overrides("train", [argument])

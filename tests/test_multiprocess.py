@@ -30,7 +30,8 @@ RUN = ["data.tasks=[name_conversion-s2f,property_prediction-esol,forward_synthes
        "trainer.gradient_clip_val=1.0", "lora=plus", "callbacks.generation_evaluator.samples_per_task=3",
        "generation.batch_size=1", "generation.max_new_tokens_limit=6",
        "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false", "logger=csv", "trainer.accelerator=cpu",
-       "trainer.devices=2", "+callbacks.recorder._target_=resume_probe.StepRecorder"]
+       "trainer.devices=2", "+callbacks.recorder._target_=resume_probe.StepRecorder",
+       "model.random_init=true"]  # sharding under test, not chemistry: the random base, whose tolerances were measured
 FSDP = ["trainer=fsdp", "gradient_checkpointing=true"]  # activation recomputation inside each block's unit
 MICRO_BATCHES = 12  # per rank: 6 steps × accumulation 2
 

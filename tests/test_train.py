@@ -42,7 +42,8 @@ def test_default_run_learns_and_writes_peft_checkpoints(cfg_factory, tmp_path):
     result = train(cfg)
     losses = val_losses(tmp_path)
     assert len(losses) == 3
-    assert losses[-1] < losses[0] - 0.3, losses  # it learns, not just runs
+    # the demo base, not random weights (4.3 nats at the start), and it learns, not just runs: 1.21 -> 1.15 measured
+    assert losses[0] < 1.5 and losses[-1] < losses[0] - 0.04, losses
     assert result["global_step"] == 150
 
     # The trainable count is logged at start and equals the meta-device count.

@@ -337,6 +337,10 @@ def check_overrides(config_name: str, overrides: list[str], check: Optional[Call
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except OverrideParseException as err:  # its first line names the argument only for some mistakes: name it here
+        value = str(err.override).split("=", 1)[1] if "=" in str(err.override) else ""
+        if value.startswith("~"):  # the shell leaves a ~ after '=' as it is, and Hydra's grammar reads no ~ there
+            raise UserError(f"cannot read the argument '{err.override}': a path starting with ~ is not expanded "
+                            f"there; give it whole, e.g. {str(err.override).split('=', 1)[0]}=$HOME{value[1:]}") from None
         raise UserError(f"cannot read the argument '{err.override}': settings are key=value (quote values with "
                         "spaces or commas: key='a b')") from None
     plain = [o.input_line for o in parsed if not o.is_sweep_override()]
