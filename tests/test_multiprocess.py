@@ -124,7 +124,7 @@ def test_fsdp2_reads_a_pretrained_base_shard_by_shard_and_trains_as_ddp_on_it(ru
 
     from llasmol.model.base import load_base_model, load_tokenizer
 
-    cfg = compose_config([], "train")
+    cfg = compose_config(["model.random_init=true"], "train")  # the runs' base (RUN), saved as a download is
     tok = load_tokenizer(cfg.model)
     load_base_model(cfg.model, tok).save_pretrained(tmp_path / "base")
     run = tmp_path / "run"
@@ -177,8 +177,8 @@ def test_the_sharded_runs_adapter_loads_on_the_unsharded_base_with_the_same_logi
     from conftest import compose_config
     from llasmol.model.base import load_base_model, load_tokenizer
 
-    cfg = compose_config(["paths.output_dir=/unused"])
-    base = load_base_model(cfg.model, load_tokenizer(cfg.model))  # the tiny base, rebuilt from its seed
+    cfg = compose_config(["paths.output_dir=/unused", "model.random_init=true"])
+    base = load_base_model(cfg.model, load_tokenizer(cfg.model))  # the runs' random base, rebuilt from its seed
     model = PeftModel.from_pretrained(base, str(runs["fsdp"] / "checkpoints" / "last.adapter")).eval()
     probe = torch.load(f"{runs['fsdp']}.logits.pt", weights_only=True)
     with torch.no_grad():
