@@ -5,14 +5,13 @@ checkpoint, and train.log naming the metric the checkpoint is chosen by."""
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import SEED
 from grpo_probe import CRAFTED
+from test_grpo_train import _logged, _rollouts
 
 from llasmol.metrics.rewards import overlong_penalty
 from llasmol.train import train
@@ -53,18 +52,6 @@ def captured(monkeypatch):
 
     monkeypatch.setattr(rollouts.GRPOLoRA, "_roll_out", spy)
     return seen
-
-
-def _rollouts(run: Path, step: int) -> list[dict]:
-    return [json.loads(line) for line in (run / "rollouts" / f"step{step}.jsonl").read_text().splitlines()]
-
-
-def _logged(run: Path) -> dict[int, dict[str, float]]:
-    rows: dict[int, dict[str, float]] = {}
-    with (run / "csv" / "metrics.csv").open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            rows.setdefault(int(row["step"]), {}).update({k: float(v) for k, v in row.items() if v not in ("", None)})
-    return rows
 
 
 def _groups(records: list[dict], size: int = 4) -> list[list[dict]]:
