@@ -38,11 +38,14 @@ def extract_answer(task: str, text: str, tasks: TaskTable = SMOLINSTRUCT) -> str
     if not isinstance(text, str):
         return None
     text = _after_reasoning(text)
-    if tag is None:
-        for token in UNTAGGED_DROP:
-            text = text.replace(token, "")
-        return text.strip() or None
-    return _between(text, tag)
+    return untagged_answer(text) if tag is None else _between(text, tag)
+
+
+def untagged_answer(text: str) -> str | None:
+    """A caption's answer: the text without the special tokens a decoder may leave in it, stripped."""
+    for token in UNTAGGED_DROP:
+        text = text.replace(token, "")
+    return text.strip() or None
 
 
 def wrap_answer(task: str, answer: str, tasks: TaskTable = SMOLINSTRUCT) -> str:

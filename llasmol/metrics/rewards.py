@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, Optional
 from llasmol.core.errors import UserError
 from llasmol.core.schema import check_config
 from llasmol.core.tasks import TaskTable
-from llasmol.metrics.extract import UNTAGGED_DROP, _after_reasoning
+from llasmol.metrics.extract import _after_reasoning, untagged_answer
 from llasmol.metrics.formula import parse_formula
 from llasmol.metrics.molecules import heavy_atom_count
 from llasmol.metrics.scoring import family, sample_stats
@@ -136,9 +136,7 @@ def well_formed(completion: str, tag: Optional[str], ended: bool = True) -> Opti
         return None
     text = _after_reasoning(completion)
     if tag is None:
-        for token in UNTAGGED_DROP:
-            text = text.replace(token, "")
-        return text.strip() or None
+        return untagged_answer(text)
     opening, closing = f"<{tag}>", f"</{tag}>"
     if text.count(opening) != 1 or text.count(closing) != 1:
         return None
