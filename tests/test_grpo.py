@@ -267,3 +267,18 @@ def test_the_sampling_settings_reach_generate_as_given():
         "eos_token_id": 2, "pad_token_id": 0, "synced_gpus": False}
     assert seen["input_ids"].shape == (6, 4) and completion.shape == (6, 3)  # each prompt repeated for its group
     assert completion_mask_.tolist() == [[1, 0, 0]] * 6  # through the first end only
+
+
+def test_the_token_entropies_equal_trls_at_the_sampling_temperature(policy, tmp_path):
+    """`train/entropy` is the masked mean of these: each completion position's entropy equals TRL's
+    (`_get_per_token_logps_and_entropies`, its logits divided by the same temperature), the log-probabilities too."""
+    input_ids, attention_mask, completion_mask, *_ = _rollout(policy)
+    trl_self = _trl_self("dapo", 0.0, 0.28, tmp_path=tmp_path)
+    with torch.no_grad():
+        their_logps, their_entropies, _ = trl_self._get_per_token_logps_and_entropies(
+            policy, input_ids, attention_mask, COMPLETION, compute_entropy=True)
+        logps, entropies = completion_logps(policy, input_ids, attention_mask, COMPLETION, TEMPERATURE, entropy=True)
+    kept = completion_mask.bool()  # TRL leaves the positions after a completion's end unset
+    torch.testing.assert_close(logps[kept], their_logps[kept], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropies[kept], their_entropies[kept], atol=1e-5, rtol=1e-5)
+    assert float(entropies[kept].std()) > 0.01  # positions that differ: a constant would pass an equality of means
