@@ -11,6 +11,7 @@ import pytest
 from conftest import compose_config
 from refusals import refused
 
+from llasmol.core.config import check_overrides
 from llasmol.core.errors import UserError
 from llasmol.core.run_dir import read_tasks
 from llasmol.core.schema import check_config
@@ -718,3 +719,27 @@ def test_weighted_drawing_keeps_its_promises_beyond_the_counts():
         assert not Counter(shares[0] + shares[1]) - epoch_counts  # the shares are a part of the epoch's draws
         chosen.append(frozenset(i for i in epoch_counts if 10 <= i < 30))
     assert len(set(chosen)) > 1  # drawn anew each epoch
+
+
+def test_one_task_table_is_built_per_command_for_its_declared_tasks(monkeypatch, tmp_path):
+    """The command line's check, `start` and the data source each ask for the table `data.new_tasks` makes: it is
+    built once and handed out again (instrumented here, not in the product)."""
+    from llasmol.core import schema
+    from llasmol.core import tasks as tasks_module
+    from llasmol.data.source import SMolInstructSource
+    from llasmol.frame import start
+    from llasmol.train import _check_rewards
+
+    monkeypatch.setattr(schema, "_TABLES", {})  # as a fresh process starts: no table built by an earlier test
+    built, real_init = [], tasks_module.TaskTable.__init__
+    monkeypatch.setattr(tasks_module.TaskTable, "__init__", lambda self, *a, **k: built.append(self) or real_init(self, *a, **k))
+    table = tmp_path / "t.csv"
+    table.write_text("input,output,task\nCCO,0.1,logp\n")
+    overrides = ["data=custom", f"data.path={table}", "+data.new_tasks.logp={family: number}", f"paths.output_dir={tmp_path}"]
+    check_overrides("train", overrides, _check_rewards)
+    cfg = compose_config(overrides)
+    held = start(cfg, torch=False).tasks
+    source = SMolInstructSource.from_config(cfg.data)
+    assert len(built) == 1 and held is source.table is built[0] and "logp" in held
+    start(compose_config([*overrides[:2], "+data.new_tasks.logp={family: boolean}", overrides[3]]), torch=False)
+    assert len(built) == 2 and built[1]["logp"].family == "boolean"  # another declaration: another table

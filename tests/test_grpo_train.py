@@ -408,7 +408,9 @@ def test_grpo_keeps_its_best_checkpoint_by_val_reward_unless_the_command_line_sa
 
 
 def test_one_rewards_object_is_built_per_run_and_serves_its_rollouts_and_its_validation(cfg_factory, monkeypatch):
+    """A `train` command checks its command line before Hydra and runs inside it: one object all the way."""
     from llasmol.finetune import build
+    from llasmol.train import _check_rewards
     from llasmol.finetune.validation import GenerationEvaluator
     from llasmol.metrics import rewards as rewards_module
 
@@ -420,6 +422,7 @@ def test_one_rewards_object_is_built_per_run_and_serves_its_rollouts_and_its_val
         real_init(self, *args, **kwargs)
 
     monkeypatch.setattr(rewards_module.Rewards, "__init__", counted)
+    monkeypatch.setattr(rewards_module, "_BUILT", [])  # as a fresh process starts
     real_trainer = build.build_trainer
 
     def spy(cfg, datamodule, resume, rewards=None):
@@ -432,10 +435,14 @@ def test_one_rewards_object_is_built_per_run_and_serves_its_rollouts_and_its_val
     real_module = build.build_module
     monkeypatch.setattr("llasmol.finetune.fit.build_module",
                         lambda *a, **k: module_rewards.append(m := real_module(*a, **k)) or m)
-    cfg = cfg_factory(*GRPO, "trainer.max_steps=1", "reward.families.smiles.exact=2")
-    train(cfg)
+    overrides = [*GRPO, "trainer.max_steps=1", "reward.families.smiles.exact=2"]
+    check_overrides("train", [*overrides, "logger=csv"], _check_rewards)  # the command line's check, before Hydra
+    assert len(built) == 1
+    train(cfg_factory(*overrides))
     assert len(built) == 1 and handed["evaluator"] is built[0] is module_rewards[0].rewards
     assert built[0].weights["forward_synthesis"]["exact"] == 2.0  # the command line's weight reached both
+    check_overrides("train", [*GRPO, "reward.families.smiles.exact=3"], _check_rewards)
+    assert len(built) == 2 and built[1].weights["forward_synthesis"]["exact"] == 3.0  # other weights: built anew
 
 
 @pytest.mark.slow

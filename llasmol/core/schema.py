@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import re
 import typing
@@ -1067,11 +1068,22 @@ def checked_tasks(new_tasks: Optional[dict], beside: TaskTable = SMOLINSTRUCT, w
         new_tasks = OmegaConf.to_container(new_tasks, resolve=True)
     if not new_tasks:
         return beside
+    key = (json.dumps(new_tasks, sort_keys=True, default=str), where, id(beside))
+    if key in _TABLES and _TABLES[key][0] is beside:
+        return _TABLES[key][1]
     try:
         check_group({"new_tasks": new_tasks}, DeclaredTasksSchema, "data.")
     except UserError as err:
         raise UserError(f"{where}: {err}" if where else str(err)) from None
-    return beside.with_declared(new_tasks)
+    if len(_TABLES) > 16:
+        _TABLES.clear()
+    _TABLES[key] = beside, beside.with_declared(new_tasks)
+    return _TABLES[key][1]
+
+
+# One command checks its config more than once (its command line before Hydra, `start` inside, the data source): the
+# table a set of declarations makes is built at the first check and handed out again, one object for every reader.
+_TABLES: dict[tuple, tuple[TaskTable, TaskTable]] = {}
 
 
 def check_config(cfg: DictConfig) -> Checked:

@@ -37,9 +37,12 @@ whole generated text and the sample's own gold) and its value is added, weighted
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections import Counter
 from typing import Any, Callable, Mapping, Optional
+
+from omegaconf import OmegaConf
 
 from llasmol.core.errors import UserError
 from llasmol.core.schema import check_config
@@ -269,4 +272,13 @@ def check_rewards(cfg, tasks: Optional[TaskTable] = None) -> Optional[Rewards]:
     (`tasks`: the config's task table, read here when not given); None for another objective."""
     if cfg.objective.name != "grpo":
         return None
-    return Rewards(cfg.reward, tasks if tasks is not None else check_config(cfg).tasks, cfg.data.get("tasks"))
+    tasks = tasks if tasks is not None else check_config(cfg).tasks
+    key = (json.dumps(OmegaConf.to_container(cfg.reward, resolve=True), sort_keys=True), tasks, cfg.data.get("tasks"))
+    if _BUILT and _BUILT[0] == key:
+        return _BUILT[1]
+    _BUILT[:] = key, Rewards(cfg.reward, tasks, key[2])
+    return _BUILT[1]
+
+
+# The command line's check (before Hydra) builds the run's rewards and the run inside Hydra takes the same object.
+_BUILT: list = []
