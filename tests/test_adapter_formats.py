@@ -408,7 +408,7 @@ def test_markup_in_a_runs_own_words_is_shown_on_the_cards_never_rendered():
 
 
 @pytest.mark.parametrize("written, said", [("[1, 2]", "holds a JSON list"), ("{\"model\": \"tiny\"}", "lacks lora"),
-                                           ("{", "cannot be read as JSON"), (None, "not a regular file")])
+                                           ("{", "is not valid JSON (Expecting property name"), (None, "not a regular file")])
 def test_a_runs_card_facts_that_are_not_what_train_wrote_are_one_line(tmp_path, written, said):
     from llasmol.core.run_dir import CARD, read_card
 

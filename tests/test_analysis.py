@@ -779,7 +779,7 @@ def test_a_run_without_a_log_result_or_splits_has_none_of_them(tmp_path):
     write_json(run.path / "result.json", [90.0])  # not the object train writes: no time
     assert analysis.load_run(run.path).seconds is None
     (run.path / "result.json").write_text("[" * 100_000 + "]" * 100_000)  # nested past Python's stack
-    with refused(run.path / "result.json", "nested deeper"):
+    with refused(run.path / "result.json", "nested too deeply"):
         analysis.load_run(run.path).seconds
     # A folder with params.json alone is a run (require_validation is off unless asked).
     write_json(tmp_path / "fresh" / "params.json", [1, 2])  # not an object: no parameters

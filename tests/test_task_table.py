@@ -82,7 +82,7 @@ def test_a_commands_table_is_its_own_config_and_a_runs_is_its_tasks_json(tmp_pat
 
 @pytest.mark.parametrize("content, said", [
     ('["alpha"]', "holds a JSON list"),
-    ("{", "cannot be read as JSON"),
+    ("{", "is not valid JSON (Expecting property name"),
     ('{"alpha": {"family": "colour"}}', "data.new_tasks.alpha.family='colour'"),
     ('{"forward_synthesis": {"family": "smiles"}}', "is a SMolInstruct task name"),
 ])

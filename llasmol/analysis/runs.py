@@ -13,7 +13,6 @@ imported from torch or Lightning.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Optional, Union
 
 from llasmol.core import run_dir as layout
 from llasmol.core.errors import UserError
+from llasmol.core.files import read_json
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.inference.predictions import read_predictions
 from llasmol.metrics.support import with_support
@@ -52,13 +52,7 @@ def _task_metrics(data: dict, tasks: TaskTable) -> dict[str, dict[str, Optional[
 
 
 def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot read {path}: {err}") from None
-    except RecursionError:
-        raise UserError(f"cannot read {path}: its JSON is nested deeper than Python reads (not a file llasmol "
-                        "wrote): restore or remove it") from None
+    return read_json(path, "restore or remove it", kind=None)
 
 
 @dataclass

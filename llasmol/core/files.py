@@ -98,6 +98,31 @@ def json_problem(err: BaseException) -> str:
     return f"cannot be read ({type(err).__name__})"
 
 
+def read_json(path: str | os.PathLike, fix: str, kind: type | None = dict, what: str = "",
+              limit: int | None = None):
+    """The JSON value in `path`, read as data: the one reader of the package's JSON files. A path that is no
+    readable regular file (`unreadable`), is larger than `limit` bytes, is not UTF-8 JSON (with json's line), or
+    holds no JSON `kind` (`what`: the value expected, "the object PEFT writes") is one `UserError` in one wording,
+    "<path> <what is wrong>: <fix>"."""
+    problem = unreadable(path)
+    if problem:
+        raise UserError(f"{path} {problem}: {fix}")
+    try:
+        if limit is not None and os.stat(path).st_size > limit:
+            raise UserError(f"{path} is larger than any {what or 'such file'} ({limit:,} bytes at most): {fix}")
+        with open(path, encoding="utf-8") as fh:
+            value = json.load(fh)
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}): {fix}") from None
+    except (ValueError, RecursionError) as err:  # not UTF-8, an integer past Python's digits, nesting past its stack
+        raise UserError(f"{path} {json_problem(err)}: {fix}") from None
+    except OSError as err:
+        raise UserError(f"{path} cannot be read ({err.strerror}): {fix}") from None
+    if kind is not None and not isinstance(value, kind):
+        raise UserError(f"{path} holds a JSON {type(value).__name__}, not {what or 'a JSON ' + kind.__name__}: {fix}")
+    return value
+
+
 def unreadable(path: str | os.PathLike) -> str | None:
     """What keeps `path` from being read as a regular file, said after its name ("does not exist", "is a
     symbolic link loop", "is a named pipe (FIFO), not a regular file"); None for a regular file. A FIFO or a

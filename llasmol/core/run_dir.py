@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from llasmol.core.errors import UserError
-from llasmol.core.files import unreadable, write_json
+from llasmol.core.files import read_json, write_json
 from llasmol.core.schema import checked_tasks
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 
@@ -123,15 +123,4 @@ def _read_object(path: Path, what: str, fix: str) -> Optional[dict]:
     """The JSON object in `path` (None when there is none), read as data, whatever the file holds."""
     if not os.path.lexists(path):  # a dangling link or a link loop is a file someone meant: named below
         return None
-    problem = unreadable(path)
-    if problem:
-        raise UserError(f"{path} {problem}: {fix}")
-    try:
-        if path.stat().st_size > MAX_DECLARED_BYTES:
-            raise UserError(f"{path} is larger than any {what}: {fix}")
-        found = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as err:
-        raise UserError(f"{path} cannot be read as JSON ({type(err).__name__}): {fix}") from None
-    if not isinstance(found, dict):
-        raise UserError(f"{path} holds a JSON {type(found).__name__}, not {what}: {fix}")
-    return found
+    return read_json(path, fix, dict, what, MAX_DECLARED_BYTES)

@@ -18,16 +18,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+import ijson
 import numpy as np
+from ijson.common import ObjectBuilder
 
 from llasmol.core.errors import UserError
-from llasmol.core.files import json_problem, unreadable
+from llasmol.core.files import json_problem, read_json, unreadable
 from llasmol.core.tasks import SMOLINSTRUCT, Task, TaskTable
 
 log = logging.getLogger(__name__)
@@ -54,19 +55,8 @@ def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:
     return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
-def _read_json(path: Path, what: str) -> Any:
-    problem = unreadable(path)
-    if problem:
-        raise UserError(f"the {what} file {path} {problem}: is data.path the root of a SMolInstruct copy?")
-    try:
-        with path.open(encoding="utf-8") as fh:
-            return json.load(fh)
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}): fix or re-extract it") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path} is not UTF-8 text: fix or re-extract it") from None
-    except RecursionError:
-        raise UserError(f"{path} is nested too deeply to be SMolInstruct data: fix or re-extract it") from None
+def _read_json(path: Path, kind: Optional[type], what: str) -> Any:
+    return read_json(path, "re-extract it (is data.path the root of a SMolInstruct copy?)", kind, what)
 
 
 def _parse_raw_line(line: bytes) -> tuple[Optional[dict], Optional[str]]:
@@ -104,135 +94,77 @@ def _line_offsets(path: Path) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
     return np.frombuffer(offsets, dtype=np.int64).copy(), np.frombuffer(lengths, dtype=np.int32).copy(), bad
 
 
-_SPACE = re.compile(r"[ \t\n\r]*")
-
-
-class _JSONReader:
-    """Reads one JSON document piece by piece from a text file, holding only a small window of it."""
-
-    def __init__(self, fh, chunk_chars: int = 1 << 16) -> None:
-        self.fh, self.chunk_chars = fh, chunk_chars
-        self.buf, self.pos, self.eof, self.line = "", 0, False, 1
-        self._decode = json.JSONDecoder().raw_decode
-
-    def _more(self) -> bool:
-        if self.eof:
-            return False
-        chunk = self.fh.read(self.chunk_chars)
-        if not chunk:
-            self.eof = True
-            return False
-        self.line += self.buf.count("\n", 0, self.pos)  # lines of the part dropped from the window
-        self.buf, self.pos = self.buf[self.pos:] + chunk, 0
-        return True
-
-    def error(self, msg: str) -> json.JSONDecodeError:
-        err = json.JSONDecodeError(msg, self.buf, self.pos)
-        err.lineno += self.line - 1
-        return err
-
-    def peek(self) -> str:
-        """The next non-space character ('' at the end)."""
-        while True:
-            self.pos = _SPACE.match(self.buf, self.pos).end()
-            if self.pos < len(self.buf) or not self._more():
-                return self.buf[self.pos : self.pos + 1]
-
-    def take(self, chars: str) -> str:
-        char = self.peek()
-        if not char or char not in chars:
-            raise self.error(f"expecting {' or '.join(map(repr, chars))}")
-        self.pos += 1
-        return char
-
-    def value(self) -> Any:
-        while True:
-            self.peek()
-            try:
-                item, end = self._decode(self.buf, self.pos)
-            except json.JSONDecodeError as err:
-                if self._more():
-                    continue  # cut off at the window's end: read on and decode again
-                err.lineno += self.line - 1
-                raise
-            if end == len(self.buf) and self._more():
-                continue  # a number may go on in the next piece
-            self.pos = end
-            return item
-
-
 def _read_sample_list(path: Path, task: str, limit: Optional[int]) -> tuple[dict, np.ndarray, np.ndarray, Optional[list]]:
     """(header, idx, template_id, targets or None) of a sample list, `limit` samples at most.
 
-    Decoded one sample at a time straight into integer arrays: `json.load` would hold the file's text
-    and a dict per sample (200,000 per task in the full dataset, ~250 bytes each) at once.
+    Read event by event (ijson) straight into integer arrays: `json.load` would hold the file's text and a dict
+    per sample (200,000 per task in the full dataset, ~250 bytes each) at once.
     """
+    fix = "re-extract it (is data.path the root of a SMolInstruct copy?)"
     problem = unreadable(path)
     if problem:
         raise UserError(f"the sample list of task {task}, {path}, {problem}: is data.path the root of a SMolInstruct "
                         "copy?")
-    header: dict = {}
+    try:
+        return _parse_sample_list(path, limit, fix, ijson.parse)
+    except ijson.JSONError:
+        pass
+    try:  # yajl stops at integers past 64 bits, which are JSON: Python's parser reads them (and names them)
+        return _parse_sample_list(path, limit, fix, ijson.get_backend("python").parse)
+    except ijson.JSONError:
+        read_json(path, fix, kind=None)  # names json's own reason and line
+        raise UserError(f"{path} is not valid JSON: {fix}") from None
+
+
+def _parse_sample_list(path: Path, limit: Optional[int], fix: str, parse: Callable):
+    header: dict[str, ObjectBuilder] = {}
     idx, template_id = array("q"), array("i")
     targets: Optional[list] = None
-    n, has_samples = 0, False
-
-    def add(sample: Any) -> None:
-        nonlocal targets
-        if not isinstance(sample, dict) or "idx" not in sample or "template_id" not in sample:
-            raise UserError(f"sample {n} of {path} lacks idx or template_id: re-extract the sample lists")
-        # `true` would be read as line 1, "3" and 1.5 are no line numbers; a negative or too large one is named
-        # with the raw file or the templates it misses, below
-        for key, bits in (("idx", 63), ("template_id", 31)):
-            value = sample[key]
-            if isinstance(value, bool) or not isinstance(value, int) or not -2 ** bits <= value < 2 ** bits:
-                raise UserError(f"sample {n} of {path}: {key}={json.dumps(value)[:40]} must be a whole number: "
-                                "re-extract the sample lists")
-        idx.append(sample["idx"])
-        template_id.append(sample["template_id"])
-        target = sample.get("target")
-        if target is not None and targets is None:
-            targets = [None] * (len(idx) - 1)  # only multi-target tasks keep a list
-        if targets is not None:
-            targets.append(target)
-
-    def items(reader: _JSONReader, close: str):
-        """Yield once per comma-separated item up to `close` (no trailing comma); the caller reads it."""
-        if reader.peek() == close:
-            reader.take(close)
-            return
-        while True:
-            yield
-            if reader.take(f",{close}") == close:
-                return
-            if reader.peek() == close:
-                raise reader.error("trailing comma")
-
-    try:
-        with path.open(encoding="utf-8") as fh:
-            reader = _JSONReader(fh)
-            reader.take("{")
-            for _ in items(reader, "}"):
-                key = reader.value()
-                if not isinstance(key, str):
-                    raise reader.error("expecting a key")
-                reader.take(":")
-                if key != "samples":
-                    header[key] = reader.value()
-                    continue
-                has_samples = True
-                reader.take("[")
-                for _ in items(reader, "]"):
-                    sample = reader.value()
+    n, has_samples, sample = 0, False, None
+    with path.open("rb") as fh:
+        for prefix, event, value in parse(fh, use_float=True):
+            if not prefix:  # the top level: an object, one of whose keys is "samples"
+                if event not in ("start_map", "map_key", "end_map"):
+                    raise UserError(f"{path} holds a JSON {event.replace('start_', '')}, not an object with a "
+                                    f"\"samples\" list: {fix}")
+                has_samples |= event == "map_key" and value == "samples"
+            elif prefix == "samples":
+                if event not in ("start_array", "end_array"):
+                    raise UserError(f"{path}: \"samples\" is no list: {fix}")
+            elif prefix.startswith("samples.item"):
+                sample = sample or ObjectBuilder()
+                sample.event(event, value)
+                if prefix == "samples.item" and event not in ("start_map", "start_array", "map_key"):
                     if limit is None or n < limit:
-                        add(sample)
-                    n += 1
-            if reader.peek():
-                raise reader.error("extra data")
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}): fix or re-extract it") from None
+                        targets = _add_sample(sample.value, n, path, idx, template_id, targets)
+                    n, sample = n + 1, None
+            else:  # another key of the header, kept whole
+                header.setdefault(prefix.split(".")[0], ObjectBuilder()).event(event, value)
     if not has_samples:
         raise UserError(f"{path} has no \"samples\" list: re-extract the sample lists")
-    return header, np.frombuffer(idx, dtype=np.int64).copy(), np.frombuffer(template_id, dtype=np.int32).copy(), targets
+    header_values = {key: builder.value for key, builder in header.items()}
+    return header_values, np.frombuffer(idx, np.int64).copy(), np.frombuffer(template_id, np.int32).copy(), targets
+
+
+def _add_sample(sample: Any, n: int, path: Path, idx: array, template_id: array, targets: Optional[list]):
+    """Sample `n` of a sample list appended to the arrays; the targets (a list once one sample names one)."""
+    if not isinstance(sample, dict) or "idx" not in sample or "template_id" not in sample:
+        raise UserError(f"sample {n} of {path} lacks idx or template_id: re-extract the sample lists")
+    # `true` would be read as line 1, "3" and 1.5 are no line numbers; a negative or too large one is named
+    # with the raw file or the templates it misses, by the caller
+    for key, bits in (("idx", 63), ("template_id", 31)):
+        value = sample[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not -2 ** bits <= value < 2 ** bits:
+            raise UserError(f"sample {n} of {path}: {key}={json.dumps(value)[:40]} must be a whole number: "
+                            "re-extract the sample lists")
+    idx.append(sample["idx"])
+    template_id.append(sample["template_id"])
+    target = sample.get("target")
+    if target is not None and targets is None:
+        targets = [None] * (len(idx) - 1)  # only multi-target tasks keep a list
+    if targets is not None:
+        targets.append(target)
+    return targets
 
 
 def raw_split(split: str) -> str:
@@ -276,8 +208,8 @@ def read_raw_records(path: Path, on_bad: Optional[Callable[[int, str], None]] = 
 
 def read_core_tags(root: str | os.PathLike, task: str) -> dict:
     """`core_tag/<task>.json`: the tags around the core input and output, e.g. {"input": ["<SMILES>", "</SMILES>"], ...}."""
-    tags = _read_json(Path(root) / "core_tag" / f"{task}.json", f"core tags of {task}")
-    if not isinstance(tags, dict) or not all(
+    tags = _read_json(Path(root) / "core_tag" / f"{task}.json", dict, f"the core tags of {task}")
+    if not all(
             isinstance(tags.get(side), list) and len(tags[side]) == 2
             and all(tag is None or isinstance(tag, str) for tag in tags[side]) for side in ("input", "output")):
         raise UserError(f"core_tag/{task}.json is not {{\"input\": [open, close], \"output\": [open, close]}} "
@@ -365,7 +297,7 @@ class SMolInstructSplit:
             )
         idx = idx.astype(np.int32)  # checked above: a line number of the raw file (4 bytes a sample, not 8)
         template_name = header.get("template_name", sample_group)
-        templates = _read_json(self.root / "template" / template_name / f"{task}.json", f"templates of {task}")
+        templates = _read_json(self.root / "template" / template_name / f"{task}.json", None, f"the templates of {task}")
         template_file = f"template/{template_name}/{task}.json"
         if not isinstance(templates, list) or not templates or not all(
                 isinstance(t, dict) and isinstance(t.get("input"), str) and isinstance(t.get("output"), str)

@@ -16,7 +16,7 @@ from llasmol.core import offline
 from llasmol.core import run_dir as layout
 from llasmol.core.config import CONFIG_DIR
 from llasmol.core.errors import UserError
-from llasmol.core.files import json_problem, unreadable
+from llasmol.core.files import read_json, unreadable
 from llasmol.core.schema import ModelSchema, check_group
 from llasmol.model.adapters import (ADAPTER_CONFIG, WEIGHTS_PICKLE, WEIGHTS_SAFETENSORS, adapter_dir, load_adapter,
                                     readable_adapter)
@@ -194,14 +194,8 @@ def adapter_config(adapter: Path, given: str = "") -> dict:
     if problem:
         raise UserError(f"{path} {problem}: {given + ' names ' if given else ''}an adapter folder without its config; "
                         "copy the adapter folder whole")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError) as err:
-        raise UserError(f"{path} {json_problem(err)}: the file is cut or overwritten; save the adapter again (or give "
-                        "another checkpoint)") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{path} holds a JSON {type(config).__name__}, not the object PEFT writes: save the adapter again")
-    return config
+    return read_json(path, "the file is cut or overwritten; save the adapter again (or give another checkpoint)",
+                     dict, "the object PEFT writes")
 
 
 def _check_adapter_base(adapter: Path, model_cfg: DictConfig) -> None:
@@ -268,12 +262,7 @@ def _best_checkpoint(result: Path) -> tuple[Optional[str], str]:
     val/reward for a GRPO run; val/loss, also for a run from before the field), read as data: a file that is
     not a JSON object, or a field that is not a path, is one line naming them."""
     fix = "repair or remove it (then the run's last adapter is taken)"
-    try:
-        data = json.loads(result.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError):  # also nesting deeper than Python's stack
-        raise UserError(f"{result} is not JSON (truncated or overwritten?): {fix}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{result} holds a JSON {type(data).__name__}, not the object llasmol.train writes: {fix}")
+    data = read_json(result, fix, dict, "the object llasmol.train writes")
     best = data.get("best_checkpoint")
     if best is not None and not isinstance(best, str):
         raise UserError(f"{result}: best_checkpoint is {json.dumps(best)[:80]}, not a checkpoint path: {fix}")

@@ -18,6 +18,7 @@ import torch
 from llasmol.core import offline  # its functions are looked up at each call, so a test can stand in for the Hub
 from llasmol.core.config import PACKAGE_DIR
 from llasmol.core.errors import UserError
+from llasmol.core.files import read_json
 from llasmol.model.deferred import (INDEX_FILE, DeferredWeights, check_finite, parameters_on_meta, weight_entries,
                                     weight_files)
 from llasmol.model.lora import is_demo_base
@@ -46,10 +47,7 @@ def arch_facts(arch: str) -> dict[str, Any]:
         known = ", ".join(sorted(p.stem for p in ARCH_DIR.glob("*.json")))
         raise UserError(f"unknown model.arch {arch!r}: bundled architectures are {known} (or model=hf "
                         "model.path=<folder with config.json>)")
-    try:
-        facts = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise UserError(f"{path} is not valid JSON ({err}): copy the base's config.json again") from None
+    facts = read_json(path, "copy the base's config.json again", kind=None)
     if not isinstance(facts, dict) or not isinstance(facts.get("model_type"), str):
         raise UserError(f"{path} names no model_type: copy the base's config.json again")
     for section in (facts, facts.get("text_config")):
