@@ -939,7 +939,7 @@ def test_a_raw_line_nested_too_deeply_is_a_bad_line(tmp_path):
 
     path = tmp_path / "raw.jsonl"
     path.write_text('{"input": "C", "output": "C"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
-    assert _line_offsets(path)[2] == {1: "line 2 is nested too deeply to read (thousands of brackets)"}
+    assert _line_offsets(path)[2] == {1: "line 2 is nested too deeply to read as JSON (thousands of brackets)"}
 
 
 @pytest.fixture

@@ -224,10 +224,12 @@ def test_a_folder_without_its_safetensors_is_one_line_before_anything_is_built(t
     tok = load_tokenizer(cfg.model)
     with refused("model-00001-of-00002.safetensors", "model.path"):
         load_base_on_meta(cfg.model, tok)
-    for index in ("[1, 2]", '{"weight_map": {"a": 1}}', '{"weight_map": {"a": "../base/model.safetensors"}}',
-                  "[" * 100_000 + "]" * 100_000):
+    for index, said in (("[1, 2]", "not a safetensors index"), ('{"weight_map": {"a": 1}}', "not a safetensors index"),
+                        ('{"weight_map": {"a": [1]}}', "not a safetensors index"),
+                        ('{"weight_map": {"a": "../base/model.safetensors"}}', "not a safetensors index"),
+                        ("[" * 100_000 + "]" * 100_000, "is nested too deeply to read")):
         (folder / "model.safetensors.index.json").write_text(index)
-        with refused("model.safetensors.index.json", "not a safetensors index"):
+        with refused("model.safetensors.index.json", said, "download the weights again"):
             load_base_on_meta(cfg.model, tok)
     (folder / "model.safetensors.index.json").unlink()
     (folder / "model.safetensors").unlink()

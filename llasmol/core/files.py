@@ -88,14 +88,14 @@ def json_problem(err: BaseException) -> str:
     one wording for every JSON-lines reader. Python reads no integer past 4,300 digits and no nesting past its
     stack; neither is bad JSON."""
     if isinstance(err, RecursionError):
-        return "is nested too deeply to read (thousands of brackets)"
+        return "is nested too deeply to read as JSON (thousands of brackets)"
     if isinstance(err, UnicodeDecodeError):
-        return "is not UTF-8 text"
+        return "is not UTF-8 text, which JSON is"
     if isinstance(err, json.JSONDecodeError):
         return f"is not valid JSON ({err.msg})"
     if "digits" in str(err):
         return f"holds an integer of more than {sys.get_int_max_str_digits():,} digits, more than Python reads"
-    return f"cannot be read ({type(err).__name__})"
+    return getattr(err, "why", None) or f"cannot be read ({type(err).__name__})"  # a reader's hook says its own why
 
 
 def read_json(path: str | os.PathLike, fix: str, kind: type | None = dict, what: str = "",
@@ -121,6 +121,29 @@ def read_json(path: str | os.PathLike, fix: str, kind: type | None = dict, what:
     if kind is not None and not isinstance(value, kind):
         raise UserError(f"{path} holds a JSON {type(value).__name__}, not {what or 'a JSON ' + kind.__name__}: {fix}")
     return value
+
+
+def json_lines(path: str | os.PathLike, fix: str, on_bad=None, **options):
+    """(line number, value) of every non-blank line of a JSON-lines file, one line in memory at a time: the one
+    JSON-lines reader of the package's inputs. A line that is not UTF-8 JSON is one `UserError` in `read_json`'s
+    wording, "<path> line <n> is not valid JSON (<json's reason>): <fix>", or with `on_bad` is handed to it (line
+    number, why) and left out. `options` go to `json.loads` (an `object_pairs_hook`); what one raises that is no
+    `ValueError` reaches the caller."""
+    problem = unreadable(path)
+    if problem:
+        raise UserError(f"{path} {problem}: {fix}")
+    with open(path, "rb") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line, **options)
+            except (ValueError, RecursionError) as err:  # not UTF-8, 5,000-digit integers, nesting past the stack
+                if on_bad is None:
+                    raise UserError(f"{path} line {number} {json_problem(err)}: {fix}") from None
+                on_bad(number, json_problem(err))
+                continue
+            yield number, value
 
 
 def unreadable(path: str | os.PathLike) -> str | None:

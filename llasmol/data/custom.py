@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ import numpy as np
 
 from llasmol.core.errors import UserError
 from llasmol.core.smiles import MAX_SMILES_CHARS
-from llasmol.core.files import json_problem, unreadable
+from llasmol.core.files import json_lines, unreadable
 from llasmol.core.schema import TABLE_COLUMNS
 from llasmol.core.tasks import MAX_POOLED_GOLDS, SMOLINSTRUCT, Task, TaskTable, tag_pair, too_many_golds
 
@@ -83,15 +82,7 @@ def _records(path: Path) -> Iterator[tuple[int, dict]]:
     try:
         with path.open(encoding="utf-8-sig", newline="") as fh:
             if suffix == ".jsonl":
-                for number, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        record = json.loads(line, object_pairs_hook=_no_twice)
-                    except _TwiceError as twice:
-                        raise UserError(f"{path} line {number} names {twice.key!r} twice: keep one") from None
-                    except (ValueError, RecursionError) as err:
-                        raise UserError(f"{path} line {number} {json_problem(err)}: fix the line") from None
+                for number, record in json_lines(path, "fix the line", object_pairs_hook=_no_twice):
                     if not isinstance(record, dict):
                         raise UserError(f"{path} line {number} is a JSON {type(record).__name__}, not an object of "
                                         "columns: write one object per line, {\"input\": ..., \"output\": ...}")
@@ -132,7 +123,7 @@ def _records(path: Path) -> Iterator[tuple[int, dict]]:
 class _TwiceError(ValueError):
     def __init__(self, key: str) -> None:
         super().__init__(key)
-        self.key = key
+        self.why = f"names {key!r} twice (keep one)"  # what `json_lines` says of the line
 
 
 def _no_twice(pairs: list) -> dict:

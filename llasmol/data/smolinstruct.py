@@ -28,7 +28,7 @@ import numpy as np
 from ijson.common import ObjectBuilder
 
 from llasmol.core.errors import UserError
-from llasmol.core.files import json_problem, read_json, unreadable
+from llasmol.core.files import json_lines, json_problem, read_json, unreadable
 from llasmol.core.tasks import SMOLINSTRUCT, Task, TaskTable
 
 log = logging.getLogger(__name__)
@@ -61,14 +61,21 @@ def _read_json(path: Path, kind: Optional[type], what: str) -> Any:
 
 def _parse_raw_line(line: bytes) -> tuple[Optional[dict], Optional[str]]:
     """A raw line's record, or None and why it is not one: the one rule for a raw line, whether it is
-    indexed at start-up (`_line_offsets`) or streamed (`read_raw_records`)."""
+    indexed at start-up (`_line_offsets`), streamed (`read_raw_records`) or read for a batch (`raw_record`)."""
     try:
         record = json.loads(line)
     except (ValueError, RecursionError) as err:  # UnicodeDecodeError too
         return None, json_problem(err)
-    if not isinstance(record, dict) or "input" not in record or "output" not in record:
-        return None, f"is not a JSON object with input and output (it is {type(record).__name__})"
-    return record, None
+    why = _not_a_record(record)
+    return (None, why) if why else (record, None)
+
+
+def _not_a_record(record: Any) -> Optional[str]:
+    if isinstance(record, dict) and "input" in record and "output" in record:
+        return None
+    return f"is not a JSON object with input and output (it is {type(record).__name__})"
+
+_FIX_LINE = "fix the line, or set data.skip_bad_lines=true to skip and count such lines"
 
 
 def _line_offsets(path: Path) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
@@ -188,22 +195,14 @@ def read_raw_records(path: Path, on_bad: Optional[Callable[[int, str], None]] = 
     A line that is not a JSON object with `input` and `output` stops with its file and line, or, with
     `on_bad`, is passed to it (line number, why: "is not valid JSON (...)") and left out (data.skip_bad_lines).
     """
-    try:
-        fh = path.open("rb")
-    except OSError as err:
-        raise UserError(f"cannot read {path} ({err.strerror}): check the file and its permissions") from None
-    with fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            record, why = _parse_raw_line(line)
-            if why is None:
-                yield number, record
-            elif on_bad is not None:
-                on_bad(number, why)
-            else:
-                raise UserError(f"{path} line {number} {why}: fix the line, or set data.skip_bad_lines=true "
-                                "to skip and count such lines")
+    for number, record in json_lines(path, _FIX_LINE, on_bad):
+        why = _not_a_record(record)
+        if why is None:
+            yield number, record
+        elif on_bad is not None:
+            on_bad(number, why)
+        else:
+            raise UserError(f"{path} line {number} {why}: {_FIX_LINE}")
 
 
 def read_core_tags(root: str | os.PathLike, task: str) -> dict:
@@ -277,10 +276,7 @@ class SMolInstructSplit:
         used_bad = np.isin(idx, np.fromiter(bad_lines, dtype=np.int64)) if bad_lines else None
         if used_bad is not None and used_bad.any() and not self.skip_bad_lines:
             where = bad_lines[int(idx[used_bad].min())]
-            raise UserError(
-                f"{raw_file} {where}: fix the line, or set "
-                "data.skip_bad_lines=true to skip and count such lines"
-            )
+            raise UserError(f"{raw_file} {where}: {_FIX_LINE}")
         if used_bad is not None and used_bad.any():
             # data.skip_bad_lines: drop the samples of malformed raw lines, and say how many.
             keep = ~used_bad
@@ -387,17 +383,10 @@ class SMolInstructSplit:
                             "after the run indexed its lines): put the file back as it was and continue the run "
                             "(ckpt_path=last), or start a new run on the new file")
         fh.seek(int(table.line_offsets[line]))
-        text = fh.readline()
-        try:
-            record = json.loads(text)
-        except (ValueError, RecursionError) as err:
-            raise UserError(
-                f"{table.raw_path} line {line + 1} is not valid JSON ({getattr(err, 'msg', type(err).__name__)}): "
-                "fix the line, or set data.skip_bad_lines=true to skip and count such lines"
-            ) from None
-        if not isinstance(record, dict) or "input" not in record or "output" not in record:
-            raise UserError(f"{table.raw_path} line {line + 1} is not a JSON object with input and output: the file "
-                            "changed since the run started; fix the line")
+        record, why = _parse_raw_line(fh.readline())
+        if why is not None:
+            raise UserError(f"{table.raw_path} line {line + 1} {why}: the file changed since the run started; "
+                            f"{_FIX_LINE}")
         return record
 
     def __getitem__(self, i: int) -> dict:

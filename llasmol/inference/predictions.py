@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from llasmol.core.errors import UserError
-from llasmol.core.files import json_problem, unreadable
+from llasmol.core.files import json_lines, unreadable
 from llasmol.core.run_dir import PREDICTIONS, read_tasks
 from llasmol.core.tasks import SMOLINSTRUCT, TaskTable
 from llasmol.metrics.extract import extract_answer
@@ -191,42 +191,31 @@ def _encodable(value, where: str, key: str = "") -> None:
 
 def _read_file(path: Path, tasks: TaskTable, pool: GoldPool) -> list[dict]:
     records = []
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            where = f"{path} line {lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise UserError(f"{where} is not UTF-8 text: write the file as UTF-8") from None
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except (ValueError, RecursionError) as err:  # 5,000-digit integers; nesting deeper than Python's stack
-                raise UserError(f"{where} {json_problem(err)}: fix the line") from None
-            _encodable(record, where)
-            official = isinstance(record, dict) and "output" in record and "predictions" not in record
-            if official:
-                record = _from_llm4chem(record)
-            missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
-            if missing:
-                raise UserError(
-                    f"{where} lacks {', '.join(missing)}: each line needs " + ", ".join(REQUIRED)
-                    + " (or output for predictions, as LLM4Chem's generate_on_dataset.py writes)"
-                )
-            if not isinstance(record["task"], str):
-                raise UserError(f"{where}: task must be a task name, not {json.dumps(record['task'])[:40]}")
-            task = tasks.task(record["task"], where)
-            _field_types(record, where)
-            record["skipped"] = is_skipped(record)
-            record["gold"] = _texts(record["gold"], "gold", where)
-            if not record["gold"]:  # nothing to score against: not a wrong answer
-                raise UserError(f"{where}: gold is an empty list: each line needs the answer it is scored against")
-            not_yes_no = [g for g in record["gold"] if task.family == "boolean" and parse_boolean(g) is None]
-            if not_yes_no:  # it would count against accuracy and stay out of F1 and MCC (the official code: a No)
-                raise UserError(f"{where}: gold {not_yes_no[0][:40]!r} of yes/no task {task.name} is not Yes or No: "
-                                "write each gold of a yes/no task as Yes or No")
-            record["predictions"] = _texts(record["predictions"], "predictions", where, allow_none=True)
-            pool.add(record, record["gold"], where)
-            records.append(record)
+    for lineno, record in json_lines(path, "fix the line (the file is read as UTF-8 JSON, one object a line)"):
+        where = f"{path} line {lineno}"
+        _encodable(record, where)
+        official = isinstance(record, dict) and "output" in record and "predictions" not in record
+        if official:
+            record = _from_llm4chem(record)
+        missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
+        if missing:
+            raise UserError(
+                f"{where} lacks {', '.join(missing)}: each line needs " + ", ".join(REQUIRED)
+                + " (or output for predictions, as LLM4Chem's generate_on_dataset.py writes)"
+            )
+        if not isinstance(record["task"], str):
+            raise UserError(f"{where}: task must be a task name, not {json.dumps(record['task'])[:40]}")
+        task = tasks.task(record["task"], where)
+        _field_types(record, where)
+        record["skipped"] = is_skipped(record)
+        record["gold"] = _texts(record["gold"], "gold", where)
+        if not record["gold"]:  # nothing to score against: not a wrong answer
+            raise UserError(f"{where}: gold is an empty list: each line needs the answer it is scored against")
+        not_yes_no = [g for g in record["gold"] if task.family == "boolean" and parse_boolean(g) is None]
+        if not_yes_no:  # it would count against accuracy and stay out of F1 and MCC (the official code: a No)
+            raise UserError(f"{where}: gold {not_yes_no[0][:40]!r} of yes/no task {task.name} is not Yes or No: "
+                            "write each gold of a yes/no task as Yes or No")
+        record["predictions"] = _texts(record["predictions"], "predictions", where, allow_none=True)
+        pool.add(record, record["gold"], where)
+        records.append(record)
     return records

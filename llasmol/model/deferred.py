@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 import torch
 
 from llasmol.core.errors import UserError
-from llasmol.core.files import unreadable
+from llasmol.core.files import read_json, unreadable
 from llasmol.model.blocks import clean_name
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -172,14 +172,12 @@ def weight_files(index: Path) -> list[str]:
     """The names of the safetensors files an index names (`model.safetensors` where there is no index)."""
     if not index.is_file():
         return [SINGLE_FILE]
-    try:
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        files = None
+    weight_map = read_json(index, "download the weights again", dict, "a safetensors index").get("weight_map")
+    files = list(weight_map.values()) if isinstance(weight_map, dict) else []
     # Files of the folder itself, by plain name: an index cannot point a read outside it.
     if not files or not all(isinstance(f, str) and f == Path(f).name and f not in (".", "..") for f in files):
         raise UserError(f"{index} is not a safetensors index naming files of its folder: download the weights again")
-    return files
+    return sorted(set(files))
 
 
 def weight_entries(folder: Path) -> dict[str, Entry]:
