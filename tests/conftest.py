@@ -28,6 +28,19 @@ from smolinstruct_fixture import write_smolinstruct
 
 from llasmol.core.config import CONFIG_DIR, compose_config  # noqa: F401  (tests import it from here)
 
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """`.ci/run` spreads the tests one by one over its processes (`--dist loadgroup`), so that no process is left
+    with a few long files while the other idles; a test that uses a module-scoped fixture (the 2-process training
+    runs of test_multiprocess.py, a trained run read by many tests) goes with its file's others that use it, to the
+    process that builds the fixture once."""
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)
+        defs = fixtures.name2fixturedefs.values() if fixtures is not None else ()
+        if any(d and d[-1].scope == "module" for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
 # Every command a test starts does bounded work (a few steps of the tiny model, a handful of samples), so a
 # time limit there only catches a hang: it is an hour, far above the slowest such command seen on 2 cores
 # shared with other work (a multirun of three jobs: 10 minutes at load 2-12). LLASMOL_TEST_TIMEOUT sets it.
