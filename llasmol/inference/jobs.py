@@ -130,11 +130,25 @@ class ModelEvaluation:
     folder: Optional[Path] = None
 
 
-def generate_and_score(cfg: DictConfig, tasks: TaskTable,
-                       log_into: Optional[Callable[[Path], None]] = None) -> ModelEvaluation:
-    """Generate with `cfg.ckpt` on `cfg.data.split` (continuing a stopped run's partial file) and score;
-    `tasks`: the command's task table (a run directory's adds its own tasks.json); `log_into(folder)` is called
-    with the run directory when the answers go there (the command logs there too)."""
+@dataclass(frozen=True)
+class EvaluationPlan:
+    """What an evaluation will answer, where, under which identity: decided (and refused where it cannot work)
+    before the lock, the folder and the model, so that a command that cannot run leaves nothing behind."""
+
+    device: str
+    model_cfg: DictConfig
+    adapter: Optional[Path]
+    tasks: TaskTable  # the command's, with a run directory's own tasks
+    protocol: Optional[Protocol]
+    source: SMolInstructSource
+    samples: Samples
+    out_dir: Path
+    into_run: bool  # the run's whole split, answered into the run's folder
+    identity: dict  # what the answers depend on: a stopped evaluation is continued only under the same
+
+
+def plan_evaluation(cfg: DictConfig, tasks: TaskTable) -> EvaluationPlan:
+    """`cfg.ckpt` on `cfg.data.split`: the model, the samples and the folder, checked; nothing written yet."""
     device = pick_device(cfg.device)  # before the data and the base: a device this machine lacks is one line at once
     model_cfg, adapter, run_data = resolve_checkpoint(cfg.ckpt, cfg)
     if run_data is not None:
@@ -144,74 +158,86 @@ def generate_and_score(cfg: DictConfig, tasks: TaskTable,
     if protocol is not None and data_cfg.get("representation") == "selfies":
         raise UserError(f"prompting.style={protocol.style} writes the paper's SMILES queries, but the data are "
                         "SELFIES (data.representation=selfies): use prompting=dataset or SMILES data")
-    # A run directory brings the data it was trained on; this command's split and sample cap apply.
-    split_name = cfg.data.split
-    asked = OmegaConf.to_container(cfg.data, resolve=True)
+    # A run directory brings the data it was trained on; this command's split, sample cap and tasks apply.
+    split_name, asked = cfg.data.split, OmegaConf.to_container(cfg.data, resolve=True)
     caps, chosen = asked.get("max_samples_per_task"), asked.get("tasks")
-    data = OmegaConf.to_container(run_data if run_data is not None else cfg.data, resolve=True)
-    if chosen:  # this command's data.tasks: some of the run's tasks
-        data["tasks"] = chosen
+    data = {**OmegaConf.to_container(data_cfg, resolve=True), **({"tasks": chosen} if chosen else {})}
     source = SMolInstructSource.from_config(data, max_samples_per_task=caps, table=tasks)
     samples = Samples.of(source, split_name, None, cfg.seed)
     if not samples.indices:
         raise UserError(f"data.split={split_name} holds no sample of {', '.join(source.task_names())} in "
                         f"{', '.join(source.places())}: evaluate another split, or give the table rows of this one")
-    # A run evaluated on a whole split keeps the results with the run (report shows them beside the paper);
-    # a capped split (data.max_samples_per_task), some of its tasks (data.tasks) or another checkpoint writes to
-    # this command's folder.
-    capped = bool(source.max_samples_per_task.get(split_name)) or bool(chosen)
-    into_run = run_data is not None and not capped
-    out_dir = Path(cfg.ckpt) if into_run else Path(cfg.paths.output_dir)
+    # A run evaluated on a whole split keeps the results with the run (report shows them beside the paper); a
+    # capped split, some of its tasks or another checkpoint writes to this command's folder.
+    into_run = run_data is not None and not (source.max_samples_per_task.get(split_name) or chosen)
+    settings = {key: OmegaConf.to_container(cfg[key], resolve=True) if cfg.get(key) else None
+                for key in ("generation", "prompting", "quantization")}
+    identity = {"ckpt": str(cfg.ckpt), "adapter": None if adapter is None else str(adapter), "model": model_cfg.name,
+                "prompt_template": model_cfg.prompt_template, "split": split_name, "samples": len(samples.indices),
+                "max_samples_per_task": caps, **settings, "merge_adapter": cfg.merge_adapter}
+    if protocol is None:
+        identity["prompting"] = None
+    return EvaluationPlan(device, model_cfg, adapter, tasks, protocol, source, samples,
+                          Path(cfg.ckpt) if into_run else Path(cfg.paths.output_dir), into_run, identity)
+
+
+def generate_and_score(cfg: DictConfig, tasks: TaskTable,
+                       log_into: Optional[Callable[[Path], None]] = None) -> ModelEvaluation:
+    """Generate with `cfg.ckpt` on `cfg.data.split` (continuing a stopped run's partial file) and score;
+    `tasks`: the command's task table (a run directory's adds its own tasks.json); `log_into(folder)` is called
+    with the run directory when the answers go there (the command logs there too)."""
+    plan = plan_evaluation(cfg, tasks)
+    split_name, out_dir, protocol = cfg.data.split, plan.out_dir, plan.protocol
     # A second evaluation (or a training) into this folder: one line. Into a run's folder another hydra.run.dir
     # would not help: the run's whole split is answered there whichever folder the command logs in.
-    hold_run_lock(out_dir, "evaluate", OWN_FOLDER if not into_run else
+    hold_run_lock(out_dir, "evaluate", OWN_FOLDER if not plan.into_run else
                   "answer a part of it meanwhile (data.tasks=[...] or data.max_samples_per_task), which goes into "
                   "this command's own folder: a run's whole split is answered into the run's folder")
     files = RunFiles.named(out_dir, split_name, cfg.output).check_writable()
     if log_into is not None and out_dir.resolve() != Path(cfg.paths.output_dir).resolve():
         log_into(out_dir)
         log.info("answers of %s on the %s split go into %s (this command's own folder: %s)",
-                 "the bare base" if adapter is None else adapter, split_name, out_dir, cfg.paths.output_dir)
-    indices = samples.indices
+                 "the bare base" if plan.adapter is None else plan.adapter, split_name, out_dir, cfg.paths.output_dir)
     # The model before the partial file: an adapter or base that cannot load leaves no file behind (nor a folder)
-    model, tokenizer = load_model(model_cfg, adapter, cfg.get("quantization"), merge=cfg.merge_adapter)
-    model.to(device)
-    # What the answers depend on: a stopped run is continued only under the same.
-    partial = PartialPredictions(files.predictions, {
-        "ckpt": str(cfg.ckpt), "adapter": None if adapter is None else str(adapter), "model": model_cfg.name,
-        "prompt_template": model_cfg.prompt_template, "split": split_name, "samples": len(indices),
-        "max_samples_per_task": caps, "generation": OmegaConf.to_container(cfg.generation, resolve=True),
-        "prompting": OmegaConf.to_container(cfg.prompting, resolve=True) if protocol is not None else None,
-        "quantization": OmegaConf.to_container(cfg.quantization, resolve=True) if cfg.get("quantization") else None,
-        "merge_adapter": cfg.merge_adapter})
-    split = samples.split
-    done = {i: make_record(i, split[i], samples.golds, responses)
+    model, tokenizer = load_model(plan.model_cfg, plan.adapter, cfg.get("quantization"), merge=cfg.merge_adapter)
+    model.to(plan.device)
+    partial = PartialPredictions(files.predictions, plan.identity)
+    records, queries = _answer(plan, cfg, model, tokenizer, partial)
+    if protocol is not None:
+        records = read_answers(protocol, records, queries)
+    outcome = Evaluation(files, cfg.intervals, tasks=plan.tasks).finish(records)
+    partial.remove()
+    labelled = protocol is not None and out_dir == Path(cfg.paths.output_dir)
+    return ModelEvaluation(outcome.metrics, outcome.intervals, files.metrics, len(records), plan.tasks,
+                           protocol if labelled else None, plan.model_cfg, out_dir)
+
+
+def _answer(plan: EvaluationPlan, cfg: DictConfig, model, tokenizer, partial: PartialPredictions):
+    """Every sample of `plan` answered (those the partial file holds taken from it), each appended as it comes; a
+    stop (Ctrl-C, SIGTERM) says how to continue. Returns the records and a protocol's queries."""
+    indices, split = plan.samples.indices, plan.samples.split
+    done = {i: make_record(i, split[i], plan.samples.golds, responses)
             for i, responses in partial.resume(set(indices)).items()}
     if done:
         log.info("continuing the stopped evaluation in %s: %d of %d samples answered", partial.path, len(done),
                  len(indices))
     # A base model's protocol writes the whole query itself: no chat markup around it.
-    formatter = PromptFormatter(tokenizer, "plain" if protocol else model_cfg.prompt_template)
+    formatter = PromptFormatter(tokenizer, "plain" if plan.protocol else plan.model_cfg.prompt_template)
     generator = BeamGenerator(model, tokenizer, formatter, cfg.generation.max_prompt_tokens, cfg.generation.batch_size)
     queries = None
-    if protocol is not None:
+    if plan.protocol is not None:
         generator.strip = False  # the rules read the text as generated
-        queries = build_queries(protocol, samples.split, indices, source.split("train") if protocol.shots else None)
-    answers = ModelAnswers(generator, cfg.generation, queries, done, partial.append, tasks)
+        shots = plan.source.split("train") if plan.protocol.shots else None
+        queries = build_queries(plan.protocol, split, indices, shots)
+    answers = ModelAnswers(generator, cfg.generation, queries, done, partial.append, plan.tasks)
     try:
-        with stoppable(), generation_progress(f"Generating on {split_name}", len(indices), done=len(done),
+        with stoppable(), generation_progress(f"Generating on {cfg.data.split}", len(indices), done=len(done),
                                                log_every_s=cfg.progress_every_s) as advance:
-            records = answers.answer(samples, advance)
+            records = answers.answer(plan.samples, advance)
     except (KeyboardInterrupt, _Terminated) as err:
         term = isinstance(err, _Terminated)
         raise Stopped(f"stopped ({'SIGTERM' if term else 'Ctrl-C'}) with {partial.answered()} of {len(indices)} "
-                      f"samples answered, kept in {partial.path}; continue with: {continue_command(out_dir, cfg)}",
+                      f"samples answered, kept in {partial.path}; continue with: {continue_command(plan.out_dir, cfg)}",
                       143 if term else 1) from None
     partial.close()
-    if protocol is not None:
-        records = read_answers(protocol, records, queries)
-    outcome = Evaluation(files, cfg.intervals, tasks=tasks).finish(records)
-    partial.remove()
-    labelled = protocol is not None and out_dir == Path(cfg.paths.output_dir)
-    return ModelEvaluation(outcome.metrics, outcome.intervals, files.metrics, len(records), tasks,
-                           protocol if labelled else None, model_cfg, out_dir)
+    return records, queries
