@@ -25,7 +25,6 @@ from _common import MAX_LENGTH, compose_config  # noqa: E402  (sets offline mode
 
 
 # Dense bf16 peak, TFLOP/s, by device-name fragment (vendor datasheets, without sparsity).
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0, "L4": 121.0}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -115,8 +114,10 @@ def peak_tflops(args, torch) -> float | None:
         return args.peak_tflops
     if not args.device.startswith("cuda"):
         return None
+    from llasmol.model.plan import GPU_TFLOPS  # the one table, which `params` plans runs with
+
     name = torch.cuda.get_device_name()
-    return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+    return next((v for k, v in GPU_TFLOPS.items() if k in name), None)
 
 
 def train_steps(model, args, torch, vocab: int) -> dict:

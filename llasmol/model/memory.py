@@ -12,6 +12,11 @@ linear layer of n = out × in weights:
 A few hundred bytes of serialised metadata per layer are left out. transformers quantises every linear
 layer but the output head; embeddings and norms stay in the base's dtype, and for training PEFT's
 `prepare_model_for_kbit_training` casts those unquantised parameters to fp32.
+
+Beside the weights, a LoRA training step holds the fp32 adapters, their gradients and optimizer state, and the
+activations autograd keeps for backward (`activation_bytes`), counted from the block's shapes for a Llama-family
+block (RMSNorm, rotary attention, gated FFN) adapted by PEFT. tests/test_params_plan.py holds the count equal to
+the bytes torch saves on a small Mistral, and the peak within 15% of the GPU check's (BENCHMARKS §6).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import math
 from typing import Any, Optional
 
 from llasmol.core.errors import UserError
+from llasmol.model.roles import names_target
 from llasmol.model.shapes import LINEAR, Shapes
 
 BLOCK_4BIT = 64  # bitsandbytes' 4-bit block size for weights
@@ -85,3 +91,57 @@ def describe(sizes: dict[str, int], dtype_name: str, quant_cfg: Optional[Any] = 
     return (f"weights: {sizes['total'] / gib:.2f} GiB ({kind}: {sizes['quantized'] / gib:.2f} GiB in the quantised "
             f"layers, {sizes['other'] / gib:.2f} GiB of embeddings, norms and head in {dtype_name}); "
             f"{sizes['training'] / gib:.2f} GiB when training (the unquantised parts cast to fp32)")
+
+
+def trainable_bytes(adapters: int, head_copy: int, head_dtype_bytes: int, optimizer_target: str) -> dict[str, int]:
+    """The trainable weights' memory: PEFT's fp32 adapters (`adapters` weights) and `lora=plus`'s head copy
+    (`head_copy` weights, in the base's dtype as PEFT copies it), each with its gradient and the state of
+    `optimizer._target_` (AdamW or bitsandbytes' 8-bit ones; another is the one-line error naming it)."""
+    if not str(optimizer_target).endswith(("AdamW", "AdamW8bit")):  # torch's, bitsandbytes' (paged or not)
+        raise UserError(f"params sizes no optimizer._target_={optimizer_target}: use optimizer=adamw or adamw8bit")
+    # bitsandbytes' 8-bit Adam keeps each moment in a byte a weight (its per-block scales, and the fp32 state of
+    # tensors under 4,096 weights, left out); torch's AdamW keeps both in the parameter's dtype
+    weights = 4 * adapters + head_dtype_bytes * head_copy
+    return {"weights": weights, "gradients": weights,
+            "optimizer": 2 * (adapters + head_copy) if str(optimizer_target).endswith("8bit") else 2 * weights}
+
+
+def activation_bytes(shapes: Shapes, roles: dict, adapted: list[str], *, tokens: int, r: int, half: bool, cuda: bool,
+                     dropout: bool, residual: int, checkpointing: bool, fp32_head: bool = False,
+                     train_head: bool = False) -> dict[str, int]:
+    """Activation memory of one micro-batch of `tokens` tokens through `shapes` (`roles`: LoRA role -> module name;
+    `adapted`: the roles with adapters of rank `r`), under bf16 autocast (`half`) or fp32, on CUDA or a CPU;
+    `residual`: bytes of the residual stream (the base's unquantised dtype). `saved`: what autograd keeps from the
+    forward for the backward (less each attention's fp32 log-sum-exp, 4 B per head, and the rotary tables: under
+    0.1%); `peak`: with what the backward adds at its largest. Per token and block, what is kept:
+
+    - each RMSNorm's input in fp32 (it upcasts) and its fp32 scale; a frozen projection keeps nothing per token;
+    - each adapter's dropout mask (a bool on CUDA; on a CPU a float of the fp32 adapter's dtype), lora_A's input
+      cast to the compute dtype and lora_B's r inputs; under autocast, bf16 copies of both matrices a block;
+    - q and k after rotation, v and the attention's output; the gated FFN's gate output, its activation and up's.
+    The first block's input (from frozen embeddings) needs no gradient: what precedes its first adapter keeps
+    nothing. Then the final norm, the loss's fp32 log-probabilities and int64 targets; the loss's backward adds
+    their gradient and the logits' (8 B a vocabulary entry). Recomputation keeps each block's input alone and
+    rebuilds one block at a time in backward.
+    """
+    dims = {role: p.shape for role, name in roles.items() for p in shapes.parts if name and names_target(p.name, name)}
+    layers = sum(p.repeat for p in shapes.parts if names_target(p.name, roles[next(iter(dims))]))  # the blocks
+    a, mask = (2 if half else 4), ((1 if cuda else 4) if dropout else 0)  # a matmul output's bytes; a mask's
+    out = {role: dims.get(role, (0, 0))[0] for role in ("q", "k", "v", "up")}
+    hidden = (dims.get("q") or dims.get("up") or next(iter(dims.values())))[1]
+    norm, attention = 4 * hidden + 4, a * (2 * out["q"] + out["k"] + out["v"])
+    per_token = 2 * norm + attention + (3 if "gate" in dims else 2) * a * out["up"] \
+        + sum((mask + a) * dims[x][1] + a * r for x in adapted)
+    per_block = 2 * r * sum(sum(dims[x]) for x in adapted) if half else 0
+    # the first block up to its first adapter: its input norm and the masks (and lora_A copies) of the adapters
+    # reading it; with none in attention, the attention, the second norm, and gate's and up's
+    early = [x for x in adapted if x in ("q", "k", "v")] or [x for x in adapted if x in ("gate", "up")]
+    skip = norm if any(x in adapted for x in ("q", "k", "v", "o")) else 2 * norm + attention
+    first = tokens * (skip + sum(mask * dims[x][1] for x in early)) + sum(2 * r * dims[x][1] for x in early if half)
+    vocab = next((p.shape[0] for p in shapes.parts if p.name == shapes.head and p.shape), shapes.vocab_size or 0)
+    # a trainable head (lora=plus's copy) keeps its input; an fp32 head under autocast, its bf16 copy
+    loss = tokens * (norm + 4 * vocab + 8 + a * hidden * train_head) + 2 * vocab * hidden * (fp32_head and half)
+    block, backward = tokens * per_token + per_block, tokens * 8 * vocab
+    saved = layers * tokens * residual * hidden + loss if checkpointing else layers * block - first + loss
+    peak = saved + (max(block, backward) if checkpointing else backward)  # the loss's backward ends before a rebuild
+    return {"saved": saved, "peak": peak, "layers": layers, "hidden": hidden, "vocab": vocab}
