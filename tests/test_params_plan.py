@@ -274,3 +274,19 @@ def test_the_gpu_figures_are_the_gpu_checks():
     """The MFU is the GPU check's measured one (on the peak of the one table both use)."""
     measured = json.loads((ROOT / "bench" / "results" / "gpu_check.json").read_text())
     assert round(measured["train"]["mfu"], 3) == MEASURED_MFU and measured["device"] == "NVIDIA H200"
+
+
+def test_a_quantised_base_is_timed_at_the_qlora_utilisation_the_gpu_check_measured():
+    """QLoRA's matmuls dequantise the base first: its time rests on the QLoRA run's MFU (0.068), not bf16 LoRA's."""
+    from llasmol.model.plan import MEASURED_MFU_QLORA
+
+    measured = json.loads((ROOT / "bench" / "results" / "gpu_check_qlora.json").read_text())
+    assert round(measured["train"]["mfu"], 3) == MEASURED_MFU_QLORA
+    outputs = {}
+    for extra in ([], ["quantization=4bit"]):
+        proc = subprocess.run([sys.executable, "-m", "llasmol.params", "model=mistral", "lora=full", *extra],
+                              capture_output=True, text=True, timeout=HANG_TIMEOUT, check=True)
+        outputs[bool(extra)] = (proc.stdout, json.loads(proc.stdout.strip().splitlines()[-1]))
+    plain, quantised = outputs[False][1]["epoch_seconds"], outputs[True][1]["epoch_seconds"]
+    assert all(quantised[g] == pytest.approx(plain[g] * MEASURED_MFU / MEASURED_MFU_QLORA, rel=1e-4) for g in plain)
+    assert "QLoRA MFU 0.068" in outputs[True][0] and "QLoRA" not in outputs[False][0]

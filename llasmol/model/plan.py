@@ -19,8 +19,10 @@ from llasmol.model.shapes import CONV1D, LINEAR, Shapes
 # Dense bf16 peak, TFLOP/s (vendor datasheets, without sparsity): what bench/gpu_check.py's MFU divides by too.
 GPU_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0, "L4": 121.0}
 PLANNED = ("H100", "H200", "A100")  # the classes `params` gives times for: the paper's and the GPU check's
-# BENCHMARKS §6: LoRA full on Mistral-7B, 4 x 512-token micro-batches, bf16, 8-bit AdamW, one H200.
+# BENCHMARKS §6: LoRA full on Mistral-7B, 4 x 512-token micro-batches, bf16, 8-bit AdamW, one H200; and QLoRA (an
+# NF4 base of 4 layers, gradient checkpointing), whose matmuls dequantise the base's weights first.
 MEASURED_MFU = 0.221
+MEASURED_MFU_QLORA = 0.068
 # A sample's mean tokens under Mistral-7B's tokenizer (v1), cut at 512: the bundled sample's 360 a task, encoded as
 # training encodes them (BENCHMARKS §7's encoding; tests/test_params_plan.py recounts them).
 MEAN_TOKENS = {"forward_synthesis": 138.3, "retrosynthesis": 121.5, "name_conversion-i2f": 114.1,
@@ -78,7 +80,9 @@ def time_plan(cfg, shapes: Shapes, trainable: int, act: dict, samples: dict[str,
     length, every, real = cfg.data.max_length, cfg.val_every_n_steps, REAL_SHARE[layout]
     frozen = sum(math.prod(p.shape) * p.repeat for p in shapes.parts if p.kind in (LINEAR, CONV1D))
     flops = 4 * frozen + 6 * trainable + 12 * act["layers"] * length * act["hidden"]
-    epoch = {g: tokens / real * flops / (MEASURED_MFU * GPU_TFLOPS[g] * 1e12) for g in PLANNED}
+    quantized = bool((cfg.get("quantization") or {}).get("bits"))
+    mfu, measured = (MEASURED_MFU_QLORA, "QLoRA MFU") if quantized else (MEASURED_MFU, "MFU")
+    epoch = {g: tokens / real * flops / (mfu * GPU_TFLOPS[g] * 1e12) for g in PLANNED}
     steps = math.ceil(sum(samples.values()) / cfg.data.effective_batch_size)
     run = min(cfg.trainer.max_epochs * steps, cfg.trainer.max_steps if cfg.trainer.max_steps > 0 else math.inf)
     return [f"tokens per epoch: {tokens / 1e6:.2f}M in {sum(samples.values()):,} samples of {len(samples)} task(s) "
@@ -87,7 +91,7 @@ def time_plan(cfg, shapes: Shapes, trainable: int, act: dict, samples: dict[str,
             "training time on one GPU (÷ GPUs under trainer=ddp): " + "; ".join(
                 f"{g} {s / 3600:.3g} h an epoch, {s * run / steps / 3600:.3g} h in all" for g, s in epoch.items())
             + f" ({run:,} steps, {steps:,} an epoch); rests on {flops / 1e9:.3g} GFLOP a token (4 a frozen matmul "
-            f"weight, 6 an adapter weight, attention at {length} tokens) at the GPU check's MFU {MEASURED_MFU} (H200) "
+            f"weight, 6 an adapter weight, attention at {length} tokens) at the GPU check's {measured} {mfu} (H200) "
             f"of each GPU's dense bf16 peak; {run // every} validations (every {every} steps) not included"], {
         "tokens_per_epoch": round(tokens), "epoch_seconds": {g: round(s, 1) for g, s in epoch.items()},
         "run_seconds": {g: round(s * run / steps, 1) for g, s in epoch.items()}}
