@@ -242,3 +242,35 @@ def test_remote_code_is_off_and_weights_load_from_safetensors():
         assert compose_config([f"model={model}", "paths.output_dir=/x"]).model.trust_remote_code is False
     source = (ROOT / "llasmol" / "model" / "base.py").read_text()
     assert "use_safetensors=True" in source
+
+
+# The package's size in code lines: physical lines less blank ones, comment-only ones and docstrings (free: they
+# say why). The target is 11,000 (the design issue of 2026-12-07); the package stood at 12,420 when the budget was
+# first kept, 12,114 after one JSON reader, ijson and the paper's numbers as data, and folds on towards it. Raising
+# the budget is this one line, its comment naming the capability that needs the lines: +106 for `params`' GPU run
+# plan (training peak, epoch tokens and time).
+CODE_LINE_BUDGET = 12_250
+
+
+def code_lines(source: str) -> int:
+    """`source`'s code lines: not blank, not only a comment, not part of a module's, class's or function's
+    docstring."""
+    docstrings: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                docstrings.update(range(first.lineno, first.end_lineno + 1))
+    return sum(1 for number, line in enumerate(source.splitlines(), 1)
+               if line.strip() and not line.strip().startswith("#") and number not in docstrings)
+
+
+def test_code_lines_count_code_only():
+    source = '"""A module\n\nsaying why."""\n\n# a comment\nx = 1  # counted\n\n\ndef f(a):\n    """Doc."""\n    return (a +\n            1)\n'
+    assert code_lines(source) == 4  # x = 1, def f, return, its continuation
+
+
+def test_the_package_keeps_its_code_line_budget():
+    total = sum(code_lines(path.read_text(encoding="utf-8")) for path in PACKAGE.rglob("*.py"))
+    assert total <= CODE_LINE_BUDGET, (f"llasmol/ has {total:,} code lines, over its budget of {CODE_LINE_BUDGET:,}: "
+                                       "fold what is written twice, or raise the budget naming the capability")
