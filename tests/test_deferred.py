@@ -52,10 +52,16 @@ def _assert_same(eager, deferred) -> None:
 
 
 @pytest.mark.parametrize("model_type,lora,dtype", [("llama", "full", "float32"), ("opt", "plus", "bfloat16")])
-def test_the_base_takes_no_memory_until_filled_then_equals_the_loaded_one(tmp_path, model_type, lora, dtype):
+def test_the_base_takes_no_memory_until_filled_then_equals_the_loaded_one(tmp_path, model_type, lora, dtype,
+                                                                          monkeypatch):
     """Every base tensor on the meta device, the adapters drawn in host memory as on a loaded base; the rotary
     frequencies computed; filled, every tensor, tie (OPT's head is its embeddings, and lora=plus copies it) and
-    logit equals the loaded base's, also cast from fp32 files into a bf16 model."""
+    logit equals the loaded base's, also cast from fp32 files into a bf16 model. Each header is parsed once, at
+    load (its check), and handed to the fill."""
+    from llasmol.model import deferred as deferred_module
+
+    parsed, real_read = [], deferred_module.read_header
+    monkeypatch.setattr(deferred_module, "read_header", lambda path: parsed.append(path) or real_read(path))
     folder = write_base(tmp_path / "base", model_type)
     eager, deferred, weights = _both(_cfg(folder, f"lora={lora}", f"model.dtype={dtype}"))
     for name, param in deferred.named_parameters():
@@ -64,6 +70,7 @@ def test_the_base_takes_no_memory_until_filled_then_equals_the_loaded_one(tmp_pa
     assert all(not b.is_meta for b in deferred.buffers())
     inner = deferred.get_base_model()
     read = fill_from_files(deferred, weights, torch.device("cpu"))
+    assert parsed == [folder / "model.safetensors"]
     assert read == sum(p.nbytes for n, p in deferred.named_parameters() if "lora_" not in n)
     assert not any(p.is_meta for p in deferred.parameters())
     _assert_same(eager, deferred)

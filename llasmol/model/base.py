@@ -383,7 +383,7 @@ def load_base_on_meta(model_cfg, tokenizer):
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     folder = weights_folder(model_cfg)
-    weight_entries(folder)  # an incomplete or damaged folder is one line now, not after the sharding
+    files = weight_entries(folder)  # an incomplete or damaged folder is one line now, not after the sharding
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=model_cfg.trust_remote_code)
     except (OSError, ValueError) as err:
@@ -399,7 +399,7 @@ def load_base_on_meta(model_cfg, tokenizer):
         model.config.pad_token_id = tokenizer.pad_token_id
     renames = tuple((source, step.target_patterns[0]) for step in conversions
                     if type(step).__name__ == "WeightRenaming" for source in step.source_patterns)
-    model.deferred_weights = DeferredWeights.of(model, folder, renames)
+    model.deferred_weights = DeferredWeights.of(model, folder, renames, files)  # each header read once
     return model
 
 

@@ -22,7 +22,7 @@ import struct
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -205,20 +205,22 @@ class DeferredWeights:
     prefix: str
     aliases: dict[str, tuple[str, ...]]
     renames: tuple[tuple[str, str], ...] = ()  # (pattern in the files' keys, its name in the model), in order
+    files: Optional[dict[str, Entry]] = None  # the files' tensors as their headers were read at load (else at fill)
 
     @classmethod
-    def of(cls, model: torch.nn.Module, folder: Path, renames: tuple[tuple[str, str], ...] = ()) -> "DeferredWeights":
+    def of(cls, model: torch.nn.Module, folder: Path, renames: tuple[tuple[str, str], ...] = (),
+           files: Optional[dict[str, Entry]] = None) -> "DeferredWeights":
         names: dict[int, list[str]] = {}
         for name, param in model.named_parameters(remove_duplicate=False):
             names.setdefault(id(param), []).append(name)
         aliases = {name: tuple(group) for group in names.values() if len(group) > 1 for name in group}
-        return cls(folder, getattr(model, "base_model_prefix", "") or "model", aliases, renames)
+        return cls(folder, getattr(model, "base_model_prefix", "") or "model", aliases, renames, files)
 
     def entries(self) -> dict[str, Entry]:
         """The files' tensors by the names the model gives them (transformers' renaming of old checkpoints' keys,
         such as `LayerNorm.gamma` for `LayerNorm.weight`, applied as `from_pretrained` applies it)."""
         found = {}
-        for key, entry in weight_entries(self.folder).items():
+        for key, entry in (self.files if self.files is not None else weight_entries(self.folder)).items():
             for pattern, name in self.renames:
                 key = re.sub(pattern, name, key)
             found[key] = entry
