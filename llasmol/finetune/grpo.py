@@ -175,9 +175,11 @@ def sample_group(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num
     mask = prompt_mask.repeat_interleave(num_generations, dim=0)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        # top_k and repetition_penalty named, as TRL names them: transformers' default top_k (50) or a base's own
+        # penalty (Qwen2.5-Instruct's 1.05) would sample from another distribution than the loss's softmax(logits / T)
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature, top_p=top_p,
-                             top_k=0, max_new_tokens=max_new_tokens, num_beams=1, eos_token_id=eos_id,
-                             pad_token_id=pad_id, synced_gpus=synced_gpus)
+                             top_k=0, repetition_penalty=1.0, max_new_tokens=max_new_tokens, num_beams=1,
+                             eos_token_id=eos_id, pad_token_id=pad_id, synced_gpus=synced_gpus)
     completion = out[:, ids.size(1):]
     return completion, completion_mask(completion, eos_id)
 
