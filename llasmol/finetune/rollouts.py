@@ -122,6 +122,7 @@ class GRPOLoRA(LoRACausalLM):
         self._sampling_seconds = 0.0
         self._step_tokens = 0  # completion tokens in this step's loss on this process (dapo's divisor)
         self._entropy = [0.0, 0]  # this step's token entropy sum and count on this process
+        self._step_stats: dict[str, list[float]] = {}  # this step's loss, clip and KL values, a micro-batch each
 
     # ------------------------------------------------------------------ what one completion is worth
 
@@ -323,7 +324,7 @@ class GRPOLoRA(LoRACausalLM):
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         if self._records_step != self.global_step:  # the step's first micro-batch
             self._records, self._records_step, self._sampling_seconds = [], self.global_step, 0.0
-            self._step_tokens, self._entropy = 0, [0.0, 0]
+            self._step_tokens, self._entropy, self._step_stats = 0, [0.0, 0], {}
         place = batch_idx % self.trainer.accumulate_grad_batches
         reuse = self.global_step % self.settings.num_iterations != 0 and place in self._kept
         rollout = self._kept[place] if reuse else self._roll_out(batch, batch_idx)
@@ -344,11 +345,14 @@ class GRPOLoRA(LoRACausalLM):
         self._step_tokens += tokens
         self._entropy = [self._entropy[0] + float((entropies * mask).sum()), self._entropy[1] + tokens]
         n = rollout.input_ids.size(0)
-        # dapo's loss is the micro-batch's sum (divided by the step's tokens later): its mean per token is logged
+        # dapo's loss is the micro-batch's sum (divided by the step's tokens later): its mean per token is logged.
+        # Each value is the mean over the step's micro-batches so far, as TRL logs it: Lightning keeps a step's last
+        # logged value, which is then the whole step's mean, not its last micro-batch's.
         shown = loss / max(1, tokens) if self.policy_loss.loss_type == "dapo" else loss
-        self.log("train/loss", shown, prog_bar=True, batch_size=n)
-        for name, value in stats.items():
-            self.log(f"train/{name}", value, batch_size=n)
+        for name, value in {"loss": float(shown.detach()), **stats}.items():
+            seen = self._step_stats.setdefault(name, [])
+            seen.append(float(value))
+            self.log(f"train/{name}", sum(seen) / len(seen), prog_bar=name == "loss", batch_size=n)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=n)
         self._batch_tokens = int(rollout.attention_mask.sum())
         return loss

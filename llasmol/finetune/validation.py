@@ -113,9 +113,11 @@ class GenerationEvaluator(Callback):
             by_task.setdefault(record["task"], []).append(self.rewards(record["task"], top, record["gold"], ended))
         every = [value for pairs in by_task.values() for value, _ in pairs]
         settings = self.intervals or {}
-        low, high = mean_interval(every, int(settings.get("resamples") or 1000), int(settings.get("seed") or 0),
-                                  float(settings.get("level") or 0.95))
-        out = {"val/reward": sum(every) / len(every), "val/reward_lo": low, "val/reward_hi": high}
+        out = {"val/reward": sum(every) / len(every)}
+        if settings.get("resamples") != 0:  # intervals.resamples=0: no intervals, here as in every metrics file
+            out["val/reward_lo"], out["val/reward_hi"] = mean_interval(
+                every, int(settings.get("resamples") or 1000), int(settings.get("seed") or 0),
+                float(settings.get("level") or 0.95))
         for task, pairs in by_task.items():
             out[f"val/reward/{task}"] = sum(value for value, _ in pairs) / len(pairs)
             for term in pairs[0][1]:

@@ -1,0 +1,183 @@
+"""What `generate` receives, exactly, for every sampling and beam setting the config exposes (issue #67).
+
+transformers fills every setting a call leaves out from the model's generation config and then its own globals
+(top_k=50 among them): a setting that does not reach `generate` silently changes sampling. Two levels: a spy in
+place of `generate` records the keywords each command's composed config gives, task by task; on the real tiny model
+a spy on transformers' `_get_logits_processor` records the generation config transformers resolved and the
+warpers it built, with a base whose own generation config asks for sampling with top_k=50 and temperature 0.6 (as
+chat bases ship), which our settings must override."""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from llasmol.core.config import compose_config
+from llasmol.core.tasks import SMOLINSTRUCT
+
+EOS, PAD = 2, 0
+
+# conf/generation/paper.yaml: each task's (num_beams, num_return_sequences)
+BEAMS = {"forward_synthesis": (8, 5), "retrosynthesis": (13, 10), "molecule_generation": (8, 5),
+         "name_conversion-i2s": (8, 5), "name_conversion-s2i": (8, 5), "name_conversion-i2f": (6, 3),
+         "name_conversion-s2f": (6, 3), "molecule_captioning": (4, 1), "property_prediction-esol": (4, 1),
+         "property_prediction-lipo": (4, 1), "property_prediction-bbbp": (4, 1),
+         "property_prediction-clintox": (4, 1), "property_prediction-hiv": (4, 1),
+         "property_prediction-sider": (4, 1)}
+
+
+@functools.lru_cache(maxsize=None)
+def generation_of(command: str, overrides: tuple = ()):
+    extra = [] if command == "generate" else ["paths.output_dir=/unused"]
+    return compose_config([*extra, *overrides], command).generation
+
+
+class SpyModel(torch.nn.Module):
+    """`generate` that records its keywords and answers each row with one token then the end."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.calls = []
+
+    def generate(self, **kwargs):
+        self.calls.append(kwargs)
+        ids = kwargs["input_ids"].repeat_interleave(kwargs.get("num_return_sequences", 1), dim=0)
+        return torch.cat([ids, torch.tensor([[7, EOS]]).expand(ids.size(0), 2)], 1)
+
+
+def ask_every_task(generation):
+    from llasmol.inference.beam_search import BeamGenerator
+    from llasmol.inference.pipeline import ModelAnswers
+
+    model = SpyModel()
+    tokenizer = SimpleNamespace(pad_token_id=PAD, eos_token_id=EOS,
+                                batch_decode=lambda ids, skip_special_tokens=True: ["seven"] * len(ids))
+    formatter = SimpleNamespace(prompt_ids=lambda query: [5, 6, 7])
+    answers = ModelAnswers(BeamGenerator(model, tokenizer, formatter, 512, 8), generation, tasks=SMOLINSTRUCT)
+    for task in ["", *SMOLINSTRUCT]:
+        assert answers.ask("q", task) is not None
+    return model.calls
+
+
+def expected_call(beams, returned, new_tokens, early=False):
+    return {"num_beams": beams, "num_return_sequences": returned, "max_new_tokens": new_tokens, "do_sample": False,
+            "early_stopping": early, "pad_token_id": PAD, "eos_token_id": EOS, "synced_gpus": False}
+
+
+@pytest.mark.parametrize("command, overrides, new_tokens, early, own", [
+    ("train", (), 48, False, {}),  # the demo's cap (conf/generation/demo.yaml): every task, and a question
+    ("evaluate", (), 48, False, {}),
+    ("generate", (), 48, False, {}),
+    ("evaluate", ("generation.max_new_tokens_limit=null",), 1024, False, {}),  # the paper's own
+    ("evaluate", ("generation.default.early_stopping=true",), 48, True, {}),
+    ("train", ("+generation.tasks.forward_synthesis.max_new_tokens=7",
+               "generation.tasks.retrosynthesis.num_return_sequences=2"), 48, False,
+     {"forward_synthesis": (8, 5, 7), "retrosynthesis": (13, 2, 48)}),
+])
+def test_each_tasks_beam_settings_reach_generate_exactly(command, overrides, new_tokens, early, own):
+    calls = ask_every_task(generation_of(command, overrides))
+    assert len(calls) == 1 + len(SMOLINSTRUCT)
+    keys = set(expected_call(1, 1, 1))
+    # one question without a task: generation.question's greedy answer (generation.default is the tasks')
+    assert {k: calls[0][k] for k in keys} == expected_call(1, 1, new_tokens, False)
+    for task, call in zip(SMOLINSTRUCT, calls[1:]):
+        beams, returned, tokens = own.get(task, (*BEAMS[task], new_tokens))
+        assert {k: call[k] for k in keys} == expected_call(beams, returned, tokens, early), task
+        assert set(call) == keys | {"input_ids", "attention_mask"}, task  # nothing else: no stray sampling setting
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny architecture with random weights, its own generation config asking for sampling as chat bases'
+    do (top_k 50, temperature 0.6, top_p 0.8): what a call must override."""
+    from llasmol.model.base import load_base_model, load_tokenizer
+
+    cfg = compose_config(["model=tiny", "model.random_init=true", "paths.output_dir=/unused"])
+    tokenizer = load_tokenizer(cfg.model)
+    model = load_base_model(cfg.model, tokenizer).eval()
+    model.generation_config.do_sample, model.generation_config.top_k = True, 50
+    model.generation_config.temperature, model.generation_config.top_p = 0.6, 0.8
+    return model, tokenizer
+
+
+@pytest.fixture
+def resolved(monkeypatch):
+    """Each generate call's generation config as transformers resolved it, and the logits processors it built."""
+    from transformers.generation.utils import GenerationMixin
+
+    seen, real = [], GenerationMixin._get_logits_processor
+
+    def spy(self, generation_config, *args, **kwargs):
+        processors = real(self, generation_config, *args, **kwargs)
+        seen.append((generation_config, list(processors)))
+        return processors
+
+    monkeypatch.setattr(GenerationMixin, "_get_logits_processor", spy)
+    return seen
+
+
+def _warpers(processors):
+    from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
+                                                        TopPLogitsWarper, TypicalLogitsWarper)
+
+    kinds = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper, TypicalLogitsWarper)
+    out = []
+    for p in processors:
+        if isinstance(p, kinds):
+            value = {TemperatureLogitsWarper: "temperature", TopKLogitsWarper: "top_k",
+                     TopPLogitsWarper: "top_p"}.get(type(p))
+            out.append((type(p).__name__, getattr(p, value) if value else None))
+    return out
+
+
+@pytest.mark.parametrize("temperature, top_p, warpers", [
+    (1.0, 1.0, []),  # the objective's defaults (TRL's): the whole distribution, no top-k cut of 50
+    (0.7, 0.9, [("TemperatureLogitsWarper", 0.7), ("TopPLogitsWarper", 0.9)]),
+    (1.3, 1.0, [("TemperatureLogitsWarper", 1.3)]),
+])
+def test_a_rollout_samples_with_the_objectives_settings_and_no_top_k(tiny, resolved, temperature, top_p, warpers):
+    from llasmol.finetune.grpo import sample_group
+
+    model, tokenizer = tiny
+    prompts = torch.tensor([[5, 6, 7], [PAD, 8, 9]])
+    mask = (prompts != PAD).long()
+    completion, _ = sample_group(model, prompts, mask, 3, 5, temperature, top_p, seed=1,
+                                 eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    ((config, processors),) = resolved
+    assert (config.do_sample, config.num_beams, config.num_return_sequences, config.max_new_tokens, config.top_k,
+            config.temperature, config.top_p) == (True, 1, 1, 5, 0, temperature, top_p)
+    assert _warpers(processors) == warpers
+    assert completion.shape[0] == 6 and completion.shape[1] <= 5
+
+
+def test_beam_search_ignores_the_bases_sampling_settings(tiny, resolved):
+    """Validation, evaluate and generate answer by beam search whatever the base's generation config says."""
+    from llasmol.inference.beam_search import BeamGenerator, task_settings
+
+    model, tokenizer = tiny
+    generator = BeamGenerator(model, tokenizer, SimpleNamespace(prompt_ids=lambda q: [5, 6, 7]), 512, 8)
+    settings = task_settings(generation_of("evaluate", ("generation.max_new_tokens_limit=3",)), "forward_synthesis",
+                             SMOLINSTRUCT)
+    (responses,) = generator.generate(["q"], settings)
+    ((config, processors),) = resolved
+    assert (config.do_sample, config.num_beams, config.num_return_sequences, config.max_new_tokens,
+            config.early_stopping) == (False, 8, 5, 3, False)
+    assert _warpers(processors) == [] and len(responses) == 5
+
+
+def test_a_rollout_samples_from_the_policy_the_loss_trains_whatever_the_bases_repetition_penalty(tiny, resolved,
+                                                                                                    monkeypatch):
+    """A base's own generation config (Qwen2.5-Instruct ships repetition_penalty 1.05) must not reshape the
+    rollouts' distribution, which the loss takes as log_softmax(logits / T): TRL passes repetition_penalty=1.0."""
+    from llasmol.finetune.grpo import sample_group
+
+    model, tokenizer = tiny
+    monkeypatch.setattr(model.generation_config, "repetition_penalty", 1.05)
+    sample_group(model, torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.long), 2, 4, 1.0, 1.0, seed=1,
+                 eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    ((config, processors),) = resolved
+    assert config.repetition_penalty == 1.0 and [type(p).__name__ for p in processors] == []
