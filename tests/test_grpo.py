@@ -23,6 +23,11 @@ TEMPERATURE = 0.7
 PROMPT, COMPLETION, GROUP = 5, 4, 3
 
 
+def policy_loss(**changed) -> PolicyLoss:
+    """The loss of conf/objective/grpo.yaml's defaults (TRL's, where TRL has the setting), `changed` set."""
+    return PolicyLoss.of({**compose_config(["objective=grpo", "paths.output_dir=/unused"]).objective, **changed})
+
+
 @pytest.fixture(scope="module")
 def policy():
     """The tiny base with LoRA `lite` whose B matrices are not zero (at zero every A gradient is zero, and a
@@ -114,8 +119,8 @@ def test_the_loss_and_adapter_gradients_equal_trls(policy, loss_type, beta, leve
     their_grads = _grads(policy)
 
     logps = completion_logps(policy, input_ids, attention_mask, COMPLETION, TEMPERATURE)
-    loss = PolicyLoss(loss_type, epsilon=0.2, epsilon_high=0.28, beta=beta, max_completion_length=MAX_COMPLETION,
-                      importance_sampling_level=level)  # use_bias_correction_kl: TRL's default, ours
+    loss = policy_loss(loss_type=loss_type, epsilon=0.2, epsilon_high=0.28, beta=beta, max_new_tokens=MAX_COMPLETION,
+                       importance_sampling_level=level)  # use_bias_correction_kl: TRL's default, ours
     ours, stats = loss(logps, advantages, completion_mask, old, ref if beta else None)
     if loss_type == "dapo":  # the micro-batch's sum, divided by the step's tokens once they are known
         ours = ours / completion_mask.sum()
@@ -148,7 +153,7 @@ def test_the_kl_bias_correction_changes_the_gradient_as_trls_does(policy, tmp_pa
         GRPOTrainer._compute_loss(trl_self, policy, trl_inputs).backward()
         theirs = _grads(policy)
         logps = completion_logps(policy, input_ids, attention_mask, COMPLETION, TEMPERATURE)
-        PolicyLoss("grpo", epsilon_high=0.28, beta=0.04, use_bias_correction_kl=corrected)(
+        policy_loss(loss_type="grpo", epsilon_high=0.28, beta=0.04, use_bias_correction_kl=corrected)(
             logps, advantages, completion_mask, old, ref)[0].backward()
         grads[corrected] = _grads(policy)
         for name, grad in grads[corrected].items():
@@ -169,7 +174,7 @@ def test_two_micro_batches_of_one_step_equal_trls_gradient_accumulation(policy, 
         part = {k: (v[half] if k != "num_items_in_batch" else v) for k, v in trl_inputs.items()}
         GRPOTrainer._compute_loss(trl_self, policy, part).backward()
     theirs = _grads(policy)
-    loss = PolicyLoss(loss_type, epsilon_high=0.28, max_completion_length=MAX_COMPLETION)
+    loss = policy_loss(loss_type=loss_type, epsilon_high=0.28, max_new_tokens=MAX_COMPLETION)
     for half in halves:
         logps = completion_logps(policy, input_ids[half], attention_mask[half], COMPLETION, TEMPERATURE)
         (loss(logps, advantages[half], completion_mask[half], old[half])[0] / 2).backward()  # Lightning's division

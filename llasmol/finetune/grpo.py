@@ -30,34 +30,33 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional
 
 import torch
 
-from llasmol.core.schema import IMPORTANCE_LEVELS, LOSS_TYPES, SCALE_REWARDS
+from llasmol.core.schema import SCALE_REWARDS
 
 STD_EPSILON = 1e-4  # added to the standard deviation before dividing, as TRL does
 
 
 @dataclass(frozen=True)
 class PolicyLoss:
-    """The settings of the loss (their bounds are checked with the config, `core/schema.py`)."""
+    """The settings of the loss, as conf/objective/grpo.yaml names them: their defaults are there (TRL's, where TRL
+    has the setting) and their bounds are checked with the config (`core/schema.py`), once."""
 
-    loss_type: str = "dapo"  # TRL's default
-    epsilon: float = 0.2  # lower clip: ratios below 1 - epsilon with a negative advantage stop pulling
-    epsilon_high: Optional[float] = None  # upper clip; None: epsilon (DAPO recommends 0.28)
-    beta: float = 0.0  # weight of the KL to the reference; 0: no reference pass at all
-    max_completion_length: int = 256  # dr_grpo's constant divisor
-    importance_sampling_level: str = "token"  # or "sequence" (GSPO)
-    use_bias_correction_kl: bool = True  # TRL's default
+    loss_type: str
+    epsilon: float  # lower clip: ratios below 1 - epsilon with a negative advantage stop pulling
+    epsilon_high: Optional[float]  # upper clip; None: epsilon (DAPO recommends 0.28)
+    beta: float  # weight of the KL to the reference; 0: no reference pass at all
+    max_new_tokens: int  # dr_grpo's constant divisor (TRL's max_completion_length)
+    importance_sampling_level: str  # token, or sequence (GSPO)
+    use_bias_correction_kl: bool
 
-    def __post_init__(self) -> None:
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type {self.loss_type!r} is none of {', '.join(LOSS_TYPES)}")
-        if self.importance_sampling_level not in IMPORTANCE_LEVELS:
-            raise ValueError(f"importance_sampling_level {self.importance_sampling_level!r} is none of "
-                             f"{', '.join(IMPORTANCE_LEVELS)}")
+    @classmethod
+    def of(cls, objective) -> "PolicyLoss":
+        """The loss of the objective group's settings (`objective`: conf/objective/grpo.yaml as composed)."""
+        return cls(**{f.name: objective[f.name] for f in fields(cls)})
 
     @property
     def upper(self) -> float:
@@ -93,7 +92,7 @@ class PolicyLoss:
         if self.loss_type == "grpo":
             loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
         elif self.loss_type == "dr_grpo":
-            loss = (per_token * mask).sum() / (per_token.size(0) * self.max_completion_length)
+            loss = (per_token * mask).sum() / (per_token.size(0) * self.max_new_tokens)
         elif self.loss_type == "bnpo":
             loss = (per_token * mask).sum() / mask.sum().clamp(min=1.0)
         else:  # dapo: divided by the step's tokens once they are known

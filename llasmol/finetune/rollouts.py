@@ -102,9 +102,7 @@ class GRPOLoRA(LoRACausalLM):
         folder the stage starts from (`init_from`'s), None for fresh adapters."""
         super().__init__(model, optimizer, scheduler)
         self.settings = objective
-        self.policy_loss = PolicyLoss(objective.loss_type, objective.epsilon, objective.epsilon_high, objective.beta,
-                                      objective.max_new_tokens, objective.importance_sampling_level,
-                                      objective.use_bias_correction_kl)
+        self.policy_loss = PolicyLoss.of(objective)
         self.rewards = rewards
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
