@@ -181,3 +181,46 @@ def test_a_rollout_samples_from_the_policy_the_loss_trains_whatever_the_bases_re
                  eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
     ((config, processors),) = resolved
     assert config.repetition_penalty == 1.0 and [type(p).__name__ for p in processors] == []
+
+
+# ------------------------------------------------------------------ the optimizer and its schedule
+
+
+@pytest.mark.parametrize("overrides, kind, lr, decay", [
+    ([], "AdamW", 3e-3, 0.0),  # the demo recipe's
+    (["optimizer.lr=0.0125", "optimizer.weight_decay=0.1", "+optimizer.betas=[0.8,0.95]", "+optimizer.eps=1e-6"],
+     "AdamW", 0.0125, 0.1),
+    (["optimizer=adamw8bit", "optimizer.lr=0.002", "+optimizer.betas=[0.85,0.99]"], "AdamW8bit", 0.002, 0.0),
+])
+def test_the_optimizer_gets_the_configs_settings_and_the_adapters_alone(overrides, kind, lr, decay):
+    """What `optimizer` and `scheduler` say reaches the optimizer Lightning steps: its class, lr (the schedule's
+    start after warm-up), weight decay, betas and eps as given (else the library's own), and only the trainable
+    parameters (the frozen base would be decayed and its moments kept: 2 x its size)."""
+    from llasmol.finetune.build import build_module
+    from llasmol.model.base import load_base_model, load_tokenizer
+    from llasmol.model.lora import apply_lora
+
+    cfg = compose_config(["model.random_init=true", "paths.output_dir=/unused", "scheduler.num_warmup_steps=4",
+                          *overrides])
+    model = apply_lora(load_base_model(cfg.model, load_tokenizer(cfg.model)), cfg.model, cfg.lora)
+    module = build_module(cfg, model)
+    module.trainer = SimpleNamespace(estimated_stepping_batches=20)
+    configured = module.configure_optimizers()
+    optimizer, scheduler = configured["optimizer"], configured["lr_scheduler"]["scheduler"]
+    assert type(optimizer).__name__ == kind and configured["lr_scheduler"]["interval"] == "step"
+    (group,) = optimizer.param_groups
+    given = dict(o.split("=", 1) for o in overrides)
+    betas = tuple(float(b) for b in given["+optimizer.betas"].strip("[]").split(",")) if "+optimizer.betas" in given \
+        else (0.9, 0.999)
+    assert (group["initial_lr"], group["weight_decay"], tuple(group["betas"]), group["eps"]) == (
+        lr, decay, betas, float(given.get("+optimizer.eps", 1e-8)))
+    trained = [p for p in model.parameters() if p.requires_grad]
+    assert [id(p) for p in group["params"]] == [id(p) for p in trained] and len(trained) < len(list(model.parameters()))
+    # the cosine schedule with 4 warm-up steps of 20: 0 at the start, lr after warm-up, half lr midway through the rest
+    rates = []
+    for _ in range(13):
+        rates.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert rates[0] == 0.0 and rates[2] == pytest.approx(lr / 2) and rates[4] == pytest.approx(lr)
+    assert rates[12] == pytest.approx(lr / 2)  # step 12: half of the 16 decaying steps done
