@@ -224,3 +224,47 @@ def test_the_optimizer_gets_the_configs_settings_and_the_adapters_alone(override
         scheduler.step()
     assert rates[0] == 0.0 and rates[2] == pytest.approx(lr / 2) and rates[4] == pytest.approx(lr)
     assert rates[12] == pytest.approx(lr / 2)  # step 12: half of the 16 decaying steps done
+
+
+# ------------------------------------------------------------------ the sharding call
+
+
+@pytest.mark.parametrize("precision, reshard", [("bf16-mixed", True), ("32-true", False)])
+def test_the_sharding_call_gets_the_mesh_the_precision_and_the_resharding_the_config_gives(monkeypatch, precision,
+                                                                                          reshard):
+    """trainer=fsdp's strategy, built from its config, hands fully_shard the data-parallel mesh, the precision's
+    mixed-precision policy and trainer.strategy.reshard_after_forward for every block (its MLP a unit of its own
+    first), then the embeddings (resharded, not gathered in backward: frozen), the head (kept gathered for its
+    backward) and the base as the root, in that order."""
+    import hydra
+    import torch.distributed.fsdp as fsdp
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from llasmol.model.base import load_base_model, load_tokenizer
+    from llasmol.model.lora import apply_lora
+
+    cfg = compose_config(["model.random_init=true", "trainer=fsdp", "paths.output_dir=/unused",
+                          f"trainer.strategy.reshard_after_forward={str(reshard).lower()}"])
+    model = apply_lora(load_base_model(cfg.model, load_tokenizer(cfg.model)), cfg.model, cfg.lora)
+    calls = []
+
+    def fully_shard(module, **kwargs):
+        calls.append((module, kwargs))
+        module.set_unshard_in_backward = lambda flag: calls.append((module, {"unshard_in_backward": flag}))
+
+    monkeypatch.setattr(fsdp, "fully_shard", fully_shard)
+    strategy = hydra.utils.instantiate(cfg.trainer.strategy)
+    mesh = SimpleNamespace(device_type="cuda")
+    strategy._device_mesh, strategy._precision_plugin = {"data_parallel": mesh}, SimpleNamespace(precision=precision)
+    strategy.shard(model)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if precision == "bf16-mixed" else MixedPrecisionPolicy()
+    root = model.get_base_model()
+    unit = {"mesh": mesh, "mp_policy": policy}
+    expected = [(part, {**unit, "reshard_after_forward": reshard})
+                for block in root.model.layers for part in (block.mlp, block)]
+    expected += [(root.model.embed_tokens, {**unit, "reshard_after_forward": True}),
+                 (root.model.embed_tokens, {"unshard_in_backward": False}),
+                 (root.lm_head, {**unit, "reshard_after_forward": False}), (root, unit)]
+    assert [(id(m), kw) for m, kw in calls] == [(id(m), kw) for m, kw in expected]
+    assert len(root.model.layers) == 2
