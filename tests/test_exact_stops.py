@@ -99,3 +99,29 @@ def test_a_resumed_generations_progress_rate_counts_only_the_samples_of_this_pro
         "Generating on test: 7/10 samples (70%), 0.50 samples/s, about 0m06s left",
         "Generating on test: 8/10 samples (80%), 0.50 samples/s, about 0m04s left",
         "Generating on test: 8/10 samples (80%), 0.50 samples/s, about 0m04s left"]
+
+
+def test_a_real_sigterm_while_the_last_step_is_validated_exits_143_with_training_saved(
+        cfg_factory, tmp_path, monkeypatch, lightning_stops, caplog):
+    """A cluster's SIGTERM, sent to this process while the last step's validation generates: the product's handler
+    turns it into Lightning's SIGTERMException, which Lightning's own `_call_and_handle_interrupt` re-raises; the run
+    says training is saved and exits 143 (not Lightning's bare SystemExit, which is success), W&B closed as stopped."""
+    import os
+
+    from llasmol.finetune import validation
+
+    before = signal.getsignal(signal.SIGTERM)
+
+    class Terminated(validation.ModelAnswers):
+        def answer(self, samples, advance=None):
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered here, in the main thread, to the handler then in place
+            raise AssertionError("the SIGTERM did not stop the validation")
+
+    monkeypatch.setattr(validation, "ModelAnswers", Terminated)
+    with caplog.at_level(logging.WARNING, logger="llasmol.train"), pytest.raises(SystemExit) as stop:
+        train(cfg_factory(*GRPO, "trainer.max_steps=1"))
+    assert stop.value.code == 143 and signal.getsignal(signal.SIGTERM) == before  # the handler put back
+    saved = tmp_path / "checkpoints" / "last.ckpt"
+    assert (f"stopped (SIGTERM) while validating the last step (1): training is complete and saved in {saved}; "
+            "nothing of this validation was kept") in caplog.text
+    assert lightning_stops == [True] and not (tmp_path / "result.json").exists()
