@@ -56,7 +56,7 @@ def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:
 
 
 def _read_json(path: Path, kind: Optional[type], what: str) -> Any:
-    return read_json(path, "re-extract it (is data.path the root of a SMolInstruct copy?)", kind, what)
+    return read_json(path, _REEXTRACT, kind, what)
 
 
 def _parse_raw_line(line: bytes) -> tuple[Optional[dict], Optional[str]]:
@@ -75,7 +75,9 @@ def _not_a_record(record: Any) -> Optional[str]:
         return None
     return f"is not a JSON object with input and output (it is {type(record).__name__})"
 
+
 _FIX_LINE = "fix the line, or set data.skip_bad_lines=true to skip and count such lines"
+_REEXTRACT = "re-extract it (is data.path the root of a SMolInstruct copy?)"  # a file of the layout that is broken
 
 
 def _line_offsets(path: Path) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
@@ -107,7 +109,7 @@ def _read_sample_list(path: Path, task: str, limit: Optional[int]) -> tuple[dict
     Read event by event (ijson) straight into integer arrays: `json.load` would hold the file's text and a dict
     per sample (200,000 per task in the full dataset, ~250 bytes each) at once.
     """
-    fix = "re-extract it (is data.path the root of a SMolInstruct copy?)"
+    fix = _REEXTRACT
     problem = unreadable(path)
     if problem:
         raise UserError(f"the sample list of task {task}, {path}, {problem}: is data.path the root of a SMolInstruct "
