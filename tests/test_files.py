@@ -502,3 +502,22 @@ def test_a_second_log_file_starts_each_session_with_its_command(tmp_path, monkey
     assert len(lines) == 2 and lines[0].endswith(shlex.join(["python", "-m", "llasmol.evaluate", "ckpt=/r",
                                                                "data.split=test"]))
     assert lines[1].endswith("a later line")
+
+
+@pytest.mark.parametrize("text, said", [
+    ("[1, 2]", "holds a JSON list, not a run's facts: restore it"),
+    ('"text"', "holds a JSON str, not a run's facts: restore it"),
+    ("7", "holds a JSON int, not a run's facts: restore it"),
+    ("null", "holds a JSON NoneType, not a run's facts: restore it"),
+    ('{\n  "a": 1,\n}', "is not valid JSON (Expecting property name enclosed in double quotes at line 3): restore it"),
+    ('{"a": "' + "x" * 40 + '"}', "is larger than a run's facts can be (32 bytes at most): restore it"),
+])
+def test_read_json_names_what_the_file_holds_against_what_was_expected(tmp_path, text, said):
+    from llasmol.core.files import read_json
+
+    path = tmp_path / "facts.json"
+    path.write_text(text)
+    with refused(f"{path} {said}"):
+        read_json(path, "restore it", dict, "a run's facts", limit=32)
+    path.write_text('{"a": [1]}')
+    assert read_json(path, "restore it", dict, "a run's facts", limit=32) == {"a": [1]}

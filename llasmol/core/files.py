@@ -109,7 +109,7 @@ def read_json(path: str | os.PathLike, fix: str, kind: type | None = dict, what:
         raise UserError(f"{path} {problem}: {fix}")
     try:
         if limit is not None and os.stat(path).st_size > limit:
-            raise UserError(f"{path} is larger than any {what or 'such file'} ({limit:,} bytes at most): {fix}")
+            raise UserError(f"{path} is larger than {what or 'such a file'} can be ({limit:,} bytes at most): {fix}")
         with open(path, encoding="utf-8") as fh:
             value = json.load(fh)
     except json.JSONDecodeError as err:
